@@ -1,0 +1,47 @@
+# OpenGyre: `make demo` runs the main job on the embedded stack; `make test` runs the whole suite.
+# Both set everything up from a fresh clone (a venv in .venv, pinned by constraints.txt).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean
+
+setup: $(STAMP)
+
+# torch is installed first and pinned: a resolver that may pick a newer torch downloads a multi-GB CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/opengyre demo
+
+test: $(STAMP) proto-check lint
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x -m "not slow"
+
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) scripts/gen_proto.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy libs svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
+
+bench: $(STAMP)
+	$(PY) bench/eventlog_bench.py
+
+clean:
+	rm -rf $(VENV) .opengyre build

@@ -1,0 +1,43 @@
+"""The `opengyre` command line: the stack, the event log, projections, and each service's commands."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from . import _demo, _events, _replay, _stack
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="OpenGyre: open infrastructure for training long-horizon LLM agents with online RL.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+events_app = typer.Typer(help="Read the event log.", no_args_is_help=True)
+projections_app = typer.Typer(help="List and rebuild projections.", no_args_is_help=True)
+service_app = typer.Typer(help="Run one service in the foreground.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
+app.add_typer(projections_app, name="projections")
+app.add_typer(service_app, name="service")
+
+_stack.register(app, service_app)
+_events.register(events_app)
+_replay.register(app, projections_app)
+_demo.register(app)
+
+# Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
+# module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.
+for _svc in ("synth", "scheduler", "proxy", "trainer", "bench"):
+    try:
+        _mod = importlib.import_module(f"opengyre.{_svc}.cli")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"opengyre.{_svc}.cli":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    app()

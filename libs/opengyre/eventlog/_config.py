@@ -1,0 +1,45 @@
+"""Where events live: stream, subject prefix, blob bucket."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["LogConfig"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+# Header names of our own; NATS's own headers (Nats-Msg-Id, ...) come from nats.js.api.Header.
+TYPE_HEADER = "Og-Type"
+VERSION_HEADER = "Og-Version"
+BLOB_HEADER = "Og-Blob"
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    stream: str = "OPENGYRE"
+    prefix: str = "og.ev"
+    blob_bucket: str = "OPENGYRE_BLOBS"
+    duplicate_window_s: float = 120.0
+    replicas: int = 1
+    # Bodies larger than this go to the object store; the server's max_payload caps it too.
+    inline_limit: int = 512 * 1024
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.stream):
+            raise ValueError(f"stream name {self.stream!r} must match {_NAME.pattern}")
+        if not _NAME.match(self.blob_bucket):
+            raise ValueError(f"blob bucket {self.blob_bucket!r} must match {_NAME.pattern}")
+        if not _PREFIX.match(self.prefix):
+            raise ValueError(f"subject prefix {self.prefix!r} must be dot-separated tokens of [A-Za-z0-9_-]")
+
+    @property
+    def all_subjects(self) -> str:
+        return f"{self.prefix}.>"
+
+    def subject(self, aggregate: str, aggregate_id: str) -> str:
+        return f"{self.prefix}.{aggregate}.{aggregate_id}"
+
+    def aggregate_filter(self, aggregate: str) -> str:
+        return f"{self.prefix}.{aggregate}.*"

@@ -1,0 +1,26 @@
+"""Errors of the event log, independent of the NATS client's exception classes."""
+
+from __future__ import annotations
+
+__all__ = ["ConcurrencyError", "EventLogError", "LogUnavailable"]
+
+# JetStream: 10071 "wrong last sequence: {seq}" (single server) and 10164 "wrong last sequence" (clustered
+# or batched path). Both mean another writer appended to the aggregate first.
+WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
+
+
+class EventLogError(Exception):
+    pass
+
+
+class ConcurrencyError(EventLogError):
+    """An append's expected last subject sequence did not match: another writer got there first."""
+
+    def __init__(self, subject: str, expected: int, detail: str = "") -> None:
+        super().__init__(f"append to {subject} expected last sequence {expected}: {detail or 'wrong last sequence'}")
+        self.subject = subject
+        self.expected = expected
+
+
+class LogUnavailable(EventLogError):
+    """The NATS server did not answer, or answers without JetStream."""

@@ -1,0 +1,348 @@
+"""The domain event log on NATS JetStream: one stream, a subject per aggregate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
+from typing import NamedTuple
+
+import msgspec
+import nats
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    Header,
+    ObjectStoreConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+from nats.js.object_store import ObjectStore
+
+from ..events import Event, EventRegistry, default_registry
+from ._client import FastHeaderClient
+from ._acks import AckError, AckPipeline
+from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
+from ._pull import PullBatcher
+from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+
+__all__ = ["Appended", "EventLog", "StoredEvent"]
+
+
+class Appended(NamedTuple):
+    seq: int
+    duplicate: bool
+
+
+class StoredEvent(msgspec.Struct, frozen=True):
+    """An event as the log holds it: position, routing, type header and the (blob-resolved) body."""
+
+    seq: int
+    subject: str
+    type_name: str
+    version: int
+    event_id: str
+    time: datetime | None
+    body: bytes
+
+
+def _version_of(headers: dict[str, str]) -> int:
+    try:
+        return int(headers.get(VERSION_HEADER, "1"))
+    except ValueError:
+        return -1
+
+
+class EventLog:
+    """Append and read domain events. Build one per event loop; close it when done."""
+
+    def __init__(self, nc: Client, config: LogConfig, registry: EventRegistry) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=10)
+        self.config = config
+        self.registry = registry
+        self._acks = AckPipeline(nc)
+        self._blobs: ObjectStore | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        config: LogConfig | None = None,
+        registry: EventRegistry | None = None,
+        *,
+        timeout: float = 3.0,
+        create: bool = True,
+    ) -> EventLog:
+        """Connect, check JetStream, and (with ``create``) make sure the stream exists. Fails fast."""
+        try:
+            nc = FastHeaderClient()
+            await asyncio.wait_for(
+                nc.connect(url, connect_timeout=max(1, int(timeout)), allow_reconnect=False, max_reconnect_attempts=0),
+                timeout=timeout + 1,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise LogUnavailable(f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})") from exc
+        log = cls(nc, config or LogConfig(), registry or default_registry())
+        try:
+            await log.js.account_info()
+        except Exception as exc:
+            await nc.close()
+            raise LogUnavailable(f"the NATS server at {url} has no JetStream (start it with -js): {exc}") from exc
+        await log._acks.start()
+        if create:
+            await log.ensure_stream()
+        return log
+
+    async def close(self) -> None:
+        await self._acks.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+    async def __aenter__(self) -> EventLog:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- stream -------------------------------------------------------------------------------------
+
+    async def ensure_stream(self) -> None:
+        cfg = self.config
+        try:
+            await self.js.stream_info(cfg.stream)
+        except NotFoundError:
+            await self.js.add_stream(
+                StreamConfig(
+                    name=cfg.stream,
+                    subjects=[cfg.all_subjects],
+                    storage=StorageType.FILE,
+                    duplicate_window=cfg.duplicate_window_s,
+                    num_replicas=cfg.replicas,
+                    max_msg_size=-1,
+                )
+            )
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.config.stream)
+        return int(info.state.last_seq)
+
+    async def first_seq(self) -> int:
+        info = await self.js.stream_info(self.config.stream)
+        return int(info.state.first_seq)
+
+    # --- append -------------------------------------------------------------------------------------
+
+    def subject_for(self, event: Event) -> str:
+        return self.config.subject(event.aggregate, event.aggregate_id())
+
+    async def _prepare(self, event: Event, expected: int | None) -> tuple[str, bytes, dict[str, str]]:
+        subject = self.subject_for(event)
+        body = self.registry.encode(event)
+        headers = {
+            Header.MSG_ID: event.event_id,
+            TYPE_HEADER: event.type_name(),
+        }
+        if event.version != 1:
+            # Absent means v1: every header costs the reader's parser, and most events stay at v1.
+            headers[VERSION_HEADER] = str(event.version)
+        if expected is not None:
+            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected)
+        limit = min(self.config.inline_limit, self.nc.max_payload - 8 * 1024)
+        if len(body) > limit:
+            # JetStream caps a message at max_payload (1 MiB by default): the body goes out of band.
+            store = await self._blob_store()
+            await store.put(f"event-{event.event_id}", body)
+            headers[BLOB_HEADER] = f"event-{event.event_id}"
+            body = b""
+        return subject, body, headers
+
+    @staticmethod
+    def _raise(subject: str, expected: int | None, exc: AckError) -> None:
+        if exc.err_code in WRONG_LAST_SEQUENCE_CODES:
+            raise ConcurrencyError(subject, expected if expected is not None else -1, exc.description) from exc
+        raise EventLogError(f"append to {subject} refused: {exc}") from exc
+
+    async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Appended:
+        """Append one event. Retrying with the same event id stores it once (``duplicate`` is then True).
+
+        ``expected_last_subject_seq`` is the stream sequence of the aggregate's last event (0: none yet);
+        a mismatch raises :class:`ConcurrencyError`.
+        """
+        subject, body, headers = await self._prepare(event, expected_last_subject_seq)
+        fut = await self._acks.publish(subject, body, headers)
+        try:
+            ack = await asyncio.wait_for(fut, timeout=10)
+        except AckError as exc:
+            self._raise(subject, expected_last_subject_seq, exc)
+            raise  # unreachable: _raise always raises
+        return Appended(ack.seq, ack.duplicate)
+
+    async def append_many(self, events: Iterable[Event], *, window: int = 2048) -> list[Appended]:
+        """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks)."""
+        out: list[Appended] = []
+        pending: list[tuple[str, asyncio.Future[object]]] = []
+
+        async def settle() -> None:
+            for subject, fut in pending:
+                try:
+                    ack = await asyncio.wait_for(fut, timeout=30)
+                except AckError as exc:
+                    self._raise(subject, None, exc)
+                assert isinstance(ack, object)
+                out.append(Appended(ack.seq, ack.duplicate))  # type: ignore[attr-defined]
+            pending.clear()
+
+        for event in events:
+            subject, body, headers = await self._prepare(event, None)
+            pending.append((subject, await self._acks.publish(subject, body, headers)))  # type: ignore[arg-type]
+            if len(pending) >= window:
+                await settle()
+        await settle()
+        return out
+
+    # --- blobs --------------------------------------------------------------------------------------
+
+    async def _blob_store(self) -> ObjectStore:
+        if self._blobs is None:
+            try:
+                self._blobs = await self.js.object_store(self.config.blob_bucket)
+            except (NotFoundError, nats.js.errors.BucketNotFoundError):
+                self._blobs = await self.js.create_object_store(
+                    self.config.blob_bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+                )
+        return self._blobs
+
+    async def put_blob(self, name: str, data: bytes) -> str:
+        """Store a large payload out of band; events carry the returned reference."""
+        store = await self._blob_store()
+        await store.put(name, data)
+        return name
+
+    async def get_blob(self, ref: str) -> bytes:
+        store = await self._blob_store()
+        res = await store.get(ref)
+        return bytes(res.data or b"")
+
+    # --- read ---------------------------------------------------------------------------------------
+
+    async def to_stored(self, msg: Msg) -> StoredEvent:
+        stored = self.to_stored_inline(msg)
+        if stored.body or not msg.headers or BLOB_HEADER not in msg.headers:
+            return stored
+        return msgspec.structs.replace(stored, body=await self.get_blob(msg.headers[BLOB_HEADER]))
+
+    async def to_stored_many(self, msgs: Sequence[Msg]) -> list[StoredEvent]:
+        out = [self.to_stored_inline(m) for m in msgs]
+        for i, m in enumerate(msgs):
+            if m.headers and BLOB_HEADER in m.headers:
+                out[i] = msgspec.structs.replace(out[i], body=await self.get_blob(m.headers[BLOB_HEADER]))
+        return out
+
+    def to_stored_inline(self, msg: Msg) -> StoredEvent:
+        """The stored event without resolving an out-of-band body (see ``to_stored``)."""
+        headers = msg.headers or {}
+        body = msg.data
+        meta = msg.metadata
+        return StoredEvent(
+            seq=int(meta.sequence.stream),
+            subject=msg.subject,
+            type_name=headers.get(TYPE_HEADER, ""),
+            version=_version_of(headers),
+            event_id=headers.get(Header.MSG_ID, ""),
+            time=meta.timestamp,
+            body=body,
+        )
+
+    def decode(self, stored: StoredEvent) -> Event:
+        """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
+        return self.registry.decode(stored.type_name, stored.version, stored.body)
+
+    async def read(
+        self,
+        start_seq: int = 1,
+        end_seq: int | None = None,
+        *,
+        subjects: Sequence[str] | None = None,
+        batch: int = 2048,
+    ) -> AsyncIterator[StoredEvent]:
+        """Yield stored events with ``start_seq <= seq <= end_seq`` (default: the last one now)."""
+        async for msgs in self.read_batches(start_seq, end_seq, subjects=subjects, batch=batch):
+            for s in await self.to_stored_many(msgs):
+                yield s
+
+    async def read_batches(
+        self,
+        start_seq: int = 1,
+        end_seq: int | None = None,
+        *,
+        subjects: Sequence[str] | None = None,
+        batch: int = 4096,
+    ) -> AsyncIterator[list[Msg]]:
+        """Raw message batches of an ephemeral, unacknowledged consumer over a sequence range."""
+        last = await self.last_seq() if end_seq is None else end_seq
+        if last < start_seq:
+            return
+        cfg = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(1, start_seq),
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+        )
+        filters = list(subjects) if subjects else [self.config.all_subjects]
+        if len(filters) == 1:
+            cfg.filter_subject = filters[0]
+        else:
+            cfg.filter_subjects = filters
+        info = await self.js.add_consumer(self.config.stream, cfg)
+        puller = self.puller(info.name, batch=batch)
+        await puller.start()
+        try:
+            while True:
+                msgs = await puller.next_batch(timeout=0.5)
+                if not msgs:
+                    if puller.errors:
+                        raise EventLogError(f"reading {self.config.stream}: {puller.errors[-1]}")
+                    # A filtered range may end in a gap: stop once the consumer has nothing pending.
+                    ci = await self.js.consumer_info(self.config.stream, info.name)
+                    if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
+                        return
+                    continue
+                keep = [m for m in msgs if m.metadata.sequence.stream <= last]
+                if keep:
+                    yield keep
+                if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
+                    return
+        finally:
+            await puller.stop()
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.config.stream, info.name)
+
+    def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
+        return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)
+
+    async def get(self, seq: int) -> StoredEvent:
+        raw = await self.js.get_msg(self.config.stream, seq)
+        headers = dict(raw.headers or {})
+        body = raw.data or b""
+        ref = headers.get(BLOB_HEADER)
+        if ref:
+            body = await self.get_blob(ref)
+        return StoredEvent(
+            seq=int(raw.seq or seq),
+            subject=raw.subject or "",
+            type_name=headers.get(TYPE_HEADER, ""),
+            version=_version_of(headers),
+            event_id=headers.get(Header.MSG_ID, ""),
+            time=None,
+            body=body,
+        )

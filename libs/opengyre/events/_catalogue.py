@@ -1,0 +1,258 @@
+"""The domain events every OpenGyre service speaks.
+
+Rules: a tag never changes; a new field gets a default; a breaking change bumps ``version`` and registers a
+pure upcaster for the old shape (see ``_registry.register_upcaster``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ._base import Event
+
+__all__ = [
+    "BenchRunCompleted",
+    "CallTimings",
+    "CellRegistered",
+    "CellRole",
+    "CellRoleChanged",
+    "DriftReport",
+    "ExecutionDispatched",
+    "ExecutionFinished",
+    "ExecutionStatus",
+    "FailureClass",
+    "ModelCallRecorded",
+    "PatternUse",
+    "SkillIngested",
+    "TaskHardened",
+    "TaskSynthesized",
+    "TaskTooEasy",
+    "TaskValidated",
+    "ToolCallPayload",
+    "TrajectoryRole",
+    "TrainingStepCompleted",
+    "WeightsPublished",
+]
+
+# --- data layer (svc-synth, Skill2Env) -------------------------------------------------------------
+
+
+class SkillIngested(Event, frozen=True, kw_only=True, tag="skill-ingested"):
+    aggregate = "skill"
+    aggregate_key = "skill_id"
+
+    skill_id: str
+    name: str
+    description: str
+    source: str = ""
+    digest: str = ""
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class PatternUse(msgspec.Struct, frozen=True, kw_only=True):
+    """One difficulty pattern instantiated in a task, with its control-knob settings."""
+
+    pattern_id: str
+    knobs: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class TaskSynthesized(Event, frozen=True, kw_only=True, tag="task-synthesized"):
+    aggregate = "task"
+    aggregate_key = "task_id"
+
+    task_id: str
+    skill_id: str
+    task_version: int = 1
+    patterns: list[PatternUse] = msgspec.field(default_factory=list)
+    blueprint: dict[str, object] = msgspec.field(default_factory=dict)
+    task_dir: str = ""
+
+
+class TaskValidated(Event, frozen=True, kw_only=True, tag="task-validated"):
+    aggregate = "task"
+    aggregate_key = "task_id"
+
+    task_id: str
+    task_version: int = 1
+    ok: bool
+    checks: dict[str, bool] = msgspec.field(default_factory=dict)
+    reason: str = ""
+
+
+class TaskTooEasy(Event, frozen=True, kw_only=True, tag="task-too-easy"):
+    aggregate = "task"
+    aggregate_key = "task_id"
+
+    task_id: str
+    task_version: int = 1
+    mean_reward: float
+    n_samples: int
+    threshold: float = 0.7
+
+
+class TaskHardened(Event, frozen=True, kw_only=True, tag="task-hardened"):
+    aggregate = "task"
+    aggregate_key = "task_id"
+
+    task_id: str
+    from_version: int
+    to_version: int
+    patterns: list[PatternUse] = msgspec.field(default_factory=list)
+    reason: str = ""
+
+
+# --- system layer (svc-scheduler, svc-proxy, svc-trainer, QwenGyre) ---------------------------------
+
+ExecutionStatus = Literal["completed", "timed-out", "evaluator-failed", "infra-failed"]
+# Infrastructure failures are masked, never trained as negatives; "evaluator" means no valid score.
+FailureClass = Literal["oom", "timeout", "sandbox", "network", "engine", "evaluator", "other"]
+TrajectoryRole = Literal["main", "main-summary", "sub-agent", "sub-agent-summary"]
+CellRole = Literal["idle", "rollout", "draining", "switching", "training-core", "training-satellite"]
+
+
+class ExecutionDispatched(Event, frozen=True, kw_only=True, tag="execution-dispatched"):
+    aggregate = "execution"
+    aggregate_key = "execution_id"
+
+    execution_id: str
+    task_id: str
+    group_id: str
+    task_version: int = 1
+    step: int = 0
+    weight_version: str = "default"
+    timeout_s: float = 0.0
+    cell_id: str | None = None
+
+
+class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finished"):
+    """An execution ended. ``score`` is the evaluator's on the preserved workspace, also after a timeout;
+    it is None exactly when no valid score exists (evaluator or infrastructure failure)."""
+
+    aggregate = "execution"
+    aggregate_key = "execution_id"
+
+    execution_id: str
+    status: ExecutionStatus
+    score: float | None = None
+    failure_class: FailureClass | None = None
+    exit_code: int | None = None
+    detail: str = ""
+
+
+class ToolCallPayload(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call exactly as the engine emitted it (arguments unparsed), so harness re-formatting cannot drift."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class CallTimings(msgspec.Struct, frozen=True, kw_only=True):
+    queued_ms: float = 0.0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class DriftReport(msgspec.Struct, frozen=True, kw_only=True):
+    """Where re-rendering the harness's messages disagreed with the recorded token prefix."""
+
+    kind: str
+    position: int
+    detail: str = ""
+
+
+class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-recorded"):
+    """One model call, token-in/token-out, as a node of the execution's trajectory tree.
+
+    The call's prompt is ``tokens(parent)[:prefix_len] + prompt_delta_ids`` where ``tokens(parent)`` is the
+    parent node's prompt followed by its output. Events carry only this delta, never the whole prefix again.
+    """
+
+    aggregate = "execution"
+    aggregate_key = "execution_id"
+
+    execution_id: str
+    call_id: str
+    parent_call_id: str | None = None
+    prefix_len: int = 0
+    prompt_delta_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    role: TrajectoryRole = "main"
+    model: str = ""
+    engine_id: str = ""
+    weight_version: str = "default"
+    finish_reason: str = ""
+    dialect: str = ""
+    tool_calls: list[ToolCallPayload] = msgspec.field(default_factory=list)
+    timings: CallTimings = msgspec.field(default_factory=CallTimings)
+    drift: DriftReport | None = None
+    context_ref: str | None = None
+    attempts: int = 1
+
+
+class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):
+    aggregate = "cell"
+    aggregate_key = "cell_id"
+
+    cell_id: str
+    node: str = "local"
+    gpus: int = 1
+    capacity: int = 1
+    role: CellRole = "rollout"
+    engine_url: str | None = None
+
+
+class CellRoleChanged(Event, frozen=True, kw_only=True, tag="cell-role-changed"):
+    aggregate = "cell"
+    aggregate_key = "cell_id"
+
+    cell_id: str
+    from_role: CellRole
+    to_role: CellRole
+    reason: str = ""
+    engine_url: str | None = None
+
+
+class TrainingStepCompleted(Event, frozen=True, kw_only=True, tag="training-step-completed"):
+    aggregate = "training"
+    aggregate_key = "run_id"
+
+    run_id: str = "default"
+    step: int
+    weight_version: str
+    loss: float
+    n_samples: int
+    n_tokens: int
+    execution_ids: list[str] = msgspec.field(default_factory=list)
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class WeightsPublished(Event, frozen=True, kw_only=True, tag="weights-published"):
+    aggregate = "weights"
+    aggregate_key = "run_id"
+
+    run_id: str = "default"
+    weight_version: str
+    step: int
+    uri: str
+    digest: str = ""
+    format: str = "safetensors"
+
+
+# --- inference layer (svc-bench, AgentPerfBench) ----------------------------------------------------
+
+
+class BenchRunCompleted(Event, frozen=True, kw_only=True, tag="bench-run-completed"):
+    aggregate = "bench"
+    aggregate_key = "run_id"
+
+    run_id: str
+    profile: str
+    concurrency: int
+    engine: str = ""
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)

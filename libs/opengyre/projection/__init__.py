@@ -1,0 +1,20 @@
+"""Projections: pure folds of the event log into SQL views, with exactly-once application."""
+
+from ._apply import BatchOutcome, FoldTransaction, TransientError
+from ._base import Projection, Rejected
+from ._rebuild import dump_rows, rebuild, replay_into
+from ._runner import ProjectionRunner, ProjectionStatus, consumer_name
+
+__all__ = [
+    "BatchOutcome",
+    "FoldTransaction",
+    "Projection",
+    "ProjectionRunner",
+    "ProjectionStatus",
+    "Rejected",
+    "TransientError",
+    "consumer_name",
+    "dump_rows",
+    "rebuild",
+    "replay_into",
+]

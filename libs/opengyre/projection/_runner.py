@@ -1,0 +1,158 @@
+"""The live projection runner: a durable pull consumer, explicit acks after the SQL commit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from sqlalchemy import Engine
+
+from ..eventlog import EventLog, StoredEvent
+from ._apply import BatchOutcome, FoldTransaction, TransientError
+from ._base import Projection
+
+__all__ = ["ProjectionRunner", "ProjectionStatus", "consumer_name"]
+
+log = logging.getLogger(__name__)
+
+
+def consumer_name(projection: Projection) -> str:
+    return f"proj-{projection.name}"
+
+
+@dataclass(frozen=True)
+class ProjectionStatus:
+    name: str
+    position: int  # highest stream sequence applied
+    stream_last_seq: int
+    pending: int  # messages the consumer has not yet had acknowledged
+    tracked: int
+    dead_letters: int
+
+    @property
+    def caught_up(self) -> bool:
+        return self.pending == 0
+
+
+class ProjectionRunner:
+    """Keep one projection up to date with the log. Safe to kill at any point: it resumes exactly."""
+
+    def __init__(
+        self,
+        projection: Projection,
+        log: EventLog,
+        engine: Engine,
+        *,
+        batch: int = 1000,
+        retry_delay: float = 0.5,
+    ) -> None:
+        self.projection = projection
+        self.log = log
+        self.fold = FoldTransaction(projection, engine, log.registry)
+        self.batch = batch
+        self.retry_delay = retry_delay
+        self.consumer = consumer_name(projection)
+        self.applied_total = 0
+        self._caught_up = asyncio.Event()
+
+    def _filters(self) -> list[str]:
+        aggs = self.projection.aggregates
+        if not aggs:
+            return [self.log.config.all_subjects]
+        return [self.log.config.aggregate_filter(a) for a in aggs]
+
+    async def ensure_consumer(self) -> None:
+        js, stream = self.log.js, self.log.config.stream
+        try:
+            await js.consumer_info(stream, self.consumer)
+            return  # an existing durable is bound as is (its config is not silently updated)
+        except NotFoundError:
+            pass
+        start = await asyncio.to_thread(self.fold.position) + 1
+        filters = self._filters()
+        cfg = ConsumerConfig(
+            durable_name=self.consumer,
+            name=self.consumer,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start,
+            ack_wait=30.0,
+            max_ack_pending=20_000,
+            max_deliver=-1,
+        )
+        if len(filters) == 1:
+            cfg.filter_subject = filters[0]
+        else:
+            cfg.filter_subjects = filters
+        await js.add_consumer(stream, cfg)
+
+    async def delete_consumer(self) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.log.js.delete_consumer(self.log.config.stream, self.consumer)
+
+    async def status(self) -> ProjectionStatus:
+        info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
+        position = await asyncio.to_thread(self.fold.position)
+        tracked, dead = await asyncio.to_thread(self.fold.counts)
+        return ProjectionStatus(
+            name=self.projection.name,
+            position=position,
+            stream_last_seq=await self.log.last_seq(),
+            pending=int(info.num_pending or 0) + int(info.num_ack_pending or 0),
+            tracked=tracked,
+            dead_letters=dead,
+        )
+
+    async def wait_caught_up(self, timeout: float = 30.0) -> None:
+        """Wait until the consumer has nothing pending (everything published so far is applied)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            st = await self.status()
+            if st.caught_up:
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"projection {self.projection.name} still has {st.pending} pending")
+            await asyncio.sleep(0.05)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.ensure_consumer()
+        puller = self.log.puller(self.consumer, batch=self.batch)
+        await puller.start()
+        try:
+            while not stop.is_set():
+                msgs = await puller.next_batch(timeout=0.5)
+                if msgs:
+                    await self.handle(msgs)
+                elif puller.errors:
+                    err = puller.errors.pop()
+                    log.warning("projection %s: pull error %s; re-creating consumer", self.projection.name, err)
+                    await self.ensure_consumer()
+        finally:
+            await puller.stop()
+
+    async def handle(self, msgs: list[Msg]) -> BatchOutcome | None:
+        stored: list[StoredEvent] = await self.log.to_stored_many(msgs)
+        try:
+            outcome = await asyncio.to_thread(self.fold.fold, stored)
+        except TransientError as exc:
+            log.warning("projection %s: transient store error, retrying: %s", self.projection.name, exc)
+            for m in msgs:
+                with contextlib.suppress(Exception):
+                    await m.nak(delay=self.retry_delay)
+            return None
+        # Ack only after the commit. Poison messages were dead-lettered in that same commit: term them.
+        for m, s in zip(msgs, stored, strict=True):
+            if s.seq in outcome.dead:
+                await m.term()
+            else:
+                await m.ack()
+        await self.log.nc.flush()
+        self.applied_total += outcome.applied
+        return outcome

@@ -1,0 +1,46 @@
+"""gRPC aio servers with the standard health and reflection services (so grpcurl works)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+__all__ = ["GrpcServer", "abort_invalid", "abort_status"]
+
+
+class GrpcServer:
+    """Build inside the running loop: grpc aio objects bound to another loop fail."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.server = grpc.aio.server()
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC to {host}:{port} (in use?)")
+        self._names: list[str] = [health.SERVICE_NAME]
+
+    def register(self, full_names: Iterable[str]) -> None:
+        self._names.extend(full_names)
+
+    async def start(self) -> None:
+        reflection.enable_server_reflection([*self._names, reflection.SERVICE_NAME], self.server)
+        await self.server.start()
+        for name in self._names:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def abort_status(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    await context.abort(code, message)
+
+
+async def abort_invalid(context: grpc.aio.ServicerContext, message: str) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

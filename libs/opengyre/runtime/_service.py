@@ -1,0 +1,164 @@
+"""What every OpenGyre service shares: connect to the log, migrate, run its projections, serve gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import grpc
+from sqlalchemy import Engine
+
+from ..config import Settings
+from ..eventlog import EventLog
+from ..projection import Projection, ProjectionRunner
+from ..store import create_db_engine, migrate
+from ..v1 import common_pb2
+from ._grpc import GrpcServer
+
+__all__ = [
+    "SERVICE_CLASSES",
+    "Service",
+    "ServiceContext",
+    "all_projections",
+    "load_service",
+    "run_service",
+]
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+
+# Where each service's class lives; imported lazily so the CLI does not pay for torch on every call.
+SERVICE_CLASSES: dict[str, str] = {
+    "synth": "opengyre.synth.service:SynthService",
+    "scheduler": "opengyre.scheduler.service:SchedulerService",
+    "proxy": "opengyre.proxy.service:ProxyService",
+    "trainer": "opengyre.trainer.service:TrainerService",
+    "bench": "opengyre.bench.service:BenchService",
+}
+
+
+@dataclass
+class ServiceContext:
+    settings: Settings
+    log: EventLog
+    engine: Engine
+    runners: dict[str, ProjectionRunner] = field(default_factory=dict)
+
+    async def status(self, service: Service) -> common_pb2.ServiceStatus:
+        msg = common_pb2.ServiceStatus(
+            service=service.name,
+            version=VERSION,
+            capabilities=list(service.capabilities),
+            not_implemented=list(service.not_implemented),
+        )
+        for runner in self.runners.values():
+            st = await runner.status()
+            msg.projections.append(
+                common_pb2.ProjectionStatus(
+                    name=st.name,
+                    position=st.position,
+                    stream_last_seq=st.stream_last_seq,
+                    pending=st.pending,
+                    tracked=st.tracked,
+                    dead_letters=st.dead_letters,
+                )
+            )
+        return msg
+
+
+class Service(ABC):
+    """One OpenGyre service: its projections, its gRPC servicer, and any extra servers it runs."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    capabilities: ClassVar[Sequence[str]] = ()
+    not_implemented: ClassVar[Sequence[str]] = ()
+
+    def projections(self) -> Sequence[Projection]:
+        return ()
+
+    @abstractmethod
+    def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
+        """Register servicers; return their full names (``opengyre.v1.XService``) for health and reflection."""
+
+    async def start(self, ctx: ServiceContext) -> None:
+        """Start extra servers or background tasks (after projections, before gRPC)."""
+
+    async def stop(self) -> None:
+        """Stop what ``start`` started."""
+
+
+def load_service(name: str) -> Service:
+    target = SERVICE_CLASSES.get(name)
+    if target is None:
+        raise KeyError(f"unknown service {name!r}; known: {', '.join(SERVICE_CLASSES)}")
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    service = cls()
+    if not isinstance(service, Service):
+        raise TypeError(f"{target} is not a Service")
+    return service
+
+
+def all_projections() -> dict[str, Projection]:
+    out: dict[str, Projection] = {}
+    for name in SERVICE_CLASSES:
+        for p in load_service(name).projections():
+            out[p.name] = p
+    return out
+
+
+async def run_service(
+    service: Service,
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    port: int | None = None,
+    ready: asyncio.Future[int] | None = None,
+) -> None:
+    """Run until ``stop`` is set. ``ready`` receives the bound gRPC port once serving."""
+    url = settings.resolved_nats_url()
+    if not url:
+        raise RuntimeError("no NATS URL: pass --nats-url or start the stack with `opengyre up`")
+    event_log = await EventLog.connect(url, settings.log)
+    engine = create_db_engine(settings.database_url)
+    tasks: list[asyncio.Task[None]] = []
+    server: GrpcServer | None = None
+    try:
+        await asyncio.to_thread(migrate, engine)
+        ctx = ServiceContext(settings=settings, log=event_log, engine=engine)
+        for projection in service.projections():
+            runner = ProjectionRunner(projection, event_log, engine)
+            await runner.ensure_consumer()
+            ctx.runners[projection.name] = runner
+            tasks.append(asyncio.create_task(runner.run(stop), name=f"projection-{projection.name}"))
+        await service.start(ctx)
+        server = GrpcServer(settings.host, settings.ports[service.name] if port is None else port)
+        server.register(service.add_to_server(server.server, ctx))
+        await server.start()
+        log.info("%s serving gRPC on %s:%d", service.name, settings.host, server.port)
+        if ready is not None and not ready.done():
+            ready.set_result(server.port)
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            if t.done() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+    finally:
+        stop.set()
+        if server is not None:
+            await server.stop()
+        with contextlib.suppress(Exception):
+            await service.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await event_log.close()
+        engine.dispose()

@@ -1,0 +1,16 @@
+"""Projection storage: engines (SQLite default, PostgreSQL by URL), the shared declarative base, migrations."""
+
+from ._engine import Base, create_db_engine, sqlite_url
+from ._migrate import MIGRATION_PACKAGES, alembic_config, migrate
+from ._tables import DeadLetter, Tracking
+
+__all__ = [
+    "MIGRATION_PACKAGES",
+    "Base",
+    "DeadLetter",
+    "Tracking",
+    "alembic_config",
+    "create_db_engine",
+    "migrate",
+    "sqlite_url",
+]

