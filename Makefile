@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/opengyre demo
 
-test: $(STAMP) proto-check lint
+test: $(STAMP) proto-check lint typecheck
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -48,7 +48,11 @@ def main() -> int:
             committed = sorted(
                 p.relative_to(OUT) for p in (OUT / "opengyre" / "v1").iterdir() if p.name.endswith(GENERATED)
             )
-            stale = [str(p) for p in fresh if not (OUT / p).exists() or not filecmp.cmp(Path(tmp) / p, OUT / p, shallow=False)]
+            stale = [
+                str(p)
+                for p in fresh
+                if not (OUT / p).exists() or not filecmp.cmp(Path(tmp) / p, OUT / p, shallow=False)
+            ]
             extra = [str(p) for p in committed if p not in fresh]
             if stale or extra:
                 print(f"generated protobuf code is stale ({', '.join(stale + extra)}): run `make proto`")

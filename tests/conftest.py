@@ -46,7 +46,9 @@ def _pg_url() -> str | None:
     if url:
         return url
     try:
-        eng = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres", connect_args={"connect_timeout": 1})
+        eng = create_engine(
+            "postgresql+psycopg://postgres@127.0.0.1:5432/postgres", connect_args={"connect_timeout": 1}
+        )
         with eng.connect():
             pass
         eng.dispose()

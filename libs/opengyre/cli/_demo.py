@@ -13,6 +13,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn
 
 from ..config import Settings
+from ..eventlog import EventLog, LogUnavailable
 from ..events import (
     CellRegistered,
     Event,
@@ -25,7 +26,6 @@ from ..events import (
     TaskTooEasy,
     TaskValidated,
 )
-from ..eventlog import EventLog, LogUnavailable
 from ..runtime import Stack, StackAlreadyRunning, all_projections
 from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
@@ -96,7 +96,9 @@ async def _demo(settings: Settings, seed: int) -> None:
     console.rule("[bold]1. opengyre up[/]")
     await stack.start()
     try:
-        console.print(f"event log {stack.nats_url}, store {settings.database_url}, services: {', '.join(stack.children)}")
+        console.print(
+            f"event log {stack.nats_url}, store {settings.database_url}, services: {', '.join(stack.children)}"
+        )
         log = await EventLog.connect(stack.nats_url, settings.log)
         try:
             console.rule("[bold]2. a scripted burst of events[/]")
@@ -105,13 +107,19 @@ async def _demo(settings: Settings, seed: int) -> None:
             first = await log.last_seq() + 1
             await log.append_many(burst)
             # Two messages no service can use: they are dead-lettered with a reason, and block nothing.
-            await log.nc.publish(log.config.subject("execution", f"{run}-bad"), b"{not json", headers={"Og-Type": "execution-finished"})
-            await log.nc.publish(log.config.subject("task", f"{run}-new"), b"{}", headers={"Og-Type": "task-from-the-future"})
+            await log.nc.publish(
+                log.config.subject("execution", f"{run}-bad"), b"{not json", headers={"Og-Type": "execution-finished"}
+            )
+            await log.nc.publish(
+                log.config.subject("task", f"{run}-new"), b"{}", headers={"Og-Type": "task-from-the-future"}
+            )
             await log.nc.flush()
             last = await log.last_seq()
             console.print(f"published {len(burst)} events (+2 undecodable ones) as seq {first}..{last}")
             console.rule("[bold]3. projections catch up[/]")
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")) as bar:
+            with Progress(
+                TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")
+            ) as bar:
                 total = last - first + 1
                 t = bar.add_task("events applied", total=total)
                 for _ in range(600):

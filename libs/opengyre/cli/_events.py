@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Annotated
 
@@ -80,10 +81,8 @@ def tail(
                     if t.row_count:
                         console.print(t)
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
 
 
 def show(
@@ -102,7 +101,9 @@ def show(
                 s = await log.get(seq)
             except Exception as exc:
                 raise fail(f"no event at sequence {seq} ({exc})") from exc
-            console.print(f"[bold]seq[/] {s.seq}  [bold]subject[/] {s.subject}  [bold]type[/] {s.type_name} v{s.version}")
+            console.print(
+                f"[bold]seq[/] {s.seq}  [bold]subject[/] {s.subject}  [bold]type[/] {s.type_name} v{s.version}"
+            )
             console.print(f"[bold]event id[/] {s.event_id}")
             try:
                 log.decode(s)

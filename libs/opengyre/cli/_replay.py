@@ -110,7 +110,14 @@ def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, d
                 runner = ProjectionRunner(proj, log, engine)
                 try:
                     st = await runner.status()
-                    t.add_row(proj.name, str(st.position), str(st.stream_last_seq), str(st.pending), str(st.tracked), str(st.dead_letters))
+                    t.add_row(
+                        proj.name,
+                        str(st.position),
+                        str(st.stream_last_seq),
+                        str(st.pending),
+                        str(st.tracked),
+                        str(st.dead_letters),
+                    )
                 except Exception:
                     pos = await asyncio.to_thread(FoldTransaction(proj, engine, log.registry).position)
                     t.add_row(proj.name, str(pos), str(await log.last_seq()), "no consumer", "", "")

@@ -18,7 +18,15 @@ from rich.table import Table
 
 from ..config import Settings
 from ..eventlog import LogUnavailable
-from ..runtime import SERVICE_CLASSES, Stack, StackAlreadyRunning, load_service, read_stack_file, run_service, stack_alive
+from ..runtime import (
+    SERVICE_CLASSES,
+    Stack,
+    StackAlreadyRunning,
+    load_service,
+    read_stack_file,
+    run_service,
+    stack_alive,
+)
 from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, settings_from
 
 __all__ = ["register"]
@@ -50,7 +58,11 @@ def _print_stack(stack: Stack) -> None:
     t.add_column("component")
     t.add_column("address")
     t.add_column("pid", justify="right")
-    t.add_row("event log (NATS JetStream)", stack.nats_url, str(stack.nats.proc.pid if stack.nats and stack.nats.proc else "-"))
+    t.add_row(
+        "event log (NATS JetStream)",
+        stack.nats_url,
+        str(stack.nats.proc.pid if stack.nats and stack.nats.proc else "-"),
+    )
     t.add_row("projection store", stack.settings.database_url, "-")
     for c in stack.children.values():
         t.add_row(f"svc-{c.name} (gRPC)", f"{stack.settings.host}:{c.port}", str(c.proc.pid if c.proc else "-"))
@@ -72,7 +84,9 @@ def up(
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
     services: Annotated[str | None, typer.Option(help="Comma-separated subset of services to run")] = None,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Run in the background; stop with `opengyre down`")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Run in the background; stop with `opengyre down`")
+    ] = False,
 ) -> None:
     """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service."""
     settings = settings_from(data_dir, nats_url, db_url)
@@ -92,7 +106,16 @@ def _detach(settings: Settings, names: list[str]) -> None:
     if running:
         raise fail(f"a stack already runs on {settings.data_dir} (pid {running['pid']}); stop it with `opengyre down`")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "opengyre.cli", "up", "--data-dir", str(settings.data_dir), "--services", ",".join(names)]
+    args = [
+        sys.executable,
+        "-m",
+        "opengyre.cli",
+        "up",
+        "--data-dir",
+        str(settings.data_dir),
+        "--services",
+        ",".join(names),
+    ]
     if settings.nats_url:
         args += ["--nats-url", settings.nats_url]
     if settings.db_url:

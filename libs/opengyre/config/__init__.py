@@ -39,7 +39,9 @@ class Settings:
             data_dir=Path(env.get("OPENGYRE_DATA_DIR", ".opengyre")),
             nats_url=env.get("OPENGYRE_NATS_URL") or None,
             db_url=env.get("OPENGYRE_DB_URL") or None,
-            log=LogConfig(stream=env.get("OPENGYRE_STREAM", "OPENGYRE"), prefix=env.get("OPENGYRE_SUBJECT_PREFIX", "og.ev")),
+            log=LogConfig(
+                stream=env.get("OPENGYRE_STREAM", "OPENGYRE"), prefix=env.get("OPENGYRE_SUBJECT_PREFIX", "og.ev")
+            ),
             host=env.get("OPENGYRE_HOST", "127.0.0.1"),
             ports={k: int(env.get(f"OPENGYRE_{k.upper()}_PORT", v)) for k, v in SERVICE_PORTS.items()},
             proxy_http_port=int(env.get("OPENGYRE_PROXY_HTTP_PORT", PROXY_HTTP_PORT)),

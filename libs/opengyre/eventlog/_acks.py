@@ -82,6 +82,8 @@ class AckPipeline:
             return
         err = resp.get("error")
         if err:
-            fut.set_exception(AckError(int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description", ""))))
+            fut.set_exception(
+                AckError(int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description", "")))
+            )
             return
         fut.set_result(PubAck(int(resp["seq"]), bool(resp.get("duplicate", False))))

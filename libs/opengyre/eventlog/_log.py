@@ -27,11 +27,11 @@ from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from ..events import Event, EventRegistry, default_registry
-from ._client import FastHeaderClient
 from ._acks import AckError, AckPipeline
+from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
-from ._pull import PullBatcher
 from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+from ._pull import PullBatcher
 
 __all__ = ["Appended", "EventLog", "StoredEvent"]
 
@@ -89,7 +89,9 @@ class EventLog:
                 timeout=timeout + 1,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise LogUnavailable(f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})") from exc
+            raise LogUnavailable(
+                f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
+            ) from exc
         log = cls(nc, config or LogConfig(), registry or default_registry())
         try:
             await log.js.account_info()

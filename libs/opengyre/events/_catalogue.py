@@ -31,8 +31,8 @@ __all__ = [
     "TaskTooEasy",
     "TaskValidated",
     "ToolCallPayload",
-    "TrajectoryRole",
     "TrainingStepCompleted",
+    "TrajectoryRole",
     "WeightsPublished",
 ]
 

@@ -3,8 +3,8 @@
 from ._grpc import GrpcServer, abort_invalid, abort_status
 from ._nats import EmbeddedNats, NatsServerMissing, nats_server_binary
 from ._ports import free_port, port_is_free, wait_for_port
-from ._supervisor import Stack, StackAlreadyRunning, read_stack_file, stack_alive
 from ._service import SERVICE_CLASSES, Service, ServiceContext, all_projections, load_service, run_service
+from ._supervisor import Stack, StackAlreadyRunning, read_stack_file, stack_alive
 
 __all__ = [
     "SERVICE_CLASSES",
@@ -12,9 +12,9 @@ __all__ = [
     "GrpcServer",
     "NatsServerMissing",
     "Service",
+    "ServiceContext",
     "Stack",
     "StackAlreadyRunning",
-    "ServiceContext",
     "abort_invalid",
     "abort_status",
     "all_projections",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -38,9 +39,9 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
-async def abort_status(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+async def abort_status(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str) -> None:
     await context.abort(code, message)
 
 
-async def abort_invalid(context: grpc.aio.ServicerContext, message: str) -> None:
+async def abort_invalid(context: grpc.aio.ServicerContext[Any, Any], message: str) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -90,9 +90,11 @@ class Service(ABC):
 
     async def start(self, ctx: ServiceContext) -> None:
         """Start extra servers or background tasks (after projections, before gRPC)."""
+        return None
 
     async def stop(self) -> None:
         """Stop what ``start`` started."""
+        return None
 
 
 def load_service(name: str) -> Service:

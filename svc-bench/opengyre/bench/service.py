@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
 from opengyre.runtime import Service, ServiceContext
-from opengyre.v1 import common_pb2, bench_pb2_grpc
+from opengyre.v1 import bench_pb2_grpc, common_pb2
 
 __all__ = ["BenchService"]
 
@@ -18,7 +19,7 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
         self._ctx = ctx
 
     async def GetStatus(  # noqa: N802 (gRPC method name)
-        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> common_pb2.ServiceStatus:
         return await self._ctx.status(self._service)
 
@@ -26,8 +27,8 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
 class BenchService(Service):
     name = "bench"
     summary = "AgentPerfBench: agentic workload profiles, saturation sweeps, roofline"
-    capabilities: Sequence[str] = ("status",)
-    not_implemented: Sequence[str] = ()
+    capabilities = ("status",)
+    not_implemented = ()
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         bench_pb2_grpc.add_BenchServiceServicer_to_server(_Servicer(self, ctx), server)

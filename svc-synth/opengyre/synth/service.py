@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -21,7 +22,7 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
         self._ctx = ctx
 
     async def GetStatus(  # noqa: N802 (gRPC method name)
-        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> common_pb2.ServiceStatus:
         return await self._ctx.status(self._service)
 
@@ -29,8 +30,8 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
 class SynthService(Service):
     name = "synth"
     summary = "Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop"
-    capabilities: Sequence[str] = ("status",)
-    not_implemented: Sequence[str] = ()
+    capabilities = ("status",)
+    not_implemented = ()
 
     def projections(self) -> Sequence[Projection]:
         return (TasksProjection(),)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -18,7 +19,7 @@ class _Servicer(trainer_pb2_grpc.TrainerServiceServicer):
         self._ctx = ctx
 
     async def GetStatus(  # noqa: N802 (gRPC method name)
-        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> common_pb2.ServiceStatus:
         return await self._ctx.status(self._service)
 
@@ -26,8 +27,8 @@ class _Servicer(trainer_pb2_grpc.TrainerServiceServicer):
 class TrainerService(Service):
     name = "trainer"
     summary = "QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, weight publishing"
-    capabilities: Sequence[str] = ("status",)
-    not_implemented: Sequence[str] = ()
+    capabilities = ("status",)
+    not_implemented = ()
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server(_Servicer(self, ctx), server)

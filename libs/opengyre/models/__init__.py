@@ -1,0 +1,24 @@
+"""The policy model family and tokenizer shared by the CPU engine (svc-proxy) and the trainer."""
+
+from ._llama import (
+    MODEL_PRESETS,
+    build_model,
+    load_checkpoint,
+    load_weights,
+    model_config,
+    save_checkpoint,
+    token_logprobs,
+)
+from ._tokenizer import TOKENIZER_DIR, load_tokenizer
+
+__all__ = [
+    "MODEL_PRESETS",
+    "TOKENIZER_DIR",
+    "build_model",
+    "load_checkpoint",
+    "load_tokenizer",
+    "load_weights",
+    "model_config",
+    "save_checkpoint",
+    "token_logprobs",
+]

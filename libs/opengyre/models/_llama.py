@@ -1,0 +1,129 @@
+"""A small Llama-style causal LM built from a config: the policy the CPU engine serves and the trainer trains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+__all__ = [
+    "MODEL_PRESETS",
+    "build_model",
+    "load_checkpoint",
+    "load_weights",
+    "model_config",
+    "save_checkpoint",
+    "token_logprobs",
+]
+
+VOCAB_SIZE = 288  # 256 bytes + 9 specials, padded to a multiple of 32
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # ~0.2M parameters: fast enough for every test on 2 cores.
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    # ~3.5M parameters: the demo's policy and the benchmarks'.
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
+}
+
+CHECKPOINT_FILE = "model.safetensors"
+META_FILE = "opengyre.json"
+
+
+def model_config(preset: str = "tiny", **overrides: Any) -> LlamaConfig:
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known: {', '.join(MODEL_PRESETS)}")
+    params: dict[str, Any] = {
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": None,
+        "eos_token_id": 258,  # <|im_end|>
+        "pad_token_id": 256,  # <|endoftext|>
+        "initializer_range": 0.02,
+        **MODEL_PRESETS[preset],
+        **overrides,
+    }
+    cfg = LlamaConfig(**params)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
+    """Deterministic initial weights for a seed (the global RNG is left untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+def _digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: str) -> str:
+    """Write ``config.json``, ``model.safetensors`` and our metadata; returns the weights' sha256."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    digest = _digest(state)
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    save_file(state, str(tmp), metadata={"weight_version": weight_version})
+    tmp.replace(directory / CHECKPOINT_FILE)  # atomic: an engine never loads a half-written file
+    model.config.to_json_file(str(directory / "config.json"))
+    (directory / META_FILE).write_text(json.dumps({"weight_version": weight_version, "sha256": digest}) + "\n")
+    return digest
+
+
+def load_weights(model: LlamaForCausalLM, directory: Path) -> str:
+    """Load a checkpoint's weights into ``model`` in place; returns its weight version."""
+    directory = Path(directory)
+    state = load_file(str(directory / CHECKPOINT_FILE))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
+        raise ValueError(f"checkpoint {directory} does not fit the model: missing={missing} unexpected={unexpected}")
+    meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
+    return str(meta.get("weight_version", directory.name))
+
+
+def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
+    directory = Path(directory)
+    config = LlamaConfig.from_json_file(str(directory / "config.json"))
+    config._attn_implementation = "sdpa"
+    model = build_model(config)
+    version = load_weights(model, directory)
+    return model, version
+
+
+def token_logprobs(
+    model: LlamaForCausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
