@@ -124,6 +124,9 @@ class ExecutionDispatched(Event, frozen=True, kw_only=True, tag="execution-dispa
     weight_version: str = "default"
     timeout_s: float = 0.0
     cell_id: str | None = None
+    # Members the group will have (16 for GSPO); 0 = unknown. Lets a consumer tell a complete group from a
+    # partially dispatched one, so training never packs a group before all its members finished.
+    group_size: int = 0
 
 
 class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finished"):
@@ -203,6 +206,8 @@ class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):
     capacity: int = 1
     role: CellRole = "rollout"
     engine_url: str | None = None
+    # A cell of the resident rollout pool never turns to training (QwenGyre's optional resident pool).
+    resident: bool = False
 
 
 class CellRoleChanged(Event, frozen=True, kw_only=True, tag="cell-role-changed"):
