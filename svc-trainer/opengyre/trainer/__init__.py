@@ -1,3 +1,32 @@
-"""QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, weight publishing."""
+"""QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, two backends, weight publishing, SFT."""
 
-__all__: list[str] = []
+from ._admission import Admission, AdmissionPolicy, ExecutionOutcome, GroupAdmission, classify_outcome
+from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES, classify_failure
+from ._packing import PAD_ID, MicroBatch, pack_samples
+from ._samples import SampleError, TrainingSample, execution_samples
+from ._sampling import ROLE_PRIORITY, PathSampler, SampledPath, unmasked_trainable
+from ._step import Learner, MicroResult, StepResult
+
+__all__ = [
+    "INFRA_CLASSES",
+    "PAD_ID",
+    "ROLE_PRIORITY",
+    "TRANSIENT_CLASSES",
+    "Admission",
+    "AdmissionPolicy",
+    "ExecutionOutcome",
+    "GroupAdmission",
+    "Learner",
+    "MicroBatch",
+    "MicroResult",
+    "PathSampler",
+    "SampleError",
+    "SampledPath",
+    "StepResult",
+    "TrainingSample",
+    "classify_failure",
+    "classify_outcome",
+    "execution_samples",
+    "pack_samples",
+    "unmasked_trainable",
+]

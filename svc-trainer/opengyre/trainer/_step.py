@@ -1,0 +1,122 @@
+"""One optimizer step: micro-batches in, accumulated gradients, clipped update out.
+
+The step does not know the algorithm: it computes logprobs through the backend, hands ``LossInputs`` to
+whatever ``Algorithm`` it holds, and backpropagates the returned loss. Weights stay fixed while gradients
+accumulate, so the clipping anchor ``old_logprobs`` is the current logprobs, detached (one update per batch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from ._packing import MicroBatch
+from .algorithms import Algorithm, LossInputs
+from .backends import Backend
+
+__all__ = ["Learner", "MicroResult", "StepResult"]
+
+
+@dataclass
+class MicroResult:
+    loss: float
+    n_targets: int
+    n_tokens: int
+    padded_tokens: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class StepResult:
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    micro_steps: int = 0
+    n_samples: int = 0
+    n_targets: int = 0
+    n_tokens: int = 0
+    padded_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def add(self, r: MicroResult, n_rows: int) -> None:
+        self.loss += r.loss
+        self.micro_steps += 1
+        self.n_samples += n_rows
+        self.n_targets += r.n_targets
+        self.n_tokens += r.n_tokens
+        self.padded_tokens += r.padded_tokens
+        for k, v in r.metrics.items():
+            # Metrics are averaged over micro-steps, weighted by their targets.
+            self.metrics[k] = self.metrics.get(k, 0.0) + v * r.n_targets
+
+    def finish(self) -> None:
+        n = max(self.n_targets, 1)
+        self.metrics = {k: v / n for k, v in self.metrics.items()}
+
+
+class Learner:
+    """A backend, an algorithm and an optimizer; ``step`` runs one update over a stream of micro-batches."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        algorithm: Algorithm,
+        *,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        reference: Backend | None = None,
+    ) -> None:
+        self.backend = backend
+        self.algorithm = algorithm
+        self.max_grad_norm = max_grad_norm
+        self.reference = reference
+        self.optimizer = torch.optim.AdamW(backend.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+
+    def accumulate(self, mb: MicroBatch) -> MicroResult:
+        """Forward, loss, backward for one micro-batch; gradients add up until ``apply``."""
+        logprobs = self.backend.token_logprobs(mb)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = self.reference.token_logprobs(mb)
+        out = self.algorithm.loss(
+            LossInputs(
+                logprobs=logprobs,
+                old_logprobs=logprobs.detach(),
+                behaviour_logprobs=mb.behaviour_logprobs,
+                advantages=mb.advantages,
+                mask=mb.mask,
+                token_weights=mb.token_weights,
+                ref_logprobs=ref,
+            )
+        )
+        out.loss.backward()  # type: ignore[no-untyped-call]
+        return MicroResult(float(out.loss.detach()), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics)
+
+    def grad_norm(self) -> float:
+        sq = [p.grad.detach().double().pow(2).sum() for p in self.backend.parameters() if p.grad is not None]
+        return math.sqrt(float(torch.stack(sq).sum())) if sq else 0.0
+
+    def apply(self) -> float:
+        """Clip, update, clear; returns the pre-clip gradient norm."""
+        norm = self.grad_norm()
+        if self.max_grad_norm is not None and norm > self.max_grad_norm:
+            scale = self.max_grad_norm / (norm + 1e-6)
+            for p in self.backend.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        self.optimizer.step()
+        self.backend.zero_grad()
+        return norm
+
+    def step(self, microbatches: Iterable[MicroBatch]) -> StepResult:
+        self.backend.zero_grad()
+        result = StepResult()
+        for mb in microbatches:  # an iterator is fine: micro-steps are consumed as they become ready
+            result.add(self.accumulate(mb), int(mb.input_ids.shape[0]))
+        result.grad_norm = self.apply()
+        result.finish()
+        return result

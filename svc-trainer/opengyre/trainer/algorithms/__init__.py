@@ -1,0 +1,37 @@
+"""Policy-optimisation algorithms as small modules behind one ``Algorithm`` interface, found by name."""
+
+from typing import Any
+
+from ._advantages import group_advantages
+from ._base import Algorithm, LossInputs, LossOutput, masked_sum
+from ._grpo import GRPO
+from ._gspo import GSPO
+from ._importance import sequence_tis, token_tis
+from ._kl import k3
+from ._sft import SFT
+
+__all__ = [
+    "ALGORITHMS",
+    "GRPO",
+    "GSPO",
+    "SFT",
+    "Algorithm",
+    "LossInputs",
+    "LossOutput",
+    "get_algorithm",
+    "group_advantages",
+    "k3",
+    "masked_sum",
+    "sequence_tis",
+    "token_tis",
+]
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"grpo": GRPO, "gspo": GSPO, "sft": SFT}
+
+
+def get_algorithm(name: str, **params: Any) -> Algorithm:
+    try:
+        cls = ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
+    return cls(**params)

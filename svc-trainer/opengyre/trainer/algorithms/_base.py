@@ -1,0 +1,47 @@
+"""What every algorithm sees and returns. The training step builds ``LossInputs`` and calls ``loss``; it never
+knows which algorithm runs.
+
+Token tensors are aligned to predictions: column ``t`` is the logprob of token ``t + 1`` given ``0..t``.
+``token_weights`` are zero off-target and sum to 1 over a whole step (within-execution averaging is already
+folded in), so micro-batch losses add up to the step's loss.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+__all__ = ["Algorithm", "LossInputs", "LossOutput", "masked_sum"]
+
+
+@dataclass
+class LossInputs:
+    logprobs: torch.Tensor  # [B, T-1], with grad: the policy being trained
+    old_logprobs: torch.Tensor  # [B, T-1], detached: the policy at the start of the step (the clipping anchor)
+    behaviour_logprobs: torch.Tensor  # [B, T-1]: what the engine recorded when it sampled
+    advantages: torch.Tensor  # [B]: one per sequence (the execution's)
+    mask: torch.Tensor  # [B, T-1] bool: training targets
+    token_weights: torch.Tensor  # [B, T-1]: loss weight per target, 0 elsewhere
+    ref_logprobs: torch.Tensor | None = None  # [B, T-1]: a reference policy, for the optional KL term
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar with grad
+    metrics: dict[str, float]
+
+
+def masked_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # where(): a masked position may hold inf/nan (a padded token), and 0 * inf would poison the sum.
+    return torch.where(w != 0, x * w, torch.zeros_like(x)).sum()
+
+
+class Algorithm(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def loss(self, x: LossInputs) -> LossOutput:
+        """The weighted loss of one micro-batch (a summand of the step's loss)."""

@@ -1,0 +1,55 @@
+"""The backend interface: a differentiable policy that turns a packed micro-batch into token logprobs.
+
+Backends exchange weights and gradients in the Hugging Face Llama naming (``model.layers.0.self_attn.q_proj
+.weight``...), the format engines load: publishing, satellite snapshots and cross-backend checks all go
+through it, whatever the backend's own parameter layout.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+from transformers import LlamaConfig
+
+from .._packing import MicroBatch
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    config: LlamaConfig
+
+    @abstractmethod
+    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """log p(x_{t+1} | x_<=t) for every row, shape [B, T-1], float32, differentiable."""
+
+    @abstractmethod
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer updates."""
+
+    @abstractmethod
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights as a Hugging Face Llama state dict (detached copies)."""
+
+    @abstractmethod
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the weights from a Hugging Face Llama state dict."""
+
+    @abstractmethod
+    def hf_grads(self) -> dict[str, torch.Tensor]:
+        """The accumulated gradients in Hugging Face naming (zeros where none flowed)."""
+
+    @abstractmethod
+    def add_hf_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
+        """Add gradients given in Hugging Face naming to the accumulated ones (a satellite's share)."""
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def tokens_per_forward(self, mb: MicroBatch) -> int:
+        return mb.padded_tokens

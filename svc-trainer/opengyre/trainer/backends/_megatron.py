@@ -1,0 +1,208 @@
+"""The megatron-core backend: ``GPTModel`` with tensor parallelism over torch.distributed.
+
+On CPU it runs with gloo and ``use_cpu_initialization=True`` once two CUDA-only pieces are replaced: the layer
+spec's ``core_attention`` (the stock ``DotProductAttention`` asks for CUDA buffers) by a module calling
+``torch.nn.fn.scaled_dot_product_attention``, and the rotary embedding's ``get_emb`` (which moves its
+frequencies to the current CUDA device) by a device-agnostic one. On GPUs the same code runs with NCCL.
+Weights start from, and publish as, the Hugging Face Llama layout (see ``_mcore_weights``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as fn
+from transformers import LlamaConfig
+
+from .._packing import MicroBatch
+from ._base import Backend
+from ._mcore_weights import hf_to_mcore, mcore_to_hf, shard_dim, unshard
+
+__all__ = ["MegatronBackend", "ensure_distributed"]
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": expected on CPU
+    from megatron.core import parallel_state
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
+    """Causal attention via PyTorch SDPA, in megatron's layout: q [sq, b, np, hn], k/v [sk, b, ng, hn]."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: Any, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection: Any = None) -> None:  # fmt: skip
+        super().__init__(config=config)
+        self.softmax_scale = softmax_scale
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SDPA core attention: packed sequences and attention bias are not supported")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, hn]
+        out = fn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
+        sq, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
+
+class _DeviceAgnosticRope(RotaryEmbedding):  # type: ignore[misc]
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        if self.rotary_interleaved:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]
+
+
+def ensure_distributed(tp: int = 1) -> None:
+    """Join (or, alone, create) the process group and megatron's model-parallel groups."""
+    if not dist.is_initialized():
+        if tp != 1:
+            raise RuntimeError("tensor parallelism needs a launched process group (torchrun or init_process_group)")
+        # A file store: no port to collide with other processes on a shared machine.
+        store = os.path.join(tempfile.mkdtemp(prefix="og-gloo-"), "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        raise RuntimeError(
+            f"model parallel groups exist with tp={parallel_state.get_tensor_model_parallel_world_size()}, not {tp}"
+        )
+
+
+def transformer_config(cfg: LlamaConfig, tp: int = 1) -> TransformerConfig:
+    return TransformerConfig(
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_key_value_heads,
+        kv_channels=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        ffn_hidden_size=cfg.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=fn.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def _rope_theta(cfg: LlamaConfig) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+class MegatronBackend(Backend):
+    name: ClassVar[str] = "megatron"
+
+    def __init__(self, config: LlamaConfig, hf_state: Mapping[str, torch.Tensor], *, tp: int = 1) -> None:
+        if (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
+            raise NotImplementedError("only default RoPE is mapped to megatron")
+        ensure_distributed(tp)
+        self.config = config
+        self.tp = tp
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron's deprecation chatter about defaults we set on purpose
+            self.model = self._build(config, tp)
+        self.model.rotary_pos_emb.__class__ = _DeviceAgnosticRope
+        self.load_hf_state_dict(hf_state)
+        self.model.train()
+
+    @staticmethod
+    def _build(config: LlamaConfig, tp: int) -> Any:
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        return GPTModel(
+            config=transformer_config(config, tp),
+            transformer_layer_spec=spec,
+            vocab_size=config.vocab_size,
+            max_sequence_length=config.max_position_embeddings,
+            pre_process=True,
+            post_process=True,
+            parallel_output=False,  # gathered logits: the loss sees the whole vocabulary on every rank
+            share_embeddings_and_output_weights=bool(config.tie_word_embeddings),
+            position_embedding_type="rope",
+            rotary_base=int(_rope_theta(config)),
+        )
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.model.named_parameters())
+
+    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        ids = mb.input_ids
+        pos = torch.arange(ids.shape[1], dtype=torch.long).unsqueeze(0).expand_as(ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "tp_group is None, using default tp group"
+            logits = self.model(ids, pos, None)[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.tp == 1:
+            return local
+        group = parallel_state.get_tensor_model_parallel_group()
+        full: dict[str, torch.Tensor] = {}
+        for k, v in local.items():
+            if shard_dim(k) is None:
+                full[k] = v
+                continue
+            shards = [torch.empty_like(v) for _ in range(self.tp)]
+            dist.all_gather(shards, v.contiguous(), group=group)
+            full[k] = unshard(k, shards)
+        return full
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        local = {k: p.detach().clone() for k, p in self._params().items()}
+        return mcore_to_hf(self._gather(local), self.config)
+
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        mapped = hf_to_mcore(state, self.config, self.tp_rank, self.tp)
+        params = self._params()
+        if set(mapped) != set(params):
+            raise ValueError(f"weights do not fit the GPTModel: {sorted(set(mapped) ^ set(params))}")
+        with torch.no_grad():
+            for k, p in params.items():
+                p.copy_(mapped[k])
+
+    def hf_grads(self) -> dict[str, torch.Tensor]:
+        params = self._params()
+        local = {k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for k, p in params.items()}
+        return mcore_to_hf(self._gather(local), self.config)
+
+    def add_hf_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
+        mapped = hf_to_mcore(grads, self.config, self.tp_rank, self.tp)
+        for k, p in self._params().items():
+            g = mapped[k]
+            p.grad = g.clone() if p.grad is None else p.grad + g

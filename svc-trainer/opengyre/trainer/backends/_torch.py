@@ -1,0 +1,55 @@
+"""The torch backend: the shared ``opengyre.models`` Llama, exactly the model the CPU engine serves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from opengyre.models import build_model, token_logprobs
+
+from .._packing import MicroBatch
+from ._base import Backend
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend(Backend):
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        self.config: LlamaConfig = model.config
+        self.model.train()
+
+    @classmethod
+    def from_config(cls, config: LlamaConfig, seed: int = 0) -> TorchBackend:
+        return cls(build_model(config, seed))
+
+    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        # No attention mask: rows are right-padded and attention is causal, so real tokens never see padding.
+        return token_logprobs(self.model, mb.input_ids)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        missing, unexpected = self.model.load_state_dict(dict(state), strict=False)
+        if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
+            raise ValueError(f"state does not fit the model: missing={missing} unexpected={unexpected}")
+
+    def hf_grads(self) -> dict[str, torch.Tensor]:
+        return {
+            k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for k, p in self.model.named_parameters()
+        }
+
+    def add_hf_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
+        for k, p in self.model.named_parameters():
+            g = grads[k]
+            p.grad = g.clone() if p.grad is None else p.grad + g

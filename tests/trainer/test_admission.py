@@ -1,0 +1,100 @@
+"""Admission: evaluator and infrastructure failures never reach the loss; timeouts keep their real score;
+the circuit breaker; group statistics over survivors only."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from opengyre.trainer import AdmissionPolicy, ExecutionOutcome, classify_failure, classify_outcome
+
+
+def o(i: int, status: str = "completed", score: float | None = 1.0, fc: str | None = None) -> ExecutionOutcome:
+    return ExecutionOutcome(f"e{i:02d}", "g", status, score, fc)  # type: ignore[arg-type]
+
+
+def test_failure_classes_from_exit_codes_and_output() -> None:
+    assert classify_failure(137) == "oom"
+    assert classify_failure(1, "MemoryError: cannot allocate") == "oom"
+    assert classify_failure(124) == "timeout"
+    assert classify_failure(1, "curl: (6) Could not resolve host: pypi.org") == "network"
+    assert classify_failure(125, "Cannot connect to the Docker daemon") == "sandbox"
+    assert classify_failure(1, "AssertionError: wrong answer") is None
+    assert classify_failure(0) is None
+
+
+def test_outcome_verdicts() -> None:
+    assert classify_outcome(o(0, "timed-out", 0.4)) == ("ok", "timed-out")
+    assert classify_outcome(o(0, "completed", 0.0)) == ("ok", "completed")  # a valid zero is trained
+    assert classify_outcome(o(0, "evaluator-failed", None, "evaluator"))[0] == "excluded"
+    assert classify_outcome(o(0, "completed", None))[0] == "excluded"
+    assert classify_outcome(o(0, "infra-failed", None, "oom")) == ("masked", "infra:oom")
+    assert classify_outcome(o(0, "completed", 0.0, "sandbox"))[0] == "masked"  # never a negative
+    assert classify_outcome(o(0, "completed", 0.2, "network")) == ("transient", "transient:network")
+    assert classify_outcome(o(0, "completed", float("nan")))[0] == "excluded"
+
+
+def test_timed_out_members_get_their_score_and_failures_get_nothing() -> None:
+    outs = [
+        o(0, "completed", 1.0),
+        o(1, "timed-out", 0.5),
+        o(2, "completed", 0.0),
+        o(3, "evaluator-failed", None, "evaluator"),
+        o(4, "infra-failed", None, "oom"),
+        o(5, "infra-failed", None, "sandbox"),
+    ]
+    g = AdmissionPolicy(group_size=6).admit("g", outs)
+    d = g.by_id()
+    assert [d[f"e{i:02d}"].decision for i in range(6)] == ["train", "train", "train", "excluded", "masked", "masked"]
+    mean, std = statistics.mean([1.0, 0.5, 0.0]), statistics.stdev([1.0, 0.5, 0.0])
+    assert g.mean == pytest.approx(mean) and g.std == pytest.approx(std) and g.survivors == 3
+    assert d["e01"].advantage == pytest.approx((0.5 - mean) / (std + 1e-6))
+    assert d["e00"].advantage == pytest.approx((1.0 - mean) / (std + 1e-6))
+    assert all(d[f"e{i:02d}"].advantage == 0.0 for i in (3, 4, 5))
+
+
+def test_lone_survivor_gets_no_advantage() -> None:
+    outs = [o(0, "completed", 1.0), o(1, "evaluator-failed", None), o(2, "infra-failed", None, "oom")]
+    g = AdmissionPolicy(group_size=3).admit("g", outs)
+    assert g.by_id()["e00"].decision == "no-signal" and g.by_id()["e00"].advantage == 0.0
+    assert g.trained() == []
+
+
+def test_no_reward_spread_gives_no_signal() -> None:
+    g = AdmissionPolicy(group_size=3).admit("g", [o(i, score=0.5) for i in range(3)])
+    assert {a.decision for a in g.admissions} == {"no-signal"}
+
+
+def test_transient_failures_are_filtered_until_the_breaker_trips() -> None:
+    # group of 8: half is 4. Two infra failures already dropped; transient members filtered while
+    # dropped + 1 < 4, so exactly one more is filtered and the rest are kept with their real score.
+    outs = [
+        o(0, "infra-failed", None, "oom"),
+        o(1, "infra-failed", None, "sandbox"),
+        o(2, "completed", 0.1, "network"),
+        o(3, "completed", 0.2, "timeout"),
+        o(4, "completed", 0.3, "network"),
+        o(5, "completed", 1.0),
+        o(6, "completed", 0.0),
+        o(7, "timed-out", 0.7),
+    ]
+    g = AdmissionPolicy(group_size=8).admit("g", outs)
+    d = g.by_id()
+    assert d["e02"].decision == "filtered"
+    assert d["e03"].decision == "train" and "breaker-kept" in d["e03"].reason
+    assert d["e04"].decision == "train"
+    assert g.breaker_tripped
+    survivors = [0.2, 0.3, 1.0, 0.0, 0.7]
+    assert g.survivors == 5 and g.mean == pytest.approx(statistics.mean(survivors))
+
+
+def test_no_breaker_when_few_transients() -> None:
+    outs = [o(0, "completed", 0.1, "network"), *[o(i, score=float(i % 2)) for i in range(1, 8)]]
+    g = AdmissionPolicy(group_size=8).admit("g", outs)
+    assert g.by_id()["e00"].decision == "filtered" and not g.breaker_tripped
+
+
+def test_dr_grpo_does_not_divide_by_std() -> None:
+    g = AdmissionPolicy(group_size=2, normalize_std=False).admit("g", [o(0, score=1.0), o(1, score=0.0)])
+    assert [a.advantage for a in g.admissions] == [pytest.approx(0.5), pytest.approx(-0.5)]
