@@ -11,7 +11,7 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, scheduler_pb2_grpc
 
-from ._executions import ExecutionsProjection
+from ._projection import SchedulerProjection
 
 __all__ = ["SchedulerService"]
 
@@ -34,7 +34,7 @@ class SchedulerService(Service):
     not_implemented = ()
 
     def projections(self) -> Sequence[Projection]:
-        return (ExecutionsProjection(),)
+        return (SchedulerProjection(),)
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(_Servicer(self, ctx), server)

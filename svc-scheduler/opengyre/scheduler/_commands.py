@@ -1,0 +1,89 @@
+"""The command layer: every role change, whoever asks (a policy, an operator over gRPC, the simulator), is
+checked here against the state before anything happens. A refused command changes nothing."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from opengyre.events import CellRegistered, CellRole
+
+from ._policy import RoleRequest, Target
+from ._rules import ROLLOUT_ROLES, TRAINING_ROLES, watermark_allows
+from ._state import SchedulerState
+
+__all__ = [
+    "CommandRefused",
+    "RefusalCode",
+    "arrival_role",
+    "check_registration",
+    "check_role_request",
+    "protocol",
+]
+
+RefusalCode = Literal["not-found", "failed-precondition", "already-exists", "invalid-argument"]
+
+
+class CommandRefused(Exception):
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        super().__init__(message)
+        self.code: RefusalCode = code
+        self.message = message
+
+
+def check_registration(state: SchedulerState, e: CellRegistered) -> None:
+    if not e.cell_id:
+        raise CommandRefused("invalid-argument", "cell_id is required")
+    if e.cell_id in state.cells:
+        raise CommandRefused("already-exists", f"cell {e.cell_id} is already registered")
+    if e.capacity < 1 and e.role == "rollout":
+        raise CommandRefused("invalid-argument", f"cell {e.cell_id}: a rollout cell needs capacity >= 1")
+    if e.gpus < 0 or e.capacity < 0:
+        raise CommandRefused("invalid-argument", f"cell {e.cell_id}: gpus and capacity must be >= 0")
+    if e.role not in ("idle", "rollout"):
+        raise CommandRefused("invalid-argument", f"cell {e.cell_id}: a new cell starts idle or in rollout")
+
+
+def check_role_request(state: SchedulerState, req: RoleRequest) -> None:
+    """Refuse what the protocol or the watermark rule forbids; pass what may start now."""
+    cell = state.cells.get(req.cell_id)
+    if cell is None:
+        raise CommandRefused("not-found", f"cell {req.cell_id} is not registered")
+    if req.target not in ("training", "rollout"):
+        raise CommandRefused("invalid-argument", f"target must be training or rollout, not {req.target!r}")
+    if req.target == "training":
+        if cell.resident:
+            raise CommandRefused("failed-precondition", f"cell {req.cell_id} is in the resident rollout pool")
+        if cell.role not in ("rollout", "idle"):
+            raise CommandRefused("failed-precondition", f"cell {req.cell_id} is {cell.role}; only rollout or idle")
+        if cell.role in ROLLOUT_ROLES and not watermark_allows(state.watermark, state.rollout_capacity, cell.capacity):
+            raise CommandRefused(
+                "failed-precondition",
+                f"watermark: w={state.watermark} executions live but CR-Ce="
+                f"{state.rollout_capacity - cell.capacity}; moving {req.cell_id} would leave some without capacity",
+            )
+        return
+    if cell.role not in (*TRAINING_ROLES, "idle", "draining"):
+        raise CommandRefused("failed-precondition", f"cell {req.cell_id} is {cell.role}; cannot go to rollout now")
+
+
+def protocol(state: SchedulerState, cell_id: str, target: Target) -> list[tuple[CellRole, CellRole]]:
+    """The ordered role steps from the cell's role now to ``target`` (the final training role is decided when
+    the switch completes: the first cell to arrive holds the authoritative weights and becomes the core)."""
+    role = state.cells[cell_id].role
+    if target == "training":
+        if role == "rollout":
+            return [("rollout", "draining"), ("draining", "switching"), ("switching", "training-satellite")]
+        if role == "idle":
+            return [("idle", "switching"), ("switching", "training-satellite")]
+        return []
+    if role in TRAINING_ROLES:
+        return [(role, "switching"), ("switching", "rollout")]
+    if role in ("idle", "draining"):
+        return [(role, "rollout")]
+    return []
+
+
+def arrival_role(state: SchedulerState) -> CellRole:
+    """The training role of a cell finishing its switch: core if no cell holds the authoritative state yet."""
+    has_core = any(c.role == "training-core" for c in state.cells.values())
+    return "training-satellite" if has_core else "training-core"

@@ -1,0 +1,118 @@
+"""The interface every scheduling policy implements, and the few facts all of them read the same way.
+
+A policy is a pure function of the scheduler state (the fold of the log) and the clock: it proposes role
+changes and which training steps' rollouts may be dispatched. It never performs anything; the command layer
+checks each proposal against the watermark rule and the actuator carries it out, one event per protocol step.
+The simulator and the live service call the very same ``decide``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from ._rules import TRAINING_ROLES
+from ._state import CellState, SchedulerState
+
+__all__ = [
+    "Decision",
+    "LoopConfig",
+    "Packing",
+    "Policy",
+    "RoleRequest",
+    "Target",
+    "View",
+    "dispatchable",
+    "heading_to_rollout",
+    "heading_to_training",
+    "ready_microsteps",
+]
+
+Target = Literal["training", "rollout"]
+# How a training step picks its groups: "batch" = the groups dispatched for that step (the paper's loop);
+# "fifo" = the first complete groups, whichever step they were dispatched for (partial-rollout carry-over).
+Packing = Literal["batch", "fifo"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """The RL loop the scheduler serves."""
+
+    steps: int = 48
+    groups_per_step: int = 32
+    group_size: int = 16
+    # phi: rollouts for step s may start once step s - 1 - max_lag is trained (0 = on-policy, synchronous).
+    max_lag: int = 1
+    micro_groups: int = 1  # groups per micro-step handed out by the packing buffer
+
+    @property
+    def executions_per_step(self) -> int:
+        return self.groups_per_step * self.group_size
+
+    @property
+    def microsteps_per_step(self) -> int:
+        return -(-self.groups_per_step // self.micro_groups)
+
+    def validate(self) -> None:
+        if min(self.steps, self.groups_per_step, self.group_size, self.micro_groups) < 1 or self.max_lag < 0:
+            raise ValueError(f"invalid loop config: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRequest:
+    cell_id: str
+    target: Target
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    roles: tuple[RoleRequest, ...] = ()
+    dispatch: tuple[int, ...] = ()  # training steps whose rollouts may be dispatched now
+
+    def __bool__(self) -> bool:
+        return bool(self.roles or self.dispatch)
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    state: SchedulerState
+    now: float
+    loop: LoopConfig
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    packing: ClassVar[Packing] = "batch"
+    # Streaming: micro-steps are handed out as groups complete; otherwise only once the step's batch is whole.
+    streaming: ClassVar[bool] = True
+
+    @abstractmethod
+    def decide(self, view: View) -> Decision:
+        """What should change now. Must be cheap: the simulator calls it after every instant with events."""
+
+
+def dispatchable(view: View) -> tuple[int, ...]:
+    """Steps whose rollouts the staleness bound lets start now (the same bound for every policy)."""
+    st, loop = view.state, view.loop
+    out: list[int] = []
+    nxt = st.dispatched_step + 1
+    while nxt <= loop.steps and nxt - 1 - st.trained_step <= loop.max_lag:
+        out.append(nxt)
+        nxt += 1
+    return tuple(out)
+
+
+def heading_to_training(c: CellState) -> bool:
+    return c.role == "draining" or (c.role == "switching" and c.switch_from not in TRAINING_ROLES)
+
+
+def heading_to_rollout(c: CellState) -> bool:
+    return c.role == "switching" and c.switch_from in TRAINING_ROLES
+
+
+def ready_microsteps(view: View) -> int:
+    """Micro-steps the packing buffer could hand out from complete groups not yet trained on."""
+    return len(view.state._ready_groups) // view.loop.micro_groups

@@ -1,0 +1,38 @@
+"""Async: a fixed split, the first ``train_cells`` cells train for the whole run and the rest roll out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .._policy import Decision, Policy, RoleRequest, View, dispatchable
+
+__all__ = ["AsyncPolicy", "AsyncStreamingPolicy"]
+
+
+@dataclass
+class AsyncPolicy(Policy):
+    name: ClassVar[str] = "async"
+    summary: ClassVar[str] = "fixed rollout pool and training pool; a step trains once its batch is whole"
+    streaming: ClassVar[bool] = False
+
+    train_cells: int = 2
+
+    def decide(self, view: View) -> Decision:
+        pool = [c for c in view.state.cells_in_order() if not c.resident]
+        want = {c.cell_id for c in pool[: self.train_cells]}
+        roles = tuple(
+            RoleRequest(c.cell_id, "training", f"fixed training pool of {self.train_cells}")
+            for c in pool
+            if c.cell_id in want and c.role == "rollout"
+        )
+        return Decision(roles, dispatchable(view))
+
+
+@dataclass
+class AsyncStreamingPolicy(AsyncPolicy):
+    """The paper's A3 ablation: the async split with streaming training (micro-steps as groups complete)."""
+
+    name: ClassVar[str] = "async-streaming"
+    summary: ClassVar[str] = "fixed split plus streaming micro-steps (the paper's A3)"
+    streaming: ClassVar[bool] = True

@@ -1,0 +1,61 @@
+"""QwenGyre's elastic policy: cells turn to training one by one, a growing prefix, while the watermark rule
+w(t) <= CR(t) - Ce holds and ready data keeps up; they come back when the next burst needs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .._policy import (
+    Decision,
+    Packing,
+    Policy,
+    RoleRequest,
+    View,
+    dispatchable,
+    heading_to_rollout,
+    heading_to_training,
+    ready_microsteps,
+)
+from .._rules import TRAINING_ROLES, watermark_allows
+
+__all__ = ["ElasticPolicy"]
+
+
+@dataclass
+class ElasticPolicy(Policy):
+    name: ClassVar[str] = "elastic"
+    summary: ClassVar[str] = "cells turn to training one by one under w(t) <= CR(t) - Ce (QwenGyre)"
+    packing: ClassVar[Packing] = "batch"
+
+    # A cell turns only while the ready buffer holds this many micro-steps per training cell (itself included).
+    ready_per_cell: int = 1
+
+    def decide(self, view: View) -> Decision:
+        st, loop = view.state, view.loop
+        dispatch = dispatchable(view)
+        cells = st.cells_in_order()
+        # Rollouts about to be dispatched are demand already: bring cells back before the burst queues.
+        demand = st.watermark + len(dispatch) * loop.executions_per_step
+        supply = st.rollout_capacity + sum(c.capacity for c in cells if heading_to_rollout(c))
+        if demand > supply:
+            back: list[RoleRequest] = []
+            for c in reversed(cells):  # the prefix shrinks from its end; the core leaves last
+                if supply >= demand:
+                    break
+                if c.role in TRAINING_ROLES:
+                    back.append(RoleRequest(c.cell_id, "rollout", f"burst needs capacity: w={demand} > CR={supply}"))
+                    supply += c.capacity
+            return Decision(tuple(back), dispatch)
+        if any(heading_to_training(c) for c in cells):
+            return Decision((), dispatch)  # one cell at a time
+        nxt = next((c for c in cells if c.role == "rollout" and not c.resident), None)
+        if nxt is None:
+            return Decision((), dispatch)
+        n_training = sum(1 for c in cells if c.role in TRAINING_ROLES)
+        if not watermark_allows(demand, st.rollout_capacity, nxt.capacity):
+            return Decision((), dispatch)
+        if ready_microsteps(view) < self.ready_per_cell * (n_training + 1):
+            return Decision((), dispatch)
+        why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready_microsteps(view)}"
+        return Decision((RoleRequest(nxt.cell_id, "training", why),), dispatch)

@@ -1,0 +1,60 @@
+"""What a simulation is: the cluster, the RL loop, the workload and the costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._policy import LoopConfig
+from ._workload import NL2REPO_122B, DurationModel
+
+__all__ = ["ClusterConfig", "CostConfig", "SimConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    cells: int = 8
+    nodes_per_cell: int = 4
+    gpus_per_node: int = 8
+    slots_per_cell: int = 64  # executions one rollout cell holds at once
+    resident_cells: int = 0  # extra rollout-only cells (the optional resident pool), same size
+
+    @property
+    def gpus_per_cell(self) -> int:
+        return self.nodes_per_cell * self.gpus_per_node
+
+    @property
+    def total_gpus(self) -> int:
+        return (self.cells + self.resident_cells) * self.gpus_per_cell
+
+    def validate(self) -> None:
+        if min(self.cells, self.nodes_per_cell, self.gpus_per_node, self.slots_per_cell) < 1:
+            raise ValueError(f"invalid cluster: {self}")
+        if self.resident_cells < 0:
+            raise ValueError("resident_cells must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    # One micro-step (``LoopConfig.micro_groups`` groups, forward + backward) on one cell of the reference size
+    # (``ClusterConfig.gpus_per_cell``); a cell with g GPUs takes ``micro_step_s * reference / g``.
+    micro_step_s: float = 600.0
+    step_overhead_s: float = 60.0  # optimizer step and weight publication after the last micro-step
+    to_training_s: float = 8.52  # QwenGyre's measured switch costs
+    to_rollout_s: float = 3.46
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    costs: CostConfig = field(default_factory=CostConfig)
+    workload: DurationModel = NL2REPO_122B
+    seed: int = 0
+    record_events: bool = False  # keep every event (for replay and the simulator-equals-live test)
+    timeline_bins: int = 240
+
+    def validate(self) -> None:
+        self.loop.validate()
+        self.cluster.validate()
+        if self.workload.group_size != self.loop.group_size:
+            raise ValueError("workload group size and loop group size differ")
