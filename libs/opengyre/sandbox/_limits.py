@@ -1,0 +1,41 @@
+"""What a sandboxed command may use, and what came back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SandboxLimits", "SandboxResult"]
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 600.0  # wall clock; the whole process group is killed past it (exit 124)
+    memory_mb: int | None = 2048  # address-space limit per process (RLIMIT_AS)
+    cpu_s: int | None = None  # CPU seconds (RLIMIT_CPU)
+    max_output_bytes: int = 1 << 20  # stdout and stderr are each cut to this many bytes
+    network: bool = False  # False: a private network namespace where the OS allows one
+    max_processes: int | None = None  # RLIMIT_NPROC (counts the whole user's processes, so off by default)
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        if self.memory_mb is not None and self.memory_mb < 16:
+            raise ValueError("memory_mb must be >= 16")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    exit_code: int  # shell convention: 128 + signal for a signalled process (137 = SIGKILL), 124 on timeout
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    network_isolated: bool  # whether the command really ran without network
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr

@@ -1,0 +1,160 @@
+"""The local process sandbox: a private temp dir, time and memory limits, no network where the OS allows.
+
+It is the embedded default beside Docker/Harbor environments: commands run as the current user in a fresh
+directory tree (``home/`` and ``tmp/`` inside it), with a clean environment, in their own session so a timeout
+kills every process they started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from ._isolation import no_network_prefix
+from ._limits import SandboxLimits, SandboxResult
+
+__all__ = ["LocalSandbox", "SandboxError"]
+
+_BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not be set up or could not start the command (an infrastructure failure)."""
+
+
+def _limiter(limits: SandboxLimits) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        if limits.memory_mb is not None:
+            cap = limits.memory_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        if limits.cpu_s is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        if limits.max_processes is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _cut(data: bytes, limit: int) -> str:
+    return data[:limit].decode("utf-8", errors="replace")
+
+
+class LocalSandbox:
+    """``with LocalSandbox() as sb: sb.run(["bash", "x.sh"])``; the directory is removed on exit."""
+
+    def __init__(self, limits: SandboxLimits | None = None, *, prefix: str = "og-sandbox-") -> None:
+        self.limits = limits or SandboxLimits()
+        self.limits.validate()
+        self._prefix = prefix
+        self._root: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise SandboxError("the sandbox is not open")
+        return self._root
+
+    def open(self) -> LocalSandbox:
+        try:
+            self._root = Path(tempfile.mkdtemp(prefix=self._prefix))
+            for d in ("home", "tmp"):
+                (self._root / d).mkdir()
+        except OSError as exc:
+            raise SandboxError(f"sandbox unavailable: {exc}") from exc
+        return self
+
+    def close(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def __enter__(self) -> LocalSandbox:
+        return self.open()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def copy_in(self, src: Path, dest: str) -> Path:
+        """Copy a file or a directory tree into the sandbox at the relative path ``dest``."""
+        target = self.root / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+        return target
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update(HOME=str(self.root / "home"), TMPDIR=str(self.root / "tmp"), SANDBOX_ROOT=str(self.root))
+        env.update(extra or {})
+        return env
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> SandboxResult:
+        lim = limits or self.limits
+        lim.validate()
+        prefix = [] if lim.network else no_network_prefix()
+        workdir = self.root / cwd if cwd is not None and not Path(cwd).is_absolute() else Path(cwd or self.root)
+        run_env = self.env(env)
+        # Resolve the program here: behind ``unshare`` a missing one would look like the command's own failure.
+        exe = shutil.which(argv[0], path=run_env["PATH"]) if argv else None
+        if exe is None:
+            raise SandboxError(f"sandbox failed to start {argv[0] if argv else '(empty argv)'!r}: not found")
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [*prefix, exe, *argv[1:]],
+                cwd=workdir,
+                env=run_env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: a timeout kills children too
+                preexec_fn=_limiter(lim),
+            )
+        except OSError as exc:
+            raise SandboxError(f"sandbox failed to start {argv[0]!r}: {exc}") from exc
+        timed_out = False
+        try:
+            out, err = proc.communicate(stdin, timeout=lim.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            out, err = proc.communicate()
+        code = 124 if timed_out else _exit_code(proc.returncode)
+        return SandboxResult(
+            exit_code=code,
+            stdout=_cut(out, lim.max_output_bytes),
+            stderr=_cut(err, lim.max_output_bytes),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - start,
+            network_isolated=bool(prefix),
+        )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

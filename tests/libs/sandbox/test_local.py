@@ -1,0 +1,76 @@
+"""The local process sandbox: a private directory, limits that bite, exit codes in shell convention."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits, network_isolation_available
+
+
+def test_runs_in_a_private_directory_with_a_clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OG_SECRET_TOKEN", "do-not-leak")
+    with LocalSandbox() as sb:
+        root = sb.root
+        (root / "work").mkdir()
+        r = sb.run(["bash", "-c", 'pwd; echo "$HOME"; echo "${OG_SECRET_TOKEN:-none}"; touch made'], cwd="work")
+        assert r.ok and r.exit_code == 0
+        cwd, home, secret = r.stdout.split()
+        assert Path(cwd) == root / "work" and Path(home) == root / "home" and secret == "none"
+        assert (root / "work" / "made").exists()
+    assert not root.exists()
+    with pytest.raises(SandboxError):
+        _ = sb.root
+
+
+def test_timeout_kills_the_whole_group_and_exits_124() -> None:
+    with LocalSandbox(SandboxLimits(timeout_s=1.0)) as sb:
+        r = sb.run(["bash", "-c", "sleep 60 & sleep 60; echo never"])
+    assert r.timed_out and r.exit_code == 124 and "never" not in r.stdout
+
+
+def test_signal_kill_is_137() -> None:
+    with LocalSandbox() as sb:
+        r = sb.run(["bash", "-c", "kill -9 $$"])
+    assert r.exit_code == 137 and not r.timed_out
+
+
+def test_memory_limit_bites() -> None:
+    with LocalSandbox(SandboxLimits(memory_mb=200)) as sb:
+        r = sb.run([sys.executable, "-c", "x = bytearray(600 * 1024 * 1024); print('allocated')"])
+    assert r.exit_code != 0 and "allocated" not in r.stdout and "MemoryError" in r.stderr
+
+
+def test_output_is_capped() -> None:
+    with LocalSandbox(SandboxLimits(max_output_bytes=100)) as sb:
+        r = sb.run(["bash", "-c", "head -c 5000 /dev/zero | tr '\\0' a"])
+    assert len(r.stdout) == 100
+
+
+def test_copy_in_and_missing_executable() -> None:
+    with LocalSandbox() as sb:
+        src = sb.root / "home" / "f.txt"
+        src.write_text("hi")
+        assert sb.copy_in(src, "a/b/f.txt").read_text() == "hi"
+        with pytest.raises(SandboxError):
+            sb.run(["/nonexistent/binary"])
+
+
+@pytest.mark.skipif(not network_isolation_available(), reason="the OS forbids unprivileged network namespaces")
+def test_no_network_inside() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
+    try:
+        with LocalSandbox() as sb:
+            isolated = sb.run([sys.executable, "-c", code])
+            open_net = sb.run([sys.executable, "-c", code], limits=SandboxLimits(network=True))
+    finally:
+        server.close()
+    assert isolated.network_isolated and isolated.exit_code != 0 and "connected" not in isolated.stdout
+    assert not open_net.network_isolated and "connected" in open_net.stdout

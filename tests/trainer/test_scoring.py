@@ -1,0 +1,112 @@
+"""Harbor-style verification in the local sandbox: partial scores for timed-out work, evaluator failures that
+are not zeros, infrastructure failures that are never graded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opengyre.sandbox import SandboxLimits
+from opengyre.trainer import (
+    HarborVerifier,
+    RewardFileEmptyError,
+    RewardFileNotFoundError,
+    read_reward,
+    score_execution,
+)
+
+GRADE_FRACTION = """#!/bin/bash
+# half a point per correct file; reads the workspace at /app and writes Harbor's reward file
+score=0
+grep -qx 42 /app/a.txt 2>/dev/null && score=$((score+1))
+grep -qx 43 /app/b.txt 2>/dev/null && score=$((score+1))
+python3 -c "print($score / 2)" > /logs/verifier/reward.txt
+"""
+
+
+def make_task(root: Path, test_sh: str, toml: str = "") -> Path:
+    task = root / "task"
+    (task / "tests").mkdir(parents=True)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    (task / "instruction.md").write_text("write 42 to a.txt and 43 to b.txt\n")
+    if toml:
+        (task / "task.toml").write_text(toml)
+    return task
+
+
+def workspace(root: Path, files: dict[str, str]) -> Path:
+    ws = root / "ws"
+    ws.mkdir()
+    for k, v in files.items():
+        (ws / k).write_text(v)
+    return ws
+
+
+def test_partial_work_gets_its_real_score(tmp_path: Path) -> None:
+    task = make_task(tmp_path, GRADE_FRACTION)
+    ev = HarborVerifier().evaluate(task, workspace(tmp_path, {"a.txt": "42\n"}))
+    assert ev.valid and ev.score == 0.5
+
+
+def test_timed_out_execution_is_graded_not_zeroed(tmp_path: Path) -> None:
+    task = make_task(tmp_path, GRADE_FRACTION)
+    ws = workspace(tmp_path, {"a.txt": "42\n", "b.txt": "43\n"})
+    fin = score_execution("ex1", HarborVerifier(), task, ws, timed_out=True, exit_code=124)
+    assert fin.status == "timed-out" and fin.score == 1.0 and fin.failure_class is None
+
+
+def test_reward_json_wins_and_keeps_metrics(tmp_path: Path) -> None:
+    sh = (
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
+        'echo \'{"reward": 0.75, "acc": 1}\' > /logs/verifier/reward.json\n'
+    )
+    ev = HarborVerifier().evaluate(make_task(tmp_path, sh), workspace(tmp_path, {}))
+    assert ev.score == 0.75 and ev.metrics == {"reward": 0.75, "acc": 1.0}
+
+
+def test_missing_reward_file_is_an_evaluator_failure_not_a_zero(tmp_path: Path) -> None:
+    ev = HarborVerifier().evaluate(make_task(tmp_path, "#!/bin/bash\nexit 1\n"), workspace(tmp_path, {}))
+    assert ev.score is None and ev.failure_class == "evaluator" and "RewardFileNotFoundError" in ev.detail
+    fin = score_execution("ex", HarborVerifier(), tmp_path / "task", tmp_path / "ws")
+    assert fin.status == "evaluator-failed" and fin.score is None
+
+
+def test_empty_reward_file(tmp_path: Path) -> None:
+    sh = "#!/bin/bash\n: > /logs/verifier/reward.txt\n"
+    ev = HarborVerifier().evaluate(make_task(tmp_path, sh), workspace(tmp_path, {}))
+    assert ev.score is None and "RewardFileEmptyError" in ev.detail
+
+
+def test_grader_timeout_from_task_toml(tmp_path: Path) -> None:
+    task = make_task(
+        tmp_path, "#!/bin/bash\nsleep 30\necho 1 > /logs/verifier/reward.txt\n", "[verifier]\ntimeout_sec = 1.0\n"
+    )
+    ev = HarborVerifier().evaluate(task, workspace(tmp_path, {}))
+    assert ev.score is None and ev.failure_class == "timeout" and ev.exit_code == 124
+
+
+def test_verifier_env_from_task_toml(tmp_path: Path) -> None:
+    sh = '#!/bin/bash\necho "$PASS_MARK" > /logs/verifier/reward.txt\n'
+    task = make_task(tmp_path, sh, '[verifier]\nenv = { PASS_MARK = "0.25" }\n')
+    assert HarborVerifier(SandboxLimits(timeout_s=30)).evaluate(task, workspace(tmp_path, {})).score == 0.25
+
+
+def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    fin = score_execution("ex", HarborVerifier(), task, workspace(tmp_path, {}), exit_code=137, output="Killed")
+    assert fin.status == "infra-failed" and fin.failure_class == "oom" and fin.score is None
+    net = score_execution("ex", HarborVerifier(), task, tmp_path / "ws", exit_code=1, output="Could not resolve host")
+    assert net.status == "completed" and net.score == 1.0 and net.failure_class == "network"  # transient
+
+
+def test_read_reward_errors(tmp_path: Path) -> None:
+    with pytest.raises(RewardFileNotFoundError):
+        read_reward(tmp_path)
+    (tmp_path / "reward.json").write_text("")
+    with pytest.raises(RewardFileEmptyError):
+        read_reward(tmp_path)
+    (tmp_path / "reward.json").write_text(json.dumps({"reward": "high"}))
+    with pytest.raises(ValueError):
+        read_reward(tmp_path)
