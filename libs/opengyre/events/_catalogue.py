@@ -235,6 +235,9 @@ class TrainingStepCompleted(Event, frozen=True, kw_only=True, tag="training-step
     staleness_mean: float = 0.0
     staleness_max: int = 0
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    # Executions the step consumed without training on them, with why ("masked:infra:oom", "filtered:...",
+    # "excluded:evaluator-failure", "no-signal:lone-survivor"); ``execution_ids`` are the ones trained.
+    dropped: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class WeightsPublished(Event, frozen=True, kw_only=True, tag="weights-published"):
