@@ -1,3 +1,37 @@
 """QwenGyre elastic scheduler: cells move between rollout and training under the watermark rule."""
 
-__all__: list[str] = []
+from ._commands import CommandRefused, arrival_role, check_registration, check_role_request, protocol
+from ._packing import MicroStep, PackingBuffer
+from ._policy import Decision, LoopConfig, Packing, Policy, RoleRequest, Target, View, dispatchable
+from ._projection import SchedulerProjection, load_state
+from ._rules import TRAINING_ROLES, TRANSITIONS, check_transition, sample_staleness, watermark_allows
+from ._state import CellState, GroupState, RunningExecution, SchedulerState
+
+__all__ = [
+    "TRAINING_ROLES",
+    "TRANSITIONS",
+    "CellState",
+    "CommandRefused",
+    "Decision",
+    "GroupState",
+    "LoopConfig",
+    "MicroStep",
+    "Packing",
+    "PackingBuffer",
+    "Policy",
+    "RoleRequest",
+    "RunningExecution",
+    "SchedulerProjection",
+    "SchedulerState",
+    "Target",
+    "View",
+    "arrival_role",
+    "check_registration",
+    "check_role_request",
+    "check_transition",
+    "dispatchable",
+    "load_state",
+    "protocol",
+    "sample_staleness",
+    "watermark_allows",
+]

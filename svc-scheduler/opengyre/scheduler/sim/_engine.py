@@ -44,7 +44,7 @@ class Simulator:
         self.t = 0.0
         self.seq = 0
         self.events: list[Event] = []
-        self.decisions: list[tuple[int, Decision]] = []  # (seq the decision saw, decision) when recording
+        self.decisions: list[tuple[int, float, Decision]] = []  # (seq seen, time, decision) when recording
         self._heap: list[tuple[float, int, int, str, object]] = []
         self._tie = 0
         rng = np.random.default_rng(config.seed)
@@ -139,7 +139,7 @@ class Simulator:
             self._start_queued()
             d = self.policy.decide(View(self.state, self.t, self.loop))
             if self.cfg.record_events and d:
-                self.decisions.append((self.seq, d))
+                self.decisions.append((self.seq, self.t, d))
             changed = False
             for r in d.roles:  # roles first: a fixed split or a drain is judged on the watermark before the burst
                 changed |= self._request(r)
