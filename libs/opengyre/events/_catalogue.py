@@ -6,7 +6,7 @@ pure upcaster for the old shape (see ``_registry.register_upcaster``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -194,6 +194,11 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     drift: DriftReport | None = None
     context_ref: str | None = None
     attempts: int = 1
+    # The conditioning context as a delta against the parent's conversation ({"base": n, "messages": [...],
+    # "tools"?, "response"}), inline when small; larger ones go out of band under ``context_ref``.
+    context: dict[str, Any] | None = None
+    # How the prompt was built: "root", "extension" (token-level, of the parent), "retry", "rewrite".
+    branch: str = ""
 
 
 class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):

@@ -1,0 +1,365 @@
+"""The Anthropic Messages dialect: requests (converted to chat-template messages), responses, SSE events, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
+from ._chat import ChatCodec
+from ._errors import ApiError
+from ._request import GenRequest, check_number
+
+__all__ = ["count_tokens_request", "error_body", "message_response", "message_stream", "parse_messages"]
+
+_enc = msgspec.json.Encoder()
+
+_ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "api_error": "api_error",
+}
+
+
+def error_body(err: ApiError, request_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "error": {"type": _ERROR_TYPES.get(err.kind, "invalid_request_error"), "message": err.message},
+        "request_id": request_id or f"req_{uuid.uuid4().hex[:24]}",
+    }
+
+
+def _text_of(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError.invalid(f"{where}: content must be a string or a list of blocks")
+    parts = []
+    for b in content:
+        if not isinstance(b, dict):
+            raise ApiError.invalid(f"{where}: content blocks must be objects")
+        if b.get("type") == "text" and isinstance(b.get("text"), str):
+            parts.append(b["text"])
+        else:
+            raise ApiError.invalid(f"{where}: block type {b.get('type')!r} is not supported here (text only)")
+    return "".join(parts)
+
+
+def _system(raw: object) -> str | None:
+    if raw is None:
+        return None
+    return _text_of(raw, "system")
+
+
+def _convert_messages(raw: object, system: str | None) -> list[dict[str, Any]]:
+    """Anthropic turns -> chat-template messages: tool_use blocks become tool_calls, tool_result blocks tool turns."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError.invalid("messages: must be a non-empty list")
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    for i, m in enumerate(raw):
+        where = f"messages.{i}"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise ApiError.invalid(f"{where}.role: must be 'user' or 'assistant'")
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise ApiError.invalid(f"{where}.content: must be a string or a list of blocks")
+        if m["role"] == "assistant":
+            text: list[str] = []
+            calls: list[dict[str, Any]] = []
+            for j, b in enumerate(content):
+                t = b.get("type") if isinstance(b, dict) else None
+                if t == "text":
+                    text.append(str(b.get("text", "")))
+                elif t == "tool_use":
+                    if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
+                        raise ApiError.invalid(f"{where}.content.{j}: tool_use needs a name and an object input")
+                    calls.append(
+                        {
+                            "id": str(b.get("id", "")),
+                            "type": "function",
+                            "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))},
+                        }
+                    )
+                elif t in ("thinking", "redacted_thinking"):
+                    continue  # this template has no reasoning slot: thinking is not re-rendered
+                else:
+                    raise ApiError.invalid(f"{where}.content.{j}: block type {t!r} is not supported")
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+            continue
+        user_text: list[str] = []
+        for j, b in enumerate(content):
+            t = b.get("type") if isinstance(b, dict) else None
+            if t == "text":
+                user_text.append(str(b.get("text", "")))
+            elif t == "tool_result":
+                if user_text:
+                    out.append({"role": "user", "content": "".join(user_text)})
+                    user_text = []
+                rc = b.get("content", "")
+                body = rc if isinstance(rc, str) else _text_of(rc, f"{where}.content.{j}.content")
+                if b.get("is_error"):
+                    body = f"Error: {body}"
+                out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": body})
+            else:
+                raise ApiError.invalid(f"{where}.content.{j}: block type {t!r} is not supported by this model")
+        if user_text:
+            out.append({"role": "user", "content": "".join(user_text)})
+    return out
+
+
+def _tools(raw: object) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ApiError.invalid("tools: must be a list")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ApiError.invalid(f"tools.{i}.name: Field required")
+        fn: dict[str, Any] = {"name": t["name"]}
+        if t.get("description"):
+            fn["description"] = t["description"]
+        fn["parameters"] = t.get("input_schema", {"type": "object"})
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _base(raw: object) -> tuple[dict[str, Any], str]:
+    if not isinstance(raw, dict):
+        raise ApiError.invalid("the request body must be a JSON object")
+    model = raw.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError.invalid("model: Field required")
+    return raw, model
+
+
+def parse_messages(raw: object) -> GenRequest:
+    body, model = _base(raw)
+    mt = body.get("max_tokens")
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+        raise ApiError.invalid("max_tokens: must be a positive integer")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError.invalid("stream: must be a boolean")
+    req = GenRequest(dialect="anthropic", model=model, stream=stream, max_tokens=mt)
+    req.messages = _convert_messages(body.get("messages"), _system(body.get("system")))
+    req.tools = _tools(body.get("tools"))
+    t = check_number(body, "temperature", 0.0, 1.0)
+    if t is not None:
+        req.sampling["temperature"] = t
+    p = check_number(body, "top_p", 0.0, 1.0)
+    if p is not None:
+        req.sampling["top_p"] = max(p, 1e-9)
+    tk = body.get("top_k")
+    if tk is not None:
+        if isinstance(tk, bool) or not isinstance(tk, int) or tk < 1:
+            raise ApiError.invalid("top_k: must be a positive integer")
+        req.sampling["top_k"] = tk
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ApiError.invalid("stop_sequences: must be a list of strings")
+        req.stop = [s for s in stops if s]
+    return req
+
+
+def count_tokens_request(raw: object) -> GenRequest:
+    body, model = _base(raw)
+    req = GenRequest(dialect="anthropic", model=model, stream=False)
+    req.messages = _convert_messages(body.get("messages"), _system(body.get("system")))
+    req.tools = _tools(body.get("tools"))
+    return req
+
+
+# --- responses ------------------------------------------------------------------------------------------
+
+
+def _stop_reason(turn: Turn) -> str:
+    if turn.finish == "length":
+        return "max_tokens"
+    if turn.finish == "tool_calls":
+        return "tool_use"
+    if turn.stop_string is not None:
+        return "stop_sequence"
+    return "end_turn"
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        v = json.loads(arguments)
+    except ValueError:
+        return {"_raw": arguments}
+    return v if isinstance(v, dict) else {"_value": v}
+
+
+def _partial_json(arguments: str) -> str:
+    """The model's own argument text when it is a JSON object (no re-serialisation), else a wrapped form."""
+    try:
+        if isinstance(json.loads(arguments), dict):
+            return arguments
+    except ValueError:
+        pass
+    return json.dumps(_tool_input(arguments))
+
+
+def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens - cached,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def message_response(req: GenRequest, outcome: Outcome, turn: Turn, prompt_ids: list[int], rid: str) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if turn.content:
+        content.append({"type": "text", "text": turn.content})
+    for t in turn.tool_calls:
+        content.append({"type": "tool_use", "id": t.id, "name": t.name, "input": _tool_input(t.arguments)})
+    return {
+        "id": f"msg_{rid}",
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": _stop_reason(turn),
+        "stop_sequence": turn.stop_string,
+        "usage": _usage(len(prompt_ids), len(outcome.output_ids), outcome.cached_tokens),
+    }
+
+
+def _event(name: str, obj: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + _enc.encode(obj) + b"\n\n"
+
+
+async def message_stream(
+    req: GenRequest,
+    codec: ChatCodec,
+    source: AsyncIterator[tuple[list[int], list[float]]],
+    outcome: Callable[[], Outcome],
+    prompt_ids: list[int],
+    rid: str,
+    on_turn: Callable[[Turn], Any] | None = None,
+) -> AsyncIterator[bytes]:
+    """message_start, (content_block_start, deltas, content_block_stop)*, message_delta, message_stop."""
+    start_msg: dict[str, Any] = {
+        "id": f"msg_{rid}",
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(prompt_ids), "output_tokens": 0},
+    }
+    yield _event("message_start", {"type": "message_start", "message": start_msg})
+    yield _event("ping", {"type": "ping"})
+    asm = StreamAssembler(codec, req.stop, "toolu_")
+    index = -1
+    text_open = False
+
+    def emit(pieces: list[TextPiece | ToolPiece]) -> list[bytes]:
+        nonlocal index, text_open
+        out = []
+        for p in pieces:
+            if isinstance(p, TextPiece):
+                if not text_open:
+                    index += 1
+                    text_open = True
+                    out.append(
+                        _event(
+                            "content_block_start",
+                            {
+                                "type": "content_block_start",
+                                "index": index,
+                                "content_block": {"type": "text", "text": ""},
+                            },
+                        )
+                    )
+                out.append(
+                    _event(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "text_delta", "text": p.text},
+                        },
+                    )
+                )
+                continue
+            if text_open:
+                out.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+                text_open = False
+            index += 1
+            c = p.call
+            out.append(
+                _event(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}},
+                    },
+                )
+            )
+            out.append(
+                _event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": _partial_json(c.arguments)},
+                    },
+                )
+            )
+            out.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        return out
+
+    async for ids, _lps in source:
+        for b in emit(asm.push(ids)):
+            yield b
+    final = outcome()
+    if final.kind == "abort":
+        return  # the caller ends the stream with the dialect's error event
+    pieces, turn = asm.finish(final)
+    for b in emit(pieces):
+        yield b
+    if text_open:
+        yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+    if on_turn is not None:
+        r = on_turn(turn)
+        if hasattr(r, "__await__"):
+            await r
+    usage = _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)
+    yield _event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(turn), "stop_sequence": turn.stop_string},
+            "usage": usage,
+        },
+    )
+    yield _event("message_stop", {"type": "message_stop"})
+
+
+def now() -> float:
+    return time.time()

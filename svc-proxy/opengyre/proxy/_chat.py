@@ -1,0 +1,177 @@
+"""Chat messages <-> tokens for the served model: render with its chat template, parse what it generated.
+
+Both the proxy (TITO: it renders prompts itself) and the CPU engine's OpenAI routes use this one codec, so a
+message list becomes the same tokens wherever it is rendered. Messages are the OpenAI-shaped dicts the chat
+template expects (``role``, ``content``, ``tool_calls``, ``tool_call_id``); the Anthropic dialect is converted
+to that shape before it gets here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerFast
+
+__all__ = ["ChatCodec", "IncrementalDecoder", "ParsedOutput", "ParsedToolCall"]
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCall:
+    """A tool call as the model emitted it: ``arguments`` is the raw JSON text, never re-serialised."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    content: str
+    tool_calls: tuple[ParsedToolCall, ...] = ()
+    # Spans of output token indexes [start, end) that are tool calls (special tokens included).
+    tool_spans: tuple[tuple[int, int], ...] = field(default=())
+
+
+def _raw_arguments(text: str) -> tuple[str, str] | None:
+    """``(name, raw arguments JSON)`` of a ``{"name": ..., "arguments": {...}}`` body, or None if malformed."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+        return None
+    args = obj["arguments"]
+    if isinstance(args, str):
+        return obj["name"], args
+    # Keep the model's own bytes for the arguments: find the value's span instead of dumping it again.
+    dec = json.JSONDecoder()
+    key = text.find('"arguments"')
+    while key != -1:
+        colon = text.find(":", key + len('"arguments"'))
+        if colon == -1:
+            break
+        start = colon + 1
+        while start < len(text) and text[start] in " \t\r\n":
+            start += 1
+        try:
+            value, end = dec.raw_decode(text, start)
+        except ValueError:
+            key = text.find('"arguments"', key + 1)
+            continue
+        if value == args:
+            return obj["name"], text[start:end]
+        key = text.find('"arguments"', key + 1)
+    return obj["name"], json.dumps(args)
+
+
+class ChatCodec:
+    """Tokenizer + chat template of one served model."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        if not isinstance(eos, int):
+            raise ValueError("the tokenizer has no eos token")
+        self.eos_id: int = eos
+        self.eos_text: str = str(tokenizer.eos_token)
+        self.special_ids: frozenset[int] = frozenset(int(i) for i in tokenizer.all_special_ids)
+        self.tool_start = self._special("<tool_call>")
+        self.tool_end = self._special("</tool_call>")
+        self.turn_close_ids = self.encode(self._turn_close_after_eos())
+        self.context_limit = int(getattr(tokenizer, "model_max_length", 0) or 0)
+
+    def _special(self, text: str) -> int | None:
+        tid = self.tokenizer.convert_tokens_to_ids(text)
+        return tid if isinstance(tid, int) and tid != self.tokenizer.unk_token_id else None
+
+    def _turn_close_after_eos(self) -> str:
+        """What the template writes after the eos that ends an assistant turn (``"\\n"`` for ChatML)."""
+        marker = "\x00opengyre-marker\x00"
+        text = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}], gen=False)
+        tail = text[text.index(marker) + len(marker) :]
+        at = tail.find(self.eos_text)
+        return tail[at + len(self.eos_text) :] if at != -1 else ""
+
+    # --- rendering ----------------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *, gen: bool) -> str:
+        out = self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, add_generation_prompt=gen, tokenize=False
+        )
+        return str(out)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def render_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt for the next assistant turn, tokenized from scratch."""
+        return self.encode(self.render(messages, tools, gen=True))
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special))
+
+    # --- output parsing -----------------------------------------------------------------------------
+
+    def parse_output(self, ids: Sequence[int]) -> ParsedOutput:
+        """Split generated ids into visible text and tool calls (``<tool_call>{json}</tool_call>``).
+
+        A span that does not parse stays in the text, as Qwen-style parsers do.
+        """
+        if self.tool_start is None or self.tool_end is None or self.tool_start not in ids:
+            return ParsedOutput(content=self.decode(ids))
+        text_ids: list[int] = []
+        calls: list[ParsedToolCall] = []
+        spans: list[tuple[int, int]] = []
+        i = 0
+        n = len(ids)
+        while i < n:
+            if ids[i] != self.tool_start:
+                text_ids.append(ids[i])
+                i += 1
+                continue
+            try:
+                j = list(ids[i + 1 :]).index(self.tool_end) + i + 1
+            except ValueError:
+                j = -1
+            body = self.decode(ids[i + 1 : j] if j != -1 else ids[i + 1 :], skip_special=False)
+            parsed = _raw_arguments(body.strip()) if j != -1 else None
+            if parsed is None:
+                text_ids.extend(ids[i : (j + 1 if j != -1 else n)])
+                i = j + 1 if j != -1 else n
+                continue
+            calls.append(ParsedToolCall(name=parsed[0], arguments=parsed[1]))
+            spans.append((i, j + 1))
+            i = j + 1
+        return ParsedOutput(content=self.decode(text_ids), tool_calls=tuple(calls), tool_spans=tuple(spans))
+
+
+class IncrementalDecoder:
+    """Text of a growing id sequence, emitted piecewise without splitting multi-byte characters."""
+
+    def __init__(self, codec: ChatCodec, *, skip_special: bool = True) -> None:
+        self._codec = codec
+        self._skip = skip_special
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, ids: Sequence[int]) -> str:
+        self._ids.extend(ids)
+        prefix_text = self._codec.decode(self._ids[self._prefix : self._read], skip_special=self._skip)
+        new_text = self._codec.decode(self._ids[self._prefix :], skip_special=self._skip)
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix = self._read
+            self._read = len(self._ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is left (an incomplete character becomes U+FFFD)."""
+        prefix_text = self._codec.decode(self._ids[self._prefix : self._read], skip_special=self._skip)
+        new_text = self._codec.decode(self._ids[self._prefix :], skip_special=self._skip)
+        self._prefix = self._read = len(self._ids)
+        return new_text[len(prefix_text) :]

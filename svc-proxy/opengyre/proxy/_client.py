@@ -1,0 +1,160 @@
+"""A client for SGLang's native API (``/generate`` with ``input_ids``), the way the proxy talks to engines.
+
+The same client talks to the built-in CPU engine and to real SGLang servers; it reads cumulative stream
+chunks (SGLang's default) and turns them into token deltas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+__all__ = ["EngineClient", "EngineFailed", "EngineRejected", "EngineReply"]
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+
+
+class EngineFailed(Exception):
+    """The engine could not be reached or broke off (retry elsewhere)."""
+
+
+class EngineRejected(Exception):
+    """The engine refused the request (a 4xx): retrying elsewhere would not help."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(slots=True)
+class EngineReply:
+    """Cumulative output of one ``/generate`` request as the chunks arrive."""
+
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    weight_version: str = "default"
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = _dec.decode(body)
+    except msgspec.DecodeError:
+        return body.decode(errors="replace")[:500]
+    if isinstance(obj, dict):
+        err = obj.get("error", obj.get("message", obj))
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(obj)
+
+
+class EngineClient:
+    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._own = http is None
+        self.http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        )
+        self.headers = {"content-type": "application/json"}
+        if api_key:
+            self.headers["authorization"] = f"Bearer {api_key}"
+
+    async def close(self) -> None:
+        if self._own:
+            await self.http.aclose()
+
+    @staticmethod
+    def _apply(reply: EngineReply, chunk: dict[str, Any], incremental: bool) -> tuple[list[int], list[float]]:
+        meta = chunk.get("meta_info") or {}
+        ids = chunk.get("output_ids")
+        lps_raw = meta.get("output_token_logprobs")
+        if ids is None and lps_raw is not None:
+            ids = [e[1] for e in lps_raw]
+        ids = list(ids or [])
+        lps = [float(e[0]) if e[0] is not None else 0.0 for e in (lps_raw or [])]
+        if incremental:
+            new_ids, new_lps = ids, lps
+        else:
+            n = len(reply.output_ids)
+            new_ids, new_lps = ids[n:], lps[n:]
+        reply.output_ids.extend(new_ids)
+        reply.output_logprobs.extend(new_lps)
+        reply.finish = meta.get("finish_reason")
+        reply.weight_version = str(meta.get("weight_version", reply.weight_version))
+        reply.cached_tokens = int(meta.get("cached_tokens") or 0)
+        reply.prompt_tokens = int(meta.get("prompt_tokens") or 0)
+        return new_ids, new_lps
+
+    async def generate(
+        self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = False
+    ) -> AsyncIterator[tuple[list[int], list[float]]]:
+        """POST /generate and yield ``(new ids, new logprobs)`` deltas, filling ``reply`` as it goes.
+
+        With ``payload["stream"]`` false there is one delta, at the end.
+        """
+        url = self.base_url + "/generate"
+        try:
+            if not payload.get("stream"):
+                r = await self.http.post(url, content=_enc.encode(payload), headers=self.headers)
+                if r.status_code >= 400:
+                    self._raise(r.status_code, r.content)
+                yield self._apply(reply, _dec.decode(r.content), False)
+                return
+            async with self.http.stream("POST", url, content=_enc.encode(payload), headers=self.headers) as r:
+                if r.status_code >= 400:
+                    self._raise(r.status_code, await r.aread())
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = _dec.decode(data)
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        err = chunk["error"]
+                        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                        code = err.get("code") if isinstance(err, dict) else None
+                        if isinstance(code, int) and 400 <= code < 500:
+                            raise EngineRejected(code, str(msg))
+                        raise EngineFailed(f"engine stream error: {msg}")
+                    yield self._apply(reply, chunk, incremental)
+        except (httpx.TransportError, msgspec.DecodeError) as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        if reply.finish is None:
+            raise EngineFailed("the engine's stream ended without a finish reason")
+
+    @staticmethod
+    def _raise(status: int, body: bytes) -> None:
+        msg = _error_message(body)
+        if 400 <= status < 500 and status not in (408, 429):
+            raise EngineRejected(status, msg)
+        raise EngineFailed(f"engine answered {status}: {msg}")
+
+    async def abort(self, rid: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.post(
+                self.base_url + "/abort_request", content=_enc.encode({"rid": rid}), headers=self.headers, timeout=5.0
+            )
+
+    async def health(self) -> bool:
+        try:
+            r = await self.http.get(self.base_url + "/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def model_info(self) -> dict[str, Any]:
+        r = await self.http.get(self.base_url + "/model_info", headers=self.headers, timeout=5.0)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out

@@ -1,0 +1,146 @@
+"""One logical generation that survives engines going away.
+
+The request runs on one engine; if that engine is drained (its request comes back aborted) or breaks, the
+rest is re-issued on another engine as ``prompt + tokens so far`` with the remaining budget, after the
+KV-migration hook. The caller sees one stream of token deltas: each token exactly once, none lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ._assembly import Outcome
+from ._client import EngineFailed, EngineRejected, EngineReply
+from ._errors import ApiError
+from ._pool import EngineHandle, EnginePool, NoCapacity
+
+__all__ = ["Dispatch"]
+
+log = logging.getLogger(__name__)
+
+_background: set[asyncio.Task[None]] = set()
+
+
+class Dispatch:
+    def __init__(
+        self,
+        pool: EnginePool,
+        prompt_ids: list[int],
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        affinity: str,
+        stream: bool = True,
+        max_attempts: int = 8,
+    ) -> None:
+        self.pool = pool
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.rid = rid
+        self.affinity = affinity
+        self.stream = stream
+        self.max_attempts = max_attempts
+        self.outcome = Outcome(prompt_tokens=len(prompt_ids))
+        self.engines: list[str] = []
+        self.attempts = 0
+        self.t0 = time.perf_counter()
+        self.queued_ms = 0.0
+        self.ttft_ms = 0.0
+        self.total_ms = 0.0
+        self._handle: EngineHandle | None = None
+        self._rid_now = ""
+
+    def _next_rid(self) -> str:
+        return f"{self.rid}-{self.attempts + 1}"
+
+    async def start(self) -> None:
+        """Get the first engine (waiting in the pool's queue); raises NoCapacity before any byte is sent."""
+        self._rid_now = self._next_rid()
+        self._handle = await self.pool.acquire(self.affinity, self._rid_now)
+        self.queued_ms = (time.perf_counter() - self.t0) * 1e3
+
+    async def deltas(self) -> AsyncIterator[tuple[list[int], list[float]]]:
+        assert self._handle is not None, "call start() first"
+        out = self.outcome
+        max_new = int(self.sampling.get("max_new_tokens", 128))
+        min_new = int(self.sampling.get("min_new_tokens", 0))
+        failed: set[str] = set()
+        h: EngineHandle | None = self._handle
+        done = False
+        try:
+            while h is not None:
+                self.attempts += 1
+                self.engines.append(h.engine_id)
+                rid = self._rid_now
+                sp = dict(self.sampling)
+                sp["max_new_tokens"] = max_new - len(out.output_ids)
+                if min_new:
+                    sp["min_new_tokens"] = max(0, min_new - len(out.output_ids))
+                payload = {
+                    "rid": rid,
+                    "input_ids": self.prompt_ids + out.output_ids,
+                    "sampling_params": sp,
+                    "return_logprob": True,
+                    "stream": self.stream,
+                }
+                reply = EngineReply()
+                broke = False
+                try:
+                    async for ids, lps in h.client.generate(payload, reply):
+                        if ids:
+                            if not out.output_ids:
+                                self.ttft_ms = (time.perf_counter() - self.t0) * 1e3
+                            out.output_ids.extend(ids)
+                            out.output_logprobs.extend(lps)
+                            yield ids, lps
+                except EngineRejected as exc:
+                    raise ApiError(
+                        exc.status, "invalid_request", f"the engine refused the request: {exc.message}"
+                    ) from exc
+                except EngineFailed as exc:
+                    log.warning("engine %s failed on %s: %s", h.engine_id, rid, exc)
+                    broke = True
+                    failed.add(h.engine_id)
+                finally:
+                    await self.pool.release(h, rid)
+                out.weight_version = reply.weight_version
+                out.cached_tokens = (
+                    max(out.cached_tokens, reply.cached_tokens) if self.attempts == 1 else out.cached_tokens
+                )
+                finish = reply.finish
+                moved = broke or (finish is not None and finish.get("type") == "abort")
+                if not moved:
+                    out.finish = finish
+                    done = True
+                    return
+                if len(out.output_ids) >= max_new:
+                    out.finish = {"type": "length", "length": max_new}
+                    done = True
+                    return
+                if self.attempts >= self.max_attempts:
+                    out.finish = {"type": "abort", "message": "no engine finished the request", "status_code": 503}
+                    done = True
+                    return
+                # Re-issue the rest elsewhere; a broken engine is avoided, a drained one is out of the pool.
+                h.rerouted += 1
+                self._rid_now = self._next_rid()
+                source = h
+                try:
+                    h = await self.pool.acquire(self.affinity, self._rid_now, exclude=frozenset(failed))
+                except NoCapacity as exc:
+                    h = None
+                    out.finish = {"type": "abort", "message": str(exc), "status_code": 503}
+                    done = True
+                    return
+                await self.pool.migrator.migrate(self._rid_now, source, h, self.prompt_ids + out.output_ids)
+        finally:
+            self.total_ms = (time.perf_counter() - self.t0) * 1e3
+            if not done and h is not None and self._rid_now:
+                # The caller went away mid-generation: stop the engine's work (without blocking the close).
+                task = asyncio.get_running_loop().create_task(h.client.abort(self._rid_now))
+                _background.add(task)
+                task.add_done_callback(_background.discard)

@@ -1,0 +1,492 @@
+"""The harness-facing gateway: OpenAI and Anthropic routes per execution, TITO, recording, rerouting.
+
+``/x/{execution_id}/v1/...`` is an execution's base URL (``/v1/...`` works too: the key names the
+execution). Every call is rendered to tokens here, generated on a rollout engine through the pool, and
+recorded as a ``ModelCallRecorded`` event once its output is complete, before the last bytes go out.
+Rejected calls (bad JSON, unknown model, bad key, too large, over the context, no capacity) record nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import fnmatch
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from opengyre.eventlog import EventLog
+from opengyre.events import CallTimings, ModelCallRecorded, ToolCallPayload, TrajectoryRole, subject_token
+from opengyre.models import load_tokenizer
+
+from . import _anthropic as anthropic_api
+from . import _openai as openai_api
+from ._assembly import Outcome, Turn, assemble
+from ._chat import ChatCodec
+from ._dispatch import Dispatch
+from ._errors import ApiError
+from ._http import HttpServer
+from ._keys import ROLES, ExecutionKeys, KeyClaim
+from ._pool import EnginePool, NoCapacity
+from ._recorder import Recorder
+from ._request import GenRequest
+from ._tito import ExecutionTrajectory, Plan
+
+__all__ = ["Gateway", "GatewayConfig"]
+
+log = logging.getLogger(__name__)
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+
+ROLE_HEADER = "x-opengyre-role"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    secret: bytes | None = None  # HMAC secret of execution keys (None: a random one per process)
+    require_key: bool = True
+    models: tuple[str, ...] = ("opengyre-tiny", "opengyre-small")
+    model_patterns: tuple[str, ...] = ()  # fnmatch patterns also accepted, e.g. "claude-*" for Claude Code
+    tokenizer_path: str | None = None  # the served model's tokenizer (default: the shipped byte-level one)
+    context_length: int | None = None  # default: the tokenizer's model_max_length
+    default_max_tokens: int = 4096
+    max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
+    inline_context_limit: int = 64 * 1024
+    max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
+    engine_streaming: bool = True  # stream from engines even for non-streamed calls (partial output on drain)
+    max_attempts: int = 8
+    max_inflight_per_engine: int = 256
+    max_queue: int = 1024
+    queue_timeout_s: float = 30.0
+    retry_after_s: float = 2.0
+    engine_api_key: str | None = None
+
+
+@dataclass
+class GatewayStats:
+    calls: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    drift: int = 0
+    rerouted: int = 0
+
+
+class _Json(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return _enc.encode(content)
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: GatewayConfig | None = None,
+        *,
+        event_log: EventLog | None = None,
+        pool: EnginePool | None = None,
+    ) -> None:
+        self.config = c = config or GatewayConfig()
+        self.codec = ChatCodec(load_tokenizer(c.tokenizer_path))
+        self.context_length = int(c.context_length or self.codec.context_limit or 32768)
+        self.keys = ExecutionKeys(c.secret or uuid.uuid4().bytes + uuid.uuid4().bytes)
+        self.pool = pool or EnginePool(
+            max_inflight_per_engine=c.max_inflight_per_engine,
+            max_queue=c.max_queue,
+            queue_timeout_s=c.queue_timeout_s,
+            retry_after_s=c.retry_after_s,
+            api_key=c.engine_api_key,
+        )
+        self.recorder = Recorder(event_log, inline_context_limit=c.inline_context_limit)
+        self.stats = GatewayStats()
+        self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
+        self._http: HttpServer | None = None
+        self.app = self._build_app()
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._http is None:
+            raise RuntimeError("the gateway is not serving")
+        return self._http.url
+
+    def base_url(self, execution_id: str) -> str:
+        """What a harness is given as its base URL (OpenAI SDKs add ``/chat/completions``; Anthropic's SDK
+        adds ``/v1/messages`` to the URL without ``/v1``)."""
+        return f"{self.url}/x/{execution_id}/v1"
+
+    async def start(self) -> Gateway:
+        self.recorder.start()
+        self._http = HttpServer(self.app, self.config.host, self.config.port)
+        await self._http.start()
+        return self
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
+        await self.recorder.stop()
+        await self.pool.close()
+
+    def issue_key(self, execution_id: str, role: TrajectoryRole = "main") -> str:
+        return self.keys.issue(execution_id, role)
+
+    def execution(self, execution_id: str) -> ExecutionTrajectory:
+        t = self._executions.get(execution_id)
+        if t is None:
+            t = ExecutionTrajectory(execution_id, self.codec)
+            self._executions[execution_id] = t
+            while len(self._executions) > self.config.max_executions:
+                self._executions.popitem(last=False)
+        else:
+            self._executions.move_to_end(execution_id)
+        return t
+
+    def executions(self) -> list[ExecutionTrajectory]:
+        return list(self._executions.values())
+
+    def model_names(self) -> list[str]:
+        return list(self.config.models)
+
+    # --- request plumbing -----------------------------------------------------------------------------
+
+    def _known_model(self, model: str) -> bool:
+        return model in self.config.models or any(fnmatch.fnmatchcase(model, p) for p in self.config.model_patterns)
+
+    @staticmethod
+    def _presented_key(request: Request) -> str | None:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return request.headers.get("x-api-key")
+
+    def _authorize(self, request: Request) -> tuple[str, TrajectoryRole]:
+        path_eid = request.path_params.get("execution_id")
+        if path_eid is not None:
+            try:
+                subject_token(path_eid)
+            except ValueError:
+                raise ApiError(404, "not_found", f"no execution {path_eid!r}") from None
+        key = self._presented_key(request)
+        claim: KeyClaim | None = None
+        if key is None:
+            if self.config.require_key:
+                raise ApiError(401, "authentication", "missing API key: send Authorization: Bearer <key> or x-api-key")
+        else:
+            claim = self.keys.verify(key)
+            if claim is None and self.config.require_key:
+                raise ApiError(401, "authentication", "invalid API key")
+        if claim is not None and path_eid is not None and claim.execution_id != path_eid:
+            raise ApiError(403, "permission", "this API key belongs to another execution")
+        eid = path_eid or (claim.execution_id if claim else None)
+        if eid is None:
+            raise ApiError(404, "not_found", "no execution: use /x/{execution_id}/v1 or an execution key")
+        role: TrajectoryRole = claim.role if claim else "main"
+        header = request.headers.get(ROLE_HEADER)
+        if header:
+            if header not in ROLES:
+                raise ApiError.invalid(f"{ROLE_HEADER} must be one of {', '.join(ROLES)}")
+            role = header  # type: ignore[assignment]
+        return eid, role
+
+    async def _body(self, request: Request) -> Any:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, "request_too_large", f"request body is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "request_too_large", f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
+        try:
+            return _dec.decode(b"".join(chunks))
+        except msgspec.DecodeError as exc:
+            raise ApiError.invalid(f"malformed JSON body: {exc}") from None
+
+    def _error(self, err: ApiError, anthropic: bool) -> Response:
+        self.stats.rejected[f"{err.status}"] += 1
+        body = anthropic_api.error_body(err) if anthropic else openai_api.error_body(err)
+        headers = {}
+        if err.retry_after is not None:
+            headers["retry-after"] = str(max(1, round(err.retry_after)))
+            headers["x-should-retry"] = "true"
+        return _Json(body, status_code=err.status, headers=headers)
+
+    # --- the call path ----------------------------------------------------------------------------------
+
+    def _plan(self, traj: ExecutionTrajectory, req: GenRequest) -> Plan:
+        if req.messages is not None:
+            return traj.plan(req.messages, req.tools)
+        ids = req.prompt_ids if req.prompt_ids is not None else self.codec.encode(req.prompt_text or "")
+        if not ids:
+            raise ApiError.invalid("the prompt is empty", param="prompt")
+        return traj.plan_tokens(ids)
+
+    def _check_context(self, plan: Plan, anthropic: bool) -> int:
+        n = len(plan.prompt_ids)
+        if n >= self.context_length:
+            if anthropic:
+                raise ApiError.invalid(f"prompt is too long: {n} tokens > {self.context_length - 1} maximum")
+            raise ApiError.invalid(
+                f"This model's maximum context length is {self.context_length} tokens. However, your messages "
+                f"resulted in {n} tokens. Please reduce the length of the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return self.context_length - n
+
+    def _sampling(self, req: GenRequest, room: int) -> dict[str, Any]:
+        sp = dict(req.sampling)
+        sp["max_new_tokens"] = min(req.max_tokens or self.config.default_max_tokens, room)
+        if req.stop:
+            sp["stop"] = list(req.stop)
+        return sp
+
+    def _record(
+        self,
+        eid: str,
+        call_id: str,
+        role: TrajectoryRole,
+        req: GenRequest,
+        plan: Plan,
+        dispatch: Dispatch,
+        turn: Turn,
+    ) -> None:
+        out = dispatch.outcome
+        traj = self.execution(eid)
+        response = turn.message() if req.messages is not None else None
+        traj.commit(plan, call_id, out.output_ids, response, role)
+        context = dict(plan.context)
+        if response is not None:
+            context["response"] = response
+        context["request"] = {"model": req.model, "sampling": self._sampling(req, 1 << 30), "stream": req.stream}
+        if req.prompt_text is not None:
+            context["prompt_text"] = req.prompt_text
+        if plan.drift is not None:
+            self.stats.drift += 1
+        self.stats.calls += 1
+        self.stats.rerouted += dispatch.attempts - 1
+        self.recorder.record(
+            ModelCallRecorded(
+                execution_id=eid,
+                call_id=call_id,
+                parent_call_id=plan.parent_call_id,
+                prefix_len=plan.prefix_len,
+                prompt_delta_ids=plan.delta_ids,
+                output_ids=list(out.output_ids),
+                output_logprobs=list(out.output_logprobs),
+                role=role,
+                model=req.model,
+                engine_id=",".join(dispatch.engines),
+                weight_version=out.weight_version,
+                finish_reason=turn.finish,
+                dialect=req.dialect,
+                tool_calls=[ToolCallPayload(id=t.id, name=t.name, arguments=t.arguments) for t in turn.tool_calls],
+                timings=CallTimings(queued_ms=dispatch.queued_ms, ttft_ms=dispatch.ttft_ms, total_ms=dispatch.total_ms),
+                drift=plan.drift,
+                attempts=dispatch.attempts,
+                context=context,
+                branch=plan.branch,
+            )
+        )
+
+    async def _call(self, request: Request, kind: str) -> Response:
+        anthropic = kind == "anthropic"
+        try:
+            eid, role = self._authorize(request)
+            body = await self._body(request)
+            if kind == "chat":
+                req = openai_api.parse_chat(body)
+            elif kind == "completions":
+                req = openai_api.parse_completion(body)
+            else:
+                req = anthropic_api.parse_messages(body)
+            if not self._known_model(req.model):
+                raise ApiError(
+                    404,
+                    "not_found",
+                    f"The model `{req.model}` does not exist or you do not have access to it.",
+                    param="model",
+                    code="model_not_found",
+                )
+            traj = self.execution(eid)
+            plan = self._plan(traj, req)
+            room = self._check_context(plan, anthropic)
+            call_id = uuid.uuid4().hex
+            dispatch = Dispatch(
+                self.pool,
+                plan.prompt_ids,
+                self._sampling(req, room),
+                rid=call_id,
+                affinity=eid,
+                stream=req.stream or self.config.engine_streaming,
+                max_attempts=self.config.max_attempts,
+            )
+            try:
+                await dispatch.start()
+            except NoCapacity as exc:
+                raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
+        except ApiError as err:
+            return self._error(err, anthropic)
+
+        def on_turn(turn: Turn) -> None:
+            self._record(eid, call_id, role, req, plan, dispatch, turn)
+
+        prompt = plan.prompt_ids
+        if req.stream:
+            source = _guard(dispatch.deltas(), dispatch.outcome)
+            if kind == "chat":
+                stream = openai_api.chat_stream(
+                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
+                )
+            elif kind == "completions":
+                stream = openai_api.completion_stream(
+                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
+                )
+            else:
+                stream = anthropic_api.message_stream(
+                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
+                )
+            return StreamingResponse(
+                _stream_errors(stream, dispatch.outcome, anthropic),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        try:
+            async for _ in dispatch.deltas():
+                pass
+        except ApiError as err:
+            return self._error(err, anthropic)
+        out = dispatch.outcome
+        if out.kind == "abort":
+            msg = str((out.finish or {}).get("message", "the generation was aborted"))
+            return self._error(ApiError(529 if anthropic else 503, "overloaded", msg), anthropic)
+        turn = assemble(self.codec, out, "toolu_" if anthropic else "call_", parse_tools=kind != "completions")
+        on_turn(turn)
+        if kind == "chat":
+            return _Json(openai_api.chat_response(req, self.codec, out, turn, prompt, call_id))
+        if kind == "completions":
+            return _Json(openai_api.completion_response(req, self.codec, out, turn.content, prompt, call_id))
+        return _Json(anthropic_api.message_response(req, out, turn, prompt, call_id))
+
+    # --- routes -------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> Starlette:
+        async def chat(request: Request) -> Response:
+            return await self._call(request, "chat")
+
+        async def completions(request: Request) -> Response:
+            return await self._call(request, "completions")
+
+        async def messages(request: Request) -> Response:
+            return await self._call(request, "anthropic")
+
+        async def count_tokens(request: Request) -> Response:
+            try:
+                eid, _ = self._authorize(request)
+                req = anthropic_api.count_tokens_request(await self._body(request))
+                if not self._known_model(req.model):
+                    raise ApiError(404, "not_found", f"model: {req.model}")
+                plan = self.execution(eid).plan(req.messages or [], req.tools)
+            except ApiError as err:
+                return self._error(err, True)
+            return _Json({"input_tokens": len(plan.prompt_ids)})
+
+        async def models(request: Request) -> Response:
+            anthropic = "anthropic-version" in request.headers
+            try:
+                self._authorize(request)
+            except ApiError as err:
+                return self._error(err, anthropic)
+            names = self.model_names()
+            if anthropic:
+                data = [
+                    {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in names
+                ]
+                return _Json(
+                    {
+                        "data": data,
+                        "has_more": False,
+                        "first_id": names[0] if names else None,
+                        "last_id": names[-1] if names else None,
+                    }
+                )
+            return _Json(openai_api.models_body(names))
+
+        async def model(request: Request) -> Response:
+            anthropic = "anthropic-version" in request.headers
+            try:
+                self._authorize(request)
+                name = request.path_params["model"]
+                if not self._known_model(name):
+                    raise ApiError(404, "not_found", f"The model `{name}` does not exist", code="model_not_found")
+            except ApiError as err:
+                return self._error(err, anthropic)
+            if anthropic:
+                return _Json({"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"})
+            return _Json({"id": name, "object": "model", "created": 0, "owned_by": "opengyre"})
+
+        async def health(request: Request) -> Response:
+            engines = [h for h in self.pool.engines() if h.state == "active"]
+            return _Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
+
+        routes: list[Route] = [Route("/health", health, methods=["GET"])]
+        for base in ("/x/{execution_id}/v1", "/v1"):
+            routes += [
+                Route(f"{base}/chat/completions", chat, methods=["POST"]),
+                Route(f"{base}/completions", completions, methods=["POST"]),
+                Route(f"{base}/messages", messages, methods=["POST"]),
+                Route(f"{base}/messages/count_tokens", count_tokens, methods=["POST"]),
+                Route(f"{base}/models", models, methods=["GET"]),
+                Route(f"{base}/models/{{model:path}}", model, methods=["GET"]),
+            ]
+        return Starlette(routes=routes)
+
+
+async def _guard(
+    source: AsyncIterator[tuple[list[int], list[float]]], outcome: Outcome
+) -> AsyncIterator[tuple[list[int], list[float]]]:
+    """Turn an engine refusal in mid-stream into an aborted outcome (the stream then ends with an error)."""
+    try:
+        async for item in source:
+            yield item
+    except ApiError as err:
+        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
+
+
+async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthropic: bool) -> AsyncIterator[bytes]:
+    """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
+
+    The dialect streams stop before their final frames when the outcome is an abort, so no client
+    mistakes a failed generation for a complete answer (and nothing is recorded for it).
+    """
+    async for chunk in stream:
+        yield chunk
+    if outcome.kind == "abort" and outcome.finish is not None:
+        msg = str(outcome.finish.get("message", "the generation was aborted"))
+        if anthropic:
+            yield (
+                b"event: error\ndata: "
+                + _enc.encode({"type": "error", "error": {"type": "overloaded_error", "message": msg}})
+                + b"\n\n"
+            )
+        else:
+            err = {"message": msg, "type": "server_error", "param": None, "code": "engine_unavailable"}
+            yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+
+Handler = Callable[[Request], Awaitable[Response]]

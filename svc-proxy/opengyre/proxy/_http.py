@@ -1,0 +1,73 @@
+"""Serve a Starlette app with uvicorn inside the running event loop (engines and the gateway both do)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Generator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The host process (a service, a test, the CLI) owns signal handling, not this embedded server.
+        yield
+
+
+class HttpServer:
+    """Bind first (so port 0 resolves before serving), then serve until ``stop``."""
+
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=75,
+            timeout_graceful_shutdown=3,
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name=f"http-{self.port}")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the startup error
+                raise RuntimeError("HTTP server exited during startup")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=5)
+        except TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        self._task = None
+        with contextlib.suppress(OSError):
+            self._sock.close()

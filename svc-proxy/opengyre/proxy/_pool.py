@@ -1,0 +1,195 @@
+"""The rollout engine pool: which engines take requests, how many each, and draining.
+
+Engines enter from cell events (or static configuration) and leave by draining: routing stops, their
+in-flight requests are aborted, and each request's dispatcher re-issues the rest of it elsewhere (see
+``_dispatch``). With no free engine a request waits in a bounded queue, then gets a retryable 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from ._client import EngineClient
+
+__all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
+
+log = logging.getLogger(__name__)
+
+
+class NoCapacity(Exception):
+    """No rollout engine could take the request in time (the gateway answers 429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class EngineHandle:
+    engine_id: str
+    url: str
+    client: EngineClient
+    source: str = "static"  # "static" | "cell" | "grpc"
+    state: str = "active"  # active | draining | gone
+    inflight: set[str] = field(default_factory=set)
+    served: int = 0
+    rerouted: int = 0
+    added_at: float = field(default_factory=time.time)
+
+
+class KVMigrator(Protocol):
+    """Moves a request's KV cache from a draining engine to its new one before the request is re-issued.
+
+    Return True when the target now holds the prefix, False to let the target re-prefill it. The RDMA
+    transfer of the paper plugs in here; the CPU engine re-prefills (its prefix cache makes that cheap).
+    """
+
+    async def migrate(self, rid: str, source: EngineHandle, target: EngineHandle, tokens: Sequence[int]) -> bool: ...
+
+
+class RePrefill:
+    """The default migrator: nothing moves; the target engine recomputes the prefix."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.tokens = 0
+
+    async def migrate(self, rid: str, source: EngineHandle, target: EngineHandle, tokens: Sequence[int]) -> bool:
+        self.calls += 1
+        self.tokens += len(tokens)
+        return False
+
+
+class EnginePool:
+    def __init__(
+        self,
+        *,
+        max_inflight_per_engine: int = 256,
+        max_queue: int = 1024,
+        queue_timeout_s: float = 30.0,
+        retry_after_s: float = 2.0,
+        migrator: KVMigrator | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.max_inflight = max_inflight_per_engine
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
+        self.retry_after_s = retry_after_s
+        self.migrator: KVMigrator = migrator or RePrefill()
+        self.api_key = api_key
+        self._engines: dict[str, EngineHandle] = {}
+        self._affinity: dict[str, str] = {}
+        self._cond = asyncio.Condition()
+        self.waiting = 0
+        self.rejected = 0
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=4096)
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # --- membership -------------------------------------------------------------------------------------
+
+    def engines(self) -> list[EngineHandle]:
+        return list(self._engines.values())
+
+    def get(self, engine_id: str) -> EngineHandle | None:
+        return self._engines.get(engine_id)
+
+    async def add(self, engine_id: str, url: str, *, source: str = "static") -> EngineHandle:
+        """Route to ``url`` under ``engine_id`` (an existing id is re-pointed and re-activated)."""
+        h = self._engines.get(engine_id)
+        if h is None or h.url != url.rstrip("/"):
+            h = EngineHandle(
+                engine_id, url.rstrip("/"), EngineClient(url, api_key=self.api_key, http=self._http), source
+            )
+            self._engines[engine_id] = h
+        h.state = "active"
+        async with self._cond:
+            self._cond.notify_all()
+        log.info("engine %s at %s is taking requests", engine_id, url)
+        return h
+
+    async def drain(self, engine_id: str, *, remove: bool = True, timeout: float = 30.0) -> int:
+        """Stop routing to an engine and move its in-flight requests elsewhere; returns how many moved."""
+        h = self._engines.get(engine_id)
+        if h is None:
+            return 0
+        h.state = "draining"
+        moving = list(h.inflight)
+        await asyncio.gather(*(h.client.abort(rid) for rid in moving))
+        deadline = time.monotonic() + timeout
+        while h.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if remove and h.state == "draining":
+            h.state = "gone"
+            self._engines.pop(engine_id, None)
+            for k in [k for k, v in self._affinity.items() if v == engine_id]:
+                del self._affinity[k]
+        log.info("engine %s drained (%d requests moved)", engine_id, len(moving))
+        return len(moving)
+
+    # --- routing ----------------------------------------------------------------------------------------
+
+    def _pick(self, affinity: str, exclude: frozenset[str]) -> EngineHandle | None:
+        sticky = self._engines.get(self._affinity.get(affinity, ""))
+        if (
+            sticky
+            and sticky.state == "active"
+            and sticky.engine_id not in exclude
+            and len(sticky.inflight) < self.max_inflight
+        ):
+            return sticky  # the same engine for an execution keeps its prefix cache warm
+        best: EngineHandle | None = None
+        for h in self._engines.values():
+            if h.state != "active" or h.engine_id in exclude or len(h.inflight) >= self.max_inflight:
+                continue
+            if best is None or len(h.inflight) < len(best.inflight):
+                best = h
+        if best is not None:
+            self._affinity[affinity] = best.engine_id
+        return best
+
+    async def acquire(self, affinity: str, rid: str, *, exclude: frozenset[str] = frozenset()) -> EngineHandle:
+        """An engine for request ``rid`` (tracked as in flight there until ``release``)."""
+        h = self._pick(affinity, exclude)
+        if h is None:
+            if self.waiting >= self.max_queue:
+                self.rejected += 1
+                raise NoCapacity("the rollout queue is full", self.retry_after_s)
+            self.waiting += 1
+            try:
+                async with self._cond:
+                    try:
+                        async with asyncio.timeout(self.queue_timeout_s):
+                            while (h := self._pick(affinity, exclude)) is None:
+                                await self._cond.wait()
+                    except TimeoutError:
+                        self.rejected += 1
+                        raise NoCapacity(
+                            f"no rollout engine became free within {self.queue_timeout_s:g}s", self.retry_after_s
+                        ) from None
+            finally:
+                self.waiting -= 1
+        h.inflight.add(rid)
+        h.served += 1
+        return h
+
+    async def release(self, h: EngineHandle, rid: str) -> None:
+        h.inflight.discard(rid)
+        if self.waiting:
+            async with self._cond:
+                self._cond.notify_all()
+
+    def forget(self, affinity: str) -> None:
+        with contextlib.suppress(KeyError):
+            del self._affinity[affinity]

@@ -1,0 +1,63 @@
+"""The dialect-neutral model request both harness dialects parse into, and its sampling parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import ApiError
+
+__all__ = ["GenRequest", "check_number", "content_text"]
+
+Message = dict[str, Any]
+
+
+@dataclass
+class GenRequest:
+    dialect: str  # "openai-chat" | "openai-completions" | "anthropic"
+    model: str
+    stream: bool
+    messages: list[Message] | None = None  # chat: OpenAI-shaped messages for the chat template
+    tools: list[dict[str, Any]] | None = None  # OpenAI function-tool form
+    prompt_ids: list[int] | None = None  # completions given token ids
+    prompt_text: str | None = None  # completions given text
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)  # SGLang sampling_params, less max_new_tokens/stop
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    echo: bool = False
+
+
+def check_number(body: dict[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ApiError.invalid(f"'{key}' must be a number", param=key)
+    if v < lo or (hi is not None and v > hi):
+        raise ApiError.invalid(f"'{key}' must be between {lo} and {hi}", param=key)
+    return float(v)
+
+
+def content_text(content: object, *, param: str) -> str:
+    """Text of an OpenAI content field: a string, or a list of text parts (other part types are refused)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise ApiError.invalid(f"'{param}' parts must be objects", param=param)
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError.invalid(
+                    f"'{param}' part type {part.get('type')!r} is not supported by this model (text only)",
+                    param=param,
+                )
+            out.append(part["text"])
+        return "".join(out)
+    raise ApiError.invalid(f"'{param}' must be a string or a list of content parts", param=param)

@@ -1,0 +1,280 @@
+"""Token-in/token-out prompt building for one execution: extension, retry, rewrite, and drift.
+
+The harness sends messages; the engine must see tokens. When a request's messages are the previous
+conversation (request + the reply we gave) plus new turns, the prompt is that call's prompt + output token
+ids plus only the new turns rendered, so the policy is conditioned on exactly the tokens it produced, whatever
+the template or the harness would re-render. Re-rendering from scratch is still done, to *detect* drift (and
+count and store it), never to replace the recorded tokens. A request that repeats an earlier request exactly
+is a retry (a sibling of that call, same prompt tokens); anything else rewrote history (compaction, edited
+tool output, a sub-agent) and starts a branch at the longest shared token prefix, or a new root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from opengyre.events import DriftReport, TrajectoryRole
+
+from ._chat import ChatCodec
+
+__all__ = ["ExecutionTrajectory", "Plan", "TitoNode", "canon_message"]
+
+Message = dict[str, Any]
+
+
+def _canon_args(args: str) -> object:
+    try:
+        return json.loads(args)
+    except ValueError:
+        return args
+
+
+def canon_message(m: Message) -> str:
+    """What makes two messages the same turn for the model (tool arguments compared as JSON values)."""
+    calls = [
+        [tc.get("id", ""), tc["function"]["name"], _canon_args(tc["function"].get("arguments", ""))]
+        for tc in m.get("tool_calls") or []
+    ]
+    return json.dumps(
+        [m.get("role"), m.get("content") or "", calls, m.get("tool_call_id") or ""],
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    return json.dumps(list(tools or []), sort_keys=True, separators=(",", ":"))
+
+
+def _chain(tools_key: str, messages: Sequence[Message]) -> list[bytes]:
+    """Hashes of every message prefix (index i covers messages[:i]), tools included."""
+    h = hashlib.sha256(tools_key.encode()).digest()
+    out = [h]
+    for m in messages:
+        h = hashlib.sha256(h + canon_message(m).encode()).digest()
+        out.append(h)
+    return out
+
+
+def _lcp(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return n if diff.size == 0 else int(diff[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    prompt_ids: list[int]
+    parent_call_id: str | None
+    prefix_len: int
+    delta_ids: list[int]
+    branch: str  # root | extension | retry | rewrite
+    drift: DriftReport | None
+    context: dict[str, Any]  # the conditioning context, as a delta against the parent's conversation
+    messages: list[Message] | None
+    tools_key: str
+
+
+@dataclass(eq=False)
+class TitoNode:
+    call_id: str
+    parent: str | None
+    prefix_len: int
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    role: TrajectoryRole
+    conv_after: list[Message]
+    tools_key: str
+    _arr: np.ndarray[Any, Any] | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> np.ndarray[Any, Any]:
+        if self._arr is None:
+            self._arr = np.asarray(self.prompt + self.output, dtype=np.int64)
+        return self._arr
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class ExecutionTrajectory:
+    """The live TITO state of one execution (the recorded tree is the projection's; this mirrors it)."""
+
+    def __init__(self, execution_id: str, codec: ChatCodec) -> None:
+        self.execution_id = execution_id
+        self.codec = codec
+        self.nodes: dict[str, TitoNode] = {}
+        self._by_conv: dict[bytes, str] = {}
+        self._by_req: dict[bytes, str] = {}
+        self.drift_count = 0
+        self.branches: dict[str, int] = {"root": 0, "extension": 0, "retry": 0, "rewrite": 0}
+
+    # --- planning ---------------------------------------------------------------------------------------
+
+    def plan(self, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> Plan:
+        tk = _tools_key(tools)
+        hashes = _chain(tk, messages)
+        full_text = self.codec.render(messages, tools, gen=True)
+        fresh = self.codec.encode(full_text)
+        same = self._by_req.get(hashes[-1])
+        if same is not None:
+            return self._retry(self.nodes[same], messages, tools, tk)
+        for i in range(len(messages), 0, -1):
+            cid = self._by_conv.get(hashes[i])
+            if cid is None:
+                continue
+            ext = self._extend(self.nodes[cid], messages, tools, tk, i, full_text, fresh)
+            if ext is not None:
+                return ext
+            break
+        return self._branch(fresh, messages, tools, tk)
+
+    def plan_tokens(self, prompt_ids: list[int]) -> Plan:
+        """A completions-style prompt given (or rendered) as tokens: attach at the longest shared prefix."""
+        return self._branch(prompt_ids, None, None, "")
+
+    def _context(
+        self, parent: TitoNode | None, messages: list[Message], tools: Sequence[dict[str, Any]] | None, tk: str
+    ) -> dict[str, Any]:
+        base = 0
+        if parent is not None:
+            for a, b in zip(parent.conv_after, messages, strict=False):
+                if a is not b and canon_message(a) != canon_message(b):
+                    break
+                base += 1
+        ctx: dict[str, Any] = {"base": base, "messages": messages[base:]}
+        if parent is None or parent.tools_key != tk:
+            ctx["tools"] = list(tools or [])
+        return ctx
+
+    def _extend(
+        self,
+        p: TitoNode,
+        messages: list[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        tk: str,
+        i: int,
+        full_text: str,
+        fresh: list[int],
+    ) -> Plan | None:
+        prefix_text = self.codec.render(messages[:i], tools, gen=False)
+        if not full_text.startswith(prefix_text):
+            return None  # the template rewrote earlier turns: not an append-only extension
+        eos = self.codec.eos_id
+        bridge = list(self.codec.turn_close_ids)
+        if not p.output or p.output[-1] != eos:
+            bridge = [eos, *bridge]  # the turn ended without eos (length, stop string): close it as the template does
+        delta = bridge + self.codec.encode(full_text[len(prefix_text) :])
+        prompt = list(p.prompt) + list(p.output) + delta
+        drift = None
+        if prompt != fresh:
+            at = _lcp(np.asarray(prompt), np.asarray(fresh))
+            drift = DriftReport(
+                kind="retokenization",
+                position=at,
+                detail=f"recorded {prompt[at : at + 8]} vs re-rendered {fresh[at : at + 8]} "
+                f"({len(prompt)} vs {len(fresh)} tokens)",
+            )
+        return Plan(
+            prompt_ids=prompt,
+            parent_call_id=p.call_id,
+            prefix_len=p.n_tokens,
+            delta_ids=delta,
+            branch="extension",
+            drift=drift,
+            context=self._context(p, messages, tools, tk),
+            messages=messages,
+            tools_key=tk,
+        )
+
+    def _attach(self, prompt: list[int]) -> tuple[TitoNode | None, int]:
+        """Where a prompt forks off the tree: the node and the shared length, never inside a node's prompt
+        when its parent could hold the fork (so earlier calls stay leaves of their own paths)."""
+        if not self.nodes:
+            return None, 0
+        arr = np.asarray(prompt, dtype=np.int64)
+        best: TitoNode | None = None
+        shared = 0
+        for n in self.nodes.values():
+            k = _lcp(n.tokens, arr)
+            if k > shared:
+                best, shared = n, k
+        node = best
+        while node is not None and shared <= len(node.prompt):
+            shared = min(shared, node.prefix_len)
+            node = self.nodes[node.parent] if node.parent is not None else None
+        if node is None:
+            return None, 0
+        return node, shared
+
+    def _retry(self, x: TitoNode, messages: list[Message], tools: Sequence[dict[str, Any]] | None, tk: str) -> Plan:
+        prompt = list(x.prompt)
+        parent = self.nodes[x.parent] if x.parent is not None else None
+        prefix = x.prefix_len if parent is not None else 0
+        return Plan(
+            prompt_ids=prompt,
+            parent_call_id=x.parent,
+            prefix_len=prefix,
+            delta_ids=prompt[prefix:],
+            branch="retry",
+            drift=None,
+            context=self._context(parent, messages, tools, tk),
+            messages=messages,
+            tools_key=tk,
+        )
+
+    def _branch(
+        self, prompt: list[int], messages: list[Message] | None, tools: Sequence[dict[str, Any]] | None, tk: str
+    ) -> Plan:
+        parent, shared = self._attach(prompt)
+        ctx = self._context(parent, messages, tools, tk) if messages is not None else {}
+        branch = "root" if parent is None else "rewrite"
+        if parent is not None and shared == parent.n_tokens and messages is None:
+            branch = "extension"
+        return Plan(
+            prompt_ids=prompt,
+            parent_call_id=parent.call_id if parent else None,
+            prefix_len=shared,
+            delta_ids=prompt[shared:],
+            branch=branch,
+            drift=None,
+            context=ctx,
+            messages=messages,
+            tools_key=tk,
+        )
+
+    # --- after the call ---------------------------------------------------------------------------------
+
+    def commit(
+        self, plan: Plan, call_id: str, output_ids: Sequence[int], response: Message | None, role: TrajectoryRole
+    ) -> TitoNode:
+        conv = list(plan.messages or [])
+        node = TitoNode(
+            call_id=call_id,
+            parent=plan.parent_call_id,
+            prefix_len=plan.prefix_len,
+            prompt=tuple(plan.prompt_ids),
+            output=tuple(output_ids),
+            role=role,
+            conv_after=[*conv, response] if response is not None else conv,
+            tools_key=plan.tools_key,
+        )
+        self.nodes[call_id] = node
+        if plan.messages is not None and response is not None:
+            chain = _chain(plan.tools_key, node.conv_after)
+            self._by_req.setdefault(chain[-2], call_id)
+            self._by_conv[chain[-1]] = call_id
+        self.branches[plan.branch] = self.branches.get(plan.branch, 0) + 1
+        if plan.drift is not None:
+            self.drift_count += 1
+        return node

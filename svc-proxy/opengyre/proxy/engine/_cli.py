@@ -1,0 +1,51 @@
+"""``opengyre engine`` / ``python -m opengyre.proxy.engine``: serve the CPU engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["engine_command"]
+
+
+def engine_command(
+    preset: Annotated[str, typer.Option(help="model preset from opengyre.models (tiny, small)")] = "tiny",
+    checkpoint: Annotated[Path | None, typer.Option(help="load weights from a save_checkpoint folder")] = None,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 30000,
+    served_model_name: Annotated[str | None, typer.Option(help="default opengyre-<preset>")] = None,
+    weight_version: Annotated[str, typer.Option()] = "default",
+    seed: Annotated[int, typer.Option(help="initial weights' seed when no checkpoint is given")] = 0,
+    api_key: Annotated[str | None, typer.Option(help="require Authorization: Bearer <key>")] = None,
+    max_running: Annotated[int, typer.Option(help="requests decoded together")] = 256,
+    prefill_chunk: Annotated[int, typer.Option(help="prompt tokens prefilled per step")] = 1024,
+    context_length: Annotated[int | None, typer.Option()] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    incremental_streaming_output: Annotated[bool, typer.Option(help="stream deltas, not cumulative chunks")] = False,
+    port_file: Annotated[Path | None, typer.Option(help="write the URL here once serving")] = None,
+) -> None:
+    """Serve the built-in CPU engine (SGLang native API + OpenAI routes)."""
+    from ._engine import EngineConfig
+    from ._launch import serve_forever
+
+    logging.basicConfig(level=logging.WARNING)
+    cfg = EngineConfig(
+        preset=preset,
+        checkpoint=checkpoint,
+        seed=seed,
+        weight_version=weight_version,
+        served_model_name=served_model_name,
+        host=host,
+        port=port,
+        api_key=api_key,
+        max_running=max_running,
+        prefill_chunk=prefill_chunk,
+        context_length=context_length,
+        threads=threads,
+        incremental_streaming_output=incremental_streaming_output,
+    )
+    asyncio.run(serve_forever(cfg, port_file))

@@ -1,0 +1,204 @@
+"""The CPU engine: the shared policy model, its tokenizer, the scheduler thread, and an asyncio facade."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig
+
+from opengyre.models import build_model, load_checkpoint, load_tokenizer, load_weights, model_config
+
+from .._chat import ChatCodec
+from ._runner import ModelRunner
+from ._sampling import SamplingParams
+from ._scheduler import EngineRequest, RequestRecord, Scheduler, StepUpdate
+
+__all__ = ["CpuEngine", "EngineConfig", "Generation"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    preset: str = "tiny"
+    checkpoint: Path | None = None  # a folder written by opengyre.models.save_checkpoint
+    seed: int = 0
+    weight_version: str = "default"
+    served_model_name: str | None = None  # default: opengyre-<preset>
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str | None = None
+    max_running: int = 256
+    prefill_chunk: int = 1024
+    context_length: int | None = None  # default: the model's max positions
+    prefix_cache_tokens: int = 262144
+    threads: int | None = None  # torch intra-op threads (process-wide)
+    incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
+    request_log_size: int = 100_000
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or f"opengyre-{self.preset}"
+
+
+@dataclass
+class Generation:
+    """Cumulative state of one request, updated as the scheduler reports steps."""
+
+    rid: str
+    prompt_len: int
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[list[list[Any]]] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    cached_tokens: int = 0
+    weight_version: str = "default"
+    created: float = field(default_factory=time.perf_counter)
+
+    def apply(self, u: StepUpdate) -> None:
+        self.output_ids.extend(u.new_ids)
+        self.output_logprobs.extend(u.new_logprobs)
+        if u.new_top:
+            self.output_top.extend(u.new_top)
+        if u.input_logprobs:
+            self.input_logprobs.extend(u.input_logprobs)
+        self.finish = u.finish
+        self.cached_tokens = u.cached_tokens
+        self.weight_version = u.weight_version
+
+
+class CpuEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        if config.checkpoint is not None:
+            model, version = load_checkpoint(Path(config.checkpoint))
+        else:
+            model, version = build_model(model_config(config.preset), seed=config.seed), config.weight_version
+        self.model = model
+        self.model_path = str(config.checkpoint) if config.checkpoint else f"preset:{config.preset}"
+        self.codec = ChatCodec(load_tokenizer())
+        self.runner = ModelRunner(model)
+        cfg: LlamaConfig = model.config
+        eos = {self.codec.eos_id}
+        if isinstance(cfg.eos_token_id, int):
+            eos.add(cfg.eos_token_id)
+        self.context_length = int(config.context_length or cfg.max_position_embeddings)
+        self.scheduler = Scheduler(
+            self.runner,
+            eos_ids=frozenset(eos),
+            decode_tail=lambda ids: self.codec.decode(ids, skip_special=False),
+            weight_version=version,
+            max_running=config.max_running,
+            prefill_chunk=config.prefill_chunk,
+            context_length=self.context_length,
+            prefix_cache_tokens=config.prefix_cache_tokens,
+            request_log_size=config.request_log_size,
+        )
+        self.paused = False
+        self._started = False
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    def start(self) -> None:
+        if not self._started:
+            self.scheduler.start()
+            self._started = True
+
+    def stop(self) -> None:
+        if self._started:
+            self.scheduler.stop()
+            self._started = False
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+    ) -> AsyncGenerator[Generation, None]:
+        """Yield the cumulative state after every step until the request finishes.
+
+        Closing the iterator early (a client went away) aborts the request on the engine.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StepUpdate] = asyncio.Queue()
+        rid = rid or uuid.uuid4().hex
+        req = EngineRequest(
+            rid=rid,
+            input_ids=list(input_ids),
+            params=params,
+            on_update=lambda u: _post(loop, queue, u),
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+        )
+        gen = Generation(rid=rid, prompt_len=len(input_ids), weight_version=self.weight_version)
+        self.scheduler.submit(req)
+        done = False
+        try:
+            while not done:
+                u = await queue.get()
+                gen.apply(u)
+                # Coalesce what is already queued: a slow reader gets fewer, larger chunks.
+                while not queue.empty() and gen.finish is None:
+                    gen.apply(queue.get_nowait())
+                done = gen.finish is not None
+                yield gen
+        finally:
+            if not done:
+                with contextlib.suppress(Exception):
+                    self.scheduler.abort(rid)
+
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        self.scheduler.abort(rid, abort_all)
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False
+    ) -> str:
+        """Hot-reload a safetensors checkpoint between two steps; returns the new weight version."""
+
+        def load() -> str:
+            version = load_weights(self.model, Path(model_path))
+            self.scheduler.weight_version = weight_version or version
+            self.scheduler.prefix_cache.clear()  # cached keys and values came from the old weights
+            self.model_path = model_path
+            return self.scheduler.weight_version
+
+        if abort_all_requests:
+            self.scheduler.abort("", abort_all=True)
+        return await asyncio.wrap_future(self.scheduler.call(load))
+
+    async def set_weight_version(self, version: str) -> None:
+        def setv() -> None:
+            self.scheduler.weight_version = version
+
+        await asyncio.wrap_future(self.scheduler.call(setv))
+
+    async def flush_cache(self) -> None:
+        await asyncio.wrap_future(self.scheduler.call(self.scheduler.prefix_cache.clear))
+
+    def request_log(self, rid: str | None = None) -> list[RequestRecord]:
+        records = list(self.scheduler.request_log)
+        return [r for r in records if rid is None or r.rid == rid or r.rid.startswith(rid)]
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[StepUpdate], u: StepUpdate) -> None:
+    loop.call_soon_threadsafe(queue.put_nowait, u)

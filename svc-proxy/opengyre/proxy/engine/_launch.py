@@ -1,0 +1,191 @@
+"""Start and stop CPU engines: in this process (tests, the demo) or as a child process (one per cell)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from .._http import HttpServer
+from ._engine import CpuEngine, EngineConfig
+from ._server import build_app
+
+__all__ = ["EngineProcess", "EngineServer", "serve_forever"]
+
+
+class EngineServer:
+    """An engine serving HTTP on this event loop; the model runs on the engine's own worker thread.
+
+    ``async with EngineServer(EngineConfig(port=0)) as srv: srv.url`` -> ``http://127.0.0.1:<port>``.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, engine: CpuEngine | None = None) -> None:
+        self.config = config or (engine.config if engine else EngineConfig())
+        self.engine = engine or CpuEngine(self.config)
+        self._http: HttpServer | None = None
+
+    @property
+    def url(self) -> str:
+        if self._http is None:
+            raise RuntimeError("the engine is not started")
+        return self._http.url
+
+    @property
+    def port(self) -> int:
+        if self._http is None:
+            raise RuntimeError("the engine is not started")
+        return self._http.port
+
+    async def start(self) -> EngineServer:
+        self.engine.start()
+        self._http = HttpServer(build_app(self.engine), self.config.host, self.config.port)
+        await self._http.start()
+        return self
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            # Finish in-flight requests with an abort first, so their streams end cleanly.
+            self.engine.abort("", abort_all=True)
+            await self._http.stop()
+            self._http = None
+        await asyncio.to_thread(self.engine.stop)
+
+    async def __aenter__(self) -> EngineServer:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "opengyre.proxy.engine",
+        "--preset",
+        config.preset,
+        "--host",
+        config.host,
+        "--port",
+        str(config.port),
+        "--seed",
+        str(config.seed),
+        "--weight-version",
+        config.weight_version,
+        "--max-running",
+        str(config.max_running),
+        "--prefill-chunk",
+        str(config.prefill_chunk),
+        "--port-file",
+        str(port_file),
+    ]
+    if config.checkpoint is not None:
+        args += ["--checkpoint", str(config.checkpoint)]
+    if config.served_model_name:
+        args += ["--served-model-name", config.served_model_name]
+    if config.api_key:
+        args += ["--api-key", config.api_key]
+    if config.context_length:
+        args += ["--context-length", str(config.context_length)]
+    if config.threads:
+        args += ["--threads", str(config.threads)]
+    if config.incremental_streaming_output:
+        args += ["--incremental-streaming-output"]
+    return args
+
+
+class EngineProcess:
+    """An engine in a child process, e.g. one per rollout cell; ``url`` once ``start`` returns."""
+
+    def __init__(self, config: EngineConfig | None = None, *, env: dict[str, str] | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.env = env
+        self.url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="opengyre-engine-")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def start(self, timeout: float = 120.0) -> EngineProcess:
+        port_file = Path(self._dir.name) / "url"
+        self._proc = await asyncio.to_thread(
+            subprocess.Popen,
+            _cli_args(self.config, port_file),
+            env={**os.environ, **(self.env or {})},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while not port_file.exists() or not port_file.read_text().strip():
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the engine process exited with {self._proc.returncode} before serving")
+            if time.monotonic() > deadline:
+                await self.stop()
+                raise TimeoutError(f"the engine process did not start within {timeout}s")
+            await asyncio.sleep(0.05)
+        self.url = port_file.read_text().strip()
+        async with httpx.AsyncClient(timeout=5) as c:
+            while (await c.get(self.url + "/health")).status_code != 200:
+                await asyncio.sleep(0.05)
+        return self
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        self._dir.cleanup()
+
+    def kill(self) -> None:
+        """Kill without warning (what a crashed cell looks like)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    async def __aenter__(self) -> EngineProcess:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def serve_forever(config: EngineConfig, port_file: Path | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; write the URL to ``port_file`` once serving (how a parent finds it)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with EngineServer(config) as srv:
+        if port_file is not None:
+            await asyncio.to_thread(_write_atomic, port_file, srv.url + "\n")
+        print(
+            f"opengyre engine ({config.model_name}, weights {srv.engine.weight_version}) serving on {srv.url}",
+            flush=True,
+        )
+        await stop.wait()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
