@@ -66,13 +66,22 @@ class ProjectionRunner:
             return [self.log.config.all_subjects]
         return [self.log.config.aggregate_filter(a) for a in aggs]
 
-    async def ensure_consumer(self) -> None:
+    async def ensure_consumer(self, *, reset: bool = False) -> None:
+        """Create the durable consumer at the projection's position + 1 (``reset``: re-create it there).
+
+        The tracking rows, not the consumer, are the truth about what was applied: re-creating the consumer
+        on start means messages a killed process held unacknowledged come back at once instead of after
+        ``ack_wait``, and the consumer always has today's config (an existing durable is never updated).
+        """
         js, stream = self.log.js, self.log.config.stream
-        try:
-            await js.consumer_info(stream, self.consumer)
-            return  # an existing durable is bound as is (its config is not silently updated)
-        except NotFoundError:
-            pass
+        if reset:
+            await self.delete_consumer()
+        else:
+            try:
+                await js.consumer_info(stream, self.consumer)
+                return
+            except NotFoundError:
+                pass
         start = await asyncio.to_thread(self.fold.position) + 1
         filters = self._filters()
         cfg = ConsumerConfig(
@@ -96,14 +105,19 @@ class ProjectionRunner:
             await self.log.js.delete_consumer(self.log.config.stream, self.consumer)
 
     async def status(self) -> ProjectionStatus:
-        info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
         position = await asyncio.to_thread(self.fold.position)
         tracked, dead = await asyncio.to_thread(self.fold.counts)
+        last = await self.log.last_seq()
+        try:
+            info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
+            pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        except NotFoundError:
+            pending = max(0, last - position)  # no consumer (being re-created): count conservatively
         return ProjectionStatus(
             name=self.projection.name,
             position=position,
-            stream_last_seq=await self.log.last_seq(),
-            pending=int(info.num_pending or 0) + int(info.num_ack_pending or 0),
+            stream_last_seq=last,
+            pending=pending,
             tracked=tracked,
             dead_letters=dead,
         )
@@ -112,6 +126,7 @@ class ProjectionRunner:
         """Wait until the consumer has nothing pending (everything published so far is applied)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        await self.ensure_consumer()
         while True:
             st = await self.status()
             if st.caught_up:
@@ -122,14 +137,14 @@ class ProjectionRunner:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
-        await self.ensure_consumer()
+        await self.ensure_consumer(reset=True)
         puller = self.log.puller(self.consumer, batch=self.batch)
         await puller.start()
         try:
             while not stop.is_set():
                 msgs = await puller.next_batch(timeout=0.5)
                 if msgs:
-                    await self.handle(msgs)
+                    await self.handle(msgs, stop)
                 elif puller.errors:
                     err = puller.errors.pop()
                     log.warning("projection %s: pull error %s; re-creating consumer", self.projection.name, err)
@@ -137,16 +152,24 @@ class ProjectionRunner:
         finally:
             await puller.stop()
 
-    async def handle(self, msgs: list[Msg]) -> BatchOutcome | None:
+    async def handle(self, msgs: list[Msg], stop: asyncio.Event | None = None) -> BatchOutcome | None:
+        """Fold one batch, then ack it. A transient store error retries the same batch in place: a nak
+        would let later events overtake it and a fold must see its aggregate's events in order."""
         stored: list[StoredEvent] = await self.log.to_stored_many(msgs)
-        try:
-            outcome = await asyncio.to_thread(self.fold.fold, stored)
-        except TransientError as exc:
-            log.warning("projection %s: transient store error, retrying: %s", self.projection.name, exc)
-            for m in msgs:
-                with contextlib.suppress(Exception):
-                    await m.nak(delay=self.retry_delay)
-            return None
+        delay = self.retry_delay
+        while True:
+            try:
+                outcome = await asyncio.to_thread(self.fold.fold, stored)
+                break
+            except TransientError as exc:
+                log.warning("projection %s: transient store error, retrying: %s", self.projection.name, exc)
+                if stop is not None and stop.is_set():
+                    return None  # unacknowledged: the next start re-creates the consumer at the position
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        await m.in_progress()  # keep ack_wait from redelivering while we retry
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
         # Ack only after the commit. Poison messages were dead-lettered in that same commit: term them.
         for m, s in zip(msgs, stored, strict=True):
             if s.seq in outcome.dead:

@@ -1,0 +1,113 @@
+"""The event log against a real nats-server: dedup, optimistic concurrency, payload guard, reads."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opengyre.eventlog import BLOB_HEADER, ConcurrencyError, EventLog, LogConfig, LogUnavailable
+from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
+from opengyre.runtime import free_port, nats_server_binary, wait_for_port
+
+
+def _dispatched(i: int) -> ExecutionDispatched:
+    return ExecutionDispatched(execution_id=f"e{i}", task_id="t", group_id="g")
+
+
+async def test_a_retried_publish_with_the_same_event_id_is_stored_once(event_log: EventLog) -> None:
+    e = _dispatched(1)
+    first = await event_log.append(e)
+    again = await event_log.append(e)
+    assert (first.seq, first.duplicate) == (1, False)
+    assert (again.seq, again.duplicate) == (1, True)
+    assert await event_log.last_seq() == 1
+    many = await event_log.append_many([e, _dispatched(2), e])
+    assert [a.duplicate for a in many] == [True, False, True]
+    assert await event_log.last_seq() == 2
+
+
+async def test_a_stale_expected_sequence_raises_concurrency_error(event_log: EventLog) -> None:
+    first = await event_log.append(_dispatched(1), expected_last_subject_seq=0)
+    fin = ExecutionFinished(execution_id="e1", status="completed", score=1.0)
+    with pytest.raises(ConcurrencyError) as exc:
+        await event_log.append(fin, expected_last_subject_seq=0)
+    assert exc.value.subject.endswith(".execution.e1") and exc.value.expected == 0
+    ok = await event_log.append(fin, expected_last_subject_seq=first.seq)
+    assert ok.seq == 2
+    # Another aggregate's sequence does not count against this one.
+    await event_log.append(_dispatched(2), expected_last_subject_seq=0)
+
+
+async def test_of_two_concurrent_appends_with_the_same_expectation_exactly_one_wins(event_log: EventLog) -> None:
+    base = await event_log.append(_dispatched(7))
+    attempts = [
+        event_log.append(
+            ExecutionFinished(execution_id="e7", status="completed", score=s), expected_last_subject_seq=base.seq
+        )
+        for s in (0.1, 0.2, 0.3, 0.4)
+    ]
+    results = await asyncio.gather(*attempts, return_exceptions=True)
+    assert sum(not isinstance(r, Exception) for r in results) == 1
+    assert all(isinstance(r, ConcurrencyError) for r in results if isinstance(r, Exception))
+    assert await event_log.last_seq() == base.seq + 1
+
+
+async def test_bodies_over_the_payload_limit_go_out_of_band_and_read_back(event_log: EventLog) -> None:
+    big = ModelCallRecorded(
+        execution_id="e1",
+        call_id="c1",
+        prompt_delta_ids=list(range(400_000)),  # ~2.6 MB of JSON: over JetStream's 1 MiB max payload
+        output_ids=[1, 2],
+        output_logprobs=[-0.1, -0.2],
+    )
+    small = _dispatched(1)
+    await event_log.append_many([small, big])
+    stored = [s async for s in event_log.read(1)]
+    assert [s.type_name for s in stored] == ["execution-dispatched", "model-call-recorded"]
+    assert event_log.decode(stored[1]) == big
+    raw = await event_log.js.get_msg(event_log.config.stream, 2)
+    assert raw.headers is not None and BLOB_HEADER in raw.headers and not raw.data
+    assert event_log.decode(await event_log.get(2)) == big
+
+
+async def test_reads_cover_exact_ranges_and_aggregate_filters(event_log: EventLog) -> None:
+    events = []
+    for i in range(30):
+        events.append(_dispatched(i))
+        if i % 3 == 0:
+            events.append(ExecutionFinished(execution_id=f"e{i}", status="completed", score=0.5))
+    events.append(
+        ModelCallRecorded(execution_id="e1", call_id="c", prompt_delta_ids=[1], output_ids=[], output_logprobs=[])
+    )
+    await event_log.append_many(events)
+    last = await event_log.last_seq()
+    assert last == len(events)
+    seqs = [s.seq async for s in event_log.read(5, 17)]
+    assert seqs == list(range(5, 18))
+    only = [s async for s in event_log.read(1, subjects=[event_log.config.subject("execution", "e3")])]
+    assert [s.type_name for s in only] == ["execution-dispatched", "execution-finished"]
+    assert [s.seq async for s in event_log.read(last + 1)] == []
+    decoded = [event_log.decode(s) async for s in event_log.read(1)]
+    assert decoded == events
+
+
+@pytest.mark.timeout(30)  # fails fast: no reconnect loop
+async def test_no_server_fails_fast_with_a_clear_message() -> None:
+    port = free_port()
+    with pytest.raises(LogUnavailable, match=f"no NATS server answers at nats://127.0.0.1:{port}"):
+        await EventLog.connect(f"nats://127.0.0.1:{port}", timeout=2.0)
+
+
+async def test_a_server_without_jetstream_is_refused(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for_port(port)
+        with pytest.raises(LogUnavailable, match="no JetStream"):
+            await EventLog.connect(f"nats://127.0.0.1:{port}", LogConfig(stream="NOJS"))
+    finally:
+        proc.terminate()
+        proc.wait()

@@ -1,0 +1,102 @@
+"""Decoding by type and version: upcasting old versions, refusing unknown types and newer versions."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+import pytest
+
+from opengyre.events import (
+    Event,
+    EventRegistry,
+    ExecutionFinished,
+    MalformedEvent,
+    NewerSchemaVersion,
+    UnknownEventType,
+    default_registry,
+)
+
+
+class Renamed(Event, frozen=True, kw_only=True, tag="test-renamed"):
+    """v2 of a test event: v1 had ``name``; v2 has ``title`` and a new ``rank``."""
+
+    version: ClassVar[int] = 3
+    aggregate = "test"
+    aggregate_key = "item_id"
+
+    item_id: str
+    title: str
+    rank: int = 0
+    tags: list[str] = msgspec.field(default_factory=list)
+
+
+def _v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    out["title"] = out.pop("name")
+    return out
+
+
+def _v2_to_v3(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    out["tags"] = [t.strip() for t in out.pop("tag_csv", "").split(",") if t.strip()]
+    return out
+
+
+@pytest.fixture
+def registry() -> EventRegistry:
+    reg = EventRegistry([Renamed])
+    reg.register_upcaster("test-renamed", 1, _v1_to_v2)
+    reg.register_upcaster("test-renamed", 2, _v2_to_v3)
+    return reg
+
+
+def test_old_versions_are_upcast_step_by_step(registry: EventRegistry) -> None:
+    v1 = b'{"type":"test-renamed","event_id":"e","occurred_at":"2026-01-01T00:00:00Z","item_id":"i","name":"old"}'
+    got = registry.decode("test-renamed", 1, v1)
+    assert isinstance(got, Renamed) and got.title == "old" and got.rank == 0 and got.tags == []
+    v2 = b'{"type":"test-renamed","event_id":"e","occurred_at":"2026-01-01T00:00:00Z","item_id":"i","title":"t","tag_csv":"a, b"}'
+    got2 = registry.decode("test-renamed", 2, v2)
+    assert isinstance(got2, Renamed) and got2.tags == ["a", "b"]
+
+
+def test_a_missing_upcaster_is_a_malformed_event() -> None:
+    reg = EventRegistry([Renamed])
+    with pytest.raises(MalformedEvent, match="no upcaster"):
+        reg.decode("test-renamed", 1, b'{"item_id":"i","name":"x"}')
+
+
+def test_unknown_types_and_newer_versions_are_refused_with_reasons() -> None:
+    reg = default_registry()
+    body = reg.encode(ExecutionFinished(execution_id="e", status="completed"))
+    with pytest.raises(UnknownEventType) as unknown:
+        reg.decode("execution-exploded", 1, body)
+    assert unknown.value.reason == "unknown-type"
+    with pytest.raises(NewerSchemaVersion) as newer:
+        reg.decode("execution-finished", 2, body)
+    assert newer.value.reason == "newer-schema"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"type":"execution-finished","execution_id":"e"}',  # status missing
+        b'{"type":"execution-finished","execution_id":"e","status":"exploded"}',  # not a valid status
+        b'{"type":"execution-finished","execution_id":7,"status":"completed"}',
+    ],
+)
+def test_malformed_bodies_raise_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedEvent) as exc:
+        default_registry().decode("execution-finished", 1, body)
+    assert exc.value.reason == "malformed"
+
+
+def test_a_type_cannot_be_registered_twice_by_different_classes() -> None:
+    reg = EventRegistry([Renamed])
+
+    class Other(Event, frozen=True, kw_only=True, tag="test-renamed"):
+        x: int = 0
+
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register(Other)
