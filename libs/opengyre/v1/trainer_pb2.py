@@ -25,13 +25,47 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19opengyre/v1/trainer.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto2U\n\x0eTrainerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19opengyre/v1/trainer.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"+\n\x13GetExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"\xc9\x02\n\x10TrainerExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x11\n\thas_score\x18\x05 \x01(\x08\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x15\n\rfailure_class\x18\x07 \x01(\t\x12\x0f\n\x07verdict\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x0f\n\x07n_calls\x18\n \x01(\r\x12\x13\n\x0bn_generated\x18\x0b \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x0c \x01(\x08\x12\x15\n\rconsumed_step\x18\r \x01(\r\x12\x13\n\x0b\x63onsumed_as\x18\x0e \x01(\t\x12\x16\n\x0e\x63orrupt_reason\x18\x0f \x01(\t\x12\x16\n\x0eweight_version\x18\x10 \x01(\t\"C\n\x16ListReadyGroupsRequest\x12\x1a\n\x12\x64\x65\x66\x61ult_group_size\x18\x01 \x01(\r\x12\r\n\x05limit\x18\x02 \x01(\r\"~\n\x0fMemberAdmission\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tadvantage\x18\x04 \x01(\x01\x12\x11\n\thas_score\x18\x05 \x01(\x08\x12\r\n\x05score\x18\x06 \x01(\x01\"\xa5\x01\n\nReadyGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x17\n\x0f\x62reaker_tripped\x18\x03 \x01(\x08\x12\x0c\n\x04mean\x18\x04 \x01(\x01\x12\x0b\n\x03std\x18\x05 \x01(\x01\x12\x11\n\tsurvivors\x18\x06 \x01(\r\x12-\n\x07members\x18\x07 \x03(\x0b\x32\x1c.opengyre.v1.MemberAdmission\"?\n\x14ListReadyGroupsReply\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.opengyre.v1.ReadyGroup\"N\n\x15PreviewSamplesRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x11\n\tmax_paths\x18\x02 \x01(\x05\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"c\n\x0bPreviewPath\x12\x0c\n\x04leaf\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08n_tokens\x18\x03 \x01(\r\x12\x11\n\tn_targets\x18\x04 \x01(\r\x12\x13\n\x0b\x64raw_weight\x18\x05 \x01(\r\"\xd2\x01\n\x13PreviewSamplesReply\x12\'\n\x05paths\x18\x01 \x03(\x0b\x32\x18.opengyre.v1.PreviewPath\x12\x12\n\ntree_nodes\x18\x02 \x01(\r\x12\x13\n\x0btree_leaves\x18\x03 \x01(\r\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x04\x12\x15\n\rtarget_tokens\x18\x05 \x01(\x04\x12\x16\n\x0e\x66orward_tokens\x18\x06 \x01(\x04\x12 \n\x18\x61ll_paths_forward_tokens\x18\x07 \x01(\x04\"\"\n\x10ListStepsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xfd\x01\n\x0cTrainingStep\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x16\n\x0eweight_version\x18\x02 \x01(\t\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x11\n\tn_samples\x18\x04 \x01(\r\x12\x10\n\x08n_tokens\x18\x05 \x01(\x04\x12\x11\n\tn_trained\x18\x06 \x01(\r\x12\x11\n\tn_dropped\x18\x07 \x01(\r\x12\x16\n\x0estaleness_mean\x18\x08 \x01(\x01\x12\x15\n\rstaleness_max\x18\t \x01(\r\x12\x11\n\tgrad_norm\x18\n \x01(\x01\x12\x17\n\x0fhas_reward_mean\x18\x0b \x01(\x08\x12\x13\n\x0breward_mean\x18\x0c \x01(\x01\":\n\x0eListStepsReply\x12(\n\x05steps\x18\x01 \x03(\x0b\x32\x19.opengyre.v1.TrainingStep\"$\n\x12ListWeightsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"R\n\rWeightVersion\x12\x16\n\x0eweight_version\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"@\n\x10ListWeightsReply\x12,\n\x08versions\x18\x01 \x03(\x0b\x32\x1a.opengyre.v1.WeightVersion\"\x9f\x01\n\x15ScoreExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x10\n\x08task_dir\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\x11\n\ttimed_out\x18\x04 \x01(\x08\x12\x15\n\rhas_exit_code\x18\x05 \x01(\x08\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06output\x18\x07 \x01(\t\"{\n\x13ScoreExecutionReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x11\n\thas_score\x18\x02 \x01(\x08\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x15\n\rfailure_class\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x32\xc9\x04\n\x0eTrainerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12O\n\x0cGetExecution\x12 .opengyre.v1.GetExecutionRequest\x1a\x1d.opengyre.v1.TrainerExecution\x12Y\n\x0fListReadyGroups\x12#.opengyre.v1.ListReadyGroupsRequest\x1a!.opengyre.v1.ListReadyGroupsReply\x12V\n\x0ePreviewSamples\x12\".opengyre.v1.PreviewSamplesRequest\x1a .opengyre.v1.PreviewSamplesReply\x12G\n\tListSteps\x12\x1d.opengyre.v1.ListStepsRequest\x1a\x1b.opengyre.v1.ListStepsReply\x12M\n\x0bListWeights\x12\x1f.opengyre.v1.ListWeightsRequest\x1a\x1d.opengyre.v1.ListWeightsReply\x12V\n\x0eScoreExecution\x12\".opengyre.v1.ScoreExecutionRequest\x1a .opengyre.v1.ScoreExecutionReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'opengyre.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRAINERSERVICE']._serialized_start=68
-  _globals['_TRAINERSERVICE']._serialized_end=153
+  _globals['_GETEXECUTIONREQUEST']._serialized_start=68
+  _globals['_GETEXECUTIONREQUEST']._serialized_end=111
+  _globals['_TRAINEREXECUTION']._serialized_start=114
+  _globals['_TRAINEREXECUTION']._serialized_end=443
+  _globals['_LISTREADYGROUPSREQUEST']._serialized_start=445
+  _globals['_LISTREADYGROUPSREQUEST']._serialized_end=512
+  _globals['_MEMBERADMISSION']._serialized_start=514
+  _globals['_MEMBERADMISSION']._serialized_end=640
+  _globals['_READYGROUP']._serialized_start=643
+  _globals['_READYGROUP']._serialized_end=808
+  _globals['_LISTREADYGROUPSREPLY']._serialized_start=810
+  _globals['_LISTREADYGROUPSREPLY']._serialized_end=873
+  _globals['_PREVIEWSAMPLESREQUEST']._serialized_start=875
+  _globals['_PREVIEWSAMPLESREQUEST']._serialized_end=953
+  _globals['_PREVIEWPATH']._serialized_start=955
+  _globals['_PREVIEWPATH']._serialized_end=1054
+  _globals['_PREVIEWSAMPLESREPLY']._serialized_start=1057
+  _globals['_PREVIEWSAMPLESREPLY']._serialized_end=1267
+  _globals['_LISTSTEPSREQUEST']._serialized_start=1269
+  _globals['_LISTSTEPSREQUEST']._serialized_end=1303
+  _globals['_TRAININGSTEP']._serialized_start=1306
+  _globals['_TRAININGSTEP']._serialized_end=1559
+  _globals['_LISTSTEPSREPLY']._serialized_start=1561
+  _globals['_LISTSTEPSREPLY']._serialized_end=1619
+  _globals['_LISTWEIGHTSREQUEST']._serialized_start=1621
+  _globals['_LISTWEIGHTSREQUEST']._serialized_end=1657
+  _globals['_WEIGHTVERSION']._serialized_start=1659
+  _globals['_WEIGHTVERSION']._serialized_end=1741
+  _globals['_LISTWEIGHTSREPLY']._serialized_start=1743
+  _globals['_LISTWEIGHTSREPLY']._serialized_end=1807
+  _globals['_SCOREEXECUTIONREQUEST']._serialized_start=1810
+  _globals['_SCOREEXECUTIONREQUEST']._serialized_end=1969
+  _globals['_SCOREEXECUTIONREPLY']._serialized_start=1971
+  _globals['_SCOREEXECUTIONREPLY']._serialized_end=2094
+  _globals['_TRAINERSERVICE']._serialized_start=2097
+  _globals['_TRAINERSERVICE']._serialized_end=2682
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,557 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class GetExecutionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExecutionRequest: _TypeAlias = GetExecutionRequest  # noqa: Y015
+
+@_typing.final
+class TrainerExecution(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    HAS_SCORE_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    N_CALLS_FIELD_NUMBER: _builtins.int
+    N_GENERATED_FIELD_NUMBER: _builtins.int
+    CONSUMED_FIELD_NUMBER: _builtins.int
+    CONSUMED_STEP_FIELD_NUMBER: _builtins.int
+    CONSUMED_AS_FIELD_NUMBER: _builtins.int
+    CORRUPT_REASON_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    task_id: _builtins.str
+    group_id: _builtins.str
+    status: _builtins.str
+    """running | completed | timed-out | evaluator-failed | infra-failed"""
+    has_score: _builtins.bool
+    """false: no valid score (which is not a zero)"""
+    score: _builtins.float
+    failure_class: _builtins.str
+    verdict: _builtins.str
+    """pending | ok | transient | masked | excluded"""
+    reason: _builtins.str
+    n_calls: _builtins.int
+    n_generated: _builtins.int
+    consumed: _builtins.bool
+    consumed_step: _builtins.int
+    consumed_as: _builtins.str
+    """"train" or why the step dropped it"""
+    corrupt_reason: _builtins.str
+    """set when one of its events was rejected"""
+    weight_version: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        has_score: _builtins.bool = ...,
+        score: _builtins.float = ...,
+        failure_class: _builtins.str = ...,
+        verdict: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        n_calls: _builtins.int = ...,
+        n_generated: _builtins.int = ...,
+        consumed: _builtins.bool = ...,
+        consumed_step: _builtins.int = ...,
+        consumed_as: _builtins.str = ...,
+        corrupt_reason: _builtins.str = ...,
+        weight_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "consumed_as", b"consumed_as", "consumed_step", b"consumed_step", "corrupt_reason", b"corrupt_reason", "execution_id", b"execution_id", "failure_class", b"failure_class", "group_id", b"group_id", "has_score", b"has_score", "n_calls", b"n_calls", "n_generated", b"n_generated", "reason", b"reason", "score", b"score", "status", b"status", "task_id", b"task_id", "verdict", b"verdict", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainerExecution: _TypeAlias = TrainerExecution  # noqa: Y015
+
+@_typing.final
+class ListReadyGroupsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEFAULT_GROUP_SIZE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    default_group_size: _builtins.int
+    """for groups dispatched without a size; 0 = 16"""
+    limit: _builtins.int
+    """0 = all"""
+    def __init__(
+        self,
+        *,
+        default_group_size: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_group_size", b"default_group_size", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReadyGroupsRequest: _TypeAlias = ListReadyGroupsRequest  # noqa: Y015
+
+@_typing.final
+class MemberAdmission(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ADVANTAGE_FIELD_NUMBER: _builtins.int
+    HAS_SCORE_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    decision: _builtins.str
+    """train | masked | excluded | filtered | no-signal"""
+    reason: _builtins.str
+    advantage: _builtins.float
+    has_score: _builtins.bool
+    score: _builtins.float
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        decision: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        advantage: _builtins.float = ...,
+        has_score: _builtins.bool = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage", b"advantage", "decision", b"decision", "execution_id", b"execution_id", "has_score", b"has_score", "reason", b"reason", "score", b"score"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberAdmission: _TypeAlias = MemberAdmission  # noqa: Y015
+
+@_typing.final
+class ReadyGroup(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    BREAKER_TRIPPED_FIELD_NUMBER: _builtins.int
+    MEAN_FIELD_NUMBER: _builtins.int
+    STD_FIELD_NUMBER: _builtins.int
+    SURVIVORS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    task_id: _builtins.str
+    breaker_tripped: _builtins.bool
+    mean: _builtins.float
+    std: _builtins.float
+    survivors: _builtins.int
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberAdmission]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        breaker_tripped: _builtins.bool = ...,
+        mean: _builtins.float = ...,
+        std: _builtins.float = ...,
+        survivors: _builtins.int = ...,
+        members: _abc.Iterable[Global___MemberAdmission] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker_tripped", b"breaker_tripped", "group_id", b"group_id", "mean", b"mean", "members", b"members", "std", b"std", "survivors", b"survivors", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadyGroup: _TypeAlias = ReadyGroup  # noqa: Y015
+
+@_typing.final
+class ListReadyGroupsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReadyGroup]: ...
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___ReadyGroup] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReadyGroupsReply: _TypeAlias = ListReadyGroupsReply  # noqa: Y015
+
+@_typing.final
+class PreviewSamplesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    MAX_PATHS_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    max_paths: _builtins.int
+    """0 = 5 (the paper's Jmax); -1 = unbounded"""
+    seed: _builtins.int
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        max_paths: _builtins.int = ...,
+        seed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "max_paths", b"max_paths", "seed", b"seed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewSamplesRequest: _TypeAlias = PreviewSamplesRequest  # noqa: Y015
+
+@_typing.final
+class PreviewPath(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEAF_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    N_TOKENS_FIELD_NUMBER: _builtins.int
+    N_TARGETS_FIELD_NUMBER: _builtins.int
+    DRAW_WEIGHT_FIELD_NUMBER: _builtins.int
+    leaf: _builtins.str
+    role: _builtins.str
+    n_tokens: _builtins.int
+    n_targets: _builtins.int
+    draw_weight: _builtins.int
+    def __init__(
+        self,
+        *,
+        leaf: _builtins.str = ...,
+        role: _builtins.str = ...,
+        n_tokens: _builtins.int = ...,
+        n_targets: _builtins.int = ...,
+        draw_weight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draw_weight", b"draw_weight", "leaf", b"leaf", "n_targets", b"n_targets", "n_tokens", b"n_tokens", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewPath: _TypeAlias = PreviewPath  # noqa: Y015
+
+@_typing.final
+class PreviewSamplesReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATHS_FIELD_NUMBER: _builtins.int
+    TREE_NODES_FIELD_NUMBER: _builtins.int
+    TREE_LEAVES_FIELD_NUMBER: _builtins.int
+    GENERATED_TOKENS_FIELD_NUMBER: _builtins.int
+    TARGET_TOKENS_FIELD_NUMBER: _builtins.int
+    FORWARD_TOKENS_FIELD_NUMBER: _builtins.int
+    ALL_PATHS_FORWARD_TOKENS_FIELD_NUMBER: _builtins.int
+    tree_nodes: _builtins.int
+    tree_leaves: _builtins.int
+    generated_tokens: _builtins.int
+    """distinct policy tokens in the tree"""
+    target_tokens: _builtins.int
+    """of them, targets in the drawn paths (each counted once)"""
+    forward_tokens: _builtins.int
+    """tokens the drawn paths cost in forward/backward"""
+    all_paths_forward_tokens: _builtins.int
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreviewPath]: ...
+    def __init__(
+        self,
+        *,
+        paths: _abc.Iterable[Global___PreviewPath] | None = ...,
+        tree_nodes: _builtins.int = ...,
+        tree_leaves: _builtins.int = ...,
+        generated_tokens: _builtins.int = ...,
+        target_tokens: _builtins.int = ...,
+        forward_tokens: _builtins.int = ...,
+        all_paths_forward_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_paths_forward_tokens", b"all_paths_forward_tokens", "forward_tokens", b"forward_tokens", "generated_tokens", b"generated_tokens", "paths", b"paths", "target_tokens", b"target_tokens", "tree_leaves", b"tree_leaves", "tree_nodes", b"tree_nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewSamplesReply: _TypeAlias = PreviewSamplesReply  # noqa: Y015
+
+@_typing.final
+class ListStepsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """"" = "default" """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepsRequest: _TypeAlias = ListStepsRequest  # noqa: Y015
+
+@_typing.final
+class TrainingStep(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    N_SAMPLES_FIELD_NUMBER: _builtins.int
+    N_TOKENS_FIELD_NUMBER: _builtins.int
+    N_TRAINED_FIELD_NUMBER: _builtins.int
+    N_DROPPED_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_FIELD_NUMBER: _builtins.int
+    STALENESS_MAX_FIELD_NUMBER: _builtins.int
+    GRAD_NORM_FIELD_NUMBER: _builtins.int
+    HAS_REWARD_MEAN_FIELD_NUMBER: _builtins.int
+    REWARD_MEAN_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    weight_version: _builtins.str
+    loss: _builtins.float
+    n_samples: _builtins.int
+    n_tokens: _builtins.int
+    n_trained: _builtins.int
+    n_dropped: _builtins.int
+    staleness_mean: _builtins.float
+    staleness_max: _builtins.int
+    grad_norm: _builtins.float
+    has_reward_mean: _builtins.bool
+    reward_mean: _builtins.float
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        weight_version: _builtins.str = ...,
+        loss: _builtins.float = ...,
+        n_samples: _builtins.int = ...,
+        n_tokens: _builtins.int = ...,
+        n_trained: _builtins.int = ...,
+        n_dropped: _builtins.int = ...,
+        staleness_mean: _builtins.float = ...,
+        staleness_max: _builtins.int = ...,
+        grad_norm: _builtins.float = ...,
+        has_reward_mean: _builtins.bool = ...,
+        reward_mean: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grad_norm", b"grad_norm", "has_reward_mean", b"has_reward_mean", "loss", b"loss", "n_dropped", b"n_dropped", "n_samples", b"n_samples", "n_tokens", b"n_tokens", "n_trained", b"n_trained", "reward_mean", b"reward_mean", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "step", b"step", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainingStep: _TypeAlias = TrainingStep  # noqa: Y015
+
+@_typing.final
+class ListStepsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrainingStep]: ...
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___TrainingStep] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStepsReply: _TypeAlias = ListStepsReply  # noqa: Y015
+
+@_typing.final
+class ListWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """"" = "default" """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWeightsRequest: _TypeAlias = ListWeightsRequest  # noqa: Y015
+
+@_typing.final
+class WeightVersion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    URI_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    weight_version: _builtins.str
+    step: _builtins.int
+    uri: _builtins.str
+    digest: _builtins.str
+    def __init__(
+        self,
+        *,
+        weight_version: _builtins.str = ...,
+        step: _builtins.int = ...,
+        uri: _builtins.str = ...,
+        digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "step", b"step", "uri", b"uri", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WeightVersion: _TypeAlias = WeightVersion  # noqa: Y015
+
+@_typing.final
+class ListWeightsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___WeightVersion]: ...
+    def __init__(
+        self,
+        *,
+        versions: _abc.Iterable[Global___WeightVersion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWeightsReply: _TypeAlias = ListWeightsReply  # noqa: Y015
+
+@_typing.final
+class ScoreExecutionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    TASK_DIR_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    HAS_EXIT_CODE_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    task_dir: _builtins.str
+    """a Harbor task directory (tests/test.sh)"""
+    workspace: _builtins.str
+    """the preserved workspace"""
+    timed_out: _builtins.bool
+    """the execution hit its time limit: graded like any other"""
+    has_exit_code: _builtins.bool
+    exit_code: _builtins.int
+    """how the agent process ended (137 OOM, ...)"""
+    output: _builtins.str
+    """its output tail, for failure classification"""
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        task_dir: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        timed_out: _builtins.bool = ...,
+        has_exit_code: _builtins.bool = ...,
+        exit_code: _builtins.int = ...,
+        output: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "has_exit_code", b"has_exit_code", "output", b"output", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScoreExecutionRequest: _TypeAlias = ScoreExecutionRequest  # noqa: Y015
+
+@_typing.final
+class ScoreExecutionReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    HAS_SCORE_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    status: _builtins.str
+    has_score: _builtins.bool
+    score: _builtins.float
+    failure_class: _builtins.str
+    detail: _builtins.str
+    seq: _builtins.int
+    """the stream sequence of the recorded ExecutionFinished"""
+    def __init__(
+        self,
+        *,
+        status: _builtins.str = ...,
+        has_score: _builtins.bool = ...,
+        score: _builtins.float = ...,
+        failure_class: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "failure_class", b"failure_class", "has_score", b"has_score", "score", b"score", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScoreExecutionReply: _TypeAlias = ScoreExecutionReply  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
+from opengyre.v1 import trainer_pb2 as opengyre_dot_v1_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +27,8 @@ if _version_not_supported:
 
 
 class TrainerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -39,13 +41,86 @@ class TrainerServiceStub:
                 request_serializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
                 _registered_method=True)
+        self.GetExecution = channel.unary_unary(
+                '/opengyre.v1.TrainerService/GetExecution',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.GetExecutionRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.TrainerExecution.FromString,
+                _registered_method=True)
+        self.ListReadyGroups = channel.unary_unary(
+                '/opengyre.v1.TrainerService/ListReadyGroups',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsReply.FromString,
+                _registered_method=True)
+        self.PreviewSamples = channel.unary_unary(
+                '/opengyre.v1.TrainerService/PreviewSamples',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesReply.FromString,
+                _registered_method=True)
+        self.ListSteps = channel.unary_unary(
+                '/opengyre.v1.TrainerService/ListSteps',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.ListStepsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListStepsReply.FromString,
+                _registered_method=True)
+        self.ListWeights = channel.unary_unary(
+                '/opengyre.v1.TrainerService/ListWeights',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.ListWeightsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListWeightsReply.FromString,
+                _registered_method=True)
+        self.ScoreExecution = channel.unary_unary(
+                '/opengyre.v1.TrainerService/ScoreExecution',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published.
+    """
 
     def GetStatus(self, request, context):
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExecution(self, request, context):
+        """One execution as the trainer sees it: outcome, verdict, and which step consumed it. NOT_FOUND if unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReadyGroups(self, request, context):
+        """Groups whose members all finished and that no step consumed yet, with each member's admission decision.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreviewSamples(self, request, context):
+        """The bounded sample an execution would give (role priority, Jmax, whole-path masking), without training.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSteps(self, request, context):
+        """Completed training steps of a run, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWeights(self, request, context):
+        """Published weight versions of a run, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScoreExecution(self, request, context):
+        """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +134,36 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     request_deserializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.SerializeToString,
             ),
+            'GetExecution': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExecution,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.GetExecutionRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.TrainerExecution.SerializeToString,
+            ),
+            'ListReadyGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReadyGroups,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsReply.SerializeToString,
+            ),
+            'PreviewSamples': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewSamples,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesReply.SerializeToString,
+            ),
+            'ListSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSteps,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListStepsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.ListStepsReply.SerializeToString,
+            ),
+            'ListWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWeights,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.ListWeightsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.ListWeightsReply.SerializeToString,
+            ),
+            'ScoreExecution': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreExecution,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'opengyre.v1.TrainerService', rpc_method_handlers)
@@ -68,7 +173,8 @@ def add_TrainerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TrainerService:
-    """Missing associated documentation comment in .proto file."""
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published.
+    """
 
     @staticmethod
     def GetStatus(request,
@@ -87,6 +193,168 @@ class TrainerService:
             '/opengyre.v1.TrainerService/GetStatus',
             opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExecution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/GetExecution',
+            opengyre_dot_v1_dot_trainer__pb2.GetExecutionRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.TrainerExecution.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReadyGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/ListReadyGroups',
+            opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.ListReadyGroupsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/PreviewSamples',
+            opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.PreviewSamplesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/ListSteps',
+            opengyre_dot_v1_dot_trainer__pb2.ListStepsRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.ListStepsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/ListWeights',
+            opengyre_dot_v1_dot_trainer__pb2.ListWeightsRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.ListWeightsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreExecution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/ScoreExecution',
+            opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.FromString,
             options,
             channel_credentials,
             insecure,

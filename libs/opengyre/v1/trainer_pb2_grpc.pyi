@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from opengyre.v1 import common_pb2 as _common_pb2
+from opengyre.v1 import trainer_pb2 as _trainer_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,20 +28,50 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TrainerServiceStub:
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TrainerServiceAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    GetExecution: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.GetExecutionRequest, _trainer_pb2.TrainerExecution]
+    """One execution as the trainer sees it: outcome, verdict, and which step consumed it. NOT_FOUND if unknown."""
+    ListReadyGroups: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ListReadyGroupsRequest, _trainer_pb2.ListReadyGroupsReply]
+    """Groups whose members all finished and that no step consumed yet, with each member's admission decision."""
+    PreviewSamples: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.PreviewSamplesRequest, _trainer_pb2.PreviewSamplesReply]
+    """The bounded sample an execution would give (role priority, Jmax, whole-path masking), without training."""
+    ListSteps: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ListStepsRequest, _trainer_pb2.ListStepsReply]
+    """Completed training steps of a run, oldest first."""
+    ListWeights: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ListWeightsRequest, _trainer_pb2.ListWeightsReply]
+    """Published weight versions of a run, oldest first."""
+    ScoreExecution: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ScoreExecutionRequest, _trainer_pb2.ScoreExecutionReply]
+    """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
 
 @_typing.type_check_only
 class TrainerServiceAsyncStub(TrainerServiceStub):
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]  # type: ignore[assignment]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    GetExecution: _aio.UnaryUnaryMultiCallable[_trainer_pb2.GetExecutionRequest, _trainer_pb2.TrainerExecution]  # type: ignore[assignment]
+    """One execution as the trainer sees it: outcome, verdict, and which step consumed it. NOT_FOUND if unknown."""
+    ListReadyGroups: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ListReadyGroupsRequest, _trainer_pb2.ListReadyGroupsReply]  # type: ignore[assignment]
+    """Groups whose members all finished and that no step consumed yet, with each member's admission decision."""
+    PreviewSamples: _aio.UnaryUnaryMultiCallable[_trainer_pb2.PreviewSamplesRequest, _trainer_pb2.PreviewSamplesReply]  # type: ignore[assignment]
+    """The bounded sample an execution would give (role priority, Jmax, whole-path masking), without training."""
+    ListSteps: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ListStepsRequest, _trainer_pb2.ListStepsReply]  # type: ignore[assignment]
+    """Completed training steps of a run, oldest first."""
+    ListWeights: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ListWeightsRequest, _trainer_pb2.ListWeightsReply]  # type: ignore[assignment]
+    """Published weight versions of a run, oldest first."""
+    ScoreExecution: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ScoreExecutionRequest, _trainer_pb2.ScoreExecutionReply]  # type: ignore[assignment]
+    """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
 
 class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published."""
+
     @_abc_1.abstractmethod
     def GetStatus(
         self,
@@ -48,5 +79,53 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceStatus, _abc.Awaitable[_common_pb2.ServiceStatus]]:
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+
+    @_abc_1.abstractmethod
+    def GetExecution(
+        self,
+        request: _trainer_pb2.GetExecutionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.TrainerExecution, _abc.Awaitable[_trainer_pb2.TrainerExecution]]:
+        """One execution as the trainer sees it: outcome, verdict, and which step consumed it. NOT_FOUND if unknown."""
+
+    @_abc_1.abstractmethod
+    def ListReadyGroups(
+        self,
+        request: _trainer_pb2.ListReadyGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ListReadyGroupsReply, _abc.Awaitable[_trainer_pb2.ListReadyGroupsReply]]:
+        """Groups whose members all finished and that no step consumed yet, with each member's admission decision."""
+
+    @_abc_1.abstractmethod
+    def PreviewSamples(
+        self,
+        request: _trainer_pb2.PreviewSamplesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.PreviewSamplesReply, _abc.Awaitable[_trainer_pb2.PreviewSamplesReply]]:
+        """The bounded sample an execution would give (role priority, Jmax, whole-path masking), without training."""
+
+    @_abc_1.abstractmethod
+    def ListSteps(
+        self,
+        request: _trainer_pb2.ListStepsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ListStepsReply, _abc.Awaitable[_trainer_pb2.ListStepsReply]]:
+        """Completed training steps of a run, oldest first."""
+
+    @_abc_1.abstractmethod
+    def ListWeights(
+        self,
+        request: _trainer_pb2.ListWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ListWeightsReply, _abc.Awaitable[_trainer_pb2.ListWeightsReply]]:
+        """Published weight versions of a run, oldest first."""
+
+    @_abc_1.abstractmethod
+    def ScoreExecution(
+        self,
+        request: _trainer_pb2.ScoreExecutionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ScoreExecutionReply, _abc.Awaitable[_trainer_pb2.ScoreExecutionReply]]:
+        """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,10 +12,12 @@ from ._evaluator import (
 )
 from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES, classify_failure
 from ._packing import PAD_ID, MicroBatch, pack_samples
+from ._projection import TrainerProjection, TrajectoryRejected
 from ._samples import SampleError, TrainingSample, execution_samples
 from ._sampling import ROLE_PRIORITY, PathSampler, SampledPath, unmasked_trainable
 from ._scoring import score_execution
 from ._step import Learner, MicroResult, StepResult
+from ._store import ReadyGroup, TrainerStore
 
 __all__ = [
     "INFRA_CLASSES",
@@ -33,13 +35,17 @@ __all__ = [
     "MicroBatch",
     "MicroResult",
     "PathSampler",
+    "ReadyGroup",
     "RewardFileEmptyError",
     "RewardFileError",
     "RewardFileNotFoundError",
     "SampleError",
     "SampledPath",
     "StepResult",
+    "TrainerProjection",
+    "TrainerStore",
     "TrainingSample",
+    "TrajectoryRejected",
     "classify_failure",
     "classify_outcome",
     "execution_samples",

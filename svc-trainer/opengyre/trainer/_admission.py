@@ -18,8 +18,8 @@ from typing import Literal
 
 from opengyre.events import ExecutionStatus, FailureClass
 
+from ._advantages import group_advantages
 from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES
-from .algorithms import group_advantages
 
 __all__ = ["Admission", "AdmissionPolicy", "Decision", "ExecutionOutcome", "GroupAdmission", "classify_outcome"]
 

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from ._advantages import group_advantages
+from .._advantages import group_advantages
 from ._base import Algorithm, LossInputs, LossOutput, masked_sum
 from ._grpo import GRPO
 from ._gspo import GSPO

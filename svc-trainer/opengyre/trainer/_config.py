@@ -1,0 +1,51 @@
+"""The trainer's typed configuration (one place for every knob, validated before anything runs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .algorithms import ALGORITHMS
+from .backends import BACKENDS
+
+__all__ = ["TrainerConfig"]
+
+
+@dataclass
+class TrainerConfig:
+    run_id: str = "default"
+    model: str = "tiny"  # opengyre.models preset
+    backend: str = "torch"
+    algorithm: str = "gspo"
+    algorithm_params: dict[str, Any] = field(default_factory=dict)
+    max_paths: int | None = 5  # Jmax; None = every path (ablation)
+    group_size: int = 16  # for groups dispatched without a size
+    groups_per_step: int = 1
+    micro_batch_tokens: int = 4096
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    breaker_ratio: float = 0.5
+    normalize_std: bool = True
+    max_staleness: int | None = None  # executions staler than this are filtered (None: keep all)
+    seed: int = 0
+    checkpoint_dir: Path = Path(".opengyre/checkpoints")
+    init_checkpoint: Path | None = None  # start from these weights (e.g. an SFT warm start)
+    engines: list[str] = field(default_factory=list)  # engine base URLs to hot-reload after each step
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.max_paths is not None and self.max_paths < 1:
+            raise ValueError("max_paths must be >= 1 or None")
+        if self.group_size < 1 or self.groups_per_step < 1 or self.micro_batch_tokens < 2:
+            raise ValueError("group_size, groups_per_step must be >= 1 and micro_batch_tokens >= 2")
+        if self.lr <= 0:
+            raise ValueError("lr must be > 0")
+        if not 0 < self.breaker_ratio <= 1:
+            raise ValueError("breaker_ratio must be in (0, 1]")
+        if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:
+            raise ValueError("run_id must be a non-empty name of at most 40 characters without '/'")

@@ -1,0 +1,165 @@
+"""The online trainer: ready groups in, one optimizer step, a checkpoint and two events out.
+
+Each step: take ``groups_per_step`` complete groups from the projection, prepare bounded samples, pack them
+into micro-batches, train (streaming the micro-steps to the learner), write a checkpoint, append
+``TrainingStepCompleted`` (what was trained, what was dropped and why) and ``WeightsPublished``, and ask the
+engines to hot-reload. The projection then marks the consumed executions, so nothing is trained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from opengyre.eventlog import EventLog
+from opengyre.events import TrainingStepCompleted, WeightsPublished
+from opengyre.models import load_checkpoint, model_config
+
+from ._admission import AdmissionPolicy
+from ._config import TrainerConfig
+from ._packing import pack_samples
+from ._prepare import PreparedStep, prepare_step
+from ._publish import EngineReload, PublishedCheckpoint, reload_engines, write_checkpoint
+from ._sampling import PathSampler
+from ._step import Learner, StepResult
+from ._store import ReadyGroup, TrainerStore
+from .algorithms import get_algorithm
+from .backends import Backend, build_backend
+
+__all__ = ["OnlineTrainer", "StepReport"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepReport:
+    prepared: PreparedStep
+    result: StepResult | None
+    checkpoint: PublishedCheckpoint | None
+    completed: TrainingStepCompleted
+    published: WeightsPublished | None
+    reloads: list[EngineReload]
+
+
+def make_backend(config: TrainerConfig) -> Backend:
+    if config.init_checkpoint is not None:
+        model, _ = load_checkpoint(config.init_checkpoint)
+        return build_backend(config.backend, model.config, model.state_dict(), seed=config.seed)
+    return build_backend(config.backend, model_config(config.model), seed=config.seed)
+
+
+class OnlineTrainer:
+    def __init__(
+        self, config: TrainerConfig, store: TrainerStore, log_: EventLog | None, backend: Backend | None = None
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.store = store
+        self.log = log_
+        self.backend = backend or make_backend(config)
+        self.learner = Learner(
+            self.backend,
+            get_algorithm(config.algorithm, **config.algorithm_params),
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm,
+        )
+        self.policy = AdmissionPolicy(
+            group_size=config.group_size, breaker_ratio=config.breaker_ratio, normalize_std=config.normalize_std
+        )
+        self.sampler = PathSampler(config.max_paths)
+        self.step_no = store.last_step(config.run_id)
+        self._pending: set[str] = set()  # consumed by our steps, not yet folded by the projection
+
+    def ready(self) -> list[ReadyGroup]:
+        groups = self.store.ready_groups(self.config.group_size)
+        fresh = [g for g in groups if not any(o.execution_id in self._pending for o in g.outcomes)]
+        if len(fresh) < len(groups):
+            return fresh
+        self._pending.clear()  # the projection has caught up with everything we consumed
+        return fresh
+
+    def prepare(self, groups: list[ReadyGroup]) -> PreparedStep:
+        ids = [o.execution_id for g in groups for o in g.outcomes]
+        return prepare_step(
+            self.step_no + 1,
+            groups,
+            policy=self.policy,
+            sampler=self.sampler,
+            load_tree=self.store.tree,
+            corrupt=self.store.corrupt(ids),
+            version_steps=self.store.version_steps(self.config.run_id),
+            seed=self.config.seed,
+            max_staleness=self.config.max_staleness,
+        )
+
+    async def step_once(self) -> StepReport | None:
+        groups = await asyncio.to_thread(self.ready)
+        if len(groups) < self.config.groups_per_step:
+            return None
+        groups = groups[: self.config.groups_per_step]
+        prepared = await asyncio.to_thread(self.prepare, groups)
+        step = prepared.step
+        result: StepResult | None = None
+        ckpt: PublishedCheckpoint | None = None
+        if prepared.samples:
+            mbs = pack_samples(prepared.samples, self.config.micro_batch_tokens)
+            result = await asyncio.to_thread(self.learner.step, mbs)
+            ckpt = await asyncio.to_thread(
+                write_checkpoint, self.backend, self.config.checkpoint_dir, self.config.run_id, step
+            )
+        metrics = dict(result.metrics) if result else {}
+        if result is not None:
+            metrics.update(grad_norm=result.grad_norm, targets=float(result.n_targets), micro_steps=result.micro_steps)
+        if prepared.reward_mean is not None:
+            metrics["reward_mean"] = prepared.reward_mean
+        metrics["breaker_trips"] = float(sum(g.breaker_tripped for g in prepared.groups))
+        completed = TrainingStepCompleted(
+            run_id=self.config.run_id,
+            step=step,
+            weight_version=ckpt.weight_version if ckpt else "",
+            loss=result.loss if result else 0.0,
+            n_samples=len(prepared.samples),
+            n_tokens=result.n_tokens if result else 0,
+            execution_ids=prepared.trained,
+            dropped=prepared.dropped,
+            staleness_mean=prepared.staleness_mean,
+            staleness_max=prepared.staleness_max,
+            metrics=metrics,
+        )
+        published = None
+        if ckpt is not None:
+            published = WeightsPublished(
+                run_id=self.config.run_id, weight_version=ckpt.weight_version, step=step, uri=str(ckpt.path),
+                digest=ckpt.digest,
+            )  # fmt: skip
+        if self.log is not None:
+            await self.log.append(completed)
+            if published is not None:
+                await self.log.append(published)
+        self._pending |= set(prepared.trained) | set(prepared.dropped)
+        self.step_no = step
+        reloads = await reload_engines(self.config.engines, ckpt) if ckpt and self.config.engines else []
+        for r in reloads:
+            if not r.success:
+                log.warning("engine %s did not reload %s: %s", r.url, ckpt.weight_version if ckpt else "", r.message)
+        return StepReport(prepared, result, ckpt, completed, published, reloads)
+
+    async def run(self, stop: asyncio.Event, *, max_steps: int | None = None, poll_s: float = 0.5) -> int:
+        done = 0
+        while not stop.is_set() and (max_steps is None or done < max_steps):
+            report = await self.step_once()
+            if report is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), poll_s)
+                continue
+            done += 1
+            log.info(
+                "step %d: loss %.4f, %d samples",
+                report.completed.step,
+                report.completed.loss,
+                report.completed.n_samples,
+            )
+        return done

@@ -1,0 +1,116 @@
+"""From ready groups to one step's samples: admission, corruption checks, bounded sampling, weights.
+
+Everything a step consumes is accounted for: trained executions, and dropped ones with the reason
+(``masked:...``, ``excluded:...``, ``filtered:...``, ``no-signal:...``), so nothing is silently lost or
+trained twice.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from opengyre.trajectory import TrajectoryError, TrajectoryTree
+
+from ._admission import AdmissionPolicy, GroupAdmission
+from ._samples import SampleError, TrainingSample, execution_samples
+from ._sampling import PathSampler, SampledPath
+from ._staleness import staleness
+from ._store import ReadyGroup
+
+__all__ = ["PreparedStep", "prepare_step"]
+
+
+@dataclass
+class PreparedStep:
+    step: int
+    samples: list[TrainingSample] = field(default_factory=list)
+    trained: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
+    groups: list[GroupAdmission] = field(default_factory=list)
+    rewards: dict[str, float] = field(default_factory=dict)  # trained execution -> its score
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+
+    @property
+    def reward_mean(self) -> float | None:
+        return sum(self.rewards.values()) / len(self.rewards) if self.rewards else None
+
+
+def prepare_step(
+    step: int,
+    groups: Sequence[ReadyGroup],
+    *,
+    policy: AdmissionPolicy,
+    sampler: PathSampler,
+    load_tree: Callable[[str], TrajectoryTree],
+    corrupt: Mapping[str, str],
+    version_steps: Mapping[str, int],
+    seed: int = 0,
+    max_staleness: int | None = None,
+) -> PreparedStep:
+    out = PreparedStep(step=step)
+    drawn: dict[str, tuple[list[SampledPath], float]] = {}
+    for g in groups:
+        adm = policy.admit(g.group_id, g.outcomes)
+        out.groups.append(adm)
+        for a in adm.admissions:
+            if a.decision != "train":
+                out.dropped[a.execution_id] = f"{a.decision}:{a.reason}"
+                continue
+            if a.execution_id in corrupt:
+                out.dropped[a.execution_id] = f"excluded:rejected:{corrupt[a.execution_id]}"
+                continue
+            try:
+                tree = load_tree(a.execution_id)
+            except TrajectoryError as exc:
+                out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:{str(exc)[:40]}"
+                continue
+            # A per-execution stream: the draw does not depend on which other executions share the step.
+            rng = random.Random(f"{seed}:{step}:{a.execution_id}")
+            paths = sampler.sample(tree, rng)
+            if not any(p.n_targets for p in paths):
+                out.dropped[a.execution_id] = "excluded:no-generated-tokens"
+                continue
+            drawn[a.execution_id] = (paths, a.advantage)
+            if a.score is not None:
+                out.rewards[a.execution_id] = a.score
+    share = 1.0 / len(drawn) if drawn else 0.0
+    for eid, (paths, adv) in drawn.items():
+        try:
+            samples = execution_samples(eid, paths, adv, share)
+        except SampleError as exc:
+            out.dropped[eid] = f"excluded:corrupt-sample:{str(exc)[:40]}"
+            out.rewards.pop(eid, None)
+            continue
+        out.samples += samples
+        out.trained.append(eid)
+    st = staleness(out.samples, version_steps, step)
+    if max_staleness is not None:
+        stale = {e for e, lag in st.per_execution.items() if lag > max_staleness}
+        if stale:
+            for e in stale:
+                out.dropped[e] = f"filtered:stale:{st.per_execution[e]}"
+                out.rewards.pop(e, None)
+            out.trained = [e for e in out.trained if e not in stale]
+            kept = [s for s in out.samples if s.execution_id not in stale]
+            # Re-share the loss among the executions left, so the step's weights still sum to 1.
+            scale = (len(out.trained) + len(stale)) / len(out.trained) if out.trained else 0.0
+            out.samples = [_rescale(s, scale) for s in kept]
+            st = staleness(out.samples, version_steps, step)
+    out.staleness_mean, out.staleness_max = st.mean, st.max
+    return out
+
+
+def _rescale(s: TrainingSample, scale: float) -> TrainingSample:
+    return TrainingSample(
+        execution_id=s.execution_id,
+        leaf=s.leaf,
+        tokens=s.tokens,
+        targets=s.targets,
+        behaviour_logprobs=s.behaviour_logprobs,
+        advantage=s.advantage,
+        token_weight=s.token_weight * scale,
+        weight_versions=s.weight_versions,
+    )

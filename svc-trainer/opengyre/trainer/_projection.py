@@ -1,0 +1,226 @@
+"""The trainer's projection: executions, their trajectory calls, steps and published weights.
+
+It validates as it folds. A call that cannot be a node of its execution's tree (unknown execution, unknown
+parent, a prefix past the parent's tokens, mismatched output/logprob lengths, impossible logprobs), a finish
+for an unknown or finished execution, or a step that consumes something unknown or consumed is rejected with
+a reason: dead-lettered by the runner, never trained on. An execution with a rejected call is corrupt (see
+``TrainerStore.corrupt``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+from sqlalchemy import Connection, Table, func, insert, select, update
+
+from opengyre.events import (
+    Event,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ModelCallRecorded,
+    TrainingStepCompleted,
+    WeightsPublished,
+)
+from opengyre.projection import Projection, Rejected
+
+from ._admission import ExecutionOutcome, classify_outcome
+from ._codec import encode_floats, encode_ids
+from ._tables import CallRow, ExecutionRow, StepRow, WeightsRow
+
+__all__ = ["TrainerProjection", "TrajectoryRejected"]
+
+_E = cast(Table, ExecutionRow.__table__)
+_C = cast(Table, CallRow.__table__)
+_S = cast(Table, StepRow.__table__)
+_W = cast(Table, WeightsRow.__table__)
+
+
+class TrajectoryRejected(Rejected):
+    """A refused event with a precise reason (stored in the dead letter's ``reason`` column)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason[:32]
+
+
+class TrainerProjection(Projection):
+    name = "trainer"
+    aggregates = ("execution", "training", "weights")
+    event_types = frozenset(
+        {
+            ExecutionDispatched.type_name(),
+            ModelCallRecorded.type_name(),
+            ExecutionFinished.type_name(),
+            TrainingStepCompleted.type_name(),
+            WeightsPublished.type_name(),
+        }
+    )
+
+    @property
+    def tables(self) -> Sequence[Table]:
+        return [_C, _E, _S, _W]
+
+    def apply(self, tx: Connection, event: Event, seq: int) -> None:
+        if isinstance(event, ExecutionDispatched):
+            self._dispatched(tx, event, seq)
+        elif isinstance(event, ModelCallRecorded):
+            self._call(tx, event, seq)
+        elif isinstance(event, ExecutionFinished):
+            self._finished(tx, event, seq)
+        elif isinstance(event, TrainingStepCompleted):
+            self._step(tx, event, seq)
+        elif isinstance(event, WeightsPublished):
+            self._weights(tx, event, seq)
+
+    def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
+        row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
+        return row  # type: ignore[return-value]
+
+    def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
+        if self._execution(tx, e.execution_id) is not None:
+            raise TrajectoryRejected("duplicate-execution", f"{e.execution_id} was already dispatched")
+        tx.execute(
+            insert(_E).values(
+                execution_id=e.execution_id,
+                task_id=e.task_id,
+                group_id=e.group_id,
+                group_size=max(int(e.group_size), 0),
+                weight_version=e.weight_version,
+                dispatched_seq=seq,
+                status="running",
+                verdict="pending",
+                reason="",
+                n_calls=0,
+                n_generated=0,
+            )
+        )
+
+    def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
+        ex = self._execution(tx, e.execution_id)
+        if ex is None:
+            raise TrajectoryRejected("unknown-execution", f"call {e.call_id} for unknown execution {e.execution_id}")
+        if ex.status != "running":
+            raise TrajectoryRejected("call-after-finish", f"call {e.call_id} after {e.execution_id} finished")
+        if len(e.output_ids) != len(e.output_logprobs):
+            raise TrajectoryRejected(
+                "length-mismatch", f"call {e.call_id}: {len(e.output_ids)} ids, {len(e.output_logprobs)} logprobs"
+            )
+        if any(t < 0 for t in e.prompt_delta_ids) or any(t < 0 for t in e.output_ids):
+            raise TrajectoryRejected("corrupt-tokens", f"call {e.call_id}: negative token id")
+        if any(not math.isfinite(x) or x > 1e-6 for x in e.output_logprobs):
+            raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
+        if e.prefix_len < 0:
+            raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")
+        known = tx.execute(select(_C.c.call_id, _C.c.n_tokens).where(_C.c.execution_id == e.execution_id)).all()
+        tokens = {r.call_id: r.n_tokens for r in known}
+        if e.call_id in tokens:
+            raise TrajectoryRejected("duplicate-call", f"call {e.call_id} already recorded")
+        if e.parent_call_id is None:
+            if e.prefix_len != 0:
+                raise TrajectoryRejected("bad-prefix", f"root call {e.call_id} has prefix_len {e.prefix_len}")
+        elif e.parent_call_id not in tokens:
+            raise TrajectoryRejected("unknown-parent", f"call {e.call_id}: parent {e.parent_call_id} unknown")
+        elif e.prefix_len > tokens[e.parent_call_id]:
+            raise TrajectoryRejected(
+                "bad-prefix", f"call {e.call_id}: prefix {e.prefix_len} past parent's {tokens[e.parent_call_id]}"
+            )
+        tx.execute(
+            insert(_C).values(
+                execution_id=e.execution_id,
+                call_id=e.call_id,
+                ordinal=len(tokens),
+                parent_call_id=e.parent_call_id,
+                prefix_len=e.prefix_len,
+                n_tokens=e.prefix_len + len(e.prompt_delta_ids) + len(e.output_ids),
+                role=e.role,
+                weight_version=e.weight_version,
+                prompt_delta=encode_ids(e.prompt_delta_ids),
+                output_ids=encode_ids(e.output_ids),
+                output_logprobs=encode_floats(e.output_logprobs),
+                seq=seq,
+            )
+        )
+        tx.execute(
+            update(_E)
+            .where(_E.c.execution_id == e.execution_id)
+            .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + len(e.output_ids))
+        )
+
+    def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
+        ex = self._execution(tx, e.execution_id)
+        if ex is None:
+            raise TrajectoryRejected("unknown-execution", f"finish of unknown execution {e.execution_id}")
+        if ex.status != "running":
+            raise TrajectoryRejected("already-finished", f"{e.execution_id} finished twice")
+        if e.score is not None and not math.isfinite(e.score):
+            raise TrajectoryRejected("invalid-score", f"{e.execution_id}: score {e.score}")
+        if e.score is not None and e.status in ("evaluator-failed", "infra-failed"):
+            raise TrajectoryRejected("score-on-failure", f"{e.execution_id}: {e.status} with score {e.score}")
+        verdict, reason = classify_outcome(
+            ExecutionOutcome(e.execution_id, ex.group_id, e.status, e.score, e.failure_class)
+        )
+        tx.execute(
+            update(_E)
+            .where(_E.c.execution_id == e.execution_id)
+            .values(
+                status=e.status,
+                score=e.score,
+                failure_class=e.failure_class,
+                exit_code=e.exit_code,
+                verdict=verdict,
+                reason=reason[:64],
+                finished_seq=seq,
+            )
+        )
+
+    def _step(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
+        if tx.execute(select(_S.c.step).where(_S.c.run_id == e.run_id, _S.c.step == e.step)).first() is not None:
+            raise TrajectoryRejected("duplicate-step", f"step {e.step} of run {e.run_id} already recorded")
+        consumed = {x: "train" for x in e.execution_ids} | {k: v for k, v in e.dropped.items()}
+        rows = {r.execution_id: r for r in tx.execute(select(_E).where(_E.c.execution_id.in_(list(consumed)))).all()}
+        for x in sorted(consumed):
+            r = rows.get(x)
+            if r is None:
+                raise TrajectoryRejected("unknown-execution", f"step {e.step} consumed unknown execution {x}")
+            if r.status == "running":
+                raise TrajectoryRejected("consumed-unfinished", f"step {e.step} consumed running execution {x}")
+            if r.consumed_step is not None:
+                raise TrajectoryRejected("already-consumed", f"{x} was consumed by step {r.consumed_step}")
+        for x in sorted(consumed):
+            tx.execute(
+                update(_E)
+                .where(_E.c.execution_id == x)
+                .values(consumed_run=e.run_id, consumed_step=e.step, consumed_as=consumed[x][:96])
+            )
+        scores = [rows[x].score for x in e.execution_ids if rows[x].score is not None]
+        tx.execute(
+            insert(_S).values(
+                run_id=e.run_id,
+                step=e.step,
+                weight_version=e.weight_version,
+                loss=e.loss,
+                n_samples=e.n_samples,
+                n_tokens=e.n_tokens,
+                n_trained=len(e.execution_ids),
+                n_dropped=len(e.dropped),
+                staleness_mean=e.staleness_mean,
+                staleness_max=e.staleness_max,
+                grad_norm=e.metrics.get("grad_norm"),
+                reward_mean=(math.fsum(scores) / len(scores)) if scores else None,
+                seq=seq,
+            )
+        )
+
+    def _weights(self, tx: Connection, e: WeightsPublished, seq: int) -> None:
+        dup = tx.execute(
+            select(func.count()).where(_W.c.run_id == e.run_id, _W.c.weight_version == e.weight_version)
+        ).scalar()
+        if dup:
+            raise TrajectoryRejected("duplicate-version", f"{e.weight_version} of run {e.run_id} already published")
+        tx.execute(
+            insert(_W).values(
+                run_id=e.run_id, weight_version=e.weight_version, step=e.step, uri=e.uri, digest=e.digest, seq=seq
+            )
+        )

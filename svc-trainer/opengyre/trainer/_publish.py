@@ -1,0 +1,71 @@
+"""Weight publishing: a safetensors checkpoint per step, a ``WeightsPublished`` event, engines hot-reload.
+
+Engines speak SGLang's ``POST /update_weights_from_disk`` (``{"model_path", "weight_version"}`` ->
+``{"success", "message", ...}``); the built-in CPU engine serves the same route. The checkpoint is written
+atomically by ``opengyre.models.save_checkpoint`` so an engine never loads a half-written file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from opengyre.models import build_model, save_checkpoint
+
+from .backends import Backend
+
+__all__ = ["EngineReload", "PublishedCheckpoint", "reload_engines", "weight_version", "write_checkpoint"]
+
+
+@dataclass(frozen=True)
+class PublishedCheckpoint:
+    weight_version: str
+    step: int
+    path: Path
+    digest: str
+
+
+@dataclass(frozen=True)
+class EngineReload:
+    url: str
+    success: bool
+    message: str
+
+
+def weight_version(run_id: str, step: int) -> str:
+    return f"{run_id}-s{step}"
+
+
+def write_checkpoint(backend: Backend, root: Path, run_id: str, step: int) -> PublishedCheckpoint:
+    """Write the backend's weights (whatever its layout) as a Hugging Face Llama checkpoint."""
+    version = weight_version(run_id, step)
+    model = build_model(backend.config)
+    missing, unexpected = model.load_state_dict(backend.hf_state_dict(), strict=False)
+    if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
+        raise ValueError(f"backend weights do not fit the model: missing={missing} unexpected={unexpected}")
+    path = Path(root) / run_id / f"step-{step:06d}"
+    digest = save_checkpoint(model, path, version)
+    return PublishedCheckpoint(version, step, path.resolve(), digest)
+
+
+async def reload_engines(
+    urls: Sequence[str], ckpt: PublishedCheckpoint, *, timeout_s: float = 120.0
+) -> list[EngineReload]:
+    """Ask every engine to load the checkpoint; failures are reported, not raised (an engine may be gone)."""
+
+    async def one(client: httpx.AsyncClient, url: str) -> EngineReload:
+        body = {"model_path": str(ckpt.path), "weight_version": ckpt.weight_version, "abort_all_requests": False}
+        try:
+            r = await client.post(url.rstrip("/") + "/update_weights_from_disk", json=body)
+            data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+            ok = r.status_code == 200 and bool(data.get("success", False))
+            return EngineReload(url, ok, str(data.get("message", r.text[:200])))
+        except (httpx.HTTPError, ValueError) as exc:
+            return EngineReload(url, False, f"{type(exc).__name__}: {exc}")
+
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        return list(await asyncio.gather(*(one(client, u) for u in urls)))

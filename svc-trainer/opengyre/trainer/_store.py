@@ -1,0 +1,124 @@
+"""Read side of the trainer's projection: ready groups, outcomes, trajectory trees, version steps."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Engine, Row, Table, func, select
+
+from opengyre.store import DeadLetter
+from opengyre.trajectory import Node, TrajectoryError, TrajectoryTree
+
+from ._admission import ExecutionOutcome
+from ._codec import decode_floats, decode_ids
+from ._projection import TrainerProjection
+from ._tables import CallRow, ExecutionRow, StepRow, WeightsRow
+
+__all__ = ["ReadyGroup", "TrainerStore"]
+
+_E = cast(Table, ExecutionRow.__table__)
+_C = cast(Table, CallRow.__table__)
+_S = cast(Table, StepRow.__table__)
+_W = cast(Table, WeightsRow.__table__)
+
+
+@dataclass(frozen=True)
+class ReadyGroup:
+    group_id: str
+    task_id: str
+    outcomes: tuple[ExecutionOutcome, ...]
+    weight_versions: dict[str, str]  # execution -> the version it was dispatched with
+    ready_seq: int  # the stream sequence at which its last member finished
+
+
+class TrainerStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def ready_groups(self, default_group_size: int = 16, limit: int | None = None) -> list[ReadyGroup]:
+        """Groups whose members have all been dispatched and finished, none consumed; oldest-ready first."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(_E).where(_E.c.consumed_step.is_(None)).order_by(_E.c.execution_id)).all()
+        by_group: dict[str, list[Row[Any]]] = defaultdict(list)
+        for r in rows:
+            by_group[r.group_id].append(r)
+        ready: list[ReadyGroup] = []
+        for gid, members in by_group.items():
+            size = max((m.group_size for m in members), default=0) or default_group_size
+            if len(members) < size or any(m.status == "running" for m in members):
+                continue
+            ready.append(
+                ReadyGroup(
+                    group_id=gid,
+                    task_id=members[0].task_id,
+                    outcomes=tuple(
+                        ExecutionOutcome(m.execution_id, gid, m.status, m.score, m.failure_class) for m in members
+                    ),
+                    weight_versions={m.execution_id: m.weight_version for m in members},
+                    ready_seq=max(m.finished_seq or 0 for m in members),
+                )
+            )
+        ready.sort(key=lambda g: (g.ready_seq, g.group_id))
+        return ready[:limit] if limit is not None else ready
+
+    def tree(self, execution_id: str) -> TrajectoryTree:
+        """The execution's trajectory tree, nodes in arrival order. Raises TrajectoryError when inconsistent."""
+        with self.engine.connect() as c:
+            calls = c.execute(select(_C).where(_C.c.execution_id == execution_id).order_by(_C.c.ordinal)).all()
+        tree = TrajectoryTree(execution_id)
+        for r in calls:
+            tree.add(
+                Node(
+                    call_id=r.call_id,
+                    parent_call_id=r.parent_call_id,
+                    prefix_len=r.prefix_len,
+                    prompt_delta_ids=decode_ids(r.prompt_delta),
+                    output_ids=decode_ids(r.output_ids),
+                    output_logprobs=decode_floats(r.output_logprobs),
+                    role=r.role,
+                    weight_version=r.weight_version,
+                )
+            )
+        if not calls:
+            raise TrajectoryError(f"execution {execution_id} has no recorded calls")
+        return tree
+
+    def corrupt(self, execution_ids: list[str]) -> dict[str, str]:
+        """Executions with a dead-lettered event (a rejected call or finish): id -> the first reason."""
+        wanted = set(execution_ids)
+        out: dict[str, str] = {}
+        with self.engine.connect() as c:
+            dead = c.execute(
+                select(DeadLetter.subject, DeadLetter.reason)
+                .where(DeadLetter.projection == TrainerProjection.name, DeadLetter.subject.like("%.execution.%"))
+                .order_by(DeadLetter.stream_seq)
+            ).all()
+        for subject, reason in dead:
+            eid = subject.rsplit(".", 1)[-1]
+            if eid in wanted and eid not in out:
+                out[eid] = reason
+        return out
+
+    def version_steps(self, run_id: str = "default") -> dict[str, int]:
+        with self.engine.connect() as c:
+            return {r.weight_version: r.step for r in c.execute(select(_W).where(_W.c.run_id == run_id))}
+
+    def weights(self, run_id: str = "default") -> list[Row[Any]]:
+        with self.engine.connect() as c:
+            return list(c.execute(select(_W).where(_W.c.run_id == run_id).order_by(_W.c.step, _W.c.seq)).all())
+
+    def last_step(self, run_id: str = "default") -> int:
+        with self.engine.connect() as c:
+            v = c.execute(select(func.max(_S.c.step)).where(_S.c.run_id == run_id)).scalar()
+        return int(v or 0)
+
+    def steps(self, run_id: str = "default") -> list[dict[str, object]]:
+        with self.engine.connect() as c:
+            return [dict(r._mapping) for r in c.execute(select(_S).where(_S.c.run_id == run_id).order_by(_S.c.step))]
+
+    def execution(self, execution_id: str) -> dict[str, object] | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
+        return dict(r._mapping) if r is not None else None

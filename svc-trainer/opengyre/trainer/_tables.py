@@ -1,0 +1,85 @@
+"""The trainer's projection tables: what it must remember between steps (and rebuild from the log)."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Float, Integer, LargeBinary, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from opengyre.store import Base
+
+__all__ = ["CallRow", "ExecutionRow", "StepRow", "WeightsRow"]
+
+_SEQ = BigInteger().with_variant(Integer, "sqlite")
+
+
+class ExecutionRow(Base):
+    """One execution: dispatch facts, its outcome and verdict, and which step consumed it."""
+
+    __tablename__ = "trainer_executions"
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(128))
+    group_id: Mapped[str] = mapped_column(String(128), index=True)
+    group_size: Mapped[int] = mapped_column(Integer)  # 0: unknown, the trainer's default applies
+    weight_version: Mapped[str] = mapped_column(String(64))
+    dispatched_seq: Mapped[int] = mapped_column(_SEQ)
+    status: Mapped[str] = mapped_column(String(32))  # "running" until finished
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    verdict: Mapped[str] = mapped_column(String(16))  # pending | ok | transient | masked | excluded
+    reason: Mapped[str] = mapped_column(String(64))
+    n_calls: Mapped[int] = mapped_column(Integer)
+    n_generated: Mapped[int] = mapped_column(Integer)
+    finished_seq: Mapped[int | None] = mapped_column(_SEQ, nullable=True, index=True)
+    consumed_run: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    consumed_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    consumed_as: Mapped[str | None] = mapped_column(String(96), nullable=True)  # "train" or the drop reason
+
+
+class CallRow(Base):
+    """One model call (a trajectory-tree node): its token delta, output and behaviour logprobs."""
+
+    __tablename__ = "trainer_calls"
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer)  # arrival order within the execution: parents come first
+    parent_call_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    prefix_len: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(Integer)  # prompt + output: what a child's prefix_len may reach
+    role: Mapped[str] = mapped_column(String(32))
+    weight_version: Mapped[str] = mapped_column(String(64))
+    prompt_delta: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
+    output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian
+    seq: Mapped[int] = mapped_column(_SEQ)
+
+
+class StepRow(Base):
+    __tablename__ = "trainer_steps"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    weight_version: Mapped[str] = mapped_column(String(64))
+    loss: Mapped[float] = mapped_column(Float)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    n_trained: Mapped[int] = mapped_column(Integer)
+    n_dropped: Mapped[int] = mapped_column(Integer)
+    staleness_mean: Mapped[float] = mapped_column(Float)
+    staleness_max: Mapped[int] = mapped_column(Integer)
+    grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reward_mean: Mapped[float | None] = mapped_column(Float, nullable=True)
+    seq: Mapped[int] = mapped_column(_SEQ)
+
+
+class WeightsRow(Base):
+    __tablename__ = "trainer_weights"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight_version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(String(1024))
+    digest: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(_SEQ)
