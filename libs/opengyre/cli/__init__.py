@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-from . import _demo, _events, _replay, _stack
+from . import _db, _demo, _events, _replay, _stack
 
 __all__ = ["app", "main"]
 
@@ -18,14 +18,17 @@ app = typer.Typer(
 events_app = typer.Typer(help="Read the event log.", no_args_is_help=True)
 projections_app = typer.Typer(help="List and rebuild projections.", no_args_is_help=True)
 service_app = typer.Typer(help="Run one service in the foreground.", no_args_is_help=True)
+db_app = typer.Typer(help="The projection store.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
 app.add_typer(projections_app, name="projections")
 app.add_typer(service_app, name="service")
+app.add_typer(db_app, name="db")
 
 _stack.register(app, service_app)
 _events.register(events_app)
 _replay.register(app, projections_app)
 _demo.register(app)
+_db.register(db_app)
 
 # Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
 # module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.

@@ -1,0 +1,27 @@
+"""`opengyre db migrate`: bring the projection store to the current schema (compose runs it once)."""
+
+from __future__ import annotations
+
+import typer
+
+from ..store import alembic_config, create_db_engine, migrate
+from ._common import DataDirOpt, DbUrlOpt, console, settings_from
+
+__all__ = ["register"]
+
+
+def migrate_cmd(data_dir: DataDirOpt = None, db_url: DbUrlOpt = None) -> None:
+    """Run every service's Alembic migrations to head."""
+    settings = settings_from(data_dir, db_url=db_url)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_db_engine(settings.database_url)
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+    heads = alembic_config(settings.database_url).get_main_option("version_locations") or ""
+    console.print(f"migrated {engine.url.render_as_string(hide_password=True)} ({len(heads.split())} version folders)")
+
+
+def register(db_app: typer.Typer) -> None:
+    db_app.command("migrate")(migrate_cmd)
