@@ -1,6 +1,8 @@
 """QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, two backends, weight publishing, SFT."""
 
 from ._admission import Admission, AdmissionPolicy, ExecutionOutcome, GroupAdmission, classify_outcome
+from ._config import TrainerConfig
+from ._cost import SampleCost, sample_cost
 from ._evaluator import (
     Evaluation,
     Evaluator,
@@ -11,11 +13,15 @@ from ._evaluator import (
     read_reward,
 )
 from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES, classify_failure
+from ._loop import OnlineTrainer, StepReport
 from ._packing import PAD_ID, MicroBatch, pack_samples
+from ._prepare import PreparedStep, prepare_step
 from ._projection import TrainerProjection, TrajectoryRejected
+from ._publish import EngineReload, PublishedCheckpoint, reload_engines, weight_version, write_checkpoint
 from ._samples import SampleError, TrainingSample, execution_samples
 from ._sampling import ROLE_PRIORITY, PathSampler, SampledPath, unmasked_trainable
 from ._scoring import score_execution
+from ._staleness import Staleness, staleness
 from ._step import Learner, MicroResult, StepResult
 from ._store import ReadyGroup, TrainerStore
 
@@ -26,6 +32,7 @@ __all__ = [
     "TRANSIENT_CLASSES",
     "Admission",
     "AdmissionPolicy",
+    "EngineReload",
     "Evaluation",
     "Evaluator",
     "ExecutionOutcome",
@@ -34,14 +41,21 @@ __all__ = [
     "Learner",
     "MicroBatch",
     "MicroResult",
+    "OnlineTrainer",
     "PathSampler",
+    "PreparedStep",
+    "PublishedCheckpoint",
     "ReadyGroup",
     "RewardFileEmptyError",
     "RewardFileError",
     "RewardFileNotFoundError",
+    "SampleCost",
     "SampleError",
     "SampledPath",
+    "Staleness",
+    "StepReport",
     "StepResult",
+    "TrainerConfig",
     "TrainerProjection",
     "TrainerStore",
     "TrainingSample",
@@ -50,7 +64,13 @@ __all__ = [
     "classify_outcome",
     "execution_samples",
     "pack_samples",
+    "prepare_step",
     "read_reward",
+    "reload_engines",
+    "sample_cost",
     "score_execution",
+    "staleness",
     "unmasked_trainable",
+    "weight_version",
+    "write_checkpoint",
 ]

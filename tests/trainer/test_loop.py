@@ -1,0 +1,106 @@
+"""The online trainer over a real log: failures never reach the loss, each execution is consumed once, a
+checkpoint is published, and the published weights give exactly the trainer's logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import Engine
+
+from opengyre.eventlog import EventLog
+from opengyre.events import ModelCallRecorded, WeightsPublished
+from opengyre.models import load_checkpoint, token_logprobs
+from opengyre.projection import ProjectionRunner
+from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore, pack_samples
+
+from ._events import catch_up, group
+
+
+def config(tmp_path: Path, **kw: object) -> TrainerConfig:
+    base: dict[str, object] = dict(
+        model="tiny", algorithm="grpo", lr=1e-3, group_size=4, checkpoint_dir=tmp_path / "ckpt", micro_batch_tokens=128
+    )
+    base.update(kw)
+    return TrainerConfig(**base)  # type: ignore[arg-type]
+
+
+async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    outcomes = [
+        ("completed", 1.0, None),
+        ("timed-out", 0.5, None),  # graded partial work: trained with its score
+        ("completed", 0.0, None),  # a valid zero: trained
+        ("evaluator-failed", None, "evaluator"),
+        ("infra-failed", None, "oom"),
+        ("completed", 0.2, "sandbox"),  # infra trouble despite a score: masked
+    ]
+    await event_log.append_many(group("g1", outcomes))
+    runner = ProjectionRunner(TrainerProjection(), event_log, engine)
+    await catch_up(runner)
+    store = TrainerStore(engine)
+    trainer = OnlineTrainer(config(tmp_path, group_size=6), store, event_log)
+    report = await trainer.step_once()
+    assert report is not None and report.result is not None
+    assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1", "g1-e2"]
+    assert report.completed.dropped == {
+        "g1-e3": "excluded:evaluator-failure",
+        "g1-e4": "masked:infra:oom",
+        "g1-e5": "masked:infra:sandbox",
+    }
+    assert {s.execution_id for s in report.prepared.samples} == {"g1-e0", "g1-e1", "g1-e2"}
+    assert sum(s.token_weight * s.n_targets for s in report.prepared.samples) == pytest.approx(1.0)
+    assert report.completed.metrics["reward_mean"] == pytest.approx(0.5)
+    assert report.published is not None and report.checkpoint is not None
+    assert report.published.weight_version == "default-s1" and Path(report.published.uri).is_dir()
+    await catch_up(runner)
+    assert store.ready_groups(6) == []
+    assert await trainer.step_once() is None  # consumed: never trained twice
+    for eid in ("g1-e0", "g1-e3", "g1-e4"):
+        row = store.execution(eid)
+        assert row is not None and row["consumed_step"] == 1
+    assert store.version_steps() == {"default-s1": 1}
+
+    # Train/inference consistency: the published checkpoint, loaded the way the CPU engine loads it,
+    # gives exactly the trainer's logprobs for the same tokens.
+    model, version = load_checkpoint(report.checkpoint.path)
+    assert version == "default-s1"
+    mb = pack_samples(report.prepared.samples, 10_000)[0]
+    with torch.no_grad():
+        trainer.backend.model.eval()  # type: ignore[attr-defined]
+        ours = trainer.backend.token_logprobs(mb)
+        theirs = token_logprobs(model, mb.input_ids)
+    assert torch.equal(ours[mb.mask], theirs[mb.mask])
+
+
+async def test_staleness_from_version_stamps_and_corrupt_trajectories(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    events = [
+        WeightsPublished(weight_version="default-s1", step=1, uri="/x", digest=""),
+        WeightsPublished(weight_version="default-s2", step=2, uri="/y", digest=""),
+        *group("g1", [("completed", 1.0, None), ("completed", 0.0, None), ("completed", 0.5, None)], "default-s1"),
+    ]
+    # g1-e2 also gets a corrupt call (mismatched lengths): the whole execution must stay out of the loss.
+    events.append(
+        ModelCallRecorded(
+            execution_id="g1-e2", call_id="bad", prompt_delta_ids=[1], output_ids=[2, 3], output_logprobs=[-1.0]
+        )
+    )
+    # move g1-e2's finish after the corrupt call
+    fin = next(
+        e for e in events if getattr(e, "execution_id", None) == "g1-e2" and e.type_name() == "execution-finished"
+    )
+    events.remove(fin)
+    events.append(fin)
+    await event_log.append_many(events)
+    await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
+    store = TrainerStore(engine)
+    trainer = OnlineTrainer(config(tmp_path, group_size=3), store, event_log)
+    trainer.step_no = 3  # the trainer is about to produce step 4 from step-3 weights; data came from step 1
+    report = await trainer.step_once()
+    assert report is not None
+    assert report.completed.dropped == {"g1-e2": "excluded:rejected:length-mismatch"}
+    assert report.completed.staleness_max == 2 and report.completed.staleness_mean == 2.0
