@@ -3,6 +3,520 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class Engine(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    INFLIGHT_FIELD_NUMBER: _builtins.int
+    SERVED_FIELD_NUMBER: _builtins.int
+    REROUTED_FIELD_NUMBER: _builtins.int
+    engine_id: _builtins.str
+    url: _builtins.str
+    state: _builtins.str
+    """active | draining"""
+    source: _builtins.str
+    """static | cell | grpc"""
+    inflight: _builtins.int
+    served: _builtins.int
+    rerouted: _builtins.int
+    def __init__(
+        self,
+        *,
+        engine_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        state: _builtins.str = ...,
+        source: _builtins.str = ...,
+        inflight: _builtins.int = ...,
+        served: _builtins.int = ...,
+        rerouted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_id", b"engine_id", "inflight", b"inflight", "rerouted", b"rerouted", "served", b"served", "source", b"source", "state", b"state", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Engine: _TypeAlias = Engine  # noqa: Y015
+
+@_typing.final
+class ListEnginesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEnginesRequest: _TypeAlias = ListEnginesRequest  # noqa: Y015
+
+@_typing.final
+class ListEnginesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINES_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    waiting: _builtins.int
+    """requests queued for capacity now"""
+    rejected: _builtins.int
+    """requests answered 429 so far"""
+    @_builtins.property
+    def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___Engine]: ...
+    def __init__(
+        self,
+        *,
+        engines: _abc.Iterable[Global___Engine] | None = ...,
+        waiting: _builtins.int = ...,
+        rejected: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "rejected", b"rejected", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEnginesResponse: _TypeAlias = ListEnginesResponse  # noqa: Y015
+
+@_typing.final
+class AddEngineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    engine_id: _builtins.str
+    url: _builtins.str
+    def __init__(
+        self,
+        *,
+        engine_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_id", b"engine_id", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddEngineRequest: _TypeAlias = AddEngineRequest  # noqa: Y015
+
+@_typing.final
+class DrainEngineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
+    engine_id: _builtins.str
+    keep: _builtins.bool
+    """keep it listed (draining) instead of removing it once empty"""
+    def __init__(
+        self,
+        *,
+        engine_id: _builtins.str = ...,
+        keep: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_id", b"engine_id", "keep", b"keep"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainEngineRequest: _TypeAlias = DrainEngineRequest  # noqa: Y015
+
+@_typing.final
+class DrainEngineResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
+    engine_id: _builtins.str
+    moved: _builtins.int
+    """in-flight requests re-issued elsewhere"""
+    def __init__(
+        self,
+        *,
+        engine_id: _builtins.str = ...,
+        moved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_id", b"engine_id", "moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainEngineResponse: _TypeAlias = DrainEngineResponse  # noqa: Y015
+
+@_typing.final
+class OpenExecutionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    role: _builtins.str
+    """main (default) | main-summary | sub-agent | sub-agent-summary"""
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenExecutionRequest: _TypeAlias = OpenExecutionRequest  # noqa: Y015
+
+@_typing.final
+class ExecutionAccess(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    BASE_URL_FIELD_NUMBER: _builtins.int
+    ANTHROPIC_BASE_URL_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    role: _builtins.str
+    base_url: _builtins.str
+    """OpenAI SDKs: base_url"""
+    anthropic_base_url: _builtins.str
+    """the Anthropic SDK appends /v1/messages itself"""
+    api_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+        base_url: _builtins.str = ...,
+        anthropic_base_url: _builtins.str = ...,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_base_url", b"anthropic_base_url", "api_key", b"api_key", "base_url", b"base_url", "execution_id", b"execution_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionAccess: _TypeAlias = ExecutionAccess  # noqa: Y015
+
+@_typing.final
+class ListExecutionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: all"""
+
+    def __init__(
+        self,
+        *,
+        execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_ids", b"execution_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsRequest: _TypeAlias = ListExecutionsRequest  # noqa: Y015
+
+@_typing.final
+class ExecutionSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    ROOTS_FIELD_NUMBER: _builtins.int
+    DRIFT_FIELD_NUMBER: _builtins.int
+    REROUTED_FIELD_NUMBER: _builtins.int
+    STORED_TOKENS_FIELD_NUMBER: _builtins.int
+    FLAT_TOKENS_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    calls: _builtins.int
+    roots: _builtins.int
+    drift: _builtins.int
+    rerouted: _builtins.int
+    stored_tokens: _builtins.int
+    """token deltas + outputs the tree stores"""
+    flat_tokens: _builtins.int
+    """what storing every call's prompt + output would take"""
+    last_seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        calls: _builtins.int = ...,
+        roots: _builtins.int = ...,
+        drift: _builtins.int = ...,
+        rerouted: _builtins.int = ...,
+        stored_tokens: _builtins.int = ...,
+        flat_tokens: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "drift", b"drift", "execution_id", b"execution_id", "flat_tokens", b"flat_tokens", "last_seq", b"last_seq", "rerouted", b"rerouted", "roots", b"roots", "stored_tokens", b"stored_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionSummary: _TypeAlias = ExecutionSummary  # noqa: Y015
+
+@_typing.final
+class ListExecutionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExecutionSummary]: ...
+    def __init__(
+        self,
+        *,
+        executions: _abc.Iterable[Global___ExecutionSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsResponse: _TypeAlias = ListExecutionsResponse  # noqa: Y015
+
+@_typing.final
+class GetTreeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTreeRequest: _TypeAlias = GetTreeRequest  # noqa: Y015
+
+@_typing.final
+class TreeNode(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    PARENT_CALL_ID_FIELD_NUMBER: _builtins.int
+    PREFIX_LEN_FIELD_NUMBER: _builtins.int
+    PROMPT_DELTA_LEN_FIELD_NUMBER: _builtins.int
+    OUTPUT_LEN_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    DRIFT_KIND_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LEAF_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    parent_call_id: _builtins.str
+    """empty for a root"""
+    prefix_len: _builtins.int
+    prompt_delta_len: _builtins.int
+    output_len: _builtins.int
+    role: _builtins.str
+    weight_version: _builtins.str
+    engine_id: _builtins.str
+    finish_reason: _builtins.str
+    branch: _builtins.str
+    """root | extension | retry | rewrite"""
+    drift_kind: _builtins.str
+    """empty when the re-rendered prompt matched"""
+    attempts: _builtins.int
+    """> 1 when the call was rerouted"""
+    leaf: _builtins.bool
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        parent_call_id: _builtins.str = ...,
+        prefix_len: _builtins.int = ...,
+        prompt_delta_len: _builtins.int = ...,
+        output_len: _builtins.int = ...,
+        role: _builtins.str = ...,
+        weight_version: _builtins.str = ...,
+        engine_id: _builtins.str = ...,
+        finish_reason: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        drift_kind: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        leaf: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "branch", b"branch", "call_id", b"call_id", "drift_kind", b"drift_kind", "engine_id", b"engine_id", "finish_reason", b"finish_reason", "leaf", b"leaf", "output_len", b"output_len", "parent_call_id", b"parent_call_id", "prefix_len", b"prefix_len", "prompt_delta_len", b"prompt_delta_len", "role", b"role", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TreeNode: _TypeAlias = TreeNode  # noqa: Y015
+
+@_typing.final
+class Tree(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    LEAVES_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___TreeNode]: ...
+    @_builtins.property
+    def leaves(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        nodes: _abc.Iterable[Global___TreeNode] | None = ...,
+        leaves: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "leaves", b"leaves", "nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tree: _TypeAlias = Tree  # noqa: Y015
+
+@_typing.final
+class GetPathRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    LEAF_CALL_ID_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    leaf_call_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        leaf_call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "leaf_call_id", b"leaf_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPathRequest: _TypeAlias = GetPathRequest  # noqa: Y015
+
+@_typing.final
+class Path(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    LEAF_CALL_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    CALL_IDS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    GENERATED_FIELD_NUMBER: _builtins.int
+    BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    leaf_call_id: _builtins.str
+    role: _builtins.str
+    @_builtins.property
+    def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def generated(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """the loss mask: true where the policy produced the token"""
+
+    @_builtins.property
+    def behaviour_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """0 where not generated"""
+
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        leaf_call_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+        call_ids: _abc.Iterable[_builtins.str] | None = ...,
+        tokens: _abc.Iterable[_builtins.int] | None = ...,
+        generated: _abc.Iterable[_builtins.bool] | None = ...,
+        behaviour_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["behaviour_logprobs", b"behaviour_logprobs", "call_ids", b"call_ids", "execution_id", b"execution_id", "generated", b"generated", "leaf_call_id", b"leaf_call_id", "role", b"role", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Path: _TypeAlias = Path  # noqa: Y015
+
+@_typing.final
+class ExportAtifRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportAtifRequest: _TypeAlias = ExportAtifRequest  # noqa: Y015
+
+@_typing.final
+class AtifDocument(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    json: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "json", b"json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AtifDocument: _TypeAlias = AtifDocument  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
+from opengyre.v1 import proxy_pb2 as opengyre_dot_v1_dot_proxy__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +27,8 @@ if _version_not_supported:
 
 
 class ProxyServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -39,13 +41,110 @@ class ProxyServiceStub:
                 request_serializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
                 _registered_method=True)
+        self.ListEngines = channel.unary_unary(
+                '/opengyre.v1.ProxyService/ListEngines',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.ListEnginesRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.ListEnginesResponse.FromString,
+                _registered_method=True)
+        self.AddEngine = channel.unary_unary(
+                '/opengyre.v1.ProxyService/AddEngine',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.AddEngineRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.Engine.FromString,
+                _registered_method=True)
+        self.DrainEngine = channel.unary_unary(
+                '/opengyre.v1.ProxyService/DrainEngine',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.DrainEngineRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.DrainEngineResponse.FromString,
+                _registered_method=True)
+        self.OpenExecution = channel.unary_unary(
+                '/opengyre.v1.ProxyService/OpenExecution',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.OpenExecutionRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.ExecutionAccess.FromString,
+                _registered_method=True)
+        self.ListExecutions = channel.unary_unary(
+                '/opengyre.v1.ProxyService/ListExecutions',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.ListExecutionsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.ListExecutionsResponse.FromString,
+                _registered_method=True)
+        self.GetTree = channel.unary_unary(
+                '/opengyre.v1.ProxyService/GetTree',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.GetTreeRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.Tree.FromString,
+                _registered_method=True)
+        self.GetPath = channel.unary_unary(
+                '/opengyre.v1.ProxyService/GetPath',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.GetPathRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.Path.FromString,
+                _registered_method=True)
+        self.ExportAtif = channel.unary_unary(
+                '/opengyre.v1.ProxyService/ExportAtif',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.AtifDocument.FromString,
+                _registered_method=True)
 
 
 class ProxyServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees.
+    """
 
     def GetStatus(self, request, context):
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEngines(self, request, context):
+        """The rollout engines the gateway routes to, and its queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddEngine(self, request, context):
+        """Route to an engine by URL (engines normally come from cell-registered / cell-role-changed events).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainEngine(self, request, context):
+        """Stop routing to an engine and move its in-flight requests to others (harnesses see nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenExecution(self, request, context):
+        """The base URL and API key a harness needs for one execution (and role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExecutions(self, request, context):
+        """Executions with recorded calls, from the trajectory store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTree(self, request, context):
+        """One execution's trajectory tree (NOT_FOUND when nothing was recorded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPath(self, request, context):
+        """A root-to-leaf path as tokens with the mask of policy-generated tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportAtif(self, request, context):
+        """The execution as ATIF JSON (main path, other paths as subagent trajectories).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +158,46 @@ def add_ProxyServiceServicer_to_server(servicer, server):
                     request_deserializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.SerializeToString,
             ),
+            'ListEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEngines,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.ListEnginesRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.ListEnginesResponse.SerializeToString,
+            ),
+            'AddEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddEngine,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.AddEngineRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.Engine.SerializeToString,
+            ),
+            'DrainEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainEngine,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.DrainEngineRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.DrainEngineResponse.SerializeToString,
+            ),
+            'OpenExecution': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenExecution,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.OpenExecutionRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.ExecutionAccess.SerializeToString,
+            ),
+            'ListExecutions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExecutions,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.ListExecutionsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.ListExecutionsResponse.SerializeToString,
+            ),
+            'GetTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTree,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.GetTreeRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.Tree.SerializeToString,
+            ),
+            'GetPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPath,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.GetPathRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.Path.SerializeToString,
+            ),
+            'ExportAtif': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportAtif,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.AtifDocument.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'opengyre.v1.ProxyService', rpc_method_handlers)
@@ -68,7 +207,8 @@ def add_ProxyServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ProxyService:
-    """Missing associated documentation comment in .proto file."""
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees.
+    """
 
     @staticmethod
     def GetStatus(request,
@@ -87,6 +227,222 @@ class ProxyService:
             '/opengyre.v1.ProxyService/GetStatus',
             opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/ListEngines',
+            opengyre_dot_v1_dot_proxy__pb2.ListEnginesRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.ListEnginesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/AddEngine',
+            opengyre_dot_v1_dot_proxy__pb2.AddEngineRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.Engine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/DrainEngine',
+            opengyre_dot_v1_dot_proxy__pb2.DrainEngineRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.DrainEngineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenExecution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/OpenExecution',
+            opengyre_dot_v1_dot_proxy__pb2.OpenExecutionRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.ExecutionAccess.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExecutions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/ListExecutions',
+            opengyre_dot_v1_dot_proxy__pb2.ListExecutionsRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.ListExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/GetTree',
+            opengyre_dot_v1_dot_proxy__pb2.GetTreeRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.Tree.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/GetPath',
+            opengyre_dot_v1_dot_proxy__pb2.GetPathRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.Path.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportAtif(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/ExportAtif',
+            opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.AtifDocument.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from opengyre.v1 import common_pb2 as _common_pb2
+from opengyre.v1 import proxy_pb2 as _proxy_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,20 +28,58 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ProxyServiceStub:
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ProxyServiceAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    ListEngines: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ListEnginesRequest, _proxy_pb2.ListEnginesResponse]
+    """The rollout engines the gateway routes to, and its queue."""
+    AddEngine: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.AddEngineRequest, _proxy_pb2.Engine]
+    """Route to an engine by URL (engines normally come from cell-registered / cell-role-changed events)."""
+    DrainEngine: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.DrainEngineRequest, _proxy_pb2.DrainEngineResponse]
+    """Stop routing to an engine and move its in-flight requests to others (harnesses see nothing)."""
+    OpenExecution: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.OpenExecutionRequest, _proxy_pb2.ExecutionAccess]
+    """The base URL and API key a harness needs for one execution (and role)."""
+    ListExecutions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ListExecutionsRequest, _proxy_pb2.ListExecutionsResponse]
+    """Executions with recorded calls, from the trajectory store."""
+    GetTree: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetTreeRequest, _proxy_pb2.Tree]
+    """One execution's trajectory tree (NOT_FOUND when nothing was recorded)."""
+    GetPath: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetPathRequest, _proxy_pb2.Path]
+    """A root-to-leaf path as tokens with the mask of policy-generated tokens."""
+    ExportAtif: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ExportAtifRequest, _proxy_pb2.AtifDocument]
+    """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
 
 @_typing.type_check_only
 class ProxyServiceAsyncStub(ProxyServiceStub):
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]  # type: ignore[assignment]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    ListEngines: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ListEnginesRequest, _proxy_pb2.ListEnginesResponse]  # type: ignore[assignment]
+    """The rollout engines the gateway routes to, and its queue."""
+    AddEngine: _aio.UnaryUnaryMultiCallable[_proxy_pb2.AddEngineRequest, _proxy_pb2.Engine]  # type: ignore[assignment]
+    """Route to an engine by URL (engines normally come from cell-registered / cell-role-changed events)."""
+    DrainEngine: _aio.UnaryUnaryMultiCallable[_proxy_pb2.DrainEngineRequest, _proxy_pb2.DrainEngineResponse]  # type: ignore[assignment]
+    """Stop routing to an engine and move its in-flight requests to others (harnesses see nothing)."""
+    OpenExecution: _aio.UnaryUnaryMultiCallable[_proxy_pb2.OpenExecutionRequest, _proxy_pb2.ExecutionAccess]  # type: ignore[assignment]
+    """The base URL and API key a harness needs for one execution (and role)."""
+    ListExecutions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ListExecutionsRequest, _proxy_pb2.ListExecutionsResponse]  # type: ignore[assignment]
+    """Executions with recorded calls, from the trajectory store."""
+    GetTree: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetTreeRequest, _proxy_pb2.Tree]  # type: ignore[assignment]
+    """One execution's trajectory tree (NOT_FOUND when nothing was recorded)."""
+    GetPath: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetPathRequest, _proxy_pb2.Path]  # type: ignore[assignment]
+    """A root-to-leaf path as tokens with the mask of policy-generated tokens."""
+    ExportAtif: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ExportAtifRequest, _proxy_pb2.AtifDocument]  # type: ignore[assignment]
+    """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
 
 class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees."""
+
     @_abc_1.abstractmethod
     def GetStatus(
         self,
@@ -48,5 +87,69 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceStatus, _abc.Awaitable[_common_pb2.ServiceStatus]]:
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+
+    @_abc_1.abstractmethod
+    def ListEngines(
+        self,
+        request: _proxy_pb2.ListEnginesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.ListEnginesResponse, _abc.Awaitable[_proxy_pb2.ListEnginesResponse]]:
+        """The rollout engines the gateway routes to, and its queue."""
+
+    @_abc_1.abstractmethod
+    def AddEngine(
+        self,
+        request: _proxy_pb2.AddEngineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.Engine, _abc.Awaitable[_proxy_pb2.Engine]]:
+        """Route to an engine by URL (engines normally come from cell-registered / cell-role-changed events)."""
+
+    @_abc_1.abstractmethod
+    def DrainEngine(
+        self,
+        request: _proxy_pb2.DrainEngineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.DrainEngineResponse, _abc.Awaitable[_proxy_pb2.DrainEngineResponse]]:
+        """Stop routing to an engine and move its in-flight requests to others (harnesses see nothing)."""
+
+    @_abc_1.abstractmethod
+    def OpenExecution(
+        self,
+        request: _proxy_pb2.OpenExecutionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.ExecutionAccess, _abc.Awaitable[_proxy_pb2.ExecutionAccess]]:
+        """The base URL and API key a harness needs for one execution (and role)."""
+
+    @_abc_1.abstractmethod
+    def ListExecutions(
+        self,
+        request: _proxy_pb2.ListExecutionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.ListExecutionsResponse, _abc.Awaitable[_proxy_pb2.ListExecutionsResponse]]:
+        """Executions with recorded calls, from the trajectory store."""
+
+    @_abc_1.abstractmethod
+    def GetTree(
+        self,
+        request: _proxy_pb2.GetTreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.Tree, _abc.Awaitable[_proxy_pb2.Tree]]:
+        """One execution's trajectory tree (NOT_FOUND when nothing was recorded)."""
+
+    @_abc_1.abstractmethod
+    def GetPath(
+        self,
+        request: _proxy_pb2.GetPathRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.Path, _abc.Awaitable[_proxy_pb2.Path]]:
+        """A root-to-leaf path as tokens with the mask of policy-generated tokens."""
+
+    @_abc_1.abstractmethod
+    def ExportAtif(
+        self,
+        request: _proxy_pb2.ExportAtifRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.AtifDocument, _abc.Awaitable[_proxy_pb2.AtifDocument]]:
+        """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
 
 def add_ProxyServiceServicer_to_server(servicer: ProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

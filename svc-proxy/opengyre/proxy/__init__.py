@@ -1,3 +1,85 @@
-"""QwenGyre token-in/token-out model gateway with trajectory trees."""
+"""QwenGyre token-in/token-out model gateway with trajectory trees, the engine pool, and the CPU engine.
 
-__all__: list[str] = []
+- ``Gateway`` / ``GatewayConfig``: the harness-facing HTTP gateway (OpenAI, Anthropic) with TITO recording.
+- ``EnginePool``: rollout engines, drain with transparent re-issue, bounded queue; ``KVMigrator`` hook.
+- ``TrajectoryProjection`` and ``load_tree`` / ``load_calls`` / ``list_executions`` / ``path_mask``: the
+  trajectory store the trainer reads; ``export_execution`` / ``export_path``: ATIF.
+- ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
+
+Names load on first use: the CLI imports this package on every command and must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._atif import ATIF_VERSION, export_execution, export_path
+    from ._chat import ChatCodec
+    from ._client import EngineClient
+    from ._gateway import Gateway, GatewayConfig
+    from ._keys import ExecutionKeys, KeyClaim
+    from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from ._store import TrajectoryProjection
+    from ._tito import ExecutionTrajectory
+    from ._trees import ExecutionSummary, StoredCall, list_executions, load_calls, load_tree, path_mask
+
+_WHERE = {
+    "ATIF_VERSION": "_atif",
+    "export_execution": "_atif",
+    "export_path": "_atif",
+    "ChatCodec": "_chat",
+    "EngineClient": "_client",
+    "Gateway": "_gateway",
+    "GatewayConfig": "_gateway",
+    "ExecutionKeys": "_keys",
+    "KeyClaim": "_keys",
+    "EngineHandle": "_pool",
+    "EnginePool": "_pool",
+    "KVMigrator": "_pool",
+    "NoCapacity": "_pool",
+    "RePrefill": "_pool",
+    "TrajectoryProjection": "_store",
+    "ExecutionTrajectory": "_tito",
+    "ExecutionSummary": "_trees",
+    "StoredCall": "_trees",
+    "list_executions": "_trees",
+    "load_calls": "_trees",
+    "load_tree": "_trees",
+    "path_mask": "_trees",
+}
+
+__all__ = [
+    "ATIF_VERSION",
+    "ChatCodec",
+    "EngineClient",
+    "EngineHandle",
+    "EnginePool",
+    "ExecutionKeys",
+    "ExecutionSummary",
+    "ExecutionTrajectory",
+    "Gateway",
+    "GatewayConfig",
+    "KVMigrator",
+    "KeyClaim",
+    "NoCapacity",
+    "RePrefill",
+    "StoredCall",
+    "TrajectoryProjection",
+    "export_execution",
+    "export_path",
+    "list_executions",
+    "load_calls",
+    "load_tree",
+    "path_mask",
+]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value

@@ -1,35 +1,95 @@
-"""The proxy service process: gRPC ProxyService with health and reflection."""
+"""The proxy service process: the HTTP gateway, the trajectory-store projection, cell watching, gRPC."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import grpc
 
+from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
-from opengyre.v1 import common_pb2, proxy_pb2_grpc
+from opengyre.v1 import proxy_pb2_grpc
+
+from ._store import TrajectoryProjection
+
+if TYPE_CHECKING:
+    from ._cells import CellWatcher
+    from ._gateway import Gateway, GatewayConfig
 
 __all__ = ["ProxyService"]
 
 
-class _Servicer(proxy_pb2_grpc.ProxyServiceServicer):
-    def __init__(self, service: Service, ctx: ServiceContext) -> None:
-        self._service = service
-        self._ctx = ctx
-
-    async def GetStatus(  # noqa: N802 (gRPC method name)
-        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> common_pb2.ServiceStatus:
-        return await self._ctx.status(self._service)
+def _env_list(name: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())
 
 
 class ProxyService(Service):
     name = "proxy"
     summary = "QwenGyre token-in/token-out model gateway with trajectory trees"
-    capabilities = ("status",)
-    not_implemented = ()
+    capabilities = (
+        "status",
+        "openai-chat",
+        "openai-completions",
+        "anthropic-messages",
+        "tito",
+        "trajectory-tree",
+        "atif-export",
+        "engine-pool",
+        "reroute-on-drain",
+        "cpu-engine",
+    )
+    not_implemented = ("kv-rdma-migration",)
+
+    def __init__(self, config: GatewayConfig | None = None, engines: Sequence[str] = ()) -> None:
+        self._config = config
+        self._static = list(engines) or list(_env_list("OPENGYRE_PROXY_ENGINES"))
+        self.gateway: Gateway | None = None
+        self._cells: CellWatcher | None = None
+
+    def projections(self) -> Sequence[Projection]:
+        return (TrajectoryProjection(),)
+
+    def _gateway_config(self, ctx: ServiceContext) -> GatewayConfig:
+        from ._gateway import GatewayConfig
+        from ._keys import load_or_create_secret
+
+        s = ctx.settings
+        cfg = self._config or GatewayConfig()
+        secret = cfg.secret
+        if secret is None:
+            env = os.environ.get("OPENGYRE_PROXY_SECRET")
+            secret = bytes.fromhex(env) if env else load_or_create_secret(s.data_dir / "proxy.secret")
+        models = _env_list("OPENGYRE_PROXY_MODELS") or cfg.models
+        patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
+        port = cfg.port if self._config is not None else s.proxy_http_port
+        return replace(cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns)
+
+    async def start(self, ctx: ServiceContext) -> None:
+        from ._cells import CellWatcher
+        from ._gateway import Gateway
+
+        self.gateway = Gateway(self._gateway_config(ctx), event_log=ctx.log)
+        for i, url in enumerate(self._static):
+            await self.gateway.pool.add(f"static-{i}", url)
+        await self.gateway.start()
+        self._cells = CellWatcher(ctx.log, self.gateway.pool)
+        await self._cells.start()
+
+    async def stop(self) -> None:
+        if self._cells is not None:
+            await self._cells.stop()
+            self._cells = None
+        if self.gateway is not None:
+            await self.gateway.stop()
+            self.gateway = None
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
-        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(_Servicer(self, ctx), server)
+        from ._grpc import ProxyServicer
+
+        if self.gateway is None:
+            raise RuntimeError("the proxy gateway must be started before its gRPC service")
+        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self, ctx, self.gateway), server)
         return ("opengyre.v1.ProxyService",)

@@ -1,13 +1,31 @@
 """The built-in CPU rollout engine: the shared policy model behind SGLang's native API and OpenAI routes.
 
 Start one in this process with ``EngineServer`` or as a child process with ``EngineProcess``; see
-``docs/proxy.md``.
+``docs/proxy.md``. Names load on first use (torch is heavy; the CLI imports this package on every command).
 """
 
-from ._engine import CpuEngine, EngineConfig, Generation
-from ._launch import EngineProcess, EngineServer, serve_forever
-from ._sampling import SamplingError, SamplingParams
-from ._scheduler import RequestRecord
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._engine import CpuEngine, EngineConfig, Generation
+    from ._launch import EngineProcess, EngineServer, serve_forever
+    from ._sampling import SamplingError, SamplingParams
+    from ._scheduler import RequestRecord
+
+_WHERE = {
+    "CpuEngine": "_engine",
+    "EngineConfig": "_engine",
+    "Generation": "_engine",
+    "EngineProcess": "_launch",
+    "EngineServer": "_launch",
+    "serve_forever": "_launch",
+    "SamplingError": "_sampling",
+    "SamplingParams": "_sampling",
+    "RequestRecord": "_scheduler",
+}
 
 __all__ = [
     "CpuEngine",
@@ -20,3 +38,12 @@ __all__ = [
     "SamplingParams",
     "serve_forever",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,95 @@
+"""Engines follow cells: cell-registered / cell-role-changed events add rollout engines and drain the rest.
+
+The watcher reads every cell event from the start of the log (so a restarted proxy learns the current roles)
+and then follows new ones; draining is what moves in-flight requests when the scheduler turns a rollout cell
+into a training cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from opengyre.eventlog import EventLog
+from opengyre.events import CellRegistered, CellRoleChanged, DecodeError
+
+from ._pool import EnginePool
+
+__all__ = ["CellWatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class CellWatcher:
+    def __init__(self, event_log: EventLog, pool: EnginePool) -> None:
+        self.log = event_log
+        self.pool = pool
+        self.urls: dict[str, str] = {}  # cell -> engine URL, remembered across role changes
+        self.roles: dict[str, str] = {}
+        self.applied = 0
+        self._task: asyncio.Task[None] | None = None
+        self._drains: set[asyncio.Task[int]] = set()
+
+    async def start(self) -> None:
+        info = await self.log.js.add_consumer(
+            self.log.config.stream,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE,
+                filter_subject=self.log.config.aggregate_filter("cell"),
+                inactive_threshold=60.0,
+            ),
+        )
+        self._consumer = info.name
+        self._task = asyncio.create_task(self._run(), name="proxy-cell-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for t in list(self._drains):
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await self.log.js.delete_consumer(self.log.config.stream, self._consumer)
+
+    async def _run(self) -> None:
+        puller = self.log.puller(self._consumer, batch=256)
+        await puller.start()
+        try:
+            while True:
+                msgs = await puller.next_batch(timeout=1.0)
+                for stored in await self.log.to_stored_many(msgs):
+                    try:
+                        event = self.log.decode(stored)
+                    except DecodeError:
+                        continue  # a cell event of a newer or unknown shape: not ours to judge
+                    await self.apply(event)
+        finally:
+            await puller.stop()
+
+    async def apply(self, event: object) -> None:
+        if isinstance(event, CellRegistered):
+            cell, role, url = event.cell_id, event.role, event.engine_url
+        elif isinstance(event, CellRoleChanged):
+            cell, role, url = event.cell_id, event.to_role, event.engine_url
+        else:
+            return
+        self.applied += 1
+        if url:
+            self.urls[cell] = url
+        self.roles[cell] = role
+        if role == "rollout":
+            if cell in self.urls:
+                await self.pool.add(cell, self.urls[cell], source="cell")
+            else:
+                log.warning("cell %s is a rollout cell without an engine_url", cell)
+        elif self.pool.get(cell) is not None:
+            # Drain in the background: the watcher must keep reading while requests move.
+            task = asyncio.create_task(self.pool.drain(cell), name=f"drain-{cell}")
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)

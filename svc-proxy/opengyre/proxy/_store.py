@@ -1,0 +1,213 @@
+"""The trajectory store: a projection of model-call-recorded events into per-call rows.
+
+Each row keeps exactly what the event carried (the token delta against the parent, the output and its
+logprobs, packed as little-endian arrays), so the tree of an execution is rebuilt from rows alone and a
+rebuild from the log gives the same bytes. ``proxy_executions`` keeps per-execution counters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+import numpy as np
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    DateTime,
+    Float,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from opengyre.events import Event, ModelCallRecorded
+from opengyre.projection import Projection, Rejected
+from opengyre.store import Base
+
+__all__ = [
+    "CALLS",
+    "EXECUTIONS",
+    "CallRow",
+    "ExecutionRow",
+    "TrajectoryProjection",
+    "pack_floats",
+    "pack_ids",
+    "unpack_floats",
+    "unpack_ids",
+]
+
+_SEQ = BigInteger().with_variant(Integer, "sqlite")
+
+
+def pack_ids(ids: Sequence[int]) -> bytes:
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def unpack_ids(raw: bytes) -> list[int]:
+    return np.frombuffer(raw, dtype="<i4").astype(np.int64).tolist()  # type: ignore[no-any-return]
+
+
+def pack_floats(xs: Sequence[float]) -> bytes:
+    return np.asarray(xs, dtype="<f8").tobytes()
+
+
+def unpack_floats(raw: bytes) -> list[float]:
+    return np.frombuffer(raw, dtype="<f8").tolist()  # type: ignore[no-any-return]
+
+
+class CallRow(Base):
+    __tablename__ = "proxy_calls"
+
+    execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(_SEQ, index=True)
+    parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    prefix_len: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(Integer)  # prompt + output length
+    prompt_delta: Mapped[bytes] = mapped_column(LargeBinary)
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    role: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    engine_id: Mapped[str] = mapped_column(String(255))
+    weight_version: Mapped[str] = mapped_column(String(64))
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    dialect: Mapped[str] = mapped_column(String(32))
+    branch: Mapped[str] = mapped_column(String(16))
+    tool_calls: Mapped[str] = mapped_column(Text)
+    queued_ms: Mapped[float] = mapped_column(Float)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    total_ms: Mapped[float] = mapped_column(Float)
+    drift_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    drift_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    drift_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    context: Mapped[str | None] = mapped_column(Text, nullable=True)
+    context_ref: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ExecutionRow(Base):
+    __tablename__ = "proxy_executions"
+
+    execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    calls: Mapped[int] = mapped_column(Integer)
+    roots: Mapped[int] = mapped_column(Integer)
+    drift: Mapped[int] = mapped_column(Integer)
+    rerouted: Mapped[int] = mapped_column(Integer)
+    stored_tokens: Mapped[int] = mapped_column(_SEQ)  # deltas + outputs: what the tree keeps
+    flat_tokens: Mapped[int] = mapped_column(_SEQ)  # every call's prompt + output: what flat storage keeps
+    first_seq: Mapped[int] = mapped_column(_SEQ)
+    last_seq: Mapped[int] = mapped_column(_SEQ)
+    last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+CALLS: Table = CallRow.__table__  # type: ignore[assignment]
+EXECUTIONS: Table = ExecutionRow.__table__  # type: ignore[assignment]
+
+
+class TrajectoryProjection(Projection):
+    name = "trajectories"
+    aggregates = ("execution",)
+    event_types = frozenset({"model-call-recorded"})
+
+    @property
+    def tables(self) -> Sequence[Table]:
+        return (CALLS, EXECUTIONS)
+
+    def apply(self, tx: Connection, event: Event, seq: int) -> None:
+        if not isinstance(event, ModelCallRecorded):
+            return
+        e = event
+        if len(e.output_ids) != len(e.output_logprobs):
+            raise Rejected(f"call {e.call_id}: {len(e.output_ids)} output ids but {len(e.output_logprobs)} logprobs")
+        key = (CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.call_id)
+        if tx.execute(select(CALLS.c.call_id).where(*key)).first() is not None:
+            raise Rejected(f"call {e.call_id} of {e.execution_id} is already recorded")
+        if e.parent_call_id is None:
+            if e.prefix_len != 0:
+                raise Rejected(f"root call {e.call_id} has prefix_len {e.prefix_len}")
+        else:
+            parent_len = tx.execute(
+                select(CALLS.c.n_tokens).where(
+                    CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.parent_call_id
+                )
+            ).scalar()
+            if parent_len is None:
+                raise Rejected(f"call {e.call_id}: unknown parent {e.parent_call_id}")
+            if not 0 <= e.prefix_len <= parent_len:
+                raise Rejected(f"call {e.call_id}: prefix_len {e.prefix_len} outside the parent's {parent_len} tokens")
+        prompt_len = e.prefix_len + len(e.prompt_delta_ids)
+        n_tokens = prompt_len + len(e.output_ids)
+        d = e.drift
+        tx.execute(
+            insert(CALLS).values(
+                execution_id=e.execution_id,
+                call_id=e.call_id,
+                seq=seq,
+                parent_call_id=e.parent_call_id,
+                prefix_len=e.prefix_len,
+                n_tokens=n_tokens,
+                prompt_delta=pack_ids(e.prompt_delta_ids),
+                output_ids=pack_ids(e.output_ids),
+                output_logprobs=pack_floats(e.output_logprobs),
+                role=e.role,
+                model=e.model,
+                engine_id=e.engine_id,
+                weight_version=e.weight_version,
+                finish_reason=e.finish_reason,
+                dialect=e.dialect,
+                branch=e.branch,
+                tool_calls=json.dumps([{"id": t.id, "name": t.name, "arguments": t.arguments} for t in e.tool_calls]),
+                queued_ms=e.timings.queued_ms,
+                ttft_ms=e.timings.ttft_ms,
+                total_ms=e.timings.total_ms,
+                drift_kind=d.kind if d else None,
+                drift_position=d.position if d else None,
+                drift_detail=d.detail if d else None,
+                context=json.dumps(e.context, sort_keys=True) if e.context is not None else None,
+                context_ref=e.context_ref,
+                attempts=e.attempts,
+                occurred_at=e.occurred_at,
+            )
+        )
+        stored = len(e.prompt_delta_ids) + len(e.output_ids)
+        ex = tx.execute(select(EXECUTIONS).where(EXECUTIONS.c.execution_id == e.execution_id)).first()
+        if ex is None:
+            tx.execute(
+                insert(EXECUTIONS).values(
+                    execution_id=e.execution_id,
+                    calls=1,
+                    roots=1 if e.parent_call_id is None else 0,
+                    drift=1 if d else 0,
+                    rerouted=e.attempts - 1,
+                    stored_tokens=stored,
+                    flat_tokens=n_tokens,
+                    first_seq=seq,
+                    last_seq=seq,
+                    last_at=e.occurred_at,
+                )
+            )
+            return
+        tx.execute(
+            update(EXECUTIONS)
+            .where(EXECUTIONS.c.execution_id == e.execution_id)
+            .values(
+                calls=ex.calls + 1,
+                roots=ex.roots + (1 if e.parent_call_id is None else 0),
+                drift=ex.drift + (1 if d else 0),
+                rerouted=ex.rerouted + e.attempts - 1,
+                stored_tokens=ex.stored_tokens + stored,
+                flat_tokens=ex.flat_tokens + n_tokens,
+                last_seq=seq,
+                last_at=e.occurred_at,
+            )
+        )
