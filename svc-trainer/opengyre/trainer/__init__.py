@@ -24,6 +24,7 @@ from ._scoring import score_execution
 from ._staleness import Staleness, staleness
 from ._step import Learner, MicroResult, StepResult
 from ._store import ReadyGroup, TrainerStore
+from ._streaming import MicroStepBuffer, Satellite, snapshot_digest, streaming_step
 
 __all__ = [
     "INFRA_CLASSES",
@@ -41,6 +42,7 @@ __all__ = [
     "Learner",
     "MicroBatch",
     "MicroResult",
+    "MicroStepBuffer",
     "OnlineTrainer",
     "PathSampler",
     "PreparedStep",
@@ -52,6 +54,7 @@ __all__ = [
     "SampleCost",
     "SampleError",
     "SampledPath",
+    "Satellite",
     "Staleness",
     "StepReport",
     "StepResult",
@@ -69,7 +72,9 @@ __all__ = [
     "reload_engines",
     "sample_cost",
     "score_execution",
+    "snapshot_digest",
     "staleness",
+    "streaming_step",
     "unmasked_trainable",
     "weight_version",
     "write_checkpoint",

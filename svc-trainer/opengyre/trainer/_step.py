@@ -17,7 +17,7 @@ from ._packing import MicroBatch
 from .algorithms import Algorithm, LossInputs
 from .backends import Backend
 
-__all__ = ["Learner", "MicroResult", "StepResult"]
+__all__ = ["Learner", "MicroResult", "StepResult", "accumulate"]
 
 
 @dataclass
@@ -56,6 +56,28 @@ class StepResult:
         self.metrics = {k: v / n for k, v in self.metrics.items()}
 
 
+def accumulate(backend: Backend, algorithm: Algorithm, mb: MicroBatch, reference: Backend | None = None) -> MicroResult:
+    """Forward, loss and backward of one micro-batch on ``backend``; its gradients accumulate."""
+    logprobs = backend.token_logprobs(mb)
+    ref = None
+    if reference is not None:
+        with torch.no_grad():
+            ref = reference.token_logprobs(mb)
+    out = algorithm.loss(
+        LossInputs(
+            logprobs=logprobs,
+            old_logprobs=logprobs.detach(),
+            behaviour_logprobs=mb.behaviour_logprobs,
+            advantages=mb.advantages,
+            mask=mb.mask,
+            token_weights=mb.token_weights,
+            ref_logprobs=ref,
+        )
+    )
+    out.loss.backward()  # type: ignore[no-untyped-call]
+    return MicroResult(float(out.loss.detach()), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics)
+
+
 class Learner:
     """A backend, an algorithm and an optimizer; ``step`` runs one update over a stream of micro-batches."""
 
@@ -77,24 +99,7 @@ class Learner:
 
     def accumulate(self, mb: MicroBatch) -> MicroResult:
         """Forward, loss, backward for one micro-batch; gradients add up until ``apply``."""
-        logprobs = self.backend.token_logprobs(mb)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = self.reference.token_logprobs(mb)
-        out = self.algorithm.loss(
-            LossInputs(
-                logprobs=logprobs,
-                old_logprobs=logprobs.detach(),
-                behaviour_logprobs=mb.behaviour_logprobs,
-                advantages=mb.advantages,
-                mask=mb.mask,
-                token_weights=mb.token_weights,
-                ref_logprobs=ref,
-            )
-        )
-        out.loss.backward()  # type: ignore[no-untyped-call]
-        return MicroResult(float(out.loss.detach()), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics)
+        return accumulate(self.backend, self.algorithm, mb, self.reference)
 
     def grad_norm(self) -> float:
         sq = [p.grad.detach().double().pow(2).sum() for p in self.backend.parameters() if p.grad is not None]
