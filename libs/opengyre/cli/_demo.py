@@ -19,6 +19,7 @@ from ..events import (
     Event,
     ExecutionDispatched,
     ExecutionFinished,
+    ModelCallRecorded,
     PatternUse,
     SkillIngested,
     TaskHardened,
@@ -56,6 +57,8 @@ def scripted_burst(seed: int, run: str, groups: int = 4, group_size: int = 16) -
         events.append(TaskValidated(task_id=task, ok=True, checks={"noop-fails": True, "reference-passes": True}))
     for c in range(4):
         events.append(CellRegistered(cell_id=f"{run}-cell{c}", capacity=group_size * groups // 4))
+    events.extend(_model_calls(rng, f"{run}-g0-e0"))
+    events.extend(_model_calls(rng, f"{run}-g0-e1"))
     statuses = ["completed"] * 7 + ["timed-out", "evaluator-failed", "infra-failed"]
     running = []
     for g, task in enumerate(tasks):
@@ -78,6 +81,50 @@ def scripted_burst(seed: int, run: str, groups: int = 4, group_size: int = 16) -
             events.append(TaskTooEasy(task_id=task, mean_reward=round(mean, 3), n_samples=len(rewards), threshold=0.5))
             events.append(TaskHardened(task_id=task, from_version=1, to_version=2, reason="raise source count"))
     return events
+
+
+def _model_calls(rng: random.Random, execution_id: str) -> list[Event]:
+    """A small trajectory tree: three extending main calls, then a compaction that forks a summary branch."""
+    calls: list[Event] = []
+    sizes: dict[str, int] = {}
+    parent: str | None = None
+    for turn in range(3):
+        call = f"{execution_id}-c{turn}"
+        delta = [rng.randrange(256) for _ in range(rng.randint(8, 24))]
+        out = [rng.randrange(256) for _ in range(rng.randint(4, 12))]
+        prefix = sizes[parent] if parent else 0
+        calls.append(
+            ModelCallRecorded(
+                execution_id=execution_id,
+                call_id=call,
+                parent_call_id=parent,
+                prefix_len=prefix,
+                prompt_delta_ids=delta,
+                output_ids=out,
+                output_logprobs=[round(-rng.random(), 4) for _ in out],
+                model="tiny",
+                weight_version="v0",
+            )
+        )
+        sizes[call] = prefix + len(delta) + len(out)
+        parent = call
+    root = f"{execution_id}-c0"
+    out = [rng.randrange(256) for _ in range(6)]
+    calls.append(
+        ModelCallRecorded(
+            execution_id=execution_id,
+            call_id=f"{execution_id}-summary",
+            parent_call_id=root,
+            prefix_len=4,
+            prompt_delta_ids=[rng.randrange(256) for _ in range(10)],
+            output_ids=out,
+            output_logprobs=[round(-rng.random(), 4) for _ in out],
+            role="main-summary",
+            model="tiny",
+            weight_version="v0",
+        )
+    )
+    return calls
 
 
 async def _pending(stack: Stack) -> int:

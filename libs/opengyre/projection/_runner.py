@@ -87,7 +87,9 @@ class ProjectionRunner:
         cfg = ConsumerConfig(
             durable_name=self.consumer,
             name=self.consumer,
-            ack_policy=AckPolicy.EXPLICIT,
+            # Explicit acks, "all" flavour: acking a batch's last message acknowledges the batch (one ack
+            # per commit instead of one per event); poison messages are termed one by one first.
+            ack_policy=AckPolicy.ALL,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start,
             ack_wait=30.0,
@@ -174,8 +176,9 @@ class ProjectionRunner:
         for m, s in zip(msgs, stored, strict=True):
             if s.seq in outcome.dead:
                 await m.term()
-            else:
-                await m.ack()
+        live = [m for m, s in zip(msgs, stored, strict=True) if s.seq not in outcome.dead]
+        if live:
+            await live[-1].ack()
         await self.log.nc.flush()
         self.applied_total += outcome.applied
         return outcome
