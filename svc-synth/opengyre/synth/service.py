@@ -30,8 +30,15 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
 class SynthService(Service):
     name = "synth"
     summary = "Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop"
-    capabilities = ("status",)
-    not_implemented = ()
+    capabilities = ("status", "task catalogue projection (skills, task versions, too-easy, hardened)")
+    # A later issue builds these; until then the service says so in GetStatus and `opengyre status`.
+    not_implemented = (
+        "skill ingestion (SKILL.md, ClawHub metadata)",
+        "difficulty-pattern pool with control knobs",
+        "task blueprints and Harbor task directories",
+        "rubric evaluators",
+        "hardening loop (reward > 0.7)",
+    )
 
     def projections(self) -> Sequence[Projection]:
         return (TasksProjection(),)

@@ -1,0 +1,80 @@
+"""A service in-process: gRPC health, reflection, GetStatus with projections; bad settings fail clearly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from opengyre.config import Settings
+from opengyre.eventlog import LogConfig, LogUnavailable
+from opengyre.events import SkillIngested
+from opengyre.runtime import EmbeddedNats, free_port, load_service, run_service
+from opengyre.v1 import common_pb2, synth_pb2_grpc
+
+
+@pytest.fixture
+async def synth(
+    nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
+) -> AsyncIterator[tuple[int, Settings]]:
+    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, log=log_config)
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_service(load_service("synth"), settings, stop, port=0, ready=ready))
+    port = await asyncio.wait_for(ready, 60)
+    yield port, settings
+    stop.set()
+    await task
+
+
+async def test_a_skeleton_service_answers_health_reflection_and_status(synth: tuple[int, Settings]) -> None:
+    port, settings = synth
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        for name in ("", "opengyre.v1.SynthService"):
+            got = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=name))
+            assert got.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        async for r in responses:
+            names = {s.name for s in r.list_services_response.service}
+            break
+        assert {"opengyre.v1.SynthService", "grpc.health.v1.Health"} <= names
+        status = await synth_pb2_grpc.SynthServiceStub(ch).GetStatus(common_pb2.StatusRequest())
+    assert status.service == "synth"
+    assert "hardening loop (reward > 0.7)" in status.not_implemented  # says what it does not do yet
+    assert [p.name for p in status.projections] == ["tasks"]
+
+
+async def test_status_reports_projection_progress(synth: tuple[int, Settings], nats_server: EmbeddedNats) -> None:
+    port, settings = synth
+    from opengyre.eventlog import EventLog
+
+    log = await EventLog.connect(nats_server.url, settings.log)
+    try:
+        await log.append_many([SkillIngested(skill_id=f"s{i}", name=f"skill-{i}", description="d") for i in range(5)])
+    finally:
+        await log.close()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = synth_pb2_grpc.SynthServiceStub(ch)
+        for _ in range(300):
+            st = (await stub.GetStatus(common_pb2.StatusRequest())).projections[0]
+            if st.position == 5 and st.pending == 0:
+                break
+            await asyncio.sleep(0.05)
+    assert (st.position, st.pending, st.tracked, st.dead_letters, st.stream_last_seq) == (5, 0, 5, 0, 5)
+
+
+async def test_a_service_without_a_log_fails_with_a_clear_message(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, nats_url=f"nats://127.0.0.1:{free_port()}")
+    with pytest.raises(LogUnavailable, match="no NATS server answers"):
+        await run_service(load_service("synth"), settings, asyncio.Event(), port=0)
+    with pytest.raises(RuntimeError, match="no NATS URL"):
+        await run_service(load_service("synth"), replace(settings, nats_url=None), asyncio.Event(), port=0)
+    with pytest.raises(KeyError, match="unknown service 'warp'"):
+        load_service("warp")
