@@ -34,7 +34,7 @@ async def synth(
 
 
 async def test_a_skeleton_service_answers_health_reflection_and_status(synth: tuple[int, Settings]) -> None:
-    port, settings = synth
+    port, _settings = synth
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         for name in ("", "opengyre.v1.SynthService"):
             got = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=name))
