@@ -21,6 +21,7 @@ from ._publish import EngineReload, PublishedCheckpoint, reload_engines, weight_
 from ._samples import SampleError, TrainingSample, execution_samples
 from ._sampling import ROLE_PRIORITY, PathSampler, SampledPath, unmasked_trainable
 from ._scoring import score_execution
+from ._sft import golden_from_task, golden_tree, run_sft, sft_samples
 from ._staleness import Staleness, staleness
 from ._step import Learner, MicroResult, StepResult
 from ._store import ReadyGroup, TrainerStore
@@ -66,12 +67,16 @@ __all__ = [
     "classify_failure",
     "classify_outcome",
     "execution_samples",
+    "golden_from_task",
+    "golden_tree",
     "pack_samples",
     "prepare_step",
     "read_reward",
     "reload_engines",
+    "run_sft",
     "sample_cost",
     "score_execution",
+    "sft_samples",
     "snapshot_digest",
     "staleness",
     "streaming_step",
