@@ -44,7 +44,8 @@ def golden_tree(execution_id: str, messages: Sequence[Mapping[str, Any]], tokeni
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        text = tok.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True)
+        history = [{str(k): str(v) for k, v in x.items()} for x in messages[:i]]
+        text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         prompt = tuple(tok.encode(text, add_special_tokens=False))
         output = (*tok.encode(str(m.get("content", "")), add_special_tokens=False), IM_END)
         prefix = _common_prefix(parent_tokens, prompt) if parent is not None else 0
