@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import msgspec
 import nats
@@ -27,7 +27,7 @@ from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from ..events import Event, EventRegistry, default_registry
-from ._acks import AckError, AckPipeline
+from ._acks import AckError, AckPipeline, PubAck
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
@@ -169,7 +169,7 @@ class EventLog:
         return subject, body, headers
 
     @staticmethod
-    def _raise(subject: str, expected: int | None, exc: AckError) -> None:
+    def _raise(subject: str, expected: int | None, exc: AckError) -> NoReturn:
         if exc.err_code in WRONG_LAST_SEQUENCE_CODES:
             raise ConcurrencyError(subject, expected if expected is not None else -1, exc.description) from exc
         raise EventLogError(f"append to {subject} refused: {exc}") from exc
@@ -192,7 +192,7 @@ class EventLog:
     async def append_many(self, events: Iterable[Event], *, window: int = 2048) -> list[Appended]:
         """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks)."""
         out: list[Appended] = []
-        pending: list[tuple[str, asyncio.Future[object]]] = []
+        pending: list[tuple[str, asyncio.Future[PubAck]]] = []
 
         async def settle() -> None:
             for subject, fut in pending:
@@ -200,13 +200,13 @@ class EventLog:
                     ack = await asyncio.wait_for(fut, timeout=30)
                 except AckError as exc:
                     self._raise(subject, None, exc)
-                assert isinstance(ack, object)
-                out.append(Appended(ack.seq, ack.duplicate))  # type: ignore[attr-defined]
+                    raise  # unreachable: _raise always raises
+                out.append(Appended(ack.seq, ack.duplicate))
             pending.clear()
 
         for event in events:
             subject, body, headers = await self._prepare(event, None)
-            pending.append((subject, await self._acks.publish(subject, body, headers)))  # type: ignore[arg-type]
+            pending.append((subject, await self._acks.publish(subject, body, headers)))
             if len(pending) >= window:
                 await settle()
         await settle()
