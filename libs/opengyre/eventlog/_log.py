@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple, NoReturn
 
 import msgspec
@@ -58,6 +58,21 @@ def _version_of(headers: dict[str, str]) -> int:
         return int(headers.get(VERSION_HEADER, "1"))
     except ValueError:
         return -1
+
+
+def _ack_position(msg: Msg) -> tuple[int, int]:
+    """Stream sequence and timestamp (ns) from a JetStream reply subject, without building nats-py's Metadata.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (v1) or the v2 form with
+    ``<domain>.<account hash>`` after ``$JS.ACK`` and a trailing token.
+    """
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[7])
+    if len(tokens) >= 11:
+        return int(tokens[7]), int(tokens[9])
+    meta = msg.metadata  # anything else: let nats-py parse it (and raise on a non-JetStream message)
+    return int(meta.sequence.stream), int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
 
 
 class EventLog:
@@ -253,16 +268,15 @@ class EventLog:
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
         """The stored event without resolving an out-of-band body (see ``to_stored``)."""
         headers = msg.headers or {}
-        body = msg.data
-        meta = msg.metadata
+        seq, ts_ns = _ack_position(msg)
         return StoredEvent(
-            seq=int(meta.sequence.stream),
+            seq=seq,
             subject=msg.subject,
             type_name=headers.get(TYPE_HEADER, ""),
             version=_version_of(headers),
             event_id=headers.get(Header.MSG_ID, ""),
-            time=meta.timestamp,
-            body=body,
+            time=datetime.fromtimestamp(ts_ns / 1e9, UTC),
+            body=msg.data,
         )
 
     def decode(self, stored: StoredEvent) -> Event:
