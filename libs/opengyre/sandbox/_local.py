@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -31,18 +30,26 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be set up or could not start the command (an infrastructure failure)."""
 
 
-def _limiter(limits: SandboxLimits) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec
-        if limits.memory_mb is not None:
-            cap = limits.memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        if limits.cpu_s is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        if limits.max_processes is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _limit_prefix(limits: SandboxLimits) -> list[str]:
+    """argv prefix applying the resource limits.
 
-    return apply
+    ``prlimit`` (util-linux) or a shell's ``ulimit`` set them in the child before it execs the command.
+    A ``preexec_fn`` would run Python between fork and exec, which can deadlock or crash in a process with
+    threads (a gRPC server, the engine); these prefixes keep the child free of Python.
+    """
+    caps: list[tuple[str, str, int]] = [("--core", "-c", 0)]
+    if limits.memory_mb is not None:
+        caps.append(("--as", "-v", limits.memory_mb * 1024 * 1024))
+    if limits.cpu_s is not None:
+        caps.append(("--cpu", "-t", limits.cpu_s))
+    if limits.max_processes is not None:
+        caps.append(("--nproc", "-u", limits.max_processes))
+    prlimit = shutil.which("prlimit")
+    if prlimit is not None:
+        return [prlimit, *(f"{flag}={value}" for flag, _, value in caps), "--"]
+    # ulimit -v counts KiB; the others take their plain unit.
+    script = "; ".join(f"ulimit {opt} {value // 1024 if opt == '-v' else value}" for _, opt, value in caps)
+    return ["/bin/sh", "-c", script + '; exec "$@"', "sandbox"]
 
 
 def _exit_code(returncode: int) -> int:
@@ -116,7 +123,7 @@ class LocalSandbox:
     ) -> SandboxResult:
         lim = limits or self.limits
         lim.validate()
-        prefix = [] if lim.network else no_network_prefix()
+        prefix = _limit_prefix(lim) + ([] if lim.network else no_network_prefix())
         workdir = self.root / cwd if cwd is not None and not Path(cwd).is_absolute() else Path(cwd or self.root)
         run_env = self.env(env)
         # Resolve the program here: behind ``unshare`` a missing one would look like the command's own failure.
@@ -133,7 +140,6 @@ class LocalSandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: a timeout kills children too
-                preexec_fn=_limiter(lim),
             )
         except OSError as exc:
             raise SandboxError(f"sandbox failed to start {argv[0]!r}: {exc}") from exc
@@ -151,7 +157,7 @@ class LocalSandbox:
             stderr=_cut(err, lim.max_output_bytes),
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
-            network_isolated=bool(prefix),
+            network_isolated=not lim.network and bool(no_network_prefix()),
         )
 
 

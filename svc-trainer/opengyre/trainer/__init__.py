@@ -1,31 +1,164 @@
-"""QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, two backends, weight publishing, SFT."""
+"""QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, two backends, weight publishing, SFT.
 
-from ._admission import Admission, AdmissionPolicy, ExecutionOutcome, GroupAdmission, classify_outcome
-from ._config import TrainerConfig
-from ._cost import SampleCost, sample_cost
-from ._evaluator import (
-    Evaluation,
-    Evaluator,
-    HarborVerifier,
-    RewardFileEmptyError,
-    RewardFileError,
-    RewardFileNotFoundError,
-    read_reward,
-)
-from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES, classify_failure
-from ._loop import OnlineTrainer, StepReport
-from ._packing import PAD_ID, MicroBatch, pack_samples
-from ._prepare import PreparedStep, prepare_step
-from ._projection import TrainerProjection, TrajectoryRejected
-from ._publish import EngineReload, PublishedCheckpoint, reload_engines, weight_version, write_checkpoint
-from ._samples import SampleError, TrainingSample, execution_samples
-from ._sampling import ROLE_PRIORITY, PathSampler, SampledPath, unmasked_trainable
-from ._scoring import score_execution
-from ._sft import golden_from_task, golden_tree, run_sft, sft_samples
-from ._staleness import Staleness, staleness
-from ._step import Learner, MicroResult, StepResult
-from ._store import ReadyGroup, TrainerStore
-from ._streaming import MicroStepBuffer, Satellite, snapshot_digest, streaming_step
+Names load on first use (PEP 562): the CLI and the service's projection import this package without
+paying for torch; the training pieces pull it in when they are touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._admission import (
+        Admission,
+        AdmissionPolicy,
+        ExecutionOutcome,
+        GroupAdmission,
+        classify_outcome,
+    )
+    from ._config import (
+        TrainerConfig,
+    )
+    from ._cost import (
+        SampleCost,
+        sample_cost,
+    )
+    from ._evaluator import (
+        Evaluation,
+        Evaluator,
+        HarborVerifier,
+        RewardFileEmptyError,
+        RewardFileError,
+        RewardFileNotFoundError,
+        read_reward,
+    )
+    from ._failures import (
+        INFRA_CLASSES,
+        TRANSIENT_CLASSES,
+        classify_failure,
+    )
+    from ._loop import (
+        OnlineTrainer,
+        StepReport,
+    )
+    from ._packing import (
+        PAD_ID,
+        MicroBatch,
+        pack_samples,
+    )
+    from ._prepare import (
+        PreparedStep,
+        prepare_step,
+    )
+    from ._projection import (
+        TrainerProjection,
+        TrajectoryRejected,
+    )
+    from ._publish import (
+        EngineReload,
+        PublishedCheckpoint,
+        reload_engines,
+        weight_version,
+        write_checkpoint,
+    )
+    from ._samples import (
+        SampleError,
+        TrainingSample,
+        execution_samples,
+    )
+    from ._sampling import (
+        ROLE_PRIORITY,
+        PathSampler,
+        SampledPath,
+        unmasked_trainable,
+    )
+    from ._scoring import (
+        score_execution,
+    )
+    from ._sft import (
+        golden_from_task,
+        golden_tree,
+        run_sft,
+        sft_samples,
+    )
+    from ._staleness import (
+        Staleness,
+        staleness,
+    )
+    from ._step import (
+        Learner,
+        MicroResult,
+        StepResult,
+    )
+    from ._store import (
+        ReadyGroup,
+        TrainerStore,
+    )
+    from ._streaming import (
+        MicroStepBuffer,
+        Satellite,
+        snapshot_digest,
+        streaming_step,
+    )
+
+_WHERE: dict[str, str] = {
+    "Admission": "._admission",
+    "AdmissionPolicy": "._admission",
+    "EngineReload": "._publish",
+    "Evaluation": "._evaluator",
+    "Evaluator": "._evaluator",
+    "ExecutionOutcome": "._admission",
+    "GroupAdmission": "._admission",
+    "HarborVerifier": "._evaluator",
+    "INFRA_CLASSES": "._failures",
+    "Learner": "._step",
+    "MicroBatch": "._packing",
+    "MicroResult": "._step",
+    "MicroStepBuffer": "._streaming",
+    "OnlineTrainer": "._loop",
+    "PAD_ID": "._packing",
+    "PathSampler": "._sampling",
+    "PreparedStep": "._prepare",
+    "PublishedCheckpoint": "._publish",
+    "ROLE_PRIORITY": "._sampling",
+    "ReadyGroup": "._store",
+    "RewardFileEmptyError": "._evaluator",
+    "RewardFileError": "._evaluator",
+    "RewardFileNotFoundError": "._evaluator",
+    "SampleCost": "._cost",
+    "SampleError": "._samples",
+    "SampledPath": "._sampling",
+    "Satellite": "._streaming",
+    "Staleness": "._staleness",
+    "StepReport": "._loop",
+    "StepResult": "._step",
+    "TRANSIENT_CLASSES": "._failures",
+    "TrainerConfig": "._config",
+    "TrainerProjection": "._projection",
+    "TrainerStore": "._store",
+    "TrainingSample": "._samples",
+    "TrajectoryRejected": "._projection",
+    "classify_failure": "._failures",
+    "classify_outcome": "._admission",
+    "execution_samples": "._samples",
+    "golden_from_task": "._sft",
+    "golden_tree": "._sft",
+    "pack_samples": "._packing",
+    "prepare_step": "._prepare",
+    "read_reward": "._evaluator",
+    "reload_engines": "._publish",
+    "run_sft": "._sft",
+    "sample_cost": "._cost",
+    "score_execution": "._scoring",
+    "sft_samples": "._sft",
+    "snapshot_digest": "._streaming",
+    "staleness": "._staleness",
+    "streaming_step": "._streaming",
+    "unmasked_trainable": "._sampling",
+    "weight_version": "._publish",
+    "write_checkpoint": "._publish",
+}
 
 __all__ = [
     "INFRA_CLASSES",
@@ -84,3 +217,16 @@ __all__ = [
     "weight_version",
     "write_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,233 @@
+"""Commands the trainer adds to ``opengyre``: ``opengyre train run|sft|score|preview|steps``.
+
+Heavy imports (torch, megatron) happen inside the commands: ``opengyre --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from opengyre.cli._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
+
+__all__ = ["register"]
+
+train_app = typer.Typer(
+    help="Train the policy: online RL from the log, SFT warm starts, scoring.", no_args_is_help=True
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(train_app, name="train")
+
+
+def _engine(db_url: str):  # type: ignore[no-untyped-def]
+    from opengyre.store import create_db_engine, migrate
+
+    eng = create_db_engine(db_url)
+    migrate(eng)
+    return eng
+
+
+@train_app.command("run")
+def run_command(
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+    db_url: DbUrlOpt = None,
+    run_id: Annotated[str, typer.Option(help="Run name: weight versions are <run>-s<step>")] = "default",
+    model: Annotated[str, typer.Option(help="Model preset (tiny, small)")] = "tiny",
+    backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
+    algorithm: Annotated[str, typer.Option(help="gspo, grpo (token-level, DAPO clip-higher) or sft")] = "gspo",
+    max_paths: Annotated[int, typer.Option(help="Jmax: paths per execution; 0 = all (ablation)")] = 5,
+    group_size: Annotated[int, typer.Option(help="Members per group when the dispatch did not say")] = 16,
+    groups_per_step: Annotated[int, typer.Option(help="Complete groups per optimizer step")] = 1,
+    lr: Annotated[float, typer.Option(help="Learning rate")] = 1e-5,
+    micro_batch_tokens: Annotated[int, typer.Option(help="Padded tokens per micro-batch")] = 4096,
+    max_staleness: Annotated[int, typer.Option(help="Filter executions staler than this (-1: keep all)")] = -1,
+    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine URL to hot-reload (repeat)")] = None,
+    init_checkpoint: Annotated[Path | None, typer.Option(help="Start from this checkpoint (an SFT warm start)")] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Where checkpoints go [default: <data-dir>/checkpoints]")
+    ] = None,
+    steps: Annotated[int, typer.Option(help="Stop after this many steps (0: run until Ctrl-C)")] = 0,
+    fold: Annotated[
+        bool, typer.Option(help="Fold the trainer projection in this process (off if the service does)")
+    ] = True,
+) -> None:
+    """Online RL: wait for complete groups, train one step per batch, publish weights, reload engines."""
+    from opengyre.projection import ProjectionRunner
+
+    from ._config import TrainerConfig
+    from ._loop import OnlineTrainer
+    from ._projection import TrainerProjection
+    from ._store import TrainerStore
+
+    settings = settings_from(data_dir, nats_url, db_url)
+    cfg = TrainerConfig(
+        run_id=run_id,
+        model=model,
+        backend=backend,
+        algorithm=algorithm,
+        max_paths=max_paths or None,
+        group_size=group_size,
+        groups_per_step=groups_per_step,
+        lr=lr,
+        micro_batch_tokens=micro_batch_tokens,
+        max_staleness=None if max_staleness < 0 else max_staleness,
+        engines=list(engine or []),
+        init_checkpoint=init_checkpoint,
+        checkpoint_dir=checkpoint_dir or settings.data_dir / "checkpoints",
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+
+    async def main() -> None:
+        eng = await asyncio.to_thread(_engine, settings.database_url)
+        async with log_session(settings) as log:
+            stop = asyncio.Event()
+            tasks = []
+            if fold:
+                runner = ProjectionRunner(TrainerProjection(), log, eng)
+                tasks.append(asyncio.create_task(runner.run(stop)))
+            trainer = OnlineTrainer(cfg, TrainerStore(eng), log)
+            console.print(f"training run [bold]{run_id}[/] from step {trainer.step_no + 1} ({backend}, {algorithm})")
+            try:
+                await trainer.run(stop, max_steps=steps or None)
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                eng.dispose()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+@train_app.command("sft")
+def sft_command(
+    data: Annotated[
+        Path, typer.Argument(help='JSONL of golden conversations ({"messages": [...]}) or Harbor task dirs\' parent')
+    ],
+    out: Annotated[Path, typer.Option(help="Checkpoint folder to write")],
+    model: Annotated[str, typer.Option(help="Model preset")] = "tiny",
+    backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
+    epochs: Annotated[int, typer.Option()] = 3,
+    batch_size: Annotated[int, typer.Option()] = 8,
+    lr: Annotated[float, typer.Option()] = 1e-3,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Warm-start a policy on golden trajectories (conversations, or Harbor tasks' reference solutions)."""
+    from opengyre.models import model_config
+
+    from ._publish import write_checkpoint
+    from ._sft import golden_from_task, golden_tree, run_sft
+    from ._step import Learner
+    from .algorithms import SFT
+    from .backends import build_backend
+
+    if data.is_dir():
+        convos = [golden_from_task(t) for t in sorted(data.iterdir()) if (t / "solution" / "solve.sh").exists()]
+    elif data.is_file():
+        convos = [json.loads(line)["messages"] for line in data.read_text().splitlines() if line.strip()]
+    else:
+        raise fail(f"{data} does not exist")
+    if not convos:
+        raise fail(f"no golden trajectories in {data}")
+    trees = [golden_tree(f"golden-{i}", c) for i, c in enumerate(convos)]
+    learner = Learner(build_backend(backend, model_config(model), seed=seed), SFT(), lr=lr)
+    results = run_sft(learner, trees, epochs=epochs, batch_size=batch_size, seed=seed)
+    ckpt = write_checkpoint(learner.backend, out.parent, out.name, 0)
+    console.print(
+        f"SFT on {len(trees)} trajectories, {len(results)} steps: nll {results[0].metrics['nll']:.3f} -> "
+        f"{results[-1].metrics['nll']:.3f}; checkpoint {ckpt.path} ({ckpt.weight_version})"
+    )
+
+
+@train_app.command("score")
+def score_command(
+    execution_id: Annotated[str, typer.Argument()],
+    task: Annotated[Path, typer.Option(help="Harbor task directory (tests/test.sh)")],
+    workspace: Annotated[Path, typer.Option(help="The execution's preserved workspace")],
+    timed_out: Annotated[bool, typer.Option(help="The execution hit its time limit (it is still graded)")] = False,
+    exit_code: Annotated[int | None, typer.Option(help="How the agent process ended")] = None,
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the outcome without recording it")] = False,
+) -> None:
+    """Grade a finished execution on its preserved workspace and record ExecutionFinished."""
+    from ._evaluator import HarborVerifier
+    from ._scoring import score_execution
+
+    fin = score_execution(execution_id, HarborVerifier(), task, workspace, timed_out=timed_out, exit_code=exit_code)
+    console.print(
+        f"{execution_id}: {fin.status} score={fin.score} failure={fin.failure_class or '-'} {fin.detail[:200]}"
+    )
+    if dry_run:
+        return
+
+    async def record() -> int:
+        async with log_session(settings_from(data_dir, nats_url)) as log:
+            return (await log.append(fin)).seq
+
+    console.print(f"recorded at seq {asyncio.run(record())}")
+
+
+@train_app.command("preview")
+def preview_command(
+    execution_id: Annotated[str, typer.Argument()],
+    max_paths: Annotated[int, typer.Option(help="Jmax (0 = all paths)")] = 5,
+    seed: Annotated[int, typer.Option()] = 0,
+    data_dir: DataDirOpt = None,
+    db_url: DbUrlOpt = None,
+) -> None:
+    """Show the bounded sample of one execution: drawn paths, targets, and the cost against all paths."""
+    from opengyre.trajectory import TrajectoryError
+
+    from ._cost import sample_cost
+    from ._sampling import PathSampler
+    from ._store import TrainerStore
+
+    store = TrainerStore(_engine(settings_from(data_dir, None, db_url).database_url))
+    try:
+        tree = store.tree(execution_id)
+    except TrajectoryError as exc:
+        raise fail(str(exc)) from exc
+    drawn = PathSampler(max_paths or None).sample(tree, random.Random(seed))
+    t = Table("order", "leaf", "role", "tokens", "targets", "draw weight")
+    for d in drawn:
+        t.add_row(str(d.order), d.path.leaf, d.path.role, str(len(d.path.tokens)), str(d.n_targets), str(d.draw_weight))
+    console.print(t)
+    c = sample_cost(tree, drawn)
+    console.print(
+        f"{c.paths}/{c.leaves} paths; targets {c.target_tokens}/{c.generated_tokens} generated tokens; "
+        f"forward tokens {c.forward_tokens} vs {c.all_paths_forward_tokens} for all paths"
+    )
+
+
+@train_app.command("steps")
+def steps_command(
+    run_id: Annotated[str, typer.Option()] = "default", data_dir: DataDirOpt = None, db_url: DbUrlOpt = None
+) -> None:
+    """Training steps of a run as the trainer projection records them."""
+    from ._store import TrainerStore
+
+    rows = TrainerStore(_engine(settings_from(data_dir, None, db_url).database_url)).steps(run_id)
+    t = Table("step", "version", "loss", "trained", "dropped", "tokens", "reward", "grad norm", "staleness")
+    for r in rows:
+        reward = "-" if r["reward_mean"] is None else f"{r['reward_mean']:.3f}"
+        norm = "-" if r["grad_norm"] is None else f"{r['grad_norm']:.3f}"
+        stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']}"
+        t.add_row(
+            str(r["step"]), str(r["weight_version"]), f"{r['loss']:.4f}", str(r["n_trained"]), str(r["n_dropped"]),
+            str(r["n_tokens"]), reward, norm, stale,
+        )  # fmt: skip
+    console.print(t)

@@ -1,0 +1,107 @@
+"""The TrainerService over gRPC, run as the stack runs it: precise status codes, scoring recorded in the log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from opengyre.config import Settings
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.events import ExecutionDispatched
+from opengyre.runtime import EmbeddedNats, run_service
+from opengyre.trainer.service import TrainerService
+from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+
+from ._events import group
+
+
+async def _until(pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await pred():
+        if loop.time() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.1)
+
+
+async def test_trainer_service_end_to_end(
+    nats_server: EmbeddedNats, event_log: EventLog, log_config: LogConfig, tmp_path: Path
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
+    )
+    await event_log.append_many(
+        group("g", [("completed", 1.0, None), ("timed-out", 0.25, None), ("infra-failed", None, "oom")])
+    )
+    await event_log.append(ExecutionDispatched(execution_id="todo", task_id="t", group_id="h", group_size=1))
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
+    try:
+        port = await asyncio.wait_for(ready, 60)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+
+            async def caught_up() -> bool:
+                st = await stub.GetStatus(common_pb2.StatusRequest())
+                return all(p.pending == 0 for p in st.projections) and bool(st.projections)
+
+            await _until(caught_up)
+            st = await stub.GetStatus(common_pb2.StatusRequest())
+            assert "score" in st.capabilities and [p.name for p in st.projections] == ["trainer"]
+
+            ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e1"))
+            assert (ex.status, ex.has_score, ex.score, ex.verdict) == ("timed-out", True, 0.25, "ok")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="nope"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+            groups = await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest())
+            [g] = groups.groups
+            assert [(m.execution_id, m.decision) for m in g.members] == [
+                ("g-e0", "train"),
+                ("g-e1", "train"),
+                ("g-e2", "masked"),
+            ]
+
+            prev = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=1))
+            assert len(prev.paths) == 1 and prev.paths[0].role == "main"
+            full = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-1))
+            assert full.target_tokens == full.generated_tokens  # every generated token once
+            assert len(full.paths) == full.tree_leaves == 3 and full.forward_tokens == full.all_paths_forward_tokens
+            assert prev.forward_tokens < full.forward_tokens and prev.target_tokens < full.target_tokens
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-3))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+            task_dir = tmp_path / "task"
+            (task_dir / "tests").mkdir(parents=True)
+            (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\n")
+            (tmp_path / "ws").mkdir()
+            req = trainer_pb2.ScoreExecutionRequest(
+                execution_id="todo", task_dir=str(task_dir), workspace=str(tmp_path / "ws"), timed_out=True
+            )
+            reply = await stub.ScoreExecution(req)
+            assert (reply.status, reply.has_score, reply.score) == ("timed-out", True, 0.5) and reply.seq > 0
+
+            async def scored() -> bool:
+                e = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="todo"))
+                return e.status == "timed-out"
+
+            await _until(scored)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ScoreExecution(req)
+            assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            bad = trainer_pb2.ScoreExecutionRequest(execution_id="todo", task_dir=str(tmp_path), workspace="/x")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ScoreExecution(bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+            steps = await stub.ListSteps(trainer_pb2.ListStepsRequest())
+            assert list(steps.steps) == []
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
