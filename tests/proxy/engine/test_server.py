@@ -4,6 +4,7 @@ continuous batching, and the request log tests compare the proxy's records again
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ async def test_streams_are_cumulative_and_end_with_done(engine_a: EngineServer) 
             },
         )
     assert len(chunks) >= 2
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
         assert a["meta_info"]["finish_reason"] is None
     last = chunks[-1]
@@ -155,7 +156,7 @@ async def test_concurrent_requests_share_decode_steps(engine_a: EngineServer) ->
             *(
                 c.post(
                     engine_a.url + "/generate",
-                    json={"input_ids": PROMPT + [i], "sampling_params": {"max_new_tokens": k, "ignore_eos": True}},
+                    json={"input_ids": [*PROMPT, i], "sampling_params": {"max_new_tokens": k, "ignore_eos": True}},
                 )
                 for i in range(n)
             )
