@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ._publish import (
         EngineReload,
         PublishedCheckpoint,
+        export_checkpoint,
         reload_engines,
         weight_version,
         write_checkpoint,
@@ -148,6 +149,7 @@ _WHERE: dict[str, str] = {
     "prepare_step": "._prepare",
     "read_reward": "._evaluator",
     "reload_engines": "._publish",
+    "export_checkpoint": "._publish",
     "run_sft": "._sft",
     "sample_cost": "._cost",
     "score_execution": "._scoring",
@@ -200,6 +202,7 @@ __all__ = [
     "classify_failure",
     "classify_outcome",
     "execution_samples",
+    "export_checkpoint",
     "golden_from_task",
     "golden_tree",
     "pack_samples",

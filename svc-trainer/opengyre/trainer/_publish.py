@@ -18,7 +18,14 @@ from opengyre.models import build_model, save_checkpoint
 
 from .backends import Backend
 
-__all__ = ["EngineReload", "PublishedCheckpoint", "reload_engines", "weight_version", "write_checkpoint"]
+__all__ = [
+    "EngineReload",
+    "PublishedCheckpoint",
+    "export_checkpoint",
+    "reload_engines",
+    "weight_version",
+    "write_checkpoint",
+]
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,20 @@ def weight_version(run_id: str, step: int) -> str:
     return f"{run_id}-s{step}"
 
 
-def write_checkpoint(backend: Backend, root: Path, run_id: str, step: int) -> PublishedCheckpoint:
-    """Write the backend's weights (whatever its layout) as a Hugging Face Llama checkpoint."""
-    version = weight_version(run_id, step)
+def export_checkpoint(backend: Backend, path: Path, version: str) -> str:
+    """Write the backend's weights (whatever its layout) as a Hugging Face Llama checkpoint; returns the digest."""
     model = build_model(backend.config)
     missing, unexpected = model.load_state_dict(backend.hf_state_dict(), strict=False)
     if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
         raise ValueError(f"backend weights do not fit the model: missing={missing} unexpected={unexpected}")
+    return save_checkpoint(model, Path(path), version)
+
+
+def write_checkpoint(backend: Backend, root: Path, run_id: str, step: int) -> PublishedCheckpoint:
+    """The checkpoint of one step, at ``<root>/<run_id>/step-<step>``."""
+    version = weight_version(run_id, step)
     path = Path(root) / run_id / f"step-{step:06d}"
-    digest = save_checkpoint(model, path, version)
+    digest = export_checkpoint(backend, path, version)
     return PublishedCheckpoint(version, step, path.resolve(), digest)
 
 

@@ -124,11 +124,12 @@ def sft_command(
     batch_size: Annotated[int, typer.Option()] = 8,
     lr: Annotated[float, typer.Option()] = 1e-3,
     seed: Annotated[int, typer.Option()] = 0,
+    version: Annotated[str, typer.Option(help="Weight version stamped on the checkpoint")] = "sft",
 ) -> None:
     """Warm-start a policy on golden trajectories (conversations, or Harbor tasks' reference solutions)."""
     from opengyre.models import model_config
 
-    from ._publish import write_checkpoint
+    from ._publish import export_checkpoint
     from ._sft import golden_from_task, golden_tree, run_sft
     from ._step import Learner
     from .algorithms import SFT
@@ -145,10 +146,10 @@ def sft_command(
     trees = [golden_tree(f"golden-{i}", c) for i, c in enumerate(convos)]
     learner = Learner(build_backend(backend, model_config(model), seed=seed), SFT(), lr=lr)
     results = run_sft(learner, trees, epochs=epochs, batch_size=batch_size, seed=seed)
-    ckpt = write_checkpoint(learner.backend, out.parent, out.name, 0)
+    export_checkpoint(learner.backend, out, version)
     console.print(
         f"SFT on {len(trees)} trajectories, {len(results)} steps: nll {results[0].metrics['nll']:.3f} -> "
-        f"{results[-1].metrics['nll']:.3f}; checkpoint {ckpt.path} ({ckpt.weight_version})"
+        f"{results[-1].metrics['nll']:.3f}; checkpoint {out} ({version})"
     )
 
 
