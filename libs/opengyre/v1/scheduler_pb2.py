@@ -25,13 +25,41 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bopengyre/v1/scheduler.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto2W\n\x10SchedulerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bopengyre/v1/scheduler.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"\xa1\x01\n\x08\x43\x65llInfo\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\x12\r\n\x05order\x18\x08 \x01(\r\x12\x13\n\x0bswitch_from\x18\t \x01(\t\"\x88\x01\n\x13RegisterCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\"\x11\n\x0fGetStateRequest\"(\n\x11WatchStateRequest\x12\x13\n\x0bmax_updates\x18\x01 \x01(\r\".\n\x0e\x44ispatchAdvice\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0e\n\x06groups\x18\x02 \x01(\r\"=\n\nRoleAdvice\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa6\x03\n\x12SchedulerStateView\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12$\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x15.opengyre.v1.CellInfo\x12\x11\n\twatermark\x18\x03 \x01(\x04\x12\x18\n\x10rollout_capacity\x18\x04 \x01(\x04\x12\x18\n\x10\x64ispatched_total\x18\x05 \x01(\x04\x12\x16\n\x0e\x66inished_total\x18\x06 \x01(\x04\x12\x15\n\rready_samples\x18\x07 \x01(\x04\x12\x14\n\x0cready_groups\x18\x08 \x01(\r\x12\x14\n\x0ctrained_step\x18\t \x01(\r\x12\x17\n\x0f\x64ispatched_step\x18\n \x01(\r\x12\x16\n\x0estaleness_mean\x18\x0b \x01(\x01\x12\x15\n\rstaleness_max\x18\x0c \x01(\r\x12\x0e\n\x06policy\x18\r \x01(\t\x12\x0c\n\x04\x61uto\x18\x0e \x01(\x08\x12-\n\x08\x64ispatch\x18\x0f \x03(\x0b\x32\x1b.opengyre.v1.DispatchAdvice\x12&\n\x05roles\x18\x10 \x03(\x0b\x32\x17.opengyre.v1.RoleAdvice\"3\n\x10\x44rainCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x10\x46orceRoleRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"F\n\x10RoleChangeResult\x12#\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x15.opengyre.v1.CellInfo\x12\r\n\x05steps\x18\x02 \x03(\t\"(\n\x15\x43laimMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\"m\n\x13\x43laimMicroStepReply\x12\x0f\n\x07\x63laimed\x18\x01 \x01(\x08\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\x12\x11\n\tgroup_ids\x18\x04 \x03(\t\x12\x15\n\rexecution_ids\x18\x05 \x03(\t\"H\n\x18\x43ompleteMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\"F\n\x16\x43ompleteMicroStepReply\x12\x15\n\rstep_complete\x18\x01 \x01(\x08\x12\x15\n\rexecution_ids\x18\x02 \x03(\t2\x8b\x05\n\x10SchedulerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12G\n\x0cRegisterCell\x12 .opengyre.v1.RegisterCellRequest\x1a\x15.opengyre.v1.CellInfo\x12I\n\x08GetState\x12\x1c.opengyre.v1.GetStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView\x12O\n\nWatchState\x12\x1e.opengyre.v1.WatchStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView0\x01\x12I\n\tDrainCell\x12\x1d.opengyre.v1.DrainCellRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12I\n\tForceRole\x12\x1d.opengyre.v1.ForceRoleRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12V\n\x0e\x43laimMicroStep\x12\".opengyre.v1.ClaimMicroStepRequest\x1a .opengyre.v1.ClaimMicroStepReply\x12_\n\x11\x43ompleteMicroStep\x12%.opengyre.v1.CompleteMicroStepRequest\x1a#.opengyre.v1.CompleteMicroStepReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'opengyre.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCHEDULERSERVICE']._serialized_start=70
-  _globals['_SCHEDULERSERVICE']._serialized_end=157
+  _globals['_CELLINFO']._serialized_start=71
+  _globals['_CELLINFO']._serialized_end=232
+  _globals['_REGISTERCELLREQUEST']._serialized_start=235
+  _globals['_REGISTERCELLREQUEST']._serialized_end=371
+  _globals['_GETSTATEREQUEST']._serialized_start=373
+  _globals['_GETSTATEREQUEST']._serialized_end=390
+  _globals['_WATCHSTATEREQUEST']._serialized_start=392
+  _globals['_WATCHSTATEREQUEST']._serialized_end=432
+  _globals['_DISPATCHADVICE']._serialized_start=434
+  _globals['_DISPATCHADVICE']._serialized_end=480
+  _globals['_ROLEADVICE']._serialized_start=482
+  _globals['_ROLEADVICE']._serialized_end=543
+  _globals['_SCHEDULERSTATEVIEW']._serialized_start=546
+  _globals['_SCHEDULERSTATEVIEW']._serialized_end=968
+  _globals['_DRAINCELLREQUEST']._serialized_start=970
+  _globals['_DRAINCELLREQUEST']._serialized_end=1021
+  _globals['_FORCEROLEREQUEST']._serialized_start=1023
+  _globals['_FORCEROLEREQUEST']._serialized_end=1090
+  _globals['_ROLECHANGERESULT']._serialized_start=1092
+  _globals['_ROLECHANGERESULT']._serialized_end=1162
+  _globals['_CLAIMMICROSTEPREQUEST']._serialized_start=1164
+  _globals['_CLAIMMICROSTEPREQUEST']._serialized_end=1204
+  _globals['_CLAIMMICROSTEPREPLY']._serialized_start=1206
+  _globals['_CLAIMMICROSTEPREPLY']._serialized_end=1315
+  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_start=1317
+  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_end=1389
+  _globals['_COMPLETEMICROSTEPREPLY']._serialized_start=1391
+  _globals['_COMPLETEMICROSTEPREPLY']._serialized_end=1461
+  _globals['_SCHEDULERSERVICE']._serialized_start=1464
+  _globals['_SCHEDULERSERVICE']._serialized_end=2115
 # @@protoc_insertion_point(module_scope)

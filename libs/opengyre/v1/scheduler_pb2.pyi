@@ -3,6 +3,439 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class CellInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ENGINE_URL_FIELD_NUMBER: _builtins.int
+    RESIDENT_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    SWITCH_FROM_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    node: _builtins.str
+    gpus: _builtins.int
+    capacity: _builtins.int
+    """executions the cell holds in rollout"""
+    role: _builtins.str
+    """idle | rollout | draining | switching | training-core | training-satellite"""
+    engine_url: _builtins.str
+    resident: _builtins.bool
+    """resident rollout pool: never trains"""
+    order: _builtins.int
+    """registration order; cells turn to training as a growing prefix of it"""
+    switch_from: _builtins.str
+    """while switching: the role it left"""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        capacity: _builtins.int = ...,
+        role: _builtins.str = ...,
+        engine_url: _builtins.str = ...,
+        resident: _builtins.bool = ...,
+        order: _builtins.int = ...,
+        switch_from: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "cell_id", b"cell_id", "engine_url", b"engine_url", "gpus", b"gpus", "node", b"node", "order", b"order", "resident", b"resident", "role", b"role", "switch_from", b"switch_from"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellInfo: _TypeAlias = CellInfo  # noqa: Y015
+
+@_typing.final
+class RegisterCellRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ENGINE_URL_FIELD_NUMBER: _builtins.int
+    RESIDENT_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    node: _builtins.str
+    gpus: _builtins.int
+    capacity: _builtins.int
+    role: _builtins.str
+    """"rollout" (default) or "idle" """
+    engine_url: _builtins.str
+    resident: _builtins.bool
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        capacity: _builtins.int = ...,
+        role: _builtins.str = ...,
+        engine_url: _builtins.str = ...,
+        resident: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "cell_id", b"cell_id", "engine_url", b"engine_url", "gpus", b"gpus", "node", b"node", "resident", b"resident", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterCellRequest: _TypeAlias = RegisterCellRequest  # noqa: Y015
+
+@_typing.final
+class GetStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStateRequest: _TypeAlias = GetStateRequest  # noqa: Y015
+
+@_typing.final
+class WatchStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_UPDATES_FIELD_NUMBER: _builtins.int
+    max_updates: _builtins.int
+    """0: until cancelled"""
+    def __init__(
+        self,
+        *,
+        max_updates: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_updates", b"max_updates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStateRequest: _TypeAlias = WatchStateRequest  # noqa: Y015
+
+@_typing.final
+class DispatchAdvice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """the training step the groups are meant for"""
+    groups: _builtins.int
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        groups: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchAdvice: _TypeAlias = DispatchAdvice  # noqa: Y015
+
+@_typing.final
+class RoleAdvice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    target: _builtins.str
+    """training | rollout"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        target: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "reason", b"reason", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoleAdvice: _TypeAlias = RoleAdvice  # noqa: Y015
+
+@_typing.final
+class SchedulerStateView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    CELLS_FIELD_NUMBER: _builtins.int
+    WATERMARK_FIELD_NUMBER: _builtins.int
+    ROLLOUT_CAPACITY_FIELD_NUMBER: _builtins.int
+    DISPATCHED_TOTAL_FIELD_NUMBER: _builtins.int
+    FINISHED_TOTAL_FIELD_NUMBER: _builtins.int
+    READY_SAMPLES_FIELD_NUMBER: _builtins.int
+    READY_GROUPS_FIELD_NUMBER: _builtins.int
+    TRAINED_STEP_FIELD_NUMBER: _builtins.int
+    DISPATCHED_STEP_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_FIELD_NUMBER: _builtins.int
+    STALENESS_MAX_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    AUTO_FIELD_NUMBER: _builtins.int
+    DISPATCH_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """last event folded into the projection"""
+    watermark: _builtins.int
+    """w(t) = dispatched - finished"""
+    rollout_capacity: _builtins.int
+    """CR(t)"""
+    dispatched_total: _builtins.int
+    finished_total: _builtins.int
+    ready_samples: _builtins.int
+    """in complete groups not yet trained on"""
+    ready_groups: _builtins.int
+    trained_step: _builtins.int
+    dispatched_step: _builtins.int
+    staleness_mean: _builtins.float
+    staleness_max: _builtins.int
+    policy: _builtins.str
+    auto: _builtins.bool
+    """the policy's role changes are carried out, not only advised"""
+    @_builtins.property
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellInfo]: ...
+    @_builtins.property
+    def dispatch(self) -> _containers.RepeatedCompositeFieldContainer[Global___DispatchAdvice]:
+        """what the policy lets start now"""
+
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleAdvice]:
+        """what the policy would change now"""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        cells: _abc.Iterable[Global___CellInfo] | None = ...,
+        watermark: _builtins.int = ...,
+        rollout_capacity: _builtins.int = ...,
+        dispatched_total: _builtins.int = ...,
+        finished_total: _builtins.int = ...,
+        ready_samples: _builtins.int = ...,
+        ready_groups: _builtins.int = ...,
+        trained_step: _builtins.int = ...,
+        dispatched_step: _builtins.int = ...,
+        staleness_mean: _builtins.float = ...,
+        staleness_max: _builtins.int = ...,
+        policy: _builtins.str = ...,
+        auto: _builtins.bool = ...,
+        dispatch: _abc.Iterable[Global___DispatchAdvice] | None = ...,
+        roles: _abc.Iterable[Global___RoleAdvice] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto", b"auto", "cells", b"cells", "dispatch", b"dispatch", "dispatched_step", b"dispatched_step", "dispatched_total", b"dispatched_total", "finished_total", b"finished_total", "policy", b"policy", "ready_groups", b"ready_groups", "ready_samples", b"ready_samples", "roles", b"roles", "rollout_capacity", b"rollout_capacity", "seq", b"seq", "staleness_max", b"staleness_max", "staleness_mean", b"staleness_mean", "trained_step", b"trained_step", "watermark", b"watermark"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulerStateView: _TypeAlias = SchedulerStateView  # noqa: Y015
+
+@_typing.final
+class DrainCellRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainCellRequest: _TypeAlias = DrainCellRequest  # noqa: Y015
+
+@_typing.final
+class ForceRoleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    target: _builtins.str
+    """training | rollout"""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        target: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "reason", b"reason", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForceRoleRequest: _TypeAlias = ForceRoleRequest  # noqa: Y015
+
+@_typing.final
+class RoleChangeResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cell(self) -> Global___CellInfo: ...
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"rollout->draining", ... as appended"""
+
+    def __init__(
+        self,
+        *,
+        cell: Global___CellInfo | None = ...,
+        steps: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoleChangeResult: _TypeAlias = RoleChangeResult  # noqa: Y015
+
+@_typing.final
+class ClaimMicroStepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimMicroStepRequest: _TypeAlias = ClaimMicroStepRequest  # noqa: Y015
+
+@_typing.final
+class ClaimMicroStepReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIMED_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    GROUP_IDS_FIELD_NUMBER: _builtins.int
+    EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    claimed: _builtins.bool
+    step: _builtins.int
+    index: _builtins.int
+    @_builtins.property
+    def group_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        claimed: _builtins.bool = ...,
+        step: _builtins.int = ...,
+        index: _builtins.int = ...,
+        group_ids: _abc.Iterable[_builtins.str] | None = ...,
+        execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "execution_ids", b"execution_ids", "group_ids", b"group_ids", "index", b"index", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimMicroStepReply: _TypeAlias = ClaimMicroStepReply  # noqa: Y015
+
+@_typing.final
+class CompleteMicroStepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    step: _builtins.int
+    index: _builtins.int
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "index", b"index", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteMicroStepRequest: _TypeAlias = CompleteMicroStepRequest  # noqa: Y015
+
+@_typing.final
+class CompleteMicroStepReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_COMPLETE_FIELD_NUMBER: _builtins.int
+    EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    step_complete: _builtins.bool
+    @_builtins.property
+    def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every execution of the step, once it is complete"""
+
+    def __init__(
+        self,
+        *,
+        step_complete: _builtins.bool = ...,
+        execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_ids", b"execution_ids", "step_complete", b"step_complete"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteMicroStepReply: _TypeAlias = CompleteMicroStepReply  # noqa: Y015

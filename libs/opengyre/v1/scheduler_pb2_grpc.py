@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
+from opengyre.v1 import scheduler_pb2 as opengyre_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +27,12 @@ if _version_not_supported:
 
 
 class SchedulerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -39,13 +45,102 @@ class SchedulerServiceStub:
                 request_serializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
                 _registered_method=True)
+        self.RegisterCell = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/RegisterCell',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.RegisterCellRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CellInfo.FromString,
+                _registered_method=True)
+        self.GetState = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/GetState',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.FromString,
+                _registered_method=True)
+        self.WatchState = channel.unary_stream(
+                '/opengyre.v1.SchedulerService/WatchState',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.WatchStateRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.FromString,
+                _registered_method=True)
+        self.DrainCell = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/DrainCell',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.DrainCellRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.FromString,
+                _registered_method=True)
+        self.ForceRole = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/ForceRole',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.ForceRoleRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.FromString,
+                _registered_method=True)
+        self.ClaimMicroStep = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/ClaimMicroStep',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepReply.FromString,
+                _registered_method=True)
+        self.CompleteMicroStep = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/CompleteMicroStep',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
 
     def GetStatus(self, request, context):
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterCell(self, request, context):
+        """Register a cell: nodes sharing one training layout, serving `capacity` executions in rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetState(self, request, context):
+        """The scheduler's state now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchState(self, request, context):
+        """The state now, then again after every change, until the client cancels (or max_updates).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainCell(self, request, context):
+        """Take a rollout cell out of service: stop routing, reroute its executions, park it idle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForceRole(self, request, context):
+        """Move a cell to "training" or "rollout" through the whole role-change protocol.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimMicroStep(self, request, context):
+        """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteMicroStep(self, request, context):
+        """A claimed micro-step is done; step_complete says the step's last one is, with all its executions.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +154,41 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     request_deserializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.SerializeToString,
             ),
+            'RegisterCell': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterCell,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.RegisterCellRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.CellInfo.SerializeToString,
+            ),
+            'GetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetState,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.GetStateRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.SerializeToString,
+            ),
+            'WatchState': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchState,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.WatchStateRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.SerializeToString,
+            ),
+            'DrainCell': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainCell,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.DrainCellRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.SerializeToString,
+            ),
+            'ForceRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForceRole,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.ForceRoleRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.SerializeToString,
+            ),
+            'ClaimMicroStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimMicroStep,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepReply.SerializeToString,
+            ),
+            'CompleteMicroStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteMicroStep,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'opengyre.v1.SchedulerService', rpc_method_handlers)
@@ -68,7 +198,12 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SchedulerService:
-    """Missing associated documentation comment in .proto file."""
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
 
     @staticmethod
     def GetStatus(request,
@@ -87,6 +222,195 @@ class SchedulerService:
             '/opengyre.v1.SchedulerService/GetStatus',
             opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterCell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/RegisterCell',
+            opengyre_dot_v1_dot_scheduler__pb2.RegisterCellRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.CellInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/GetState',
+            opengyre_dot_v1_dot_scheduler__pb2.GetStateRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/WatchState',
+            opengyre_dot_v1_dot_scheduler__pb2.WatchStateRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.SchedulerStateView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainCell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/DrainCell',
+            opengyre_dot_v1_dot_scheduler__pb2.DrainCellRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForceRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/ForceRole',
+            opengyre_dot_v1_dot_scheduler__pb2.ForceRoleRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.RoleChangeResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimMicroStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/ClaimMicroStep',
+            opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.ClaimMicroStepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteMicroStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/CompleteMicroStep',
+            opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.FromString,
             options,
             channel_credentials,
             insecure,

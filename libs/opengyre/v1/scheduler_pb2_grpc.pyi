@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from opengyre.v1 import common_pb2 as _common_pb2
+from opengyre.v1 import scheduler_pb2 as _scheduler_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,20 +28,69 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SchedulerServiceStub:
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SchedulerServiceAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    RegisterCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterCellRequest, _scheduler_pb2.CellInfo]
+    """Register a cell: nodes sharing one training layout, serving `capacity` executions in rollout."""
+    GetState: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetStateRequest, _scheduler_pb2.SchedulerStateView]
+    """The scheduler's state now."""
+    WatchState: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.WatchStateRequest, _scheduler_pb2.SchedulerStateView]
+    """The state now, then again after every change, until the client cancels (or max_updates)."""
+    DrainCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DrainCellRequest, _scheduler_pb2.RoleChangeResult]
+    """Take a rollout cell out of service: stop routing, reroute its executions, park it idle."""
+    ForceRole: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ForceRoleRequest, _scheduler_pb2.RoleChangeResult]
+    """Move a cell to "training" or "rollout" through the whole role-change protocol."""
+    ClaimMicroStep: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ClaimMicroStepRequest, _scheduler_pb2.ClaimMicroStepReply]
+    """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none)."""
+    CompleteMicroStep: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteMicroStepRequest, _scheduler_pb2.CompleteMicroStepReply]
+    """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]  # type: ignore[assignment]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    RegisterCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterCellRequest, _scheduler_pb2.CellInfo]  # type: ignore[assignment]
+    """Register a cell: nodes sharing one training layout, serving `capacity` executions in rollout."""
+    GetState: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetStateRequest, _scheduler_pb2.SchedulerStateView]  # type: ignore[assignment]
+    """The scheduler's state now."""
+    WatchState: _aio.UnaryStreamMultiCallable[_scheduler_pb2.WatchStateRequest, _scheduler_pb2.SchedulerStateView]  # type: ignore[assignment]
+    """The state now, then again after every change, until the client cancels (or max_updates)."""
+    DrainCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DrainCellRequest, _scheduler_pb2.RoleChangeResult]  # type: ignore[assignment]
+    """Take a rollout cell out of service: stop routing, reroute its executions, park it idle."""
+    ForceRole: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ForceRoleRequest, _scheduler_pb2.RoleChangeResult]  # type: ignore[assignment]
+    """Move a cell to "training" or "rollout" through the whole role-change protocol."""
+    ClaimMicroStep: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ClaimMicroStepRequest, _scheduler_pb2.ClaimMicroStepReply]  # type: ignore[assignment]
+    """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none)."""
+    CompleteMicroStep: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteMicroStepRequest, _scheduler_pb2.CompleteMicroStepReply]  # type: ignore[assignment]
+    """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The elastic scheduler: cells move between rollout and training under the watermark rule
+    w(t) <= CR(t) - Ce. Every change is an event on the log; the state below is a projection of it.
+    Refusals: NOT_FOUND (unknown cell), ALREADY_EXISTS (duplicate registration), FAILED_PRECONDITION
+    (the watermark rule or the role-change protocol forbids it now), INVALID_ARGUMENT (a malformed request).
+    A refused command changes nothing.
+    """
+
     @_abc_1.abstractmethod
     def GetStatus(
         self,
@@ -48,5 +98,61 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceStatus, _abc.Awaitable[_common_pb2.ServiceStatus]]:
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+
+    @_abc_1.abstractmethod
+    def RegisterCell(
+        self,
+        request: _scheduler_pb2.RegisterCellRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CellInfo, _abc.Awaitable[_scheduler_pb2.CellInfo]]:
+        """Register a cell: nodes sharing one training layout, serving `capacity` executions in rollout."""
+
+    @_abc_1.abstractmethod
+    def GetState(
+        self,
+        request: _scheduler_pb2.GetStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SchedulerStateView, _abc.Awaitable[_scheduler_pb2.SchedulerStateView]]:
+        """The scheduler's state now."""
+
+    @_abc_1.abstractmethod
+    def WatchState(
+        self,
+        request: _scheduler_pb2.WatchStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.SchedulerStateView], _abc.AsyncIterator[_scheduler_pb2.SchedulerStateView]]:
+        """The state now, then again after every change, until the client cancels (or max_updates)."""
+
+    @_abc_1.abstractmethod
+    def DrainCell(
+        self,
+        request: _scheduler_pb2.DrainCellRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RoleChangeResult, _abc.Awaitable[_scheduler_pb2.RoleChangeResult]]:
+        """Take a rollout cell out of service: stop routing, reroute its executions, park it idle."""
+
+    @_abc_1.abstractmethod
+    def ForceRole(
+        self,
+        request: _scheduler_pb2.ForceRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RoleChangeResult, _abc.Awaitable[_scheduler_pb2.RoleChangeResult]]:
+        """Move a cell to "training" or "rollout" through the whole role-change protocol."""
+
+    @_abc_1.abstractmethod
+    def ClaimMicroStep(
+        self,
+        request: _scheduler_pb2.ClaimMicroStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ClaimMicroStepReply, _abc.Awaitable[_scheduler_pb2.ClaimMicroStepReply]]:
+        """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none)."""
+
+    @_abc_1.abstractmethod
+    def CompleteMicroStep(
+        self,
+        request: _scheduler_pb2.CompleteMicroStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CompleteMicroStepReply, _abc.Awaitable[_scheduler_pb2.CompleteMicroStepReply]]:
+        """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -2,7 +2,7 @@
 
 from ._commands import CommandRefused, arrival_role, check_registration, check_role_request, protocol
 from ._packing import MicroStep, PackingBuffer
-from ._policy import Decision, LoopConfig, Packing, Policy, RoleRequest, Target, View, dispatchable
+from ._policy import Decision, DispatchRequest, LoopConfig, Packing, Policy, RoleRequest, Target, View, dispatchable
 from ._projection import SchedulerProjection, load_state
 from ._rules import TRAINING_ROLES, TRANSITIONS, check_transition, sample_staleness, watermark_allows
 from ._state import CellState, GroupState, RunningExecution, SchedulerState
@@ -13,6 +13,7 @@ __all__ = [
     "CellState",
     "CommandRefused",
     "Decision",
+    "DispatchRequest",
     "GroupState",
     "LoopConfig",
     "MicroStep",

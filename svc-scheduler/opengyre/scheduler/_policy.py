@@ -17,6 +17,7 @@ from ._state import CellState, SchedulerState
 
 __all__ = [
     "Decision",
+    "DispatchRequest",
     "LoopConfig",
     "Packing",
     "Policy",
@@ -67,9 +68,21 @@ class RoleRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """Start ``groups`` new groups now, labelled with training step ``step`` (the batch they are meant for)."""
+
+    step: int
+    groups: int
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     roles: tuple[RoleRequest, ...] = ()
-    dispatch: tuple[int, ...] = ()  # training steps whose rollouts may be dispatched now
+    dispatch: tuple[DispatchRequest, ...] = ()
+
+    @property
+    def dispatched_groups(self) -> int:
+        return sum(d.groups for d in self.dispatch)
 
     def __bool__(self) -> bool:
         return bool(self.roles or self.dispatch)
@@ -94,13 +107,13 @@ class Policy(ABC):
         """What should change now. Must be cheap: the simulator calls it after every instant with events."""
 
 
-def dispatchable(view: View) -> tuple[int, ...]:
-    """Steps whose rollouts the staleness bound lets start now (the same bound for every policy)."""
+def dispatchable(view: View) -> tuple[DispatchRequest, ...]:
+    """Batches the staleness bound lets start now: step ``s``'s once step ``s - 1 - max_lag`` is trained."""
     st, loop = view.state, view.loop
-    out: list[int] = []
+    out: list[DispatchRequest] = []
     nxt = st.dispatched_step + 1
     while nxt <= loop.steps and nxt - 1 - st.trained_step <= loop.max_lag:
-        out.append(nxt)
+        out.append(DispatchRequest(nxt, loop.groups_per_step))
         nxt += 1
     return tuple(out)
 

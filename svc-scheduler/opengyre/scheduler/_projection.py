@@ -222,6 +222,7 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
         )  # fmt: skip
         if g.complete_seq is not None and g.consumed_step is None:
             ready.append((int(g.complete_seq), g.group_id))
+        st.consumed_groups += g.consumed_step is not None
     for _, gid in sorted(ready):
         st._ready_groups[gid] = None
         st._ready_samples += st.groups[gid].finished
@@ -232,4 +233,6 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
     st.last_seq = int(
         conn.execute(select(func.max(Tracking.stream_seq)).where(Tracking.projection == projection)).scalar() or 0
     )
+    # A loaded state has no history of buffer changes: any new event may have changed it, so rescan then.
+    st.ready_rev = st.last_seq
     return st

@@ -89,6 +89,7 @@ class SchedulerState:
     dispatched_total: int = 0
     finished_total: int = 0
     consumed_samples: int = 0
+    consumed_groups: int = 0
     staleness_hist: dict[int, int] = field(default_factory=dict)  # staleness -> trained samples
     last_seq: int = 0
     # Incremental aggregates (the simulator asks for them after every event).
@@ -252,6 +253,7 @@ class SchedulerState:
             g = self.groups[gid]
             if g.consumed_step is None:
                 g.consumed_step = e.step
+                self.consumed_groups += 1
                 if gid in self._ready_groups:
                     del self._ready_groups[gid]
                     self._ready_samples -= g.finished

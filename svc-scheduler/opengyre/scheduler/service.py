@@ -1,40 +1,226 @@
-"""The scheduler service process: gRPC SchedulerService with health and reflection."""
+"""The scheduler service process: gRPC SchedulerService over the live controller, with health and reflection.
+
+Configuration (environment): ``OPENGYRE_SCHEDULER_POLICY`` (elastic), ``OPENGYRE_SCHEDULER_AUTO`` (0: the
+policy only advises; 1: its role changes are carried out), ``OPENGYRE_SCHEDULER_ACTUATOR`` (external | local),
+``OPENGYRE_SCHEDULER_MAX_LAG``, ``OPENGYRE_SCHEDULER_GROUPS_PER_STEP``, ``OPENGYRE_SCHEDULER_GROUP_SIZE``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
 
 import grpc
 
+from opengyre.events import CellRegistered, CellRole
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
-from opengyre.v1 import common_pb2, scheduler_pb2_grpc
+from opengyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from ._commands import CommandRefused
+from ._controller import SchedulerController
+from ._grpc import STATUS, cell_pb, state_pb
+from ._policy import LoopConfig, Policy, RoleRequest, Target
 from ._projection import SchedulerProjection
+from .actuators import Actuator, ActuatorError, ExternalActuator, LocalActuator
+from .policies import make_policy
 
 __all__ = ["SchedulerService"]
 
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
 
 class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, service: Service, ctx: ServiceContext) -> None:
+    def __init__(self, service: SchedulerService, ctx: ServiceContext) -> None:
         self._service = service
         self._ctx = ctx
 
-    async def GetStatus(  # noqa: N802 (gRPC method name)
-        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> common_pb2.ServiceStatus:
+    @property
+    def _c(self) -> SchedulerController:
+        assert self._service.controller is not None
+        return self._service.controller
+
+    async def _refuse(self, context: Ctx, exc: CommandRefused) -> None:
+        await context.abort(STATUS[exc.code], exc.message)
+
+    async def GetStatus(self, request: common_pb2.StatusRequest, context: Ctx) -> common_pb2.ServiceStatus:  # noqa: N802
         return await self._ctx.status(self._service)
+
+    async def RegisterCell(  # noqa: N802
+        self, request: scheduler_pb2.RegisterCellRequest, context: Ctx
+    ) -> scheduler_pb2.CellInfo:
+        role = request.role or "rollout"
+        if role not in ("rollout", "idle"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a new cell starts idle or in rollout, not {role!r}")
+        try:
+            event = CellRegistered(
+                cell_id=request.cell_id, node=request.node or "local", gpus=request.gpus, capacity=request.capacity,
+                role=cast(CellRole, role), engine_url=request.engine_url or None, resident=request.resident,
+            )  # fmt: skip
+            event.aggregate_id()
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            return cell_pb(await self._c.register(event))
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+
+    async def GetState(  # noqa: N802
+        self, request: scheduler_pb2.GetStateRequest, context: Ctx
+    ) -> scheduler_pb2.SchedulerStateView:
+        return await self._view()
+
+    async def _view(self) -> scheduler_pb2.SchedulerStateView:
+        c = self._c
+        return state_pb(await c.state(), c.advice, policy=c.policy.name, auto=c.auto)
+
+    async def WatchState(  # noqa: N802
+        self, request: scheduler_pb2.WatchStateRequest, context: Ctx
+    ) -> AsyncIterator[scheduler_pb2.SchedulerStateView]:
+        last: bytes | None = None
+        sent = 0
+        while request.max_updates == 0 or sent < request.max_updates:
+            view = await self._view()
+            blob = view.SerializeToString(deterministic=True)
+            if blob != last:
+                last = blob
+                sent += 1
+                yield view
+            await asyncio.sleep(self._c.poll_s)
+
+    async def _role(self, context: Ctx, cell_id: str, target: str, reason: str) -> scheduler_pb2.RoleChangeResult:
+        if target not in ("training", "rollout"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target must be training or rollout, not {target!r}")
+        try:
+            out = await self._c.change_role(RoleRequest(cell_id, cast(Target, target), reason or "operator"))
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+        except ActuatorError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cell {cell_id}: {exc}")
+            raise
+        return scheduler_pb2.RoleChangeResult(cell=cell_pb(out.cell), steps=out.steps)
+
+    async def ForceRole(  # noqa: N802
+        self, request: scheduler_pb2.ForceRoleRequest, context: Ctx
+    ) -> scheduler_pb2.RoleChangeResult:
+        return await self._role(context, request.cell_id, request.target, request.reason)
+
+    async def DrainCell(  # noqa: N802
+        self, request: scheduler_pb2.DrainCellRequest, context: Ctx
+    ) -> scheduler_pb2.RoleChangeResult:
+        try:
+            out = await self._c.drain_cell(request.cell_id, request.reason or "operator drain")
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+        except ActuatorError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cell {request.cell_id}: {exc}")
+            raise
+        return scheduler_pb2.RoleChangeResult(cell=cell_pb(out.cell), steps=out.steps)
+
+    async def ClaimMicroStep(  # noqa: N802
+        self, request: scheduler_pb2.ClaimMicroStepRequest, context: Ctx
+    ) -> scheduler_pb2.ClaimMicroStepReply:
+        try:
+            claim = await self._c.claim(request.cell_id)
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+        if claim is None:
+            return scheduler_pb2.ClaimMicroStepReply(claimed=False)
+        m = claim.micro
+        return scheduler_pb2.ClaimMicroStepReply(
+            claimed=True, step=m.step, index=m.index, group_ids=m.group_ids, execution_ids=claim.execution_ids
+        )
+
+    async def CompleteMicroStep(  # noqa: N802
+        self, request: scheduler_pb2.CompleteMicroStepRequest, context: Ctx
+    ) -> scheduler_pb2.CompleteMicroStepReply:
+        try:
+            done, ids = await self._c.complete(request.cell_id, request.step, request.index)
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+        return scheduler_pb2.CompleteMicroStepReply(step_complete=done, execution_ids=ids)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
 
 
 class SchedulerService(Service):
     name = "scheduler"
     summary = "QwenGyre elastic scheduler: cells move between rollout and training under the watermark rule"
-    capabilities = ("status",)
-    not_implemented = ()
+    capabilities = (
+        "status",
+        "register-cell",
+        "state",
+        "watch-state",
+        "drain-cell",
+        "force-role",
+        "micro-step-claims",
+        "policies:elastic,colocate,async,async-streaming,elastic-carry",
+        "actuators:external,local",
+    )
+    not_implemented = ("actuator:sglang-megatron needs GPU nodes",)
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | None = None,
+        loop: LoopConfig | None = None,
+        actuator: Actuator | None = None,
+        auto: bool | None = None,
+        poll_s: float = 0.25,
+    ) -> None:
+        self._policy = policy
+        self._loop = loop
+        self._actuator = actuator
+        self._auto = auto
+        self._poll_s = poll_s
+        self.controller: SchedulerController | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     def projections(self) -> Sequence[Projection]:
         return (SchedulerProjection(),)
+
+    async def start(self, ctx: ServiceContext) -> None:
+        env = os.environ
+        policy = self._policy or make_policy(env.get("OPENGYRE_SCHEDULER_POLICY", "elastic"))
+        loop = self._loop or LoopConfig(
+            max_lag=_env_int("OPENGYRE_SCHEDULER_MAX_LAG", 1),
+            groups_per_step=_env_int("OPENGYRE_SCHEDULER_GROUPS_PER_STEP", 32),
+            group_size=_env_int("OPENGYRE_SCHEDULER_GROUP_SIZE", 16),
+            steps=_env_int("OPENGYRE_SCHEDULER_STEPS", 1_000_000),
+        )
+        actuator = self._actuator
+        if actuator is None:
+            kind = env.get("OPENGYRE_SCHEDULER_ACTUATOR", "external")
+            if kind == "local":
+                addr = f"{ctx.settings.host}:{ctx.settings.ports['scheduler']}"
+                actuator = LocalActuator(ctx.settings.data_dir / "cells", scheduler_addr=addr)
+            else:
+                actuator = ExternalActuator()
+        auto = self._auto if self._auto is not None else env.get("OPENGYRE_SCHEDULER_AUTO", "0") == "1"
+        self.controller = SchedulerController(
+            engine=ctx.engine, log=ctx.log, policy=policy, loop=loop, actuator=actuator, auto=auto, poll_s=self._poll_s
+        )
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.controller.run(self._stop), name="scheduler-controller")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.controller is not None:
+            await self.controller.close()
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(_Servicer(self, ctx), server)

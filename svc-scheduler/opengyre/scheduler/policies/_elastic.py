@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .._policy import (
     Decision,
+    DispatchRequest,
     Packing,
     Policy,
     RoleRequest,
@@ -33,10 +34,10 @@ class ElasticPolicy(Policy):
 
     def decide(self, view: View) -> Decision:
         st, loop = view.state, view.loop
-        dispatch = dispatchable(view)
+        dispatch = self.dispatch(view)
         cells = st.cells_in_order()
         # Rollouts about to be dispatched are demand already: bring cells back before the burst queues.
-        demand = st.watermark + len(dispatch) * loop.executions_per_step
+        demand = st.watermark + sum(d.groups for d in dispatch) * loop.group_size
         supply = st.rollout_capacity + sum(c.capacity for c in cells if heading_to_rollout(c))
         if demand > supply:
             back: list[RoleRequest] = []
@@ -59,3 +60,6 @@ class ElasticPolicy(Policy):
             return Decision((), dispatch)
         why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready_microsteps(view)}"
         return Decision((RoleRequest(nxt.cell_id, "training", why),), dispatch)
+
+    def dispatch(self, view: View) -> tuple[DispatchRequest, ...]:
+        return dispatchable(view)

@@ -21,7 +21,7 @@ from opengyre.events import (
 
 from .._commands import CommandRefused, arrival_role, check_role_request, protocol
 from .._packing import MicroStep, PackingBuffer
-from .._policy import Decision, Policy, RoleRequest, View
+from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
 from .._state import SchedulerState
 from ._config import SimConfig
@@ -48,7 +48,9 @@ class Simulator:
         self._heap: list[tuple[float, int, int, str, object]] = []
         self._tie = 0
         rng = np.random.default_rng(config.seed)
-        shape = (self.loop.steps, self.loop.groups_per_step)
+        # Common random numbers: group g of batch b lasts the same under every policy. Room for policies that
+        # label more batches or more groups per batch than the loop (carry-over keeps extra groups in flight).
+        shape = (self.loop.steps + 2, 2 * self.loop.groups_per_step)
         self._durations = config.workload.sample(rng, shape[0] * shape[1]).reshape(*shape, self.loop.group_size)
         self._queue: deque[str] = deque()
         self._started = 0
@@ -105,7 +107,8 @@ class Simulator:
         self._account(self.t)
         return SimResult.build(
             policy=self.policy.name, config=self.cfg, state=self.state, steps=self._steps,
-            segments=self._segments, bound=ideal_bound(self.cfg, self._durations), refusals=self.refusals,
+            segments=self._segments, refusals=self.refusals,
+            bound=ideal_bound(self.cfg, self._durations[: self.loop.steps, : self.loop.groups_per_step]),
             reroutes=self.reroutes, switches=self.switches, events=self.seq,
         )  # fmt: skip
 
@@ -143,8 +146,8 @@ class Simulator:
             changed = False
             for r in d.roles:  # roles first: a fixed split or a drain is judged on the watermark before the burst
                 changed |= self._request(r)
-            for step in d.dispatch:
-                changed |= self._dispatch(step)
+            for req in d.dispatch:
+                changed |= self._dispatch(req)
             if not changed:
                 break
         self._start_queued()
@@ -152,13 +155,16 @@ class Simulator:
 
     # --- rollout -------------------------------------------------------------------------------------
 
-    def _dispatch(self, step: int) -> bool:
-        if step <= self.state.dispatched_step or step > self.loop.steps:
+    def _dispatch(self, req: DispatchRequest) -> bool:
+        step = req.step
+        rows, cols = self._durations.shape[:2]
+        if step <= self.state.dispatched_step or step > rows or not 0 < req.groups <= cols:
+            self.refusals.append(f"t={self.t:.0f}s dispatch {req}: outside the simulated workload")
             return False
         version = f"v{self.state.trained_step}"
         timeout = self.cfg.workload.timeout_s
         at = self._at()
-        for g in range(self.loop.groups_per_step):
+        for g in range(req.groups):
             gid = f"s{step}-g{g}"
             members = self._members[gid] = []
             for k in range(self.loop.group_size):

@@ -1,0 +1,260 @@
+"""The live scheduler: reads the projection, asks the policy, and carries out role changes through the command
+checks and the actuator; hands out micro-steps. One asyncio lock makes check-then-act atomic: the first event
+of a change is folded before the next command is judged."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, func, select
+
+from opengyre.eventlog import ConcurrencyError, EventLog
+from opengyre.events import CellRegistered, CellRoleChanged, Event
+from opengyre.store import Tracking
+
+from ._actuation import RoleChanger
+from ._commands import CommandRefused, check_registration, check_role_request
+from ._executions import EXECUTIONS
+from ._packing import MicroStep, PackingBuffer
+from ._policy import Decision, LoopConfig, Policy, RoleRequest, View
+from ._projection import SchedulerProjection, load_state
+from ._rules import TRAINING_ROLES, watermark_allows
+from ._state import CellState, SchedulerState
+from .actuators import Actuator
+
+__all__ = ["Claim", "RoleChangeOutcome", "SchedulerController"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    micro: MicroStep
+    execution_ids: tuple[str, ...]
+
+
+@dataclass
+class RoleChangeOutcome:
+    cell: CellState
+    steps: list[str] = field(default_factory=list)
+
+
+class SchedulerController:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        log: EventLog,
+        policy: Policy,
+        loop: LoopConfig,
+        actuator: Actuator,
+        auto: bool = False,
+        poll_s: float = 0.25,
+        projection: str = SchedulerProjection.name,
+    ) -> None:
+        self.engine = engine
+        self.log = log
+        self.policy = policy
+        self.loop = loop
+        self.actuator = actuator
+        self.auto = auto
+        self.poll_s = poll_s
+        self.projection = projection
+        self.packer = PackingBuffer(loop, policy.packing, policy.streaming)
+        self.advice = Decision()
+        self._lock = asyncio.Lock()
+        self._claim_lock = asyncio.Lock()
+        self._busy: set[str] = set()
+        self._claims: dict[str, Claim] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def _load(self) -> SchedulerState:
+        with self.engine.connect() as conn:
+            return load_state(conn, self.projection)
+
+    async def state(self) -> SchedulerState:
+        return await asyncio.to_thread(self._load)
+
+    def _position(self) -> int:
+        with self.engine.connect() as conn:
+            q = select(func.max(Tracking.stream_seq)).where(Tracking.projection == self.projection)
+            return int(conn.execute(q).scalar() or 0)
+
+    async def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
+        """Wait until the projection has folded stream sequence ``seq``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await asyncio.to_thread(self._position) < seq:
+            if loop.time() > deadline:
+                raise TimeoutError(f"projection {self.projection} has not folded seq {seq} after {timeout}s")
+            await asyncio.sleep(0.02)
+
+    async def append(self, event: Event, *, expected: int | None = None) -> int:
+        ack = await self.log.append(event, expected_last_subject_seq=expected)
+        await self.wait_applied(ack.seq)
+        return ack.seq
+
+    async def _append_role(self, event: CellRoleChanged) -> int:
+        return await self.append(event)
+
+    def _changer(self) -> RoleChanger:
+        return RoleChanger(self.actuator, self._append_role, self.state)
+
+    # --- commands ------------------------------------------------------------------------------------
+
+    async def register(self, event: CellRegistered) -> CellState:
+        async with self._lock:
+            check_registration(await self.state(), event)
+            try:
+                await self.append(event, expected=0)  # 0: no event for this cell yet, even from a racing writer
+            except ConcurrencyError as exc:
+                raise CommandRefused("already-exists", f"cell {event.cell_id} is already registered") from exc
+            return (await self.state()).cells[event.cell_id]
+
+    async def change_role(self, req: RoleRequest) -> RoleChangeOutcome:
+        """Run the whole protocol for one cell; refused (nothing changes) when the checks fail."""
+        changer = self._changer()
+        async with self._lock:
+            st = await self.state()
+            if req.cell_id in self._busy:
+                raise CommandRefused("failed-precondition", f"a role change of cell {req.cell_id} is in progress")
+            check_role_request(st, req)
+            cell = st.cells[req.cell_id]
+            self._busy.add(req.cell_id)
+            try:
+                if req.target == "training" and cell.role == "rollout":
+                    await changer.begin_drain(cell, req.reason)
+            except BaseException:
+                self._busy.discard(req.cell_id)
+                raise
+        try:
+            if req.target == "rollout" and cell.role in TRAINING_ROLES:
+                await self.release_claims(req.cell_id)
+            await changer.run(cell, req.target, req.reason)
+        finally:
+            self._busy.discard(req.cell_id)
+        return RoleChangeOutcome((await self.state()).cells[req.cell_id], changer.steps)
+
+    async def drain_cell(self, cell_id: str, reason: str) -> RoleChangeOutcome:
+        """Operator's drain: take a rollout cell out of service, under the same watermark rule."""
+        changer = self._changer()
+        async with self._lock:
+            st = await self.state()
+            cell = st.cells.get(cell_id)
+            if cell is None:
+                raise CommandRefused("not-found", f"cell {cell_id} is not registered")
+            if cell_id in self._busy:
+                raise CommandRefused("failed-precondition", f"a role change of cell {cell_id} is in progress")
+            if cell.role != "rollout":
+                raise CommandRefused(
+                    "failed-precondition", f"cell {cell_id} is {cell.role}; only a rollout cell drains"
+                )
+            if not watermark_allows(st.watermark, st.rollout_capacity, cell.capacity):
+                raise CommandRefused(
+                    "failed-precondition",
+                    f"watermark: w={st.watermark} executions live but CR-Ce={st.rollout_capacity - cell.capacity}",
+                )
+            self._busy.add(cell_id)
+            try:
+                await changer.begin_drain(cell, reason)
+            except BaseException:
+                self._busy.discard(cell_id)
+                raise
+        try:
+            await changer.to_idle(cell, reason)
+        finally:
+            self._busy.discard(cell_id)
+        return RoleChangeOutcome((await self.state()).cells[cell_id], changer.steps)
+
+    # --- streaming training --------------------------------------------------------------------------
+
+    def _execution_ids(self, group_ids: Sequence[str]) -> tuple[str, ...]:
+        if not group_ids:
+            return ()
+        with self.engine.connect() as conn:
+            q = (
+                select(EXECUTIONS.c.execution_id)
+                .where(EXECUTIONS.c.group_id.in_(list(group_ids)))
+                .order_by(EXECUTIONS.c.group_id, EXECUTIONS.c.execution_id)
+            )
+            return tuple(conn.execute(q).scalars())
+
+    async def claim(self, cell_id: str) -> Claim | None:
+        """Atomically hand the cell the next micro-step (or its unfinished one again, after a worker restart)."""
+        async with self._claim_lock:
+            st = await self.state()
+            cell = st.cells.get(cell_id)
+            if cell is None:
+                raise CommandRefused("not-found", f"cell {cell_id} is not registered")
+            if cell.role not in TRAINING_ROLES:
+                raise CommandRefused("failed-precondition", f"cell {cell_id} is {cell.role}, not training")
+            self.packer.sync(st)
+            held = self._claims.get(cell_id)
+            if held is not None and held.micro.step == self.packer.step:
+                return held
+            m = self.packer.claim(cell_id)
+            if m is None:
+                return None
+            claim = Claim(m, await asyncio.to_thread(self._execution_ids, m.group_ids))
+            self._claims[cell_id] = claim
+            return claim
+
+    async def complete(self, cell_id: str, step: int, index: int) -> tuple[bool, tuple[str, ...]]:
+        async with self._claim_lock:
+            held = self._claims.get(cell_id)
+            if held is None or (held.micro.step, held.micro.index) != (step, index):
+                raise CommandRefused("failed-precondition", f"cell {cell_id} holds no micro-step {step}/{index}")
+            del self._claims[cell_id]
+            if not self.packer.complete(held.micro):
+                return False, ()
+            return True, await asyncio.to_thread(self._execution_ids, self.packer.groups())
+
+    async def release_claims(self, cell_id: str) -> None:
+        async with self._claim_lock:
+            held = self._claims.pop(cell_id, None)
+            if held is not None:
+                self.packer.release(held.micro)
+
+    # --- the policy loop -----------------------------------------------------------------------------
+
+    async def tick(self) -> Decision:
+        st = await self.state()
+        decision = self.policy.decide(View(st, time.time(), self.loop))
+        self.advice = decision
+        if self.auto:
+            for req in decision.roles:
+                if req.cell_id not in self._busy:
+                    task = asyncio.create_task(self._carry_out(req), name=f"role-{req.cell_id}")
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        return decision
+
+    async def _carry_out(self, req: RoleRequest) -> None:
+        try:
+            await self.change_role(req)
+        except CommandRefused as exc:
+            log.info("policy %s: %s -> %s refused: %s", self.policy.name, req.cell_id, req.target, exc.message)
+        except Exception:
+            log.exception("role change %s -> %s failed", req.cell_id, req.target)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("scheduler tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.actuator.close()

@@ -1,0 +1,20 @@
+"""Actuators: how a cell's machines change role. One interface; external (events only), local (CPU engine and
+trainer worker processes) and SGLang + Megatron (GPU nodes) behind it."""
+
+from ._base import Actuator, ActuatorError
+from ._drain import Drainer, NoDrainer
+from ._external import ExternalActuator
+from ._local import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, LocalActuator
+from ._process import ChildProcess
+
+__all__ = [
+    "DEFAULT_ENGINE_ARGV",
+    "DEFAULT_TRAINER_ARGV",
+    "Actuator",
+    "ActuatorError",
+    "ChildProcess",
+    "Drainer",
+    "ExternalActuator",
+    "LocalActuator",
+    "NoDrainer",
+]

@@ -1,0 +1,67 @@
+"""Child processes an actuator owns: start one from an argv template, learn its URL from a file it writes once
+ready, stop it with SIGTERM (then SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ._base import ActuatorError
+
+__all__ = ["ChildProcess"]
+
+
+class ChildProcess:
+    def __init__(self, name: str, argv: Sequence[str], *, ready_file: Path, log_file: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.ready_file = ready_file
+        self.log_file = log_file
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, *, timeout: float, env: Mapping[str, str] | None = None) -> str:
+        """Start and wait until the ready file appears; its first line (a URL, or "ready") is returned."""
+        self.ready_file.unlink(missing_ok=True)
+        with self.log_file.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.ready_file.exists():
+            if self.proc.returncode is not None:
+                raise ActuatorError(f"{self.name} exited with {self.proc.returncode}; see {self.log_file}")
+            if loop.time() > deadline:
+                await self.stop()
+                raise ActuatorError(f"{self.name} not ready after {timeout:.0f}s; see {self.log_file}")
+            await asyncio.sleep(0.05)
+        return self.ready_file.read_text().strip().splitlines()[0] if self.ready_file.stat().st_size else "ready"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def stop(self, grace: float = 10.0) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        self.ready_file.unlink(missing_ok=True)
+        return proc.returncode

@@ -1,0 +1,173 @@
+"""SchedulerService over gRPC: registration, state, the change stream, forced roles and drains; bad commands are
+refused with a precise status and change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
+from opengyre.runtime import EmbeddedNats
+from opengyre.scheduler import LoopConfig
+from opengyre.scheduler.policies import make_policy
+from opengyre.scheduler.service import SchedulerService
+from opengyre.v1 import scheduler_pb2 as pb
+
+from ._service import running_scheduler
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    try:
+        await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    raise AssertionError("the call was not refused")
+
+
+async def _log_types(event_log: EventLog) -> list[str]:
+    return [m.type_name async for m in _stored(event_log)]
+
+
+async def _stored(event_log: EventLog):  # type: ignore[no-untyped-def]
+    last = await event_log.last_seq()
+    if last:
+        async for batch in event_log.read_batches(1, last):
+            for s in await event_log.to_stored_many(batch):
+                yield s
+
+
+async def test_bad_commands_are_refused_and_change_nothing(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    svc = SchedulerService(policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2))
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        await stub.RegisterCell(pb.RegisterCellRequest(cell_id="c0", gpus=8, capacity=2))
+        await event_log.append(ExecutionDispatched(execution_id="x0", task_id="t", group_id="g0", group_size=1))
+        await svc.controller.wait_applied(await event_log.last_seq())  # type: ignore[union-attr]
+        before = await stub.GetState(pb.GetStateRequest())
+        n_events = await event_log.last_seq()
+
+        bad = [
+            (stub.RegisterCell(pb.RegisterCellRequest(cell_id="c0", capacity=2)), grpc.StatusCode.ALREADY_EXISTS),
+            (stub.RegisterCell(pb.RegisterCellRequest(cell_id="bad.id", capacity=2)), grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.RegisterCell(pb.RegisterCellRequest(cell_id="c9", capacity=0)), grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.RegisterCell(pb.RegisterCellRequest(cell_id="c9", role="training-core")),
+             grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.ForceRole(pb.ForceRoleRequest(cell_id="nope", target="training")), grpc.StatusCode.NOT_FOUND),
+            (stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="sideways")), grpc.StatusCode.INVALID_ARGUMENT),
+            # The last rollout cell with an execution live cannot go to training.
+            (stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="training")), grpc.StatusCode.FAILED_PRECONDITION),
+            (stub.DrainCell(pb.DrainCellRequest(cell_id="c0")), grpc.StatusCode.FAILED_PRECONDITION),
+            (stub.DrainCell(pb.DrainCellRequest(cell_id="nope")), grpc.StatusCode.NOT_FOUND),
+            (stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="rollout")), grpc.StatusCode.FAILED_PRECONDITION),
+            (stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c0")), grpc.StatusCode.FAILED_PRECONDITION),
+            (stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id="c0", step=1)),
+             grpc.StatusCode.FAILED_PRECONDITION),
+        ]  # fmt: skip
+        for call, code in bad:
+            assert await _code(call) == code
+        assert await event_log.last_seq() == n_events  # nothing was appended
+        after = await stub.GetState(pb.GetStateRequest())
+        assert after.cells == before.cells and after.watermark == before.watermark == 1
+
+
+async def test_role_switch_protocol_state_stream_and_micro_steps(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    loop = LoopConfig(groups_per_step=2, group_size=2)
+    svc = SchedulerService(policy=make_policy("elastic"), loop=loop, poll_s=0.05)
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        watch = stub.WatchState(pb.WatchStateRequest())
+        first = await watch.read()
+        assert first.policy == "elastic" and not first.cells
+        for i in range(2):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=f"c{i}", gpus=8, capacity=4))
+        seen = await watch.read()
+        while len(seen.cells) < 2:
+            seen = await watch.read()
+        assert seen.rollout_capacity == 8
+        # Two groups of two: the policy allows dispatching step 1 and 2 (lag 1).
+        assert [d.step for d in seen.dispatch] == [1, 2]
+        for g in range(2):
+            for k in range(2):
+                await event_log.append(
+                    ExecutionDispatched(execution_id=f"x{g}{k}", task_id="t", group_id=f"g{g}", step=1, group_size=2)
+                )
+        # w = 4 <= CR - Ce = 4: c1 may go to training even with executions live; they fit on c0.
+        out = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training", reason="test"))
+        assert out.cell.role == "training-core"
+        assert list(out.steps) == ["c1: rollout->draining", "c1: draining->switching", "c1: switching->training-core"]
+        # c0 is now the last rollout cell, with 4 live: refused.
+        assert await _code(stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="training"))) == (
+            grpc.StatusCode.FAILED_PRECONDITION
+        )
+        assert not (await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))).claimed  # nothing ready
+        for x in ("x00", "x01", "x10", "x11"):
+            await event_log.append(ExecutionFinished(execution_id=x, status="completed", score=1.0))
+        await svc.controller.wait_applied(await event_log.last_seq())  # type: ignore[union-attr]
+        a = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))
+        again = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))
+        assert a.claimed and again.index == a.index  # a restarted worker gets its own micro-step back
+        assert sorted(a.execution_ids) in (["x00", "x01"], ["x10", "x11"])
+        r1 = await stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id="c1", step=a.step, index=a.index))
+        assert not r1.step_complete
+        b = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))
+        r2 = await stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id="c1", step=b.step, index=b.index))
+        assert r2.step_complete and sorted(r2.execution_ids) == ["x00", "x01", "x10", "x11"]
+        await event_log.append(
+            TrainingStepCompleted(step=1, weight_version="v1", loss=0.0, n_samples=4, n_tokens=0,
+                                  execution_ids=list(r2.execution_ids))
+        )  # fmt: skip
+        back = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="rollout"))
+        assert back.cell.role == "rollout"
+        st = await stub.GetState(pb.GetStateRequest())
+        assert st.trained_step == 1 and st.staleness_max == 0 and st.rollout_capacity == 8
+        drained = await stub.DrainCell(pb.DrainCellRequest(cell_id="c0", reason="maintenance"))
+        assert drained.cell.role == "idle"
+        watch.cancel()
+    roles = []
+    async for s in _stored(event_log):
+        e = event_log.decode(s)
+        if isinstance(e, CellRoleChanged):
+            roles.append((e.cell_id, e.from_role, e.to_role))
+    assert roles == [
+        ("c1", "rollout", "draining"),
+        ("c1", "draining", "switching"),
+        ("c1", "switching", "training-core"),
+        ("c1", "training-core", "switching"),
+        ("c1", "switching", "rollout"),
+        ("c0", "rollout", "draining"),
+        ("c0", "draining", "idle"),
+    ]
+
+
+@pytest.mark.parametrize("name", ["elastic"])
+async def test_auto_mode_carries_out_the_policy(
+    name: str, nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    loop = LoopConfig(steps=1, groups_per_step=1, group_size=2)
+    svc = SchedulerService(policy=make_policy(name), loop=loop, auto=True, poll_s=0.05)
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        for i in range(2):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=f"c{i}", gpus=8, capacity=2))
+        for k in range(2):
+            await event_log.append(
+                ExecutionDispatched(execution_id=f"x{k}", task_id="t", group_id="g", step=1, group_size=2)
+            )
+        for k in range(2):
+            await event_log.append(ExecutionFinished(execution_id=f"x{k}", status="completed", score=1.0))
+        # Ready data and w = 0: the policy turns c0 to training (growing prefix), by itself.
+        watch = stub.WatchState(pb.WatchStateRequest())
+        roles: dict[str, str] = {}
+        async with asyncio.timeout(30):
+            async for view in watch:
+                roles = {c.cell_id: c.role for c in view.cells}
+                if roles.get("c0") == "training-core":
+                    break
+        watch.cancel()
+        # One cell at a time, and only while ready data keeps up: one ready micro-step feeds one cell, so c1 stays.
+        assert roles == {"c0": "training-core", "c1": "rollout"}
