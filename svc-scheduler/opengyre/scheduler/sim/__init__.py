@@ -2,6 +2,7 @@
 
 from ._config import ClusterConfig, CostConfig, SimConfig
 from ._engine import EPOCH, Simulator, simulate
+from ._plot import plot_utilisation
 from ._result import IdealBound, Segment, SimResult, StepRecord, ideal_bound
 from ._workload import NL2REPO_122B, Calibration, DurationModel, WorkloadStats, calibrate, measure
 
@@ -22,5 +23,6 @@ __all__ = [
     "calibrate",
     "ideal_bound",
     "measure",
+    "plot_utilisation",
     "simulate",
 ]
