@@ -32,6 +32,7 @@ with warnings.catch_warnings():
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -149,7 +150,9 @@ class MegatronBackend(Backend):
             max_sequence_length=config.max_position_embeddings,
             pre_process=True,
             post_process=True,
-            parallel_output=False,  # gathered logits: the loss sees the whole vocabulary on every rank
+            # Vocab-sharded logits under TP: the logprob is a vocab-parallel cross-entropy (no gather of the
+            # vocabulary, and megatron's gather asks for a CUDA device); with TP=1 it is the whole vocabulary.
+            parallel_output=True,
             share_embeddings_and_output_weights=bool(config.tie_word_embeddings),
             position_embedding_type="rope",
             rotary_base=int(_rope_theta(config)),
@@ -164,7 +167,9 @@ class MegatronBackend(Backend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # "tp_group is None, using default tp group"
             logits = self.model(ids, pos, None)[:, :-1].float()
-        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        if self.tp == 1:
+            return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
