@@ -169,7 +169,8 @@ class MegatronBackend(Backend):
             logits = self.model(ids, pos, None)[:, :-1].float()
         if self.tp == 1:
             return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+        nll: torch.Tensor = vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+        return -nll
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
