@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, func, select
@@ -56,6 +56,7 @@ class SchedulerController:
         auto: bool = False,
         poll_s: float = 0.25,
         projection: str = SchedulerProjection.name,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.log = log
@@ -65,6 +66,7 @@ class SchedulerController:
         self.auto = auto
         self.poll_s = poll_s
         self.projection = projection
+        self._caught_up = caught_up
         self.packer = PackingBuffer(loop, policy.packing, policy.streaming)
         self.advice = Decision()
         self._lock = asyncio.Lock()
@@ -81,6 +83,13 @@ class SchedulerController:
 
     async def state(self) -> SchedulerState:
         return await asyncio.to_thread(self._load)
+
+    async def fresh_state(self) -> SchedulerState:
+        """The state once the projection has folded everything on the log so far: commands are judged on it,
+        so an execution dispatched a moment ago counts in w(t) before a cell may leave rollout."""
+        if self._caught_up is not None:
+            await self._caught_up()
+        return await self.state()
 
     def _position(self) -> int:
         with self.engine.connect() as conn:
@@ -111,7 +120,7 @@ class SchedulerController:
 
     async def register(self, event: CellRegistered) -> CellState:
         async with self._lock:
-            check_registration(await self.state(), event)
+            check_registration(await self.fresh_state(), event)
             try:
                 await self.append(event, expected=0)  # 0: no event for this cell yet, even from a racing writer
             except ConcurrencyError as exc:
@@ -122,7 +131,7 @@ class SchedulerController:
         """Run the whole protocol for one cell; refused (nothing changes) when the checks fail."""
         changer = self._changer()
         async with self._lock:
-            st = await self.state()
+            st = await self.fresh_state()
             if req.cell_id in self._busy:
                 raise CommandRefused("failed-precondition", f"a role change of cell {req.cell_id} is in progress")
             check_role_request(st, req)
@@ -146,7 +155,7 @@ class SchedulerController:
         """Operator's drain: take a rollout cell out of service, under the same watermark rule."""
         changer = self._changer()
         async with self._lock:
-            st = await self.state()
+            st = await self.fresh_state()
             cell = st.cells.get(cell_id)
             if cell is None:
                 raise CommandRefused("not-found", f"cell {cell_id} is not registered")

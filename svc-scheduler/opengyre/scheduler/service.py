@@ -208,9 +208,11 @@ class SchedulerService(Service):
             else:
                 actuator = ExternalActuator()
         auto = self._auto if self._auto is not None else env.get("OPENGYRE_SCHEDULER_AUTO", "0") == "1"
+        runner = ctx.runners.get(SchedulerProjection.name)
         self.controller = SchedulerController(
-            engine=ctx.engine, log=ctx.log, policy=policy, loop=loop, actuator=actuator, auto=auto, poll_s=self._poll_s
-        )
+            engine=ctx.engine, log=ctx.log, policy=policy, loop=loop, actuator=actuator, auto=auto,
+            poll_s=self._poll_s, caught_up=runner.wait_caught_up if runner is not None else None,
+        )  # fmt: skip
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self.controller.run(self._stop), name="scheduler-controller")
 

@@ -1,0 +1,107 @@
+"""A cell's trainer worker, ``python -m opengyre.scheduler.worker``: claims micro-steps from the scheduler, trains
+them, reports them done; a faster cell simply comes back for more. The local actuator starts one per training
+cell and stops it when the cell goes back to rollout (an unfinished claim is then released by the scheduler).
+
+What "train" does is pluggable (``--train module:function``, called with the step and the micro-step's
+execution ids in a thread): the trainer service's backend plugs in here. Without it the worker holds each
+micro-step for ``--micro-step-s`` seconds, which is what the scheduler's protocol tests need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from opengyre.v1 import scheduler_pb2 as pb
+from opengyre.v1 import scheduler_pb2_grpc
+
+__all__ = ["TrainFn", "main", "run_worker"]
+
+log = logging.getLogger("opengyre.scheduler.worker")
+
+TrainFn = Callable[[int, Sequence[str]], None]
+
+
+def _load(spec: str) -> TrainFn:
+    module, _, attr = spec.partition(":")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise TypeError(f"{spec} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+async def run_worker(
+    cell: str,
+    scheduler: str,
+    *,
+    stop: asyncio.Event,
+    train: TrainFn | None = None,
+    micro_step_s: float = 0.2,
+    poll_s: float = 0.2,
+    ready_file: Path | None = None,
+) -> int:
+    """Claim and train until ``stop``; returns the number of micro-steps done."""
+    done = 0
+    async with grpc.aio.insecure_channel(scheduler) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 60)
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        if ready_file is not None:
+            await asyncio.to_thread(ready_file.write_text, "ready\n")
+        while not stop.is_set():
+            try:
+                m = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id=cell))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                m = pb.ClaimMicroStepReply(claimed=False)  # not (yet) a training cell, or the scheduler restarts
+            if not m.claimed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), poll_s)
+                continue
+            if train is not None:
+                await asyncio.to_thread(train, m.step, list(m.execution_ids))
+            else:
+                await asyncio.sleep(micro_step_s)
+            r = await stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id=cell, step=m.step, index=m.index))
+            done += 1
+            if r.step_complete:
+                log.info("cell %s finished the last micro-step of step %d", cell, m.step)
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m opengyre.scheduler.worker", description=__doc__)
+    p.add_argument("--cell", required=True)
+    p.add_argument("--scheduler", required=True, help="host:port of the scheduler's gRPC")
+    p.add_argument("--role", default="satellite", help="core or satellite (informational)")
+    p.add_argument("--ready-file", type=Path)
+    p.add_argument("--train", help="module:function called with (step, execution_ids)")
+    p.add_argument("--micro-step-s", type=float, default=0.2)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    train = _load(args.train) if args.train else None
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        n = await run_worker(
+            args.cell, args.scheduler, stop=stop, train=train, micro_step_s=args.micro_step_s,
+            ready_file=args.ready_file,
+        )  # fmt: skip
+        log.info("cell %s (%s) stopped after %d micro-step(s)", args.cell, args.role, n)
+
+    asyncio.run(go())
+
+
+if __name__ == "__main__":
+    main()
