@@ -1,8 +1,11 @@
 """The scheduler service process: gRPC SchedulerService over the live controller, with health and reflection.
 
-Configuration (environment): ``OPENGYRE_SCHEDULER_POLICY`` (elastic), ``OPENGYRE_SCHEDULER_AUTO`` (0: the
-policy only advises; 1: its role changes are carried out), ``OPENGYRE_SCHEDULER_ACTUATOR`` (external | local),
-``OPENGYRE_SCHEDULER_MAX_LAG``, ``OPENGYRE_SCHEDULER_GROUPS_PER_STEP``, ``OPENGYRE_SCHEDULER_GROUP_SIZE``.
+Configuration (environment):
+  OPENGYRE_SCHEDULER_POLICY          elastic | colocate | async | async-streaming | elastic-carry (elastic)
+  OPENGYRE_SCHEDULER_AUTO            0: the policy only advises (default); 1: its role changes are carried out
+  OPENGYRE_SCHEDULER_ACTUATOR        external (default) | local | sglang-megatron
+  OPENGYRE_SCHEDULER_TRAINER_CMD     sglang-megatron: the trainer launcher, an argv template
+  OPENGYRE_SCHEDULER_MAX_LAG, _GROUPS_PER_STEP, _GROUP_SIZE, _STEPS   the RL loop (1, 32, 16, unbounded)
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -25,7 +29,7 @@ from ._controller import SchedulerController
 from ._grpc import STATUS, cell_pb, state_pb
 from ._policy import LoopConfig, Policy, RoleRequest, Target
 from ._projection import SchedulerProjection
-from .actuators import Actuator, ActuatorError, ExternalActuator, LocalActuator
+from .actuators import Actuator, ActuatorError, ExternalActuator, LocalActuator, SglangMegatronActuator
 from .policies import make_policy
 
 __all__ = ["SchedulerService"]
@@ -153,6 +157,23 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def _actuator_from_env(ctx: ServiceContext) -> Actuator:
+    env = os.environ
+    kind = env.get("OPENGYRE_SCHEDULER_ACTUATOR", "external")
+    addr = f"{ctx.settings.host}:{ctx.settings.ports['scheduler']}"
+    workdir = ctx.settings.data_dir / "cells"
+    if kind == "local":
+        return LocalActuator(workdir, scheduler_addr=addr)
+    if kind == "sglang-megatron":
+        cmd = env.get("OPENGYRE_SCHEDULER_TRAINER_CMD")
+        if not cmd:
+            raise RuntimeError("OPENGYRE_SCHEDULER_TRAINER_CMD (the trainer launcher, an argv template) is required")
+        return SglangMegatronActuator(workdir, trainer_argv=shlex.split(cmd), scheduler_addr=addr)
+    if kind != "external":
+        raise RuntimeError(f"OPENGYRE_SCHEDULER_ACTUATOR={kind!r}: expected external, local or sglang-megatron")
+    return ExternalActuator()
+
+
 class SchedulerService(Service):
     name = "scheduler"
     summary = "QwenGyre elastic scheduler: cells move between rollout and training under the watermark rule"
@@ -165,9 +186,9 @@ class SchedulerService(Service):
         "force-role",
         "micro-step-claims",
         "policies:elastic,colocate,async,async-streaming,elastic-carry",
-        "actuators:external,local",
+        "actuators:external,local,sglang-megatron",
     )
-    not_implemented = ("actuator:sglang-megatron needs GPU nodes",)
+    not_implemented = ()
 
     def __init__(
         self,
@@ -199,14 +220,7 @@ class SchedulerService(Service):
             group_size=_env_int("OPENGYRE_SCHEDULER_GROUP_SIZE", 16),
             steps=_env_int("OPENGYRE_SCHEDULER_STEPS", 1_000_000),
         )
-        actuator = self._actuator
-        if actuator is None:
-            kind = env.get("OPENGYRE_SCHEDULER_ACTUATOR", "external")
-            if kind == "local":
-                addr = f"{ctx.settings.host}:{ctx.settings.ports['scheduler']}"
-                actuator = LocalActuator(ctx.settings.data_dir / "cells", scheduler_addr=addr)
-            else:
-                actuator = ExternalActuator()
+        actuator = self._actuator or _actuator_from_env(ctx)
         auto = self._auto if self._auto is not None else env.get("OPENGYRE_SCHEDULER_AUTO", "0") == "1"
         runner = ctx.runners.get(SchedulerProjection.name)
         self.controller = SchedulerController(

@@ -6,6 +6,7 @@ from ._drain import Drainer, NoDrainer
 from ._external import ExternalActuator
 from ._local import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, LocalActuator
 from ._process import ChildProcess
+from ._sglang import LatestWeights, SglangMegatronActuator
 
 __all__ = [
     "DEFAULT_ENGINE_ARGV",
@@ -15,6 +16,8 @@ __all__ = [
     "ChildProcess",
     "Drainer",
     "ExternalActuator",
+    "LatestWeights",
     "LocalActuator",
     "NoDrainer",
+    "SglangMegatronActuator",
 ]
