@@ -36,7 +36,7 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
-def train_tool_policy(directory: Path, *, turns: int = 3, steps: int = 150, seed: int = 0) -> Path:
+def train_tool_policy(directory: Path, *, turns: int = 2, steps: int = 150, seed: int = 0) -> Path:
     tok = load_tokenizer()
     model = build_model(model_config("tiny"), seed=seed)
     model.train()

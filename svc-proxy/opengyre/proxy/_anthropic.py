@@ -173,6 +173,16 @@ def parse_messages(raw: object) -> GenRequest:
         if isinstance(tk, bool) or not isinstance(tk, int) or tk < 1:
             raise ApiError.invalid("top_k: must be a positive integer")
         req.sampling["top_k"] = tk
+    # Non-Anthropic extras an RL harness may send (the vLLM names), e.g. through the SDK's extra_body.
+    if body.get("ignore_eos") is not None:
+        if not isinstance(body["ignore_eos"], bool):
+            raise ApiError.invalid("ignore_eos: must be a boolean")
+        req.sampling["ignore_eos"] = body["ignore_eos"]
+    mn = body.get("min_tokens")
+    if mn is not None:
+        if isinstance(mn, bool) or not isinstance(mn, int) or mn < 0:
+            raise ApiError.invalid("min_tokens: must be a non-negative integer")
+        req.sampling["min_new_tokens"] = mn
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

@@ -129,15 +129,72 @@ class ExecutionTrajectory:
         same = self._by_req.get(hashes[-1])
         if same is not None:
             return self._retry(self.nodes[same], messages, tools, tk)
+        # The longest history that ends with one of our replies verbatim (extend that call's tokens), and the
+        # longest that is an earlier request (reuse its prompt tokens, then render what the harness changed).
+        conv_i, conv_node = 0, None
         for i in range(len(messages), 0, -1):
-            cid = self._by_conv.get(hashes[i])
-            if cid is None:
-                continue
-            ext = self._extend(self.nodes[cid], messages, tools, tk, i, full_text, fresh)
+            if (cid := self._by_conv.get(hashes[i])) is not None:
+                conv_i, conv_node = i, self.nodes[cid]
+                break
+        req_j, req_node = 0, None
+        for j in range(len(messages) - 1, 0, -1):
+            if (cid := self._by_req.get(hashes[j])) is not None:
+                req_j, req_node = j, self.nodes[cid]
+                break
+        if conv_node is not None and conv_i >= req_j:
+            ext = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
             if ext is not None:
                 return ext
-            break
+        if req_node is not None:
+            forked = self._fork_request(req_node, messages, tools, tk, req_j, full_text, fresh)
+            if forked is not None:
+                return forked
+        if conv_node is not None and conv_i < req_j:  # the request match did not render as a prefix
+            ext = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
+            if ext is not None:
+                return ext
         return self._branch(fresh, messages, tools, tk)
+
+    @staticmethod
+    def _drift(prompt: list[int], fresh: list[int]) -> DriftReport | None:
+        if prompt == fresh:
+            return None
+        at = _lcp(np.asarray(prompt), np.asarray(fresh))
+        return DriftReport(
+            kind="retokenization",
+            position=at,
+            detail=f"recorded {prompt[at : at + 8]} vs re-rendered {fresh[at : at + 8]} "
+            f"({len(prompt)} vs {len(fresh)} tokens)",
+        )
+
+    def _fork_request(
+        self,
+        x: TitoNode,
+        messages: list[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        tk: str,
+        j: int,
+        full_text: str,
+        fresh: list[int],
+    ) -> Plan | None:
+        """The history starts with an earlier request but not with its reply (the harness edited the reply):
+        keep that request's exact prompt tokens and render the rest; a sibling of that call."""
+        prefix_text = self.codec.render(messages[:j], tools, gen=True)
+        if not full_text.startswith(prefix_text):
+            return None
+        prompt = list(x.prompt) + self.codec.encode(full_text[len(prefix_text) :])
+        parent, shared = self._walk_up(x, len(x.prompt))
+        return Plan(
+            prompt_ids=prompt,
+            parent_call_id=parent.call_id if parent else None,
+            prefix_len=shared,
+            delta_ids=prompt[shared:],
+            branch="rewrite",
+            drift=self._drift(prompt, fresh),
+            context=self._context(parent, messages, tools, tk),
+            messages=messages,
+            tools_key=tk,
+        )
 
     def plan_tokens(self, prompt_ids: list[int]) -> Plan:
         """A completions-style prompt given (or rendered) as tokens: attach at the longest shared prefix."""
@@ -176,15 +233,7 @@ class ExecutionTrajectory:
             bridge = [eos, *bridge]  # the turn ended without eos (length, stop string): close it as the template does
         delta = bridge + self.codec.encode(full_text[len(prefix_text) :])
         prompt = list(p.prompt) + list(p.output) + delta
-        drift = None
-        if prompt != fresh:
-            at = _lcp(np.asarray(prompt), np.asarray(fresh))
-            drift = DriftReport(
-                kind="retokenization",
-                position=at,
-                detail=f"recorded {prompt[at : at + 8]} vs re-rendered {fresh[at : at + 8]} "
-                f"({len(prompt)} vs {len(fresh)} tokens)",
-            )
+        drift = self._drift(prompt, fresh)
         return Plan(
             prompt_ids=prompt,
             parent_call_id=p.call_id,
@@ -209,13 +258,19 @@ class ExecutionTrajectory:
             k = _lcp(n.tokens, arr)
             if k > shared:
                 best, shared = n, k
-        node = best
-        while node is not None and shared <= len(node.prompt):
-            shared = min(shared, node.prefix_len)
-            node = self.nodes[node.parent] if node.parent is not None else None
-        if node is None:
+        if best is None:
             return None, 0
-        return node, shared
+        return self._walk_up(best, shared)
+
+    def _walk_up(self, node: TitoNode, shared: int) -> tuple[TitoNode | None, int]:
+        """Move a fork that lies inside a node's prompt up to its parent, so the node stays a leaf of its own."""
+        cur: TitoNode | None = node
+        while cur is not None and shared <= len(cur.prompt):
+            shared = min(shared, cur.prefix_len)
+            cur = self.nodes[cur.parent] if cur.parent is not None else None
+        if cur is None:
+            return None, 0
+        return cur, shared
 
     def _retry(self, x: TitoNode, messages: list[Message], tools: Sequence[dict[str, Any]] | None, tk: str) -> Plan:
         prompt = list(x.prompt)
