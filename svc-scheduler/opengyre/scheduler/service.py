@@ -5,6 +5,7 @@ Configuration (environment):
   OPENGYRE_SCHEDULER_AUTO            0: the policy only advises (default); 1: its role changes are carried out
   OPENGYRE_SCHEDULER_ACTUATOR        external (default) | local | sglang-megatron
   OPENGYRE_SCHEDULER_TRAINER_CMD     sglang-megatron: the trainer launcher, an argv template
+  OPENGYRE_SCHEDULER_PROXY_ADDR      the proxy's gRPC, which confirms drains (the stack's proxy; "none": no proxy)
   OPENGYRE_SCHEDULER_MAX_LAG, _GROUPS_PER_STEP, _GROUP_SIZE, _STEPS   the RL loop (1, 32, 16, unbounded)
 """
 
@@ -29,7 +30,14 @@ from ._controller import SchedulerController
 from ._grpc import STATUS, cell_pb, state_pb
 from ._policy import LoopConfig, Policy, RoleRequest, Target
 from ._projection import SchedulerProjection
-from .actuators import Actuator, ActuatorError, ExternalActuator, LocalActuator, SglangMegatronActuator
+from .actuators import (
+    Actuator,
+    ActuatorError,
+    ExternalActuator,
+    LocalActuator,
+    ProxyDrainer,
+    SglangMegatronActuator,
+)
 from .policies import make_policy
 
 __all__ = ["SchedulerService"]
@@ -162,16 +170,18 @@ def _actuator_from_env(ctx: ServiceContext) -> Actuator:
     kind = env.get("OPENGYRE_SCHEDULER_ACTUATOR", "external")
     addr = f"{ctx.settings.host}:{ctx.settings.ports['scheduler']}"
     workdir = ctx.settings.data_dir / "cells"
+    proxy = env.get("OPENGYRE_SCHEDULER_PROXY_ADDR", f"{ctx.settings.host}:{ctx.settings.ports['proxy']}")
+    drainer = None if proxy == "none" else ProxyDrainer(proxy)
     if kind == "local":
-        return LocalActuator(workdir, scheduler_addr=addr)
+        return LocalActuator(workdir, scheduler_addr=addr, drainer=drainer)
     if kind == "sglang-megatron":
         cmd = env.get("OPENGYRE_SCHEDULER_TRAINER_CMD")
         if not cmd:
             raise RuntimeError("OPENGYRE_SCHEDULER_TRAINER_CMD (the trainer launcher, an argv template) is required")
-        return SglangMegatronActuator(workdir, trainer_argv=shlex.split(cmd), scheduler_addr=addr)
+        return SglangMegatronActuator(workdir, trainer_argv=shlex.split(cmd), scheduler_addr=addr, drainer=drainer)
     if kind != "external":
         raise RuntimeError(f"OPENGYRE_SCHEDULER_ACTUATOR={kind!r}: expected external, local or sglang-megatron")
-    return ExternalActuator()
+    return ExternalActuator(drainer)
 
 
 class SchedulerService(Service):

@@ -6,6 +6,7 @@ from ._drain import Drainer, NoDrainer
 from ._external import ExternalActuator
 from ._local import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, LocalActuator
 from ._process import ChildProcess
+from ._proxy import ProxyDrainer
 from ._sglang import LatestWeights, SglangMegatronActuator
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "LatestWeights",
     "LocalActuator",
     "NoDrainer",
+    "ProxyDrainer",
     "SglangMegatronActuator",
 ]

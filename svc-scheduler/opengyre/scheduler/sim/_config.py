@@ -35,9 +35,10 @@ class ClusterConfig:
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
-    # One micro-step (``LoopConfig.micro_groups`` groups, forward + backward) on one cell of the reference size
-    # (``ClusterConfig.gpus_per_cell``); a cell with g GPUs takes ``micro_step_s * reference / g``.
+    # One micro-step (``LoopConfig.micro_groups`` groups, forward + backward) on ``reference_gpus`` GPUs; a cell
+    # with g GPUs takes ``micro_step_s * reference_gpus / g`` (the same GPU-work however the GPUs are cut).
     micro_step_s: float = 600.0
+    reference_gpus: int = 32
     step_overhead_s: float = 60.0  # optimizer step and weight publication after the last micro-step
     to_training_s: float = 8.52  # QwenGyre's measured switch costs
     to_rollout_s: float = 3.46

@@ -65,7 +65,7 @@ class Simulator:
         self.refusals: list[str] = []
         self.reroutes = 0
         self.switches = 0
-        self._ref_gpus = config.cluster.gpus_per_cell
+        self._ref_gpus = config.costs.reference_gpus
 
     # --- plumbing ------------------------------------------------------------------------------------
 
@@ -108,7 +108,11 @@ class Simulator:
         return SimResult.build(
             policy=self.policy.name, config=self.cfg, state=self.state, steps=self._steps,
             segments=self._segments, refusals=self.refusals,
-            bound=ideal_bound(self.cfg, self._durations[: self.loop.steps, : self.loop.groups_per_step]),
+            bound=ideal_bound(
+                self.cfg,
+                self._durations[: self.loop.steps, : self.loop.groups_per_step],
+                batch_chain=self.policy.packing == "batch",
+            ),
             reroutes=self.reroutes, switches=self.switches, events=self.seq,
         )  # fmt: skip
 

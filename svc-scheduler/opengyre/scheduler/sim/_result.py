@@ -51,19 +51,20 @@ class IdealBound:
         return max(self.work_h, self.chain_h)
 
 
-def ideal_bound(cfg: SimConfig, durations: np.ndarray) -> IdealBound:
+def ideal_bound(cfg: SimConfig, durations: np.ndarray, *, batch_chain: bool = True) -> IdealBound:
     cl, loop, costs = cfg.cluster, cfg.loop, cfg.costs
     gpus_per_slot = cl.gpus_per_cell / cl.slots_per_cell
     rollout = float(durations.sum()) * gpus_per_slot
-    training = loop.steps * loop.microsteps_per_step * costs.micro_step_s * cl.gpus_per_cell
+    training = loop.steps * loop.microsteps_per_step * costs.micro_step_s * costs.reference_gpus
     work = (rollout + training) / cl.total_gpus
     # Chain: step b cannot finish before its slowest execution (dispatched when step b-1-phi finished) and
     # its last micro-step on the fastest cell, nor before step b-1; the optimizer step follows each.
-    last_micro = costs.micro_step_s
+    last_micro = costs.micro_step_s * costs.reference_gpus / cl.gpus_per_cell  # on the fastest cell
     finish = [0.0] * (loop.steps + 1)
     for b in range(1, loop.steps + 1):
         start = finish[b - 1 - loop.max_lag] if b - 1 - loop.max_lag >= 1 else 0.0
-        ready = start + float(durations[b - 1].max())
+        # A policy that packs whichever groups complete first (carry-over) is not bound to its batch's slowest.
+        ready = start + float(durations[b - 1].max()) if batch_chain else 0.0
         finish[b] = max(ready, finish[b - 1]) + last_micro + costs.step_overhead_s
     return IdealBound(work / HOUR, finish[-1] / HOUR, rollout / HOUR, training / HOUR)
 
