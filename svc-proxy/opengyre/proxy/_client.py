@@ -153,6 +153,15 @@ class EngineClient:
             return False
         return r.status_code == 200
 
+    async def incremental_streaming(self) -> bool:
+        """Whether the engine streams deltas instead of cumulative chunks (from ``/server_info``; off if unknown)."""
+        try:
+            r = await self.http.get(self.base_url + "/server_info", headers=self.headers, timeout=5.0)
+            info = r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return False
+        return isinstance(info, dict) and info.get("incremental_streaming_output") is True
+
     async def model_info(self) -> dict[str, Any]:
         r = await self.http.get(self.base_url + "/model_info", headers=self.headers, timeout=5.0)
         r.raise_for_status()

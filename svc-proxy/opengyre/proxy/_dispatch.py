@@ -90,7 +90,7 @@ class Dispatch:
                 reply = EngineReply()
                 broke = False
                 try:
-                    async for ids, lps in h.client.generate(payload, reply):
+                    async for ids, lps in h.client.generate(payload, reply, incremental=h.incremental):
                         if ids:
                             if not out.output_ids:
                                 self.ttft_ms = (time.perf_counter() - self.t0) * 1e3

@@ -40,6 +40,7 @@ class EngineHandle:
     source: str = "static"  # "static" | "cell" | "grpc"
     state: str = "active"  # active | draining | gone
     inflight: set[str] = field(default_factory=set)
+    incremental: bool = False  # the engine streams deltas (SGLang's --incremental-streaming-output)
     served: int = 0
     rerouted: int = 0
     added_at: float = field(default_factory=time.time)
@@ -112,6 +113,7 @@ class EnginePool:
             h = EngineHandle(
                 engine_id, url.rstrip("/"), EngineClient(url, api_key=self.api_key, http=self._http), source
             )
+            h.incremental = await h.client.incremental_streaming()
             self._engines[engine_id] = h
         h.state = "active"
         async with self._cond:

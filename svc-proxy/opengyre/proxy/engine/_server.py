@@ -54,8 +54,8 @@ async def _json_body(request: Request) -> Any:
         raise ValueError(f"malformed JSON body: {exc}") from None
 
 
-def _trimmed_text(engine: CpuEngine, gen: Generation, params: SamplingParams) -> str:
-    text = engine.codec.decode(gen.output_ids, skip_special=params.skip_special_tokens)
+def _trimmed_text(engine: CpuEngine, gen: Generation, params: SamplingParams, start: int = 0) -> str:
+    text = engine.codec.decode(gen.output_ids[start:], skip_special=params.skip_special_tokens)
     matched = (gen.finish or {}).get("matched")
     if isinstance(matched, str) and not params.no_stop_trim and matched in text:
         text = text[: text.index(matched)]
@@ -95,7 +95,7 @@ def _result(
                     gen.input_logprobs[logprob_start_len:], (return_prompt_ids or [])[logprob_start_len:], strict=False
                 )
             ]
-    out: dict[str, Any] = {"text": _trimmed_text(engine, gen, params), "output_ids": ids, "meta_info": meta}
+    out: dict[str, Any] = {"text": _trimmed_text(engine, gen, params, start), "output_ids": ids, "meta_info": meta}
     return out
 
 

@@ -1,0 +1,234 @@
+"""Engines leave mid-request: drained by an operator or by a cell-role change, or killed. The harness sees one
+complete answer; the record is the concatenation of what each engine produced, with nothing lost or doubled."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from opengyre.eventlog import EventLog
+from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.proxy._assembly import Outcome, assemble
+from opengyre.proxy._cells import CellWatcher
+from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
+
+from .conftest import Stack, make_stack
+
+M = "opengyre-tiny"
+LONG = 2000  # tokens: a generation that is certainly still running when the drain comes
+
+
+def _fast() -> EngineConfig:
+    # Delta chunks (SGLang's --incremental-streaming-output, which the pool detects): long streams stay linear.
+    return EngineConfig(port=0, incremental_streaming_output=True)
+
+
+@pytest.fixture
+async def engine_a() -> AsyncIterator[EngineServer]:
+    async with EngineServer(_fast()) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def engine_b() -> AsyncIterator[EngineServer]:
+    async with EngineServer(_fast()) as srv:
+        yield srv
+
+
+def _busy_engine(st: Stack) -> str:
+    busy = [h.engine_id for h in st.gateway.pool.engines() if h.inflight]
+    assert len(busy) == 1
+    return busy[0]
+
+
+def _text_of(st: Stack, output_ids: list[int]) -> str:
+    out = Outcome(output_ids=output_ids, finish={"type": "length", "length": len(output_ids)})
+    return assemble(st.gateway.codec, out).content
+
+
+async def test_an_openai_stream_survives_a_drain(
+    event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a, "e1": engine_b})
+    try:
+        client = st.openai("ex-drain")
+        stream = await client.chat.completions.create(
+            model=M,
+            messages=[{"role": "user", "content": "write a lot"}],
+            max_tokens=LONG,
+            stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        text, chunks, finish, moved = "", 0, None, -1
+        streamed_ids: list[int] = []
+        async for ch in stream:
+            if not ch.choices:
+                continue
+            text += ch.choices[0].delta.content or ""
+            finish = ch.choices[0].finish_reason or finish
+            streamed_ids += getattr(ch.choices[0], "token_ids", None) or []
+            chunks += 1
+            if chunks == 10:
+                moved = await st.gateway.pool.drain(_busy_engine(st))
+        assert moved == 1 and finish == "length"
+        events = await st.assert_recorded_matches_engines()
+        e = events[0]
+        assert e.attempts == 2 and len(e.output_ids) == LONG and e.engine_id in ("e0,e1", "e1,e0")
+        first = st.engine_records(e.call_id)[0]
+        assert first.finish_reason["type"] == "abort" and 0 < len(first.output_ids) < LONG
+        assert text == _text_of(st, list(e.output_ids))  # every token once, in order
+        assert streamed_ids == list(e.output_ids)
+        assert [h.engine_id for h in st.gateway.pool.engines()] == ["e1" if e.engine_id.startswith("e0") else "e0"]
+    finally:
+        await st.gateway.stop()
+
+
+async def test_cell_role_changes_drain_and_reroute_an_anthropic_stream(
+    event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
+) -> None:
+    st = await make_stack(event_log, {})
+    st.engines.update({"cell-a": engine_a, "cell-b": engine_b})
+    watcher = CellWatcher(event_log, st.gateway.pool)
+    await watcher.start()
+    try:
+        await event_log.append(CellRegistered(cell_id="cell-a", role="rollout", engine_url=engine_a.url))
+        while len(st.gateway.pool.engines()) < 1:
+            await asyncio.sleep(0.01)
+        client = st.anthropic("ex-cells")
+        msgs: Any = [{"role": "user", "content": "write a lot"}]
+        async with client.messages.stream(
+            model=M, max_tokens=LONG, messages=msgs, extra_body={"ignore_eos": True}
+        ) as s:
+            n = 0
+            async for ev in s:
+                n += ev.type == "content_block_delta"
+                if n == 10:
+                    await event_log.append(CellRegistered(cell_id="cell-b", role="rollout", engine_url=engine_b.url))
+                    await event_log.append(
+                        CellRoleChanged(cell_id="cell-a", from_role="rollout", to_role="draining", reason="train")
+                    )
+            final = await s.get_final_message()
+        assert final.stop_reason == "max_tokens" and final.usage.output_tokens == LONG
+        events = await st.assert_recorded_matches_engines()
+        assert events[0].attempts == 2 and events[0].engine_id == "cell-a,cell-b"
+        assert "".join(b.text for b in final.content if b.type == "text") == _text_of(st, list(events[0].output_ids))
+        assert watcher.roles == {"cell-a": "draining", "cell-b": "rollout"}
+        # Back to rollout: the cell takes requests again, from the URL it registered with.
+        await event_log.append(CellRoleChanged(cell_id="cell-a", from_role="training-core", to_role="rollout"))
+        while st.gateway.pool.get("cell-a") is None:
+            await asyncio.sleep(0.01)
+    finally:
+        await watcher.stop()
+        await st.gateway.stop()
+
+
+async def test_a_non_streamed_call_survives_a_drain(
+    event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a, "e1": engine_b})
+    try:
+        task = asyncio.create_task(
+            st.anthropic("ex-ns").messages.create(
+                model=M, max_tokens=LONG, messages=[{"role": "user", "content": "x"}], extra_body={"ignore_eos": True}
+            )
+        )
+        while not any(h.inflight for h in st.gateway.pool.engines()):
+            await asyncio.sleep(0.005)
+        while engine_a.engine.scheduler.steps + engine_b.engine.scheduler.steps < 20:
+            await asyncio.sleep(0.005)
+        assert await st.gateway.pool.drain(_busy_engine(st)) == 1
+        msg = await task
+        assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == LONG
+        events = await st.assert_recorded_matches_engines()
+        assert events[0].attempts == 2
+    finally:
+        await st.gateway.stop()
+
+
+async def test_a_killed_engine_is_replaced_mid_stream(event_log: EventLog, engine_b: EngineServer) -> None:
+    async with EngineProcess(EngineConfig(port=0, threads=1, incremental_streaming_output=True)) as proc:
+        st = await make_stack(event_log, {})
+        try:
+            await st.gateway.pool.add("doomed", proc.url)
+            client = st.openai("ex-kill")
+            stream = await client.chat.completions.create(
+                model=M,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=LONG,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            text, chunks, finish = "", 0, None
+            async for ch in stream:
+                if not ch.choices:
+                    continue
+                text += ch.choices[0].delta.content or ""
+                finish = ch.choices[0].finish_reason or finish
+                chunks += 1
+                if chunks == 10:
+                    await st.gateway.pool.add("spare", engine_b.url)
+                    proc.kill()
+            assert finish == "length"
+            events = await st.recorded()
+            e = events[0]
+            assert e.attempts == 2 and e.engine_id == "doomed,spare" and len(e.output_ids) == LONG
+            # The spare engine continued exactly from the tokens the client had already received.
+            spare = engine_b.engine.request_log(f"{e.call_id}-2")[0]
+            n_first = LONG - len(spare.output_ids)
+            assert list(spare.output_ids) == list(e.output_ids[n_first:])
+            assert text == _text_of(st, list(e.output_ids))
+        finally:
+            await st.gateway.stop()
+
+
+async def test_a_drain_with_nowhere_to_go_ends_the_stream_with_an_error(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a}, queue_timeout_s=0.2)
+    try:
+        stream = await st.openai("ex-alone").chat.completions.create(
+            model=M,
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=LONG,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        n = 0
+        try:
+            async for _ in stream:
+                n += 1
+                if n == 5:
+                    await st.gateway.pool.drain("e0")
+            raise AssertionError("the stream ended without an error")
+        except openai.APIError as exc:
+            assert "no rollout engine" in str(exc)
+        assert await st.recorded() == []  # an unfinished generation is not a trajectory
+    finally:
+        await st.gateway.stop()
+
+
+async def test_anthropic_stream_error_event_when_nothing_can_continue(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a}, queue_timeout_s=0.2)
+    try:
+        client = st.anthropic("ex-alone-a")
+        try:
+            async with client.messages.stream(
+                model=M, max_tokens=LONG, messages=[{"role": "user", "content": "x"}], extra_body={"ignore_eos": True}
+            ) as s:
+                n = 0
+                async for _ in s:
+                    n += 1
+                    if n == 5:
+                        await st.gateway.pool.drain("e0")
+            raise AssertionError("the stream ended without an error")
+        except anthropic.APIStatusError as exc:
+            assert exc.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    finally:
+        await st.gateway.stop()
