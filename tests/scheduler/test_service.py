@@ -13,6 +13,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats
 from opengyre.scheduler import LoopConfig
+from opengyre.scheduler.actuators import ExternalActuator
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
@@ -43,7 +44,9 @@ async def _stored(event_log: EventLog):  # type: ignore[no-untyped-def]
 async def test_bad_commands_are_refused_and_change_nothing(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
-    svc = SchedulerService(policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2))
+    svc = SchedulerService(
+        policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2), actuator=ExternalActuator()
+    )
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
         await stub.RegisterCell(pb.RegisterCellRequest(cell_id="c0", gpus=8, capacity=2))
         await event_log.append(ExecutionDispatched(execution_id="x0", task_id="t", group_id="g0", group_size=1))
@@ -79,7 +82,7 @@ async def test_role_switch_protocol_state_stream_and_micro_steps(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
     loop = LoopConfig(groups_per_step=2, group_size=2)
-    svc = SchedulerService(policy=make_policy("elastic"), loop=loop, poll_s=0.05)
+    svc = SchedulerService(policy=make_policy("elastic"), loop=loop, actuator=ExternalActuator(), poll_s=0.05)
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
         watch = stub.WatchState(pb.WatchStateRequest())
         first = await watch.read()
@@ -150,7 +153,7 @@ async def test_auto_mode_carries_out_the_policy(
     name: str, nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
     loop = LoopConfig(steps=1, groups_per_step=1, group_size=2)
-    svc = SchedulerService(policy=make_policy(name), loop=loop, auto=True, poll_s=0.05)
+    svc = SchedulerService(policy=make_policy(name), loop=loop, actuator=ExternalActuator(), auto=True, poll_s=0.05)
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
         for i in range(2):
             await stub.RegisterCell(pb.RegisterCellRequest(cell_id=f"c{i}", gpus=8, capacity=2))
