@@ -69,6 +69,7 @@ class CallRow(Base):
     execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     seq: Mapped[int] = mapped_column(_SEQ, index=True)
+    event_id: Mapped[str] = mapped_column(String(64))
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     prefix_len: Mapped[int] = mapped_column(Integer)
     n_tokens: Mapped[int] = mapped_column(Integer)  # prompt + output length
@@ -153,6 +154,7 @@ class TrajectoryProjection(Projection):
                 execution_id=e.execution_id,
                 call_id=e.call_id,
                 seq=seq,
+                event_id=e.event_id,
                 parent_call_id=e.parent_call_id,
                 prefix_len=e.prefix_len,
                 n_tokens=n_tokens,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, select
@@ -55,8 +55,10 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
     drift = None
     if r.drift_kind is not None:
         drift = DriftReport(kind=r.drift_kind, position=int(r.drift_position or 0), detail=r.drift_detail or "")
+    at = r.occurred_at if r.occurred_at.tzinfo else r.occurred_at.replace(tzinfo=UTC)  # SQLite drops the zone
     return ModelCallRecorded(
-        occurred_at=r.occurred_at,
+        event_id=r.event_id,
+        occurred_at=at,
         execution_id=r.execution_id,
         call_id=r.call_id,
         parent_call_id=r.parent_call_id,

@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("execution_id", sa.String(200), nullable=False),
         sa.Column("call_id", sa.String(64), nullable=False),
         sa.Column("seq", _SEQ, nullable=False),
+        sa.Column("event_id", sa.String(64), nullable=False),
         sa.Column("parent_call_id", sa.String(64), nullable=True),
         sa.Column("prefix_len", sa.Integer(), nullable=False),
         sa.Column("n_tokens", sa.Integer(), nullable=False),
