@@ -1,4 +1,4 @@
-"""Run the real scheduler service (gRPC, projection runner, controller) in the test's event loop."""
+"""Run real services (gRPC, projection runners, background work) in the test's event loop."""
 
 from __future__ import annotations
 
@@ -11,27 +11,37 @@ import grpc
 
 from opengyre.config import Settings
 from opengyre.eventlog import LogConfig
-from opengyre.runtime import EmbeddedNats, run_service
+from opengyre.runtime import EmbeddedNats, Service, run_service
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2_grpc
 
 
 @contextlib.asynccontextmanager
-async def running_scheduler(
-    service: SchedulerService, nats: EmbeddedNats, log_config: LogConfig, tmp: Path
-) -> AsyncIterator[tuple[scheduler_pb2_grpc.SchedulerServiceStub, int]]:
-    settings = Settings(data_dir=tmp, nats_url=nats.url, db_url=f"sqlite:///{tmp / 'sched.db'}", log=log_config)
+async def running_service(service: Service, nats: EmbeddedNats, log_config: LogConfig, tmp: Path) -> AsyncIterator[int]:
+    """Yield the gRPC port; each service keeps its own SQLite store, as separate processes would."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    db = f"sqlite:///{tmp / f'{service.name}.db'}"
+    settings = Settings(data_dir=tmp, nats_url=nats.url, db_url=db, log=log_config)
     stop = asyncio.Event()
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(run_service(service, settings, stop, port=0, ready=ready))
     done, _ = await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         task.result()  # raises why it could not start
-    port = ready.result()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield scheduler_pb2_grpc.SchedulerServiceStub(channel), port
+        yield ready.result()
     finally:
-        await channel.close()
         stop.set()
         await task
+
+
+@contextlib.asynccontextmanager
+async def running_scheduler(
+    service: SchedulerService, nats: EmbeddedNats, log_config: LogConfig, tmp: Path
+) -> AsyncIterator[tuple[scheduler_pb2_grpc.SchedulerServiceStub, int]]:
+    async with running_service(service, nats, log_config, tmp) as port:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield scheduler_pb2_grpc.SchedulerServiceStub(channel), port
+        finally:
+            await channel.close()
