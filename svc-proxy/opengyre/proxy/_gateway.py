@@ -8,6 +8,7 @@ Rejected calls (bad JSON, unknown model, bad key, too large, over the context, n
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import fnmatch
 import logging
@@ -70,6 +71,7 @@ class GatewayConfig:
     queue_timeout_s: float = 30.0
     retry_after_s: float = 2.0
     engine_api_key: str | None = None
+    port_fallback: bool = False  # if ``port`` is taken, serve on a free one (the embedded stack's behaviour)
 
 
 @dataclass
@@ -94,8 +96,12 @@ class Gateway:
         *,
         event_log: EventLog | None = None,
         pool: EnginePool | None = None,
+        restore: Callable[[str], Awaitable[ExecutionTrajectory | None]] | None = None,
     ) -> None:
+        """``restore(execution_id)`` rebuilds an execution's TITO state not held in memory (from the store)."""
         self.config = c = config or GatewayConfig()
+        self.restore = restore
+        self._restoring: dict[str, asyncio.Future[ExecutionTrajectory | None]] = {}
         self.codec = ChatCodec(load_tokenizer(c.tokenizer_path))
         self.context_length = int(c.context_length or self.codec.context_limit or 32768)
         self.keys = ExecutionKeys(c.secret or uuid.uuid4().bytes + uuid.uuid4().bytes)
@@ -127,7 +133,13 @@ class Gateway:
 
     async def start(self) -> Gateway:
         self.recorder.start()
-        self._http = HttpServer(self.app, self.config.host, self.config.port)
+        try:
+            self._http = HttpServer(self.app, self.config.host, self.config.port)
+        except OSError:
+            if not self.config.port_fallback or self.config.port == 0:
+                raise
+            log.warning("port %d is taken: the gateway serves on a free port instead", self.config.port)
+            self._http = HttpServer(self.app, self.config.host, 0)
         await self._http.start()
         return self
 
@@ -151,6 +163,19 @@ class Gateway:
         else:
             self._executions.move_to_end(execution_id)
         return t
+
+    async def trajectory(self, execution_id: str) -> ExecutionTrajectory:
+        """The execution's TITO state, restored from the store on first use after a restart."""
+        if execution_id not in self._executions and self.restore is not None:
+            fut = self._restoring.get(execution_id)
+            if fut is None:
+                fut = asyncio.ensure_future(self.restore(execution_id))
+                self._restoring[execution_id] = fut
+                fut.add_done_callback(lambda _f: self._restoring.pop(execution_id, None))
+            restored = await asyncio.shield(fut)
+            if restored is not None and execution_id not in self._executions:
+                self._executions[execution_id] = restored
+        return self.execution(execution_id)
 
     def executions(self) -> list[ExecutionTrajectory]:
         return list(self._executions.values())
@@ -322,7 +347,7 @@ class Gateway:
                     param="model",
                     code="model_not_found",
                 )
-            traj = self.execution(eid)
+            traj = await self.trajectory(eid)
             plan = self._plan(traj, req)
             room = self._check_context(plan, anthropic)
             call_id = uuid.uuid4().hex
@@ -400,7 +425,7 @@ class Gateway:
                 req = anthropic_api.count_tokens_request(await self._body(request))
                 if not self._known_model(req.model):
                     raise ApiError(404, "not_found", f"model: {req.model}")
-                plan = self.execution(eid).plan(req.messages or [], req.tools)
+                plan = (await self.trajectory(eid)).plan(req.messages or [], req.tools)
             except ApiError as err:
                 return self._error(err, True)
             return _Json({"input_tokens": len(plan.prompt_ids)})

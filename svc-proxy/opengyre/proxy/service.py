@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -65,16 +67,35 @@ class ProxyService(Service):
         models = _env_list("OPENGYRE_PROXY_MODELS") or cfg.models
         patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
         port = cfg.port if self._config is not None else s.proxy_http_port
-        return replace(cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns)
+        return replace(
+            cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns, port_fallback=True
+        )
 
     async def start(self, ctx: ServiceContext) -> None:
         from ._cells import CellWatcher
         from ._gateway import Gateway
+        from ._grpc import resolve_contexts
+        from ._restore import restore_trajectory
+        from ._tito import ExecutionTrajectory
+        from ._trees import StoredCall, load_calls
 
-        self.gateway = Gateway(self._gateway_config(ctx), event_log=ctx.log)
+        async def restore(execution_id: str) -> ExecutionTrajectory | None:
+            def q() -> list[StoredCall]:
+                with ctx.engine.connect() as conn:
+                    return load_calls(conn, execution_id)
+
+            calls = await asyncio.to_thread(q)
+            if not calls or self.gateway is None:
+                return None
+            contexts = await resolve_contexts(ctx.log, calls)
+            return restore_trajectory(execution_id, self.gateway.codec, calls, contexts)
+
+        self.gateway = Gateway(self._gateway_config(ctx), event_log=ctx.log, restore=restore)
         for i, url in enumerate(self._static):
             await self.gateway.pool.add(f"static-{i}", url)
         await self.gateway.start()
+        # Where harnesses find the gateway (the port may differ from the configured one if that was taken).
+        await asyncio.to_thread(_write_url, ctx.settings.data_dir / "proxy.url", self.gateway.url)
         self._cells = CellWatcher(ctx.log, self.gateway.pool)
         await self._cells.start()
 
@@ -93,3 +114,10 @@ class ProxyService(Service):
             raise RuntimeError("the proxy gateway must be started before its gRPC service")
         proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self, ctx, self.gateway), server)
         return ("opengyre.v1.ProxyService",)
+
+
+def _write_url(path: Path, url: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(url + "\n")
+    tmp.replace(path)

@@ -1,0 +1,52 @@
+"""Rebuild an execution's live TITO state from the trajectory store (after a proxy restart).
+
+Every stored call carries its token delta and its conversation delta, so the prompts, outputs and the
+conversation hashes that extension and retry matching need come back exactly as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opengyre.trajectory import TrajectoryTree
+
+from ._atif import conversations
+from ._chat import ChatCodec
+from ._tito import ExecutionTrajectory, Plan, _tools_key
+from ._trees import StoredCall
+
+__all__ = ["restore_trajectory"]
+
+
+def restore_trajectory(
+    execution_id: str,
+    codec: ChatCodec,
+    calls: Sequence[StoredCall],
+    contexts: Mapping[str, dict[str, Any]] | None = None,
+) -> ExecutionTrajectory:
+    contexts = contexts or {}
+    t = ExecutionTrajectory(execution_id, codec)
+    tree = TrajectoryTree(execution_id)
+    convs = conversations(calls, contexts)
+    tools_of: dict[str | None, list[dict[str, Any]] | None] = {None: None}
+    for c in calls:
+        e = c.event
+        tree.add(e)
+        ctx = contexts.get(e.call_id) or e.context or {}
+        tools = ctx["tools"] if "tools" in ctx else tools_of.get(e.parent_call_id)
+        tools_of[e.call_id] = tools
+        chat = "messages" in ctx and ctx.get("response") is not None
+        plan = Plan(
+            prompt_ids=list(tree.prompt(e.call_id)),
+            parent_call_id=e.parent_call_id,
+            prefix_len=e.prefix_len,
+            delta_ids=list(e.prompt_delta_ids),
+            branch=e.branch or "root",
+            drift=e.drift,
+            context=ctx,
+            messages=convs[e.call_id] if chat else None,
+            tools_key=_tools_key(tools),
+        )
+        t.commit(plan, e.call_id, e.output_ids, ctx.get("response") if chat else None, e.role)
+    return t
