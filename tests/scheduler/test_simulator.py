@@ -18,7 +18,7 @@ PARAMS: dict[str, dict[str, int]] = {"async": {"train_cells": 1}, "async-streami
 def test_every_policy_trains_every_step_and_never_breaks_the_watermark(name: str) -> None:
     sim = Simulator(small_config(record=True), make_policy(name, **PARAMS.get(name, {})))
     result = sim.run()
-    assert [s.step for s in result.steps] == list(range(1, 7))
+    assert [s.step for s in result.steps] == list(range(1, 7)) and result.completed
     assert not result.refusals
     # Refold what the simulator recorded: the same state, and the rule held at every drain.
     replay = SchedulerState()
@@ -99,3 +99,13 @@ def test_carry_over_trains_stragglers_in_a_later_step() -> None:
             batches = {int(x.split("-")[0][1:]) for x in e.execution_ids}
             mixed += batches != {e.step}
     assert mixed > 0
+
+
+def test_carry_over_with_a_staleness_cap_never_trains_staler_samples() -> None:
+    for extra in (2, 4, 8):
+        sim = Simulator(small_config(record=True, lag=0, steps=8), make_policy("elastic-carry", extra_groups=extra,
+                                                                             max_staleness=1))  # fmt: skip
+        r = sim.run()
+        assert r.completed and r.staleness_max <= 1
+        trained = [x for e in sim.events if isinstance(e, TrainingStepCompleted) for x in e.execution_ids]
+        assert len(trained) == len(set(trained)) == 8 * 16

@@ -20,7 +20,7 @@ from opengyre.store import Tracking
 from ._actuation import RoleChanger
 from ._commands import CommandRefused, check_registration, check_role_request
 from ._executions import EXECUTIONS
-from ._packing import MicroStep, PackingBuffer
+from ._packing import MicroStep
 from ._policy import Decision, LoopConfig, Policy, RoleRequest, View
 from ._projection import SchedulerProjection, load_state
 from ._rules import TRAINING_ROLES, watermark_allows
@@ -67,7 +67,7 @@ class SchedulerController:
         self.poll_s = poll_s
         self.projection = projection
         self._caught_up = caught_up
-        self.packer = PackingBuffer(loop, policy.packing, policy.streaming)
+        self.packer = policy.packing_buffer(loop)
         self.advice = Decision()
         self._lock = asyncio.Lock()
         self._claim_lock = asyncio.Lock()

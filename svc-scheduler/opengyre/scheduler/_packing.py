@@ -25,6 +25,9 @@ class PackingBuffer:
     loop: LoopConfig
     packing: Packing = "batch"
     streaming: bool = True
+    # Groups staler than this at the step being packed are never trained (None: no cap). Their samples stay
+    # in the ready buffer, unconsumed, and are reported as dropped.
+    staleness_cap: int | None = None
     step: int = 1
     _assigned: list[str] = field(default_factory=list)
     _assigned_set: set[str] = field(default_factory=set)
@@ -47,6 +50,8 @@ class PackingBuffer:
             if len(self._assigned) >= want:
                 break
             if g.group_id in self._assigned_set or (self.packing == "batch" and g.step != self.step):
+                continue
+            if self.staleness_cap is not None and self.step - 1 - g.version_step > self.staleness_cap:
                 continue
             self._assigned.append(g.group_id)
             self._assigned_set.add(g.group_id)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
+
+if TYPE_CHECKING:
+    from ._packing import PackingBuffer
 
 __all__ = [
     "Decision",
@@ -101,6 +104,17 @@ class Policy(ABC):
     packing: ClassVar[Packing] = "batch"
     # Streaming: micro-steps are handed out as groups complete; otherwise only once the step's batch is whole.
     streaming: ClassVar[bool] = True
+
+    @property
+    def staleness_cap(self) -> int | None:
+        """Groups staler than this are never packed (None: the dispatch bound alone limits staleness)."""
+        return None
+
+    def packing_buffer(self, loop: LoopConfig) -> PackingBuffer:
+        """The packing buffer this policy's training reads from (the simulator and the live service alike)."""
+        from ._packing import PackingBuffer
+
+        return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap)
 
     @abstractmethod
     def decide(self, view: View) -> Decision:

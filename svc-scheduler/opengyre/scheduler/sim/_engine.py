@@ -20,7 +20,7 @@ from opengyre.events import (
 )
 
 from .._commands import CommandRefused, arrival_role, check_role_request, protocol
-from .._packing import MicroStep, PackingBuffer
+from .._packing import MicroStep
 from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
 from .._state import SchedulerState
@@ -40,7 +40,7 @@ class Simulator:
         self.policy = policy
         self.loop = config.loop
         self.state = SchedulerState()
-        self.packer = PackingBuffer(config.loop, policy.packing, policy.streaming)
+        self.packer = policy.packing_buffer(config.loop)
         self.t = 0.0
         self.seq = 0
         self.events: list[Event] = []
@@ -48,10 +48,12 @@ class Simulator:
         self._heap: list[tuple[float, int, int, str, object]] = []
         self._tie = 0
         rng = np.random.default_rng(config.seed)
-        # Common random numbers: group g of batch b lasts the same under every policy. Room for policies that
-        # label more batches or more groups per batch than the loop (carry-over keeps extra groups in flight).
-        shape = (self.loop.steps + 2, 2 * self.loop.groups_per_step)
-        self._durations = config.workload.sample(rng, shape[0] * shape[1]).reshape(*shape, self.loop.group_size)
+        # Common random numbers: the k-th group dispatched lasts the same under every policy (for the batch loop,
+        # group g of batch b is the ((b-1)*G + g)-th). Room for policies that start more groups than the loop
+        # trains (carry-over keeps extra groups in flight; a staleness cap drops some).
+        self._pool = 3 * self.loop.steps * self.loop.groups_per_step
+        self._durations = config.workload.sample(rng, self._pool)
+        self._next_group = 0
         self._queue: deque[str] = deque()
         self._started = 0
         self._dur: dict[str, float] = {}
@@ -110,7 +112,9 @@ class Simulator:
             segments=self._segments, refusals=self.refusals,
             bound=ideal_bound(
                 self.cfg,
-                self._durations[: self.loop.steps, : self.loop.groups_per_step],
+                self._durations[: self.loop.steps * self.loop.groups_per_step].reshape(
+                    self.loop.steps, self.loop.groups_per_step, self.loop.group_size
+                ),
                 batch_chain=self.policy.packing == "batch",
             ),
             reroutes=self.reroutes, switches=self.switches, events=self.seq,
@@ -161,9 +165,10 @@ class Simulator:
 
     def _dispatch(self, req: DispatchRequest) -> bool:
         step = req.step
-        rows, cols = self._durations.shape[:2]
-        if step <= self.state.dispatched_step or step > rows or not 0 < req.groups <= cols:
-            self.refusals.append(f"t={self.t:.0f}s dispatch {req}: outside the simulated workload")
+        if step <= self.state.dispatched_step or req.groups < 1:
+            return False
+        if self._next_group + req.groups > self._pool:
+            self.refusals.append(f"t={self.t:.0f}s dispatch {req}: the simulated workload has no more groups")
             return False
         version = f"v{self.state.trained_step}"
         timeout = self.cfg.workload.timeout_s
@@ -174,7 +179,7 @@ class Simulator:
             for k in range(self.loop.group_size):
                 xid = f"{gid}-e{k}"
                 members.append(xid)
-                self._dur[xid] = float(self._durations[step - 1, g, k])
+                self._dur[xid] = float(self._durations[self._next_group, k])
                 self._emit(
                     ExecutionDispatched(
                         execution_id=xid, task_id=f"task-s{step}-g{g}", group_id=gid, step=step,
@@ -182,6 +187,7 @@ class Simulator:
                     )
                 )  # fmt: skip
                 self._queue.append(xid)
+            self._next_group += 1
         return True
 
     def _start_queued(self) -> None:

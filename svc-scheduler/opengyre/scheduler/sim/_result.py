@@ -83,6 +83,7 @@ class SimResult:
     reroutes: int
     switches: int
     events: int
+    completed: bool  # every step of the loop was trained (a policy can stall: the simulator then stops)
     totals: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -118,6 +119,7 @@ class SimResult:
             reroutes=reroutes,
             switches=switches,
             events=events,
+            completed=len(steps) == config.loop.steps,
             totals=totals,
         )
 
@@ -134,6 +136,7 @@ class SimResult:
             "reroutes": self.reroutes,
             "refusals": len(self.refusals),
             "events": self.events,
+            "completed": self.completed,
         }
 
 
