@@ -37,7 +37,7 @@ from opengyre.scheduler.sim import (
 PAPER = {"elastic_vs_async": (1.42, 1.53), "elastic_vs_colocate": (1.36, 1.47), "a3_saving": 0.116, "e2_slower": 0.022}
 
 
-def run(cfg: SimConfig, name: str, **params: int) -> SimResult:
+def run(cfg: SimConfig, name: str, **params: int | None) -> SimResult:
     t0 = time.perf_counter()
     r = simulate(cfg, make_policy(name, **params))
     r.totals["wall_s"] = time.perf_counter() - t0
