@@ -1,0 +1,70 @@
+"""Training throughput per backend on this machine: tokens/s of forward + backward (+ optimizer step) for the
+same packed micro-batches on the torch backend and the megatron-core backend (TP=1, CPU, gloo, SDPA).
+
+    .venv/bin/python svc-trainer/bench/backend_bench.py [--model small] [--rows 8] [--seq 256] [--iters 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from opengyre.models import model_config
+from opengyre.trainer import Learner, TrainingSample, pack_samples
+from opengyre.trainer.algorithms import GSPO
+from opengyre.trainer.backends import build_backend
+
+
+def samples(rows: int, seq: int, seed: int) -> list[TrainingSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(rows):
+        toks = tuple(rng.randrange(256) for _ in range(seq))
+        targets = tuple(t >= seq // 4 for t in range(seq))  # a prompt quarter, then generated tokens
+        out.append(
+            TrainingSample(
+                execution_id=f"e{i}",
+                leaf="l",
+                tokens=toks,
+                targets=targets,
+                behaviour_logprobs=tuple(-rng.random() * 3 if m else 0.0 for m in targets),
+                advantage=rng.uniform(-1, 1),
+                token_weight=1.0 / (rows * sum(targets)),
+            )
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    cfg = model_config(args.model)
+    [mb] = pack_samples(samples(args.rows, args.seq, 0), args.rows * args.seq)
+    init = build_backend("torch", cfg, seed=0).hf_state_dict()
+    print(f"model {args.model}, micro-batch {args.rows} x {args.seq} tokens, torch threads {torch.get_num_threads()}")
+    print(f"| backend | fwd+bwd+step s (median of {args.iters}) | tokens/s | loss |")
+    print("| --- | --- | --- | --- |")
+    for name in ("torch", "megatron"):
+        backend = build_backend(name, cfg, init)
+        learner = Learner(backend, GSPO(eps_low=0.2, eps_high=0.2), lr=1e-4)
+        learner.step([mb])  # warm-up (allocations, first-call overheads)
+        times, losses = [], []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            r = learner.step([mb])
+            times.append(time.perf_counter() - t0)
+            losses.append(r.loss)
+        t = statistics.median(times)
+        print(f"| {name} | {t:.3f} | {mb.n_tokens / t:,.0f} | {losses[0]:+.5f} |")
+
+
+if __name__ == "__main__":
+    main()
