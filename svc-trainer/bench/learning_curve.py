@@ -8,7 +8,7 @@ one GRPO step, publishes a checkpoint and hot-reloads the engine over ``/update_
 Task: single-digit addition ("7+5=" -> "12"). Reward 1 for the exact sum, partial credit for a number close to
 it, 0 otherwise. SFT on golden answers first (a warm start that leaves room), then RL.
 
-    .venv/bin/python svc-trainer/bench/learning_curve.py [--model tiny] [--out docs/figures/trainer-learning-curve.png]
+    .venv/bin/python svc-trainer/bench/learning_curve.py [--model tiny] [--out docs/trainer-learning-curve.png]
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ async def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-samples", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("docs/figures/trainer-learning-curve.png"))
+    ap.add_argument("--out", type=Path, default=Path("docs/trainer-learning-curve.png"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tok = load_tokenizer()
@@ -136,7 +136,7 @@ async def main() -> None:
             eval_jobs = [(PAIRS[i % len(PAIRS)], 10_000 + i) for i in range(args.eval_samples)]
 
             async def evaluate() -> float:
-                return statistics.mean(r["reward"] for r in await ro.many(eval_jobs))
+                return float(statistics.mean(r["reward"] for r in await ro.many(eval_jobs)))
 
             # --- SFT warm start on golden answers -------------------------------------------------------
             backend = build_backend("torch", model_config(args.model), seed=args.seed)

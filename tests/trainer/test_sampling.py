@@ -87,3 +87,22 @@ def test_execution_weights_average_within_the_execution() -> None:
 def test_rejects_bad_j() -> None:
     with pytest.raises(ValueError):
         PathSampler(0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounds_and_once_only_on_synthetic_agentic_trees(seed: int) -> None:
+    from opengyre.trainer import TreeShape, agentic_tree
+
+    t = agentic_tree(f"s{seed}", random.Random(seed), TreeShape(retry_p=0.5, sub_retry_p=0.5))
+    roles = {t.node(leaf).role for leaf in t.leaves()}
+    assert {"main", "main-summary", "sub-agent-summary"} <= roles  # sub-agent leaves exist only via retries
+    rank = {"main": 0, "main-summary": 1, "sub-agent": 2, "sub-agent-summary": 3}
+    for j in (1, 5, None):
+        drawn = PathSampler(j).sample(t, random.Random(seed))
+        assert len(drawn) <= (j or len(t.leaves()))
+        assert [rank[d.path.role] for d in drawn] == sorted(rank[d.path.role] for d in drawn)
+        owners = [d.path.owners[i] for d in drawn for i in positions(d.targets)]
+        assert len(owners) == len(set(owners))  # a shared token is a target at most once
+        if j is None:
+            generated = {(c, i) for c, n in t.nodes.items() for i in range(len(n.output_ids))}
+            assert set(owners) == generated

@@ -102,8 +102,14 @@ if TYPE_CHECKING:
         snapshot_digest,
         streaming_step,
     )
+    from ._synthetic import (
+        TreeShape,
+        agentic_tree,
+    )
 
 _WHERE: dict[str, str] = {
+    "TreeShape": "._synthetic",
+    "agentic_tree": "._synthetic",
     "Admission": "._admission",
     "AdmissionPolicy": "._admission",
     "EngineReload": "._publish",
@@ -199,6 +205,8 @@ __all__ = [
     "TrainerStore",
     "TrainingSample",
     "TrajectoryRejected",
+    "TreeShape",
+    "agentic_tree",
     "classify_failure",
     "classify_outcome",
     "execution_samples",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import tomllib
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,25 @@ class TrainerConfig:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:
             raise ValueError("run_id must be a non-empty name of at most 40 characters without '/'")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base: Path | None = None) -> TrainerConfig:
+        """From a flat mapping of field names (a ``trainer.toml``); relative paths resolve against ``base``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown trainer settings: {', '.join(unknown)}")
+        values = dict(data)
+        if values.get("max_paths") == 0:
+            values["max_paths"] = None  # 0 in a file means "all paths"
+        for key in ("checkpoint_dir", "init_checkpoint"):
+            if values.get(key) is not None:
+                p = Path(values[key])
+                values[key] = p if p.is_absolute() or base is None else base / p
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_toml(cls, path: Path) -> TrainerConfig:
+        return cls.from_dict(tomllib.loads(Path(path).read_text()), base=Path(path).parent)

@@ -1,7 +1,10 @@
-"""The trainer service process: gRPC TrainerService with health and reflection, and its projection."""
+"""The trainer service process: gRPC TrainerService with health and reflection, its projection, and, when the
+data dir holds a ``trainer.toml``, the online training loop (``opengyre up`` then trains as data arrives)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 
 import grpc
@@ -10,10 +13,16 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import trainer_pb2_grpc
 
+from ._config import TrainerConfig
 from ._grpc import TrainerServicer
 from ._projection import TrainerProjection
+from ._store import TrainerStore
 
-__all__ = ["TrainerService"]
+__all__ = ["CONFIG_FILE", "TrainerService"]
+
+CONFIG_FILE = "trainer.toml"
+
+log = logging.getLogger(__name__)
 
 
 class TrainerService(Service):
@@ -22,12 +31,18 @@ class TrainerService(Service):
     capabilities = (
         "status",
         "executions",
+        "ready-groups",
         "steps",
         "weights",
         "sample-preview",
         "score",
+        "online-training",
     )
     not_implemented = ("pipeline-parallel",)
+
+    def __init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[int] | None = None
 
     def projections(self) -> Sequence[Projection]:
         return [TrainerProjection()]
@@ -35,3 +50,22 @@ class TrainerService(Service):
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(self, ctx), server)
         return ("opengyre.v1.TrainerService",)
+
+    async def start(self, ctx: ServiceContext) -> None:
+        path = ctx.settings.data_dir / CONFIG_FILE
+        if not path.exists():
+            log.info("trainer: no %s in %s, serving without training", CONFIG_FILE, ctx.settings.data_dir)
+            return
+        config = TrainerConfig.from_toml(path)
+        from ._loop import OnlineTrainer  # torch: only when this process trains
+
+        trainer = await asyncio.to_thread(OnlineTrainer, config, TrainerStore(ctx.engine), ctx.log)
+        self._stop.clear()
+        self._task = asyncio.create_task(trainer.run(self._stop), name="trainer-loop")
+        log.info("trainer: training run %s (%s, %s)", config.run_id, config.backend, config.algorithm)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

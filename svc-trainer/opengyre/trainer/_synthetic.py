@@ -1,8 +1,9 @@
-"""Synthetic agentic trajectory trees with the shapes QwenGyre describes: a main chain of tool turns, retries
-(a re-sampled call: same prompt, another output), context compaction (a main-summary call, then the main agent
-restarts from the summary as a new root), sub-agents (their own roots and chains) and their summaries.
+"""Synthetic agentic trajectory trees, for benchmarks and property tests.
 
-Lengths are drawn per call; every generated token gets a plausible behaviour logprob.
+They have the shapes QwenGyre describes: a main chain of tool turns, retries (a re-sampled call: same prompt,
+another output), context compaction (a main-summary call, then the main agent restarts from the summary as a
+new root), sub-agents (their own roots and chains) and their summaries. Lengths are drawn per call; every
+generated token gets a plausible behaviour logprob.
 """
 
 from __future__ import annotations
