@@ -105,3 +105,37 @@ async def test_trainer_service_end_to_end(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_service_trains_online_with_a_trainer_toml(
+    nats_server: EmbeddedNats, event_log: EventLog, log_config: LogConfig, tmp_path: Path
+) -> None:
+    (tmp_path / "trainer.toml").write_text(
+        'run_id = "svc"\nmodel = "tiny"\nalgorithm = "grpo"\ngroup_size = 2\nlr = 1e-3\ncheckpoint_dir = "ckpt"\n'
+    )
+    settings = Settings(
+        data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
+    )
+    await event_log.append_many(group("g", [("completed", 1.0, None), ("completed", 0.0, None)]))
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
+    try:
+        port = await asyncio.wait_for(ready, 60)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+
+            async def published() -> bool:
+                w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
+                return len(w.versions) == 1
+
+            await _until(published, 120)
+            [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
+            assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
+            [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps
+            assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
+            ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
+            assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
