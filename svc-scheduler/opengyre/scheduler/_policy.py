@@ -105,8 +105,7 @@ class Policy(ABC):
     # Streaming: micro-steps are handed out as groups complete; otherwise only once the step's batch is whole.
     streaming: ClassVar[bool] = True
 
-    @property
-    def staleness_cap(self) -> int | None:
+    def staleness_cap(self, loop: LoopConfig) -> int | None:
         """Groups staler than this are never packed (None: the dispatch bound alone limits staleness)."""
         return None
 
@@ -114,7 +113,7 @@ class Policy(ABC):
         """The packing buffer this policy's training reads from (the simulator and the live service alike)."""
         from ._packing import PackingBuffer
 
-        return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap)
+        return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap(loop))
 
     @abstractmethod
     def decide(self, view: View) -> Decision:

@@ -20,7 +20,9 @@ class AsyncPolicy(Policy):
 
     def decide(self, view: View) -> Decision:
         pool = [c for c in view.state.cells_in_order() if not c.resident]
-        want = {c.cell_id for c in pool[: self.train_cells]}
+        # At least one cell keeps rolling out (with a resident pool, every elastic cell may train).
+        k = min(self.train_cells, len(pool) - (0 if len(pool) < len(view.state.cells) else 1))
+        want = {c.cell_id for c in pool[:k]}
         roles = tuple(
             RoleRequest(c.cell_id, "training", f"fixed training pool of {self.train_cells}")
             for c in pool
