@@ -17,7 +17,7 @@ from opengyre.scheduler.sim import Simulator
 from ._small import small_config
 
 
-@pytest.mark.parametrize("name", ["elastic", "elastic-carry", "colocate"])
+@pytest.mark.parametrize("name", ["elastic", "elastic-carry", "colocate", "async"])
 async def test_live_projection_decides_like_the_simulator(name: str, event_log: EventLog, engine: Engine) -> None:
     cfg = small_config(record=True, steps=3)
     sim = Simulator(cfg, make_policy(name))
@@ -33,7 +33,7 @@ async def test_live_projection_decides_like_the_simulator(name: str, event_log: 
             state = await asyncio.to_thread(load_state, conn)
         assert live_policy.decide(View(state, now, cfg.loop)) == decision, (seq, decision)
         checked += 1
-    assert checked >= 5
+    assert checked >= (2 if name == "async" else 5)  # a fixed split decides little: the split, then dispatches
 
 
 async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
