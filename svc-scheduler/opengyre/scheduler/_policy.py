@@ -141,4 +141,4 @@ def heading_to_rollout(c: CellState) -> bool:
 
 def ready_microsteps(view: View) -> int:
     """Micro-steps the packing buffer could hand out from complete groups not yet trained on."""
-    return len(view.state._ready_groups) // view.loop.micro_groups
+    return view.state.ready_group_count // view.loop.micro_groups

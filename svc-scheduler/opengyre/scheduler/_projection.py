@@ -22,7 +22,7 @@ from opengyre.projection import Projection, Rejected
 from opengyre.store import Tracking
 
 from ._executions import EXECUTIONS as _X
-from ._rules import ROLLOUT_ROLES, TRAINING_ROLES, check_transition, sample_staleness
+from ._rules import TRAINING_ROLES, check_transition, sample_staleness
 from ._state import CellState, GroupState, RunningExecution, SchedulerState, as_seconds
 from ._tables import CELLS as _C
 from ._tables import GROUPS as _G
@@ -200,8 +200,6 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
             c.cell_id, c.node, c.gpus, c.capacity, role, c.engine_url, bool(c.resident), c.ordinal, c.role_seq,
             _secs(c.role_since), cast(CellRole | None, c.switch_from),
         )  # fmt: skip
-        if role in ROLLOUT_ROLES:
-            st._capacity += c.capacity
     for x in conn.execute(select(_X).order_by(_X.c.dispatched_seq)):
         st.dispatched_total += 1
         if x.status == "running":
@@ -223,9 +221,7 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
         if g.complete_seq is not None and g.consumed_step is None:
             ready.append((int(g.complete_seq), g.group_id))
         st.consumed_groups += g.consumed_step is not None
-    for _, gid in sorted(ready):
-        st._ready_groups[gid] = None
-        st._ready_samples += st.groups[gid].finished
+    st.restore_derived(ready_in_order=[gid for _, gid in sorted(ready)])
     for v in conn.execute(select(_V)):
         st.versions[v.weight_version] = v.step
     st.trained_step = int(conn.execute(select(func.max(_S.c.step))).scalar() or 0)

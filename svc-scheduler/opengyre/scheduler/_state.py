@@ -124,6 +124,16 @@ class SchedulerState:
     def ready_samples(self) -> int:
         return self._ready_samples
 
+    @property
+    def ready_group_count(self) -> int:
+        return len(self._ready_groups)
+
+    def restore_derived(self, *, ready_in_order: list[str]) -> None:
+        """Recompute the incremental aggregates after the state was filled from stored rows (``load_state``)."""
+        self._capacity = sum(c.capacity for c in self.cells.values() if c.role in ROLLOUT_ROLES)
+        self._ready_groups = dict.fromkeys(ready_in_order)
+        self._ready_samples = sum(self.groups[g].finished for g in ready_in_order)
+
     def staleness_mean(self) -> float:
         n = sum(self.staleness_hist.values())
         return sum(k * v for k, v in self.staleness_hist.items()) / n if n else 0.0
