@@ -79,7 +79,7 @@ class SchedulerController:
 
     def _load(self) -> SchedulerState:
         with self.engine.connect() as conn:
-            return load_state(conn, self.projection)
+            return load_state(conn, self.projection, full=False)
 
     async def state(self) -> SchedulerState:
         return await asyncio.to_thread(self._load)

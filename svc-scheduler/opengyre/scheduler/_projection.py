@@ -191,8 +191,13 @@ def _secs(ts: datetime | None) -> float:
     return as_seconds(ts) if ts is not None else 0.0
 
 
-def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> SchedulerState:
-    """The in-memory state the policies read, loaded from the projection's rows."""
+def load_state(conn: Connection, projection: str = SchedulerProjection.name, *, full: bool = True) -> SchedulerState:
+    """The in-memory state the policies read, loaded from the projection's rows.
+
+    ``full=False`` (the live controller, every tick) leaves out executions already trained on: no decision and
+    no later event can depend on them, and a long run has tens of thousands. Counts and the staleness
+    histogram still cover them (SQL aggregates); ``snapshot()`` equals the full load's except ``finished``.
+    """
     st = SchedulerState()
     for c in conn.execute(select(_C).order_by(_C.c.ordinal)):
         role = cast(CellRole, c.role)
@@ -200,7 +205,16 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
             c.cell_id, c.node, c.gpus, c.capacity, role, c.engine_url, bool(c.resident), c.ordinal, c.role_seq,
             _secs(c.role_since), cast(CellRole | None, c.switch_from),
         )  # fmt: skip
-    for x in conn.execute(select(_X).order_by(_X.c.dispatched_seq)):
+    rows = select(_X).order_by(_X.c.dispatched_seq)
+    if not full:
+        rows = rows.where(_X.c.consumed_step.is_(None))
+        st.dispatched_total, st.finished_total = _trained_counts(conn)
+        for d, n in conn.execute(
+            select(_X.c.staleness, func.count()).where(_X.c.staleness.is_not(None)).group_by(_X.c.staleness)
+        ):
+            st.staleness_hist[int(d)] = int(n)
+            st.consumed_samples += int(n)
+    for x in conn.execute(rows):
         st.dispatched_total += 1
         if x.status == "running":
             st.running[x.execution_id] = RunningExecution(
@@ -209,7 +223,7 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
             continue
         st.finished_total += 1
         st.finished[x.execution_id] = (x.group_id, x.version_step, x.consumed_step)
-        if x.staleness is not None:
+        if full and x.staleness is not None:
             st.staleness_hist[x.staleness] = st.staleness_hist.get(x.staleness, 0) + 1
             st.consumed_samples += 1
     ready: list[tuple[int, str]] = []
@@ -232,3 +246,9 @@ def load_state(conn: Connection, projection: str = SchedulerProjection.name) -> 
     # A loaded state has no history of buffer changes: any new event may have changed it, so rescan then.
     st.ready_rev = st.last_seq
     return st
+
+
+def _trained_counts(conn: Connection) -> tuple[int, int]:
+    """(dispatched, finished) among executions already trained on (all of them finished)."""
+    n = int(conn.execute(select(func.count()).where(_X.c.consumed_step.is_not(None))).scalar() or 0)
+    return n, n

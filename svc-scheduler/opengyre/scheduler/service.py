@@ -207,7 +207,7 @@ class SchedulerService(Service):
         loop: LoopConfig | None = None,
         actuator: Actuator | None = None,
         auto: bool | None = None,
-        poll_s: float = 0.25,
+        poll_s: float = 1.0,
     ) -> None:
         self._policy = policy
         self._loop = loop
