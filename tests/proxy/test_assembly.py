@@ -56,3 +56,21 @@ def test_split_multibyte_characters_come_out_whole(codec: ChatCodec) -> None:
     ids = codec.encode("héllo ✓")
     out = Outcome(output_ids=ids, finish={"type": "length", "length": len(ids)})
     assert _stream(codec, ids, out, [], 1) == ("héllo ✓", [])
+
+
+def test_the_fast_codec_paths_equal_the_tokenizers_public_api(codec: ChatCodec) -> None:
+    from ._policy import TOOLS, conversation
+
+    tok = codec.tokenizer
+    convs = [conversation(0), conversation(2), [{"role": "user", "content": "héllo <|im_end|> ✓"}]]
+    for msgs in convs:
+        for tools in (None, TOOLS):
+            for gen in (True, False):
+                slow = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen, tokenize=False)
+                assert codec.render(msgs, tools, gen=gen) == slow
+            text = codec.render(msgs, tools, gen=True)
+            ids = codec.encode(text)
+            assert ids == tok(text, add_special_tokens=False).input_ids
+            for skip in (True, False):
+                assert codec.decode(ids, skip_special=skip) == tok.decode(ids, skip_special_tokens=skip)
+    assert codec.decode([0xC3]) == tok.decode([0xC3])  # a lone byte of a multi-byte character

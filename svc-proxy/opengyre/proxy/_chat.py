@@ -73,6 +73,17 @@ class ChatCodec:
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast) -> None:
         self.tokenizer = tokenizer
+        # The hot path skips the HF wrappers (their per-call checks cost more than the work here): the Rust
+        # tokenizer directly, and the chat template compiled once, rendered with what apply_chat_template passes.
+        self._backend = tokenizer.backend_tokenizer
+        self._template: Any = None
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            self._template = _compile_jinja_template(tokenizer.chat_template)
+        except (ImportError, AttributeError, TypeError):  # another transformers: use the public API
+            self._template = None
+        self._template_vars = dict(tokenizer.special_tokens_map)
         eos = tokenizer.eos_token_id
         if not isinstance(eos, int):
             raise ValueError("the tokenizer has no eos token")
@@ -99,20 +110,30 @@ class ChatCodec:
     # --- rendering ----------------------------------------------------------------------------------
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *, gen: bool) -> str:
+        if self._template is not None:
+            return str(
+                self._template.render(
+                    messages=list(messages),
+                    tools=list(tools) if tools else None,
+                    documents=None,
+                    add_generation_prompt=gen,
+                    **self._template_vars,
+                )
+            )
         out = self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) if tools else None, add_generation_prompt=gen, tokenize=False
         )
         return str(out)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
 
     def render_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The prompt for the next assistant turn, tokenized from scratch."""
         return self.encode(self.render(messages, tools, gen=True))
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special))
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special))
 
     # --- output parsing -----------------------------------------------------------------------------
 

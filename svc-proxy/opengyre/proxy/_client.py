@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import msgspec
 
+from ._http1 import Http1Error, Http1Pool
+
 __all__ = ["EngineClient", "EngineFailed", "EngineRejected", "EngineReply"]
 
 _enc = msgspec.json.Encoder()
@@ -65,11 +67,13 @@ class EngineClient:
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
+        self.fast = Http1Pool(self.base_url)  # the hot path: /generate and /abort_request
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"
 
     async def close(self) -> None:
+        await self.fast.close()
         if self._own:
             await self.http.aclose()
 
@@ -102,23 +106,20 @@ class EngineClient:
 
         With ``payload["stream"]`` false there is one delta, at the end.
         """
-        url = self.base_url + "/generate"
         try:
-            if not payload.get("stream"):
-                r = await self.http.post(url, content=_enc.encode(payload), headers=self.headers)
-                if r.status_code >= 400:
-                    self._raise(r.status_code, r.content)
-                yield self._apply(reply, _dec.decode(r.content), False)
-                return
-            async with self.http.stream("POST", url, content=_enc.encode(payload), headers=self.headers) as r:
-                if r.status_code >= 400:
-                    self._raise(r.status_code, await r.aread())
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
+            r = await self.fast.request("POST", "/generate", _enc.encode(payload), self.headers)
+            try:
+                if r.status >= 400:
+                    self._raise(r.status, await r.read())
+                if not payload.get("stream"):
+                    yield self._apply(reply, _dec.decode(await r.read()), False)
+                    return
+                async for line in r.lines():
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
+                    if data == b"[DONE]":
+                        continue  # read on to the end of the body, so the connection goes back to the pool
                     chunk = _dec.decode(data)
                     if isinstance(chunk, dict) and "error" in chunk:
                         err = chunk["error"]
@@ -128,7 +129,9 @@ class EngineClient:
                             raise EngineRejected(code, str(msg))
                         raise EngineFailed(f"engine stream error: {msg}")
                     yield self._apply(reply, chunk, incremental)
-        except (httpx.TransportError, msgspec.DecodeError) as exc:
+            finally:
+                r.close()  # a no-op once the body was read to the end (the connection is then pooled)
+        except (Http1Error, msgspec.DecodeError) as exc:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
         if reply.finish is None:
             raise EngineFailed("the engine's stream ended without a finish reason")

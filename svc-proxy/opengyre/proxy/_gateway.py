@@ -64,7 +64,7 @@ class GatewayConfig:
     max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
     inline_context_limit: int = 64 * 1024
     max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
-    engine_streaming: bool = True  # stream from engines even for non-streamed calls (partial output on drain)
+    engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
     max_inflight_per_engine: int = 256
     max_queue: int = 1024

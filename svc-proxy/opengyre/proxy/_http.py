@@ -29,8 +29,12 @@ class HttpServer:
     def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = app
         self.host = host
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without
+        # it uvicorn's separate header and body writes meet delayed ACKs (40 ms per response).
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(

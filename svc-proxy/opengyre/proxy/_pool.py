@@ -96,6 +96,8 @@ class EnginePool:
         )
 
     async def close(self) -> None:
+        for h in self._engines.values():
+            await h.client.close()
         await self._http.aclose()
 
     # --- membership -------------------------------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""svc-proxy benchmark: the proxy's added latency, recorded calls per second, tree vs flat storage.
+
+    .venv/bin/python svc-proxy/bench/proxy_bench.py            # everything (a few minutes on 2 cores)
+    .venv/bin/python svc-proxy/bench/proxy_bench.py --quick    # fewer calls
+
+Each engine, the gateway and this client run as separate processes (the client's own cost is the same on
+both paths, so it cancels out of the ratio but not out of the absolute figures); the gateway records every
+call to a real JetStream log. "Direct" sends the same OpenAI chat request to the engine's own
+``/v1/chat/completions`` (the engine renders the template itself); "proxy" sends it through the gateway, which
+renders, records and forwards token ids to ``/generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.events import ModelCallRecorded, default_registry
+from opengyre.proxy.engine import EngineConfig, EngineProcess
+from opengyre.runtime import EmbeddedNats
+
+HERE = Path(__file__).parent
+M = "opengyre-tiny"
+
+
+async def _spawn(args: list[str], port_file: Path, timeout: float = 120) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, *args, "--port-file", str(port_file)], stdin=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while not port_file.exists() or not port_file.read_text().strip():
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{args[0]} did not start")
+        await asyncio.sleep(0.05)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+async def _run(c: httpx.AsyncClient, url: str, n: int, conc: int, base: str) -> list[float]:
+    lat: list[float] = []
+    sem = asyncio.Semaphore(conc)
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say ok."}]
+
+    async def one(i: int) -> None:
+        async with sem:
+            u = url.format(i=f"{base}-{i}")
+            t0 = time.perf_counter()
+            r = await c.post(u, json={"model": M, "messages": msgs, "max_tokens": 16})
+            lat.append(time.perf_counter() - t0)
+            assert r.status_code == 200, r.text
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return lat
+
+
+def _stats(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs) * 1e3, xs[int(0.9 * (len(xs) - 1))] * 1e3
+
+
+async def latency(engine_url: str, proxy_url: str, n: int, label: str) -> list[str]:
+    rows = []
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
+        direct_url = engine_url + "/v1/chat/completions"
+        proxy_tpl = proxy_url + "/x/{i}/v1/chat/completions"
+        for conc in (1, 64):
+            calls = n if conc == 1 else n * 4
+            await _run(c, direct_url, 32, conc, "warm")
+            await _run(c, proxy_tpl, 32, conc, "warm")
+            d: list[float] = []
+            p: list[float] = []
+            for rep in range(3):  # alternate blocks so drift in machine load hits both paths alike
+                d += await _run(c, direct_url, calls // 3, conc, f"d{conc}-{rep}")
+                p += await _run(c, proxy_tpl, calls // 3, conc, f"p{conc}-{rep}")
+            (dm, d90), (pm, p90) = _stats(d), _stats(p)
+            rows.append(
+                f"| {label} | {conc} | {len(d)} | {dm:.2f} | {pm:.2f} | {pm / dm:.3f} | {pm - dm:+.2f} | {d90:.2f} | {p90:.2f} |"
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+async def recorded_rate(nats: str, stream: str, proxy_url: str, n: int) -> str:
+    log = await EventLog.connect(
+        nats, LogConfig(stream=stream, prefix=f"{stream.lower()}.ev", blob_bucket=f"{stream}_B")
+    )
+    try:
+        before = (await log.js.stream_info(stream)).state.messages
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
+            t0 = time.perf_counter()
+            await _run(c, proxy_url + "/x/{i}/v1/chat/completions", n, 64, "rate")
+            while (await log.js.stream_info(stream)).state.messages - before < n:
+                await asyncio.sleep(0.01)
+            dt = time.perf_counter() - t0
+        return f"| recorded calls/s (fast engine, concurrency 64, {n} calls, all in the log) | {n / dt:.0f} |"
+    finally:
+        await log.close()
+
+
+async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100) -> list[str]:
+    """One execution whose context grows every call (a tool result of ~200 bytes per turn)."""
+    eid = "growing"
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}]
+    async with httpx.AsyncClient(timeout=120) as c:
+        for i in range(calls):
+            r = await c.post(
+                f"{proxy_url}/x/{eid}/v1/chat/completions", json={"model": M, "messages": msgs, "max_tokens": 16}
+            )
+            reply = r.json()["choices"][0]["message"]
+            msgs += [
+                {"role": "assistant", "content": reply["content"] or ""},
+                {"role": "user", "content": f"result {i}: " + "x" * 200},
+            ]
+    log = await EventLog.connect(
+        nats, LogConfig(stream=stream, prefix=f"{stream.lower()}.ev", blob_bucket=f"{stream}_B")
+    )
+    try:
+        while True:
+            events = [s async for s in log.read(subjects=[log.config.subject("execution", eid)])]
+            if len(events) >= calls:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await log.close()
+    reg = default_registry()
+    tree_bytes = sum(len(s.body) for s in events)
+    decoded = [reg.decode(s.type_name, s.version, s.body) for s in events]
+    assert all(isinstance(e, ModelCallRecorded) for e in decoded)
+    prompts: dict[str, list[int]] = {}
+    convs: dict[str, list[Any]] = {}
+    flat_bytes = tree_tokens = flat_tokens = 0
+    for e in decoded:
+        assert isinstance(e, ModelCallRecorded)
+        parent = e.parent_call_id
+        prompt = (prompts[parent][: e.prefix_len] if parent else []) + list(e.prompt_delta_ids)
+        ctx = e.context or {}
+        conv = (convs[parent][: ctx.get("base", 0)] if parent else []) + list(ctx.get("messages", []))
+        prompts[e.call_id] = prompt + list(e.output_ids)
+        convs[e.call_id] = [*conv, ctx.get("response")]
+        flat = msgspec.structs.replace(
+            e, parent_call_id=None, prefix_len=0, prompt_delta_ids=prompt, context={**ctx, "base": 0, "messages": conv}
+        )
+        flat_bytes += len(reg.encode(flat))
+        tree_tokens += len(e.prompt_delta_ids) + len(e.output_ids)
+        flat_tokens += len(prompt) + len(e.output_ids)
+    branches = sorted({e.branch for e in decoded if isinstance(e, ModelCallRecorded)})
+    return [
+        f"| {calls}-call execution, event bytes (tokens + context) | {tree_bytes:,} | {flat_bytes:,} | {flat_bytes / tree_bytes:.1f}x |",
+        f"| {calls}-call execution, tokens stored | {tree_tokens:,} | {flat_tokens:,} | {flat_tokens / tree_tokens:.1f}x |",
+        f"(branches seen: {', '.join(branches)})",
+    ]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n = 60 if args.quick else 300
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        nats = EmbeddedNats(t / "nats")
+        url = nats.start()
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            lat_rows: list[str] = []
+            fast = await _spawn([str(HERE / "fast_engine.py"), "--tokens", "16"], t / "fast.url")
+            procs.append(fast)
+            fast_url = (t / "fast.url").read_text().strip()
+            proxy = await _spawn(
+                [str(HERE / "proxy_server.py"), "--nats", url, "--engine", fast_url, "--stream", "FAST"],
+                t / "proxy.url",
+            )
+            procs.append(proxy)
+            proxy_url = (t / "proxy.url").read_text().strip()
+            print(
+                "| engine | concurrency | calls | direct median ms | proxy median ms | ratio | added ms | direct p90 | proxy p90 |"
+            )
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            lat_rows += await latency(fast_url, proxy_url, n, "fast (stand-in for SGLang)")
+            rate = await recorded_rate(url, "FAST", proxy_url, n * 4)
+            growth = await tree_vs_flat(url, "FAST", proxy_url)
+            for p in procs:
+                _stop(p)
+            procs.clear()
+            async with EngineProcess(EngineConfig(port=0, threads=1)) as cpu:
+                proxy = await _spawn(
+                    [str(HERE / "proxy_server.py"), "--nats", url, "--engine", cpu.url, "--stream", "CPU"],
+                    t / "proxy2.url",
+                )
+                procs.append(proxy)
+                lat_rows += await latency(cpu.url, (t / "proxy2.url").read_text().strip(), n // 2, "CPU engine (tiny)")
+            print()
+            print("| figure | value |\n| --- | --- |")
+            print(rate)
+            print()
+            print("| storage | tree | flat | flat / tree |\n| --- | --- | --- | --- |")
+            for row in growth:
+                print(row)
+            print(json.dumps({"latency": lat_rows, "rate": rate, "growth": growth}), file=sys.stderr)
+        finally:
+            for p in procs:
+                _stop(p)
+            nats.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

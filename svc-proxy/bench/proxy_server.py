@@ -1,0 +1,41 @@
+"""The gateway alone in a process, recording to a real JetStream log (bench only).
+
+python svc-proxy/bench/proxy_server.py --nats URL --engine URL --port-file /tmp/url
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import uuid
+from pathlib import Path
+
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.proxy import Gateway, GatewayConfig
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nats", required=True)
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--stream", default="BENCH")
+    ap.add_argument("--port-file", type=Path, required=True)
+    args = ap.parse_args()
+    log = await EventLog.connect(
+        args.nats, LogConfig(stream=args.stream, prefix=f"{args.stream.lower()}.ev", blob_bucket=f"{args.stream}_B")
+    )
+    gw = Gateway(GatewayConfig(secret=uuid.UUID(int=7).bytes * 2, require_key=False), event_log=log)
+    await gw.pool.add("e0", args.engine)
+    await gw.start()
+    args.port_file.write_text(gw.url + "\n")
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gw.stop()
+    await log.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

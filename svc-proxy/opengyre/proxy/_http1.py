@@ -1,0 +1,185 @@
+"""A lean HTTP/1.1 client for the proxy -> engine hop: keep-alive connections, one write per request.
+
+The hop sits on every model call, and a general-purpose client spends more time per request than the
+gateway's own work (measured: ~2 ms under httpx vs ~0.3 ms here). It speaks just what SGLang's (uvicorn) and
+our engine's servers answer with: Content-Length or chunked bodies, keep-alive unless ``connection: close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+__all__ = ["Http1Error", "Http1Pool", "Http1Response"]
+
+
+class Http1Error(Exception):
+    """The connection failed or the server's answer was not HTTP/1.1 we understand."""
+
+
+class _Conn:
+    __slots__ = ("reader", "reused", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reused = False
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+class Http1Response:
+    def __init__(self, pool: Http1Pool, conn: _Conn, status: int, headers: dict[str, str]) -> None:
+        self._pool = pool
+        self._conn: _Conn | None = conn
+        self.status = status
+        self.headers = headers
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        cl = headers.get("content-length")
+        self._left = int(cl) if cl is not None and not self._chunked else None
+        self._keep = headers.get("connection", "").lower() != "close"
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; the connection returns to the pool once the body is complete."""
+        conn = self._conn
+        if conn is None:
+            return
+        r = conn.reader
+        try:
+            if self._chunked:
+                while True:
+                    size_line = await r.readline()
+                    if not size_line:
+                        raise Http1Error("the server closed the connection mid-body")
+                    size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while (await r.readline()) not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        break
+                    data = await r.readexactly(size)
+                    await r.readexactly(2)
+                    yield data
+            elif self._left is not None:
+                while self._left > 0:
+                    data = await r.read(min(self._left, 1 << 16))
+                    if not data:
+                        raise Http1Error("the server closed the connection mid-body")
+                    self._left -= len(data)
+                    yield data
+            else:  # no length, not chunked: the body runs to the end of the connection
+                self._keep = False
+                while data := await r.read(1 << 16):
+                    yield data
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            self._drop()
+            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            self._drop()  # a cancelled read leaves the connection mid-body: never reuse it
+            raise
+        self._finish()
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """Body lines (for server-sent events), without the line ends."""
+        buf = b""
+        async for chunk in self.chunks():
+            buf += chunk
+            *complete, buf = buf.split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r")
+        if buf:
+            yield buf.rstrip(b"\r")
+
+    def _finish(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if self._keep:
+                self._pool._release(conn)
+            else:
+                conn.close()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Give up on the rest of the body (the connection is closed, not reused)."""
+        self._drop()
+
+
+class Http1Pool:
+    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, max_idle: int = 512) -> None:
+        u = urlsplit(base_url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"only http:// engine URLs are supported by the fast client, got {base_url!r}")
+        self.host = u.hostname
+        self.port = u.port or 80
+        self.prefix = u.path.rstrip("/")
+        self.authority = u.netloc
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+
+    async def _connect(self) -> _Conn:
+        try:
+            r, w = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=1 << 22), self.connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise Http1Error(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        return _Conn(r, w)
+
+    def _release(self, conn: _Conn) -> None:
+        conn.reused = True
+        if len(self._idle) < self.max_idle and not conn.writer.is_closing():
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> Http1Response:
+        head = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.authority}", f"content-length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        for attempt in (0, 1):
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                conn.writer.write(payload)
+                await conn.writer.drain()
+                status_line = await conn.reader.readline()
+                if not status_line:
+                    raise ConnectionResetError("connection closed before the response")
+                raw = await conn.reader.readuntil(b"\r\n\r\n")
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                conn.close()
+                # A kept-alive connection the server has since closed: try once on a fresh one.
+                if conn.reused and attempt == 0:
+                    continue
+                raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+            except BaseException:
+                conn.close()
+                raise
+            parts = status_line.split(b" ", 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+                conn.close()
+                raise Http1Error(f"not an HTTP/1.1 response: {status_line[:80]!r}")
+            headers_out: dict[str, str] = {}
+            for line in raw.split(b"\r\n"):
+                if b":" in line:
+                    k, v = line.split(b":", 1)
+                    headers_out[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+            return Http1Response(self, conn, int(parts[1]), headers_out)
+        raise Http1Error("unreachable")
