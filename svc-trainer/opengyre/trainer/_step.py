@@ -7,14 +7,13 @@ accumulate, so the clipping anchor ``old_logprobs`` is the current logprobs, det
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from ._packing import MicroBatch
-from .algorithms import Algorithm, LossInputs
+from .algorithms import Algorithm, LossInputs, LossOutput
 from .backends import Backend
 
 __all__ = ["Learner", "MicroResult", "StepResult", "accumulate"]
@@ -58,23 +57,25 @@ class StepResult:
 
 def accumulate(backend: Backend, algorithm: Algorithm, mb: MicroBatch, reference: Backend | None = None) -> MicroResult:
     """Forward, loss and backward of one micro-batch on ``backend``; its gradients accumulate."""
-    logprobs = backend.token_logprobs(mb)
     ref = None
     if reference is not None:
         with torch.no_grad():
             ref = reference.token_logprobs(mb)
-    out = algorithm.loss(
-        LossInputs(
-            logprobs=logprobs,
-            old_logprobs=logprobs.detach(),
-            behaviour_logprobs=mb.behaviour_logprobs,
-            advantages=mb.advantages,
-            mask=mb.mask,
-            token_weights=mb.token_weights,
-            ref_logprobs=ref,
+
+    def loss_fn(logprobs: torch.Tensor) -> LossOutput:
+        return algorithm.loss(
+            LossInputs(
+                logprobs=logprobs,
+                old_logprobs=logprobs.detach(),
+                behaviour_logprobs=mb.behaviour_logprobs,
+                advantages=mb.advantages,
+                mask=mb.mask,
+                token_weights=mb.token_weights,
+                ref_logprobs=ref,
+            )
         )
-    )
-    out.loss.backward()  # type: ignore[no-untyped-call]
+
+    out = backend.forward_backward(mb, loss_fn)
     return MicroResult(float(out.loss.detach()), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics)
 
 
@@ -102,8 +103,7 @@ class Learner:
         return accumulate(self.backend, self.algorithm, mb, self.reference)
 
     def grad_norm(self) -> float:
-        sq = [p.grad.detach().double().pow(2).sum() for p in self.backend.parameters() if p.grad is not None]
-        return math.sqrt(float(torch.stack(sq).sum())) if sq else 0.0
+        return self.backend.grad_norm()
 
     def apply(self) -> float:
         """Clip, update, clear; returns the pre-clip gradient norm."""

@@ -38,7 +38,7 @@ class TrainerService(Service):
         "score",
         "online-training",
     )
-    not_implemented = ("pipeline-parallel",)
+    not_implemented = ()
 
     def __init__(self) -> None:
         self._stop = asyncio.Event()

@@ -7,14 +7,16 @@ through it, whatever the backend's own parameter layout.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
 from transformers import LlamaConfig
 
 from .._packing import MicroBatch
+from ..algorithms import LossOutput
 
 __all__ = ["Backend"]
 
@@ -46,6 +48,21 @@ class Backend(ABC):
     @abstractmethod
     def add_hf_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
         """Add gradients given in Hugging Face naming to the accumulated ones (a satellite's share)."""
+
+    def forward_backward(self, mb: MicroBatch, loss_fn: Callable[[torch.Tensor], LossOutput]) -> LossOutput:
+        """Logprobs, the loss the caller builds from them, and its backward pass (gradients accumulate).
+
+        Pipeline-parallel backends override this: only their last stage sees logprobs, the others exchange
+        activations and gradients; every rank returns the same loss value and metrics.
+        """
+        out = loss_fn(self.token_logprobs(mb))
+        out.loss.backward()  # type: ignore[no-untyped-call]
+        return out
+
+    def grad_norm(self) -> float:
+        """The global L2 norm of the accumulated gradients (across model-parallel ranks where sharded)."""
+        sq = [p.grad.detach().double().pow(2).sum() for p in self.parameters() if p.grad is not None]
+        return math.sqrt(float(torch.stack(sq).sum())) if sq else 0.0
 
     def zero_grad(self) -> None:
         for p in self.parameters():

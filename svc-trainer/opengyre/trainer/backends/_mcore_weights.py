@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 from transformers import LlamaConfig
 
-__all__ = ["hf_to_mcore", "mcore_to_hf", "shard_dim", "unshard"]
+__all__ = ["from_stage", "hf_to_mcore", "mcore_to_hf", "shard_dim", "stage_layers", "to_stage", "unshard"]
 
 
 def _dims(cfg: LlamaConfig) -> tuple[int, int, int, int]:
@@ -99,3 +99,44 @@ def mcore_to_hf(sd: Mapping[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
         out[p + "mlp.up_proj.weight"] = up
         out[p + "mlp.down_proj.weight"] = sd[q + "mlp.linear_fc2.weight"]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def stage_layers(cfg: LlamaConfig, pp_rank: int, pp_size: int) -> range:
+    """The global layer indices a pipeline stage holds (an even split, as megatron's default)."""
+    n = int(cfg.num_hidden_layers)
+    if n % pp_size:
+        raise ValueError(f"{n} layers do not split evenly over {pp_size} pipeline stages")
+    per = n // pp_size
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def to_stage(full: Mapping[str, torch.Tensor], cfg: LlamaConfig, pp_rank: int, pp_size: int) -> dict[str, torch.Tensor]:
+    """The part of a (TP-local) megatron state dict one pipeline stage owns, with stage-local layer indices."""
+    layers = stage_layers(cfg, pp_rank, pp_size)
+    out: dict[str, torch.Tensor] = {}
+    for k, v in full.items():
+        if k.startswith("decoder.layers."):
+            i, rest = k[len("decoder.layers.") :].split(".", 1)
+            if int(i) in layers:
+                out[f"decoder.layers.{int(i) - layers.start}.{rest}"] = v
+        elif k.startswith("embedding."):
+            if pp_rank == 0:
+                out[k] = v
+        elif pp_rank == pp_size - 1:  # final norm and output layer
+            out[k] = v
+    return out
+
+
+def from_stage(
+    local: Mapping[str, torch.Tensor], cfg: LlamaConfig, pp_rank: int, pp_size: int
+) -> dict[str, torch.Tensor]:
+    """Inverse of ``to_stage``: global layer indices again."""
+    start = stage_layers(cfg, pp_rank, pp_size).start
+    out: dict[str, torch.Tensor] = {}
+    for k, v in local.items():
+        if k.startswith("decoder.layers."):
+            i, rest = k[len("decoder.layers.") :].split(".", 1)
+            out[f"decoder.layers.{int(i) + start}.{rest}"] = v
+        else:
+            out[k] = v
+    return out

@@ -9,10 +9,11 @@ Weights start from, and publish as, the Hugging Face Llama layout (see ``_mcore_
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -21,8 +22,9 @@ from torch.nn import functional as fn
 from transformers import LlamaConfig
 
 from .._packing import MicroBatch
+from ..algorithms import LossOutput
 from ._base import Backend
-from ._mcore_weights import hf_to_mcore, mcore_to_hf, shard_dim, unshard
+from ._mcore_weights import from_stage, hf_to_mcore, mcore_to_hf, shard_dim, stage_layers, to_stage, unshard
 
 __all__ = ["MegatronBackend", "ensure_distributed"]
 
@@ -74,23 +76,24 @@ class _DeviceAgnosticRope(RotaryEmbedding):  # type: ignore[misc]
         return emb[:, None, None, :]
 
 
-def ensure_distributed(tp: int = 1) -> None:
+def ensure_distributed(tp: int = 1, pp: int = 1) -> None:
     """Join (or, alone, create) the process group and megatron's model-parallel groups."""
     if not dist.is_initialized():
-        if tp != 1:
-            raise RuntimeError("tensor parallelism needs a launched process group (torchrun or init_process_group)")
+        if tp * pp != 1:
+            raise RuntimeError("model parallelism needs a launched process group (torchrun or init_process_group)")
         # A file store: no port to collide with other processes on a shared machine.
         store = os.path.join(tempfile.mkdtemp(prefix="og-gloo-"), "store")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
-    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
-        raise RuntimeError(
-            f"model parallel groups exist with tp={parallel_state.get_tensor_model_parallel_world_size()}, not {tp}"
-        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    elif (
+        parallel_state.get_tensor_model_parallel_world_size() != tp
+        or parallel_state.get_pipeline_model_parallel_world_size() != pp
+    ):
+        raise RuntimeError(f"model parallel groups exist with other sizes than tp={tp}, pp={pp}")
 
 
-def transformer_config(cfg: LlamaConfig, tp: int = 1) -> TransformerConfig:
+def transformer_config(cfg: LlamaConfig, tp: int = 1, pp: int = 1) -> TransformerConfig:
     return TransformerConfig(
         num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,
@@ -106,6 +109,8 @@ def transformer_config(cfg: LlamaConfig, tp: int = 1) -> TransformerConfig:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
         use_cpu_initialization=True,
         params_dtype=torch.float32,
         bias_activation_fusion=False,
@@ -125,31 +130,35 @@ def _rope_theta(cfg: LlamaConfig) -> float:
 class MegatronBackend(Backend):
     name: ClassVar[str] = "megatron"
 
-    def __init__(self, config: LlamaConfig, hf_state: Mapping[str, torch.Tensor], *, tp: int = 1) -> None:
+    def __init__(self, config: LlamaConfig, hf_state: Mapping[str, torch.Tensor], *, tp: int = 1, pp: int = 1) -> None:
         if (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
             raise NotImplementedError("only default RoPE is mapped to megatron")
-        ensure_distributed(tp)
+        stage_layers(config, 0, pp)  # fails early on an uneven split
+        ensure_distributed(tp, pp)
         self.config = config
-        self.tp = tp
+        self.tp, self.pp = tp, pp
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.first_stage = parallel_state.is_pipeline_first_stage()
+        self.last_stage = parallel_state.is_pipeline_last_stage()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron's deprecation chatter about defaults we set on purpose
-            self.model = self._build(config, tp)
-        self.model.rotary_pos_emb.__class__ = _DeviceAgnosticRope
+            self.model = self._build(config, tp, pp, self.first_stage, self.last_stage)
+        self.model.rotary_pos_emb.__class__ = _DeviceAgnosticRope  # every stage applies RoPE in its layers
         self.load_hf_state_dict(hf_state)
         self.model.train()
 
     @staticmethod
-    def _build(config: LlamaConfig, tp: int) -> Any:
+    def _build(config: LlamaConfig, tp: int, pp: int, first: bool, last: bool) -> Any:
         spec = get_gpt_layer_local_spec(normalization="RMSNorm")
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
         return GPTModel(
-            config=transformer_config(config, tp),
+            config=transformer_config(config, tp, pp),
             transformer_layer_spec=spec,
             vocab_size=config.vocab_size,
             max_sequence_length=config.max_position_embeddings,
-            pre_process=True,
-            post_process=True,
+            pre_process=first,
+            post_process=last,
             # Vocab-sharded logits under TP: the logprob is a vocab-parallel cross-entropy (no gather of the
             # vocabulary, and megatron's gather asks for a CUDA device); with TP=1 it is the whole vocabulary.
             parallel_output=True,
@@ -161,40 +170,113 @@ class MegatronBackend(Backend):
     def _params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self.model.named_parameters())
 
-    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        ids = mb.input_ids
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], dtype=torch.long).unsqueeze(0).expand_as(ids)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # "tp_group is None, using default tp group"
-            logits = self.model(ids, pos, None)[:, :-1].float()
+            out: torch.Tensor = self.model(ids, pos, None)
+        return out
+
+    def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        if self.pp != 1:
+            raise RuntimeError("with pipeline parallelism only forward_backward runs the model (stages exchange)")
+        return self._logprobs(self._forward(mb.input_ids), mb.input_ids)
+
+    def _logprobs(self, logits_all: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        logits = logits_all[:, :-1].float()
         if self.tp == 1:
             return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         nll: torch.Tensor = vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
         return -nll
 
+    def forward_backward(self, mb: MicroBatch, loss_fn: Callable[[torch.Tensor], LossOutput]) -> LossOutput:
+        if self.pp == 1:
+            return super().forward_backward(mb, loss_fn)
+        # One micro-batch through the stages (no interleaving): activations forward, gradients back, over
+        # point-to-point sends between the neighbouring ranks of this rank's pipeline group.
+        ids = mb.input_ids
+        b, t = ids.shape
+        inp: torch.Tensor | None = None
+        if not self.first_stage:
+            inp = torch.empty(t, b, self.config.hidden_size, dtype=torch.float32)
+            dist.recv(inp, src=parallel_state.get_pipeline_model_parallel_prev_rank())
+            inp.requires_grad_(True)
+            self.model.set_input_tensor(inp)
+        out = self._forward(ids)
+        result: tuple[float, dict[str, float]] | None = None
+        if self.last_stage:
+            loss_out = loss_fn(self._logprobs(out, ids))
+            loss_out.loss.backward()  # type: ignore[no-untyped-call]
+            result = (float(loss_out.loss.detach()), loss_out.metrics)
+        else:
+            dist.send(out.detach().contiguous(), dst=parallel_state.get_pipeline_model_parallel_next_rank())
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=parallel_state.get_pipeline_model_parallel_next_rank())
+            out.backward(grad)  # type: ignore[no-untyped-call]
+        if inp is not None:
+            assert inp.grad is not None
+            dist.send(inp.grad.contiguous(), dst=parallel_state.get_pipeline_model_parallel_prev_rank())
+        shared: list[Any] = [result]
+        dist.broadcast_object_list(
+            shared,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        loss, metrics = shared[0]
+        return LossOutput(loss=torch.tensor(loss), metrics=dict(metrics))
+
+    def grad_norm(self) -> float:
+        sharded = torch.zeros((), dtype=torch.float64)
+        replicated = torch.zeros((), dtype=torch.float64)
+        for k, p in self._params().items():
+            if p.grad is None:
+                continue
+            sq = p.grad.detach().double().pow(2).sum()
+            if shard_dim(k) is not None:
+                sharded += sq
+            else:
+                replicated += sq  # identical on every tensor-parallel rank: counted once
+        if self.tp > 1:
+            dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
+        total = sharded + replicated
+        if self.pp > 1:
+            dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+        return math.sqrt(float(total))
+
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.tp == 1:
-            return local
-        group = parallel_state.get_tensor_model_parallel_group()
+        """The full megatron state (global layer indices) from this rank's shard of its stage."""
         full: dict[str, torch.Tensor] = {}
-        for k, v in local.items():
-            if shard_dim(k) is None:
-                full[k] = v
-                continue
-            shards = [torch.empty_like(v) for _ in range(self.tp)]
-            dist.all_gather(shards, v.contiguous(), group=group)
-            full[k] = unshard(k, shards)
+        if self.tp == 1:
+            full = dict(local)
+        else:
+            group = parallel_state.get_tensor_model_parallel_group()
+            for k, v in local.items():
+                if shard_dim(k) is None:
+                    full[k] = v
+                    continue
+                shards = [torch.empty_like(v) for _ in range(self.tp)]
+                dist.all_gather(shards, v.contiguous(), group=group)
+                full[k] = unshard(k, shards)
+        full = from_stage(full, self.config, self.pp_rank, self.pp)
+        if self.pp > 1:
+            parts: list[Any] = [None] * self.pp
+            dist.all_gather_object(parts, full, group=parallel_state.get_pipeline_model_parallel_group())
+            full = {k: v for part in parts for k, v in part.items()}
         return full
+
+    def _local(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's megatron tensors (its TP shard of its pipeline stage) from a Hugging Face state."""
+        return to_stage(hf_to_mcore(hf, self.config, self.tp_rank, self.tp), self.config, self.pp_rank, self.pp)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         local = {k: p.detach().clone() for k, p in self._params().items()}
         return mcore_to_hf(self._gather(local), self.config)
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        mapped = hf_to_mcore(state, self.config, self.tp_rank, self.tp)
+        mapped = self._local(state)
         params = self._params()
         if set(mapped) != set(params):
             raise ValueError(f"weights do not fit the GPTModel: {sorted(set(mapped) ^ set(params))}")
@@ -208,7 +290,7 @@ class MegatronBackend(Backend):
         return mcore_to_hf(self._gather(local), self.config)
 
     def add_hf_grads(self, grads: Mapping[str, torch.Tensor]) -> None:
-        mapped = hf_to_mcore(grads, self.config, self.tp_rank, self.tp)
+        mapped = self._local(grads)
         for k, p in self._params().items():
             g = mapped[k]
             p.grad = g.clone() if p.grad is None else p.grad + g
