@@ -62,7 +62,7 @@ async def _run(c: httpx.AsyncClient, url: str, n: int, conc: int, base: str) -> 
         async with sem:
             u = url.format(i=f"{base}-{i}")
             t0 = time.perf_counter()
-            r = await c.post(u, json={"model": M, "messages": msgs, "max_tokens": 16})
+            r = await c.post(u, json={"model": M, "messages": msgs, "max_tokens": 16, "temperature": 0})
             lat.append(time.perf_counter() - t0)
             assert r.status_code == 200, r.text
 
