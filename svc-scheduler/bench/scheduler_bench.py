@@ -6,7 +6,8 @@ Prints (and with --json writes) every figure of the "svc-scheduler" section of d
      streaming, the paper: -11.6%), cell granularity 8x4 vs 4x8 (the paper's E2: +2.2%), over several seeds;
   3. each policy's distance to the ideal bound (total GPU-work / GPUs, and the longest execution chain);
   4. ours (elastic + partial-rollout carry-over) against elastic at matched staleness;
-  5. simulator speed: 48 steps x 512 executions, wall seconds.
+  5. the same policies on a throughput-rich cluster whose ideal bound is the paper's E0 (16.1 h);
+  6. simulator speed: 48 steps x 512 executions, wall seconds.
 
 Run: .venv/bin/python svc-scheduler/bench/scheduler_bench.py [--seeds 3] [--plot docs/scheduler-utilisation.png]
 """
@@ -148,7 +149,24 @@ def main() -> None:
               f"{ours.staleness_max})")  # fmt: skip
     print(f"ours vs elastic (phi=1), same max staleness, lower mean: {rng(ratios['carry'])}")
 
-    section("5. simulator speed (48 steps x 512 executions)")
+    section("5. a throughput-rich cluster: 512 executions per cell, 80 s micro-steps (ideal bound ~ the paper's E0)")
+    print("phi  ideal h  elastic h (staleness)  colocate h  async h (split)  ours h (staleness, max)  ours vs elastic")
+    rich: list[dict[str, Any]] = []
+    for lag in (4, 6, 8, 12):
+        cfg = replace(base, loop=LoopConfig(max_lag=lag), cluster=ClusterConfig(slots_per_cell=512),
+                      costs=replace(base.costs, micro_step_s=80.0))  # fmt: skip
+        el, co = run(cfg, "elastic"), run(cfg, "colocate")
+        asy, k = best_async(cfg, "async")
+        ours = run(cfg, "elastic-carry")
+        assert el.completed and ours.completed
+        rich.append({"phi": lag, "elastic": el.summary(), "colocate": co.summary(), "async": asy.summary(),
+                     "async_split": k, "ours": ours.summary()})  # fmt: skip
+        print(f"{lag:3d}  {el.bound.work_h:7.1f}  {el.hours:9.1f} ({el.staleness_mean:.2f})   {co.hours:10.1f}"
+              f"  {asy.hours:7.1f} ({k})     {ours.hours:7.1f} ({ours.staleness_mean:.2f}, {ours.staleness_max})"
+              f"        {el.hours / ours.hours:.3f}")  # fmt: skip
+    out["throughput_rich"] = rich
+
+    section("6. simulator speed (48 steps x 512 executions)")
     for name in ("elastic", "colocate", "async", "elastic-carry"):
         r = run(base, name) if name != "async" else run(base, name, train_cells=2)
         print(
