@@ -56,10 +56,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             failure_class=str(row["failure_class"] or ""),
             verdict=str(row["verdict"]),
             reason=str(row["reason"]),
-            n_calls=int(row["n_calls"]),  # type: ignore[call-overload]
-            n_generated=int(row["n_generated"]),  # type: ignore[call-overload]
+            n_calls=int(row["n_calls"]),
+            n_generated=int(row["n_generated"]),
             consumed=row["consumed_step"] is not None,
-            consumed_step=int(row["consumed_step"] or 0),  # type: ignore[call-overload]
+            consumed_step=int(row["consumed_step"] or 0),
             consumed_as=str(row["consumed_as"] or ""),
             corrupt_reason=corrupt.get(request.execution_id, ""),
             weight_version=str(row["weight_version"]),
@@ -140,18 +140,18 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.ListStepsReply(
             steps=[
                 trainer_pb2.TrainingStep(
-                    step=int(r["step"]),  # type: ignore[call-overload]
+                    step=int(r["step"]),
                     weight_version=str(r["weight_version"]),
-                    loss=float(r["loss"]),  # type: ignore[arg-type]
-                    n_samples=int(r["n_samples"]),  # type: ignore[call-overload]
-                    n_tokens=int(r["n_tokens"]),  # type: ignore[call-overload]
-                    n_trained=int(r["n_trained"]),  # type: ignore[call-overload]
-                    n_dropped=int(r["n_dropped"]),  # type: ignore[call-overload]
-                    staleness_mean=float(r["staleness_mean"]),  # type: ignore[arg-type]
-                    staleness_max=int(r["staleness_max"]),  # type: ignore[call-overload]
-                    grad_norm=float(r["grad_norm"] or 0.0),  # type: ignore[arg-type]
+                    loss=float(r["loss"]),
+                    n_samples=int(r["n_samples"]),
+                    n_tokens=int(r["n_tokens"]),
+                    n_trained=int(r["n_trained"]),
+                    n_dropped=int(r["n_dropped"]),
+                    staleness_mean=float(r["staleness_mean"]),
+                    staleness_max=int(r["staleness_max"]),
+                    grad_norm=float(r["grad_norm"] or 0.0),
                     has_reward_mean=r["reward_mean"] is not None,
-                    reward_mean=float(r["reward_mean"] or 0.0),  # type: ignore[arg-type]
+                    reward_mean=float(r["reward_mean"] or 0.0),
                 )
                 for r in rows
             ]

@@ -114,11 +114,11 @@ class TrainerStore:
             v = c.execute(select(func.max(_S.c.step)).where(_S.c.run_id == run_id)).scalar()
         return int(v or 0)
 
-    def steps(self, run_id: str = "default") -> list[dict[str, object]]:
+    def steps(self, run_id: str = "default") -> list[dict[str, Any]]:
         with self.engine.connect() as c:
             return [dict(r._mapping) for r in c.execute(select(_S).where(_S.c.run_id == run_id).order_by(_S.c.step))]
 
-    def execution(self, execution_id: str) -> dict[str, object] | None:
+    def execution(self, execution_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             r = c.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
         return dict(r._mapping) if r is not None else None
