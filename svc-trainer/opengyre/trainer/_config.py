@@ -34,6 +34,10 @@ class TrainerConfig:
     checkpoint_dir: Path = Path(".opengyre/checkpoints")
     init_checkpoint: Path | None = None  # start from these weights (e.g. an SFT warm start)
     engines: list[str] = field(default_factory=list)  # engine base URLs to hot-reload after each step
+    # Streaming: start a step as soon as one group is ready and feed micro-batches while the others arrive;
+    # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads.
+    streaming: bool = False
+    satellites: int = 0
 
     def validate(self) -> None:
         if self.backend not in BACKENDS:
@@ -46,6 +50,8 @@ class TrainerConfig:
             raise ValueError("group_size, groups_per_step must be >= 1 and micro_batch_tokens >= 2")
         if self.lr <= 0:
             raise ValueError("lr must be > 0")
+        if self.satellites < 0 or (self.satellites and not self.streaming):
+            raise ValueError("satellites must be >= 0 and need streaming = true")
         if not 0 < self.breaker_ratio <= 1:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:

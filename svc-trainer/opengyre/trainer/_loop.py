@@ -25,6 +25,7 @@ from ._publish import EngineReload, PublishedCheckpoint, reload_engines, write_c
 from ._sampling import PathSampler
 from ._step import Learner, StepResult
 from ._store import ReadyGroup, TrainerStore
+from ._streaming import MicroStepBuffer, Satellite, streaming_step
 from .algorithms import get_algorithm
 from .backends import Backend, build_backend
 
@@ -70,6 +71,10 @@ class OnlineTrainer:
             group_size=config.group_size, breaker_ratio=config.breaker_ratio, normalize_std=config.normalize_std
         )
         self.sampler = PathSampler(config.max_paths)
+        self.satellites = [
+            Satellite(f"satellite-{i}", make_backend(config), self.learner.algorithm) for i in range(config.satellites)
+        ]
+        self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
         self.step_no = store.last_step(config.run_id)
         self._pending: set[str] = set()  # consumed by our steps, not yet folded by the projection
 
@@ -81,11 +86,12 @@ class OnlineTrainer:
         self._pending.clear()  # the projection has caught up with everything we consumed
         return fresh
 
-    def prepare(self, groups: list[ReadyGroup]) -> PreparedStep:
+    def prepare(self, groups: list[ReadyGroup], step_share: float = 1.0) -> PreparedStep:
         ids = [o.execution_id for g in groups for o in g.outcomes]
         return prepare_step(
             self.step_no + 1,
             groups,
+            step_share=step_share,
             policy=self.policy,
             sampler=self.sampler,
             load_tree=self.store.tree,
@@ -95,18 +101,58 @@ class OnlineTrainer:
             max_staleness=self.config.max_staleness,
         )
 
-    async def step_once(self) -> StepReport | None:
+    async def _batch_step(self) -> tuple[PreparedStep, StepResult | None] | None:
         groups = await asyncio.to_thread(self.ready)
         if len(groups) < self.config.groups_per_step:
             return None
-        groups = groups[: self.config.groups_per_step]
-        prepared = await asyncio.to_thread(self.prepare, groups)
+        prepared = await asyncio.to_thread(self.prepare, groups[: self.config.groups_per_step])
+        if not prepared.samples:
+            return prepared, None
+        mbs = pack_samples(prepared.samples, self.config.micro_batch_tokens)
+        return prepared, await asyncio.to_thread(self.learner.step, mbs)
+
+    async def _streaming_step(self, poll_s: float) -> tuple[PreparedStep, StepResult | None] | None:
+        """Start on the first ready group; micro-batches stream to the core (and satellites) while the
+        remaining groups of the step finish. Weights stay fixed until every micro-batch is in."""
+        first = await asyncio.to_thread(self.ready)
+        if not first:
+            return None
+        per_group = 1.0 / self.config.groups_per_step
+        buffer = MicroStepBuffer()
+        worker = asyncio.create_task(asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites))
+        prepared: PreparedStep | None = None
+        used: set[str] = set()
+        try:
+            while len(used) < self.config.groups_per_step:
+                fresh = [g for g in await asyncio.to_thread(self.ready) if g.group_id not in used]
+                if not fresh:
+                    if self.stop.is_set():
+                        break  # shutting down: train on what arrived
+                    await asyncio.sleep(poll_s)
+                    continue
+                group = fresh[0]
+                used.add(group.group_id)
+                part = await asyncio.to_thread(self.prepare, [group], per_group)
+                for mb in pack_samples(part.samples, self.config.micro_batch_tokens) if part.samples else []:
+                    buffer.put(mb)
+                if prepared is None:
+                    prepared = part
+                else:
+                    prepared.merge(part)
+        finally:
+            buffer.close()
+            result = await worker
+        assert prepared is not None
+        return prepared, (result if result.micro_steps else None)
+
+    async def step_once(self, poll_s: float = 0.2) -> StepReport | None:
+        out = await (self._streaming_step(poll_s) if self.config.streaming else self._batch_step())
+        if out is None:
+            return None
+        prepared, result = out
         step = prepared.step
-        result: StepResult | None = None
         ckpt: PublishedCheckpoint | None = None
-        if prepared.samples:
-            mbs = pack_samples(prepared.samples, self.config.micro_batch_tokens)
-            result = await asyncio.to_thread(self.learner.step, mbs)
+        if result is not None:
             ckpt = await asyncio.to_thread(
                 write_checkpoint, self.backend, self.config.checkpoint_dir, self.config.run_id, step
             )
@@ -148,6 +194,7 @@ class OnlineTrainer:
         return StepReport(prepared, result, ckpt, completed, published, reloads)
 
     async def run(self, stop: asyncio.Event, *, max_steps: int | None = None, poll_s: float = 0.5) -> int:
+        self.stop = stop
         done = 0
         while not stop.is_set() and (max_steps is None or done < max_steps):
             report = await self.step_once()

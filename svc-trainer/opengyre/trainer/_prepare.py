@@ -33,6 +33,18 @@ class PreparedStep:
     staleness_mean: float = 0.0
     staleness_max: int = 0
 
+    def merge(self, other: PreparedStep) -> None:
+        """Fold another part of the same step in (streaming prepares one group at a time)."""
+        n, m = len(self.samples), len(other.samples)
+        self.samples += other.samples
+        self.trained += other.trained
+        self.dropped.update(other.dropped)
+        self.groups += other.groups
+        self.rewards.update(other.rewards)
+        if n + m:
+            self.staleness_mean = (self.staleness_mean * n + other.staleness_mean * m) / (n + m)
+        self.staleness_max = max(self.staleness_max, other.staleness_max)
+
     @property
     def reward_mean(self) -> float | None:
         return sum(self.rewards.values()) / len(self.rewards) if self.rewards else None
@@ -49,7 +61,10 @@ def prepare_step(
     version_steps: Mapping[str, int],
     seed: int = 0,
     max_staleness: int | None = None,
+    step_share: float = 1.0,
 ) -> PreparedStep:
+    """``step_share``: the part of the step's loss these groups carry (1 when they are the whole step; a
+    streaming step prepares group by group, each with ``1 / groups_per_step``)."""
     out = PreparedStep(step=step)
     drawn: dict[str, tuple[list[SampledPath], float]] = {}
     for g in groups:
@@ -76,7 +91,7 @@ def prepare_step(
             drawn[a.execution_id] = (paths, a.advantage)
             if a.score is not None:
                 out.rewards[a.execution_id] = a.score
-    share = 1.0 / len(drawn) if drawn else 0.0
+    share = step_share / len(drawn) if drawn else 0.0
     for eid, (paths, adv) in drawn.items():
         try:
             samples = execution_samples(eid, paths, adv, share)
