@@ -139,11 +139,7 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     for s in report.prepared.samples:
         by_group[s.execution_id[:2]] += s.token_weight * s.n_targets
     assert by_group == {"g1": pytest.approx(0.5), "g2": pytest.approx(0.5)}
-    assert (
-        report.result.micro_steps
-        == len(pack_samples(report.prepared.samples[:2], 128)) + len(pack_samples(report.prepared.samples[2:], 128))
-        or report.result.micro_steps > 0
-    )
+    assert report.result.micro_steps >= 2  # at least one micro-batch per group, claimed by core or satellite
     assert trainer.satellites[0].joined_digest  # the satellite joined the step with the core's weights
     # the same update as one worker over the same samples from the same weights
     ref_backend = build_backend("torch", model_config("tiny"), initial)
