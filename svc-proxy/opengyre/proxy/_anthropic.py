@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -369,7 +368,3 @@ async def message_stream(
         },
     )
     yield _event("message_stop", {"type": "message_stop"})
-
-
-def now() -> float:
-    return time.time()

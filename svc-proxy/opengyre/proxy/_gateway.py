@@ -512,6 +512,3 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthrop
             err = {"message": msg, "type": "server_error", "param": None, "code": "engine_unavailable"}
             yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
             yield b"data: [DONE]\n\n"
-
-
-Handler = Callable[[Request], Awaitable[Response]]

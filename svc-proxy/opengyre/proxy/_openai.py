@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -488,7 +487,3 @@ async def completion_stream(
             {**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)}
         )
     yield DONE
-
-
-def new_rid() -> str:
-    return secrets.token_hex(12)
