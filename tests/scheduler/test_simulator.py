@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from opengyre.events import CellRoleChanged, TrainingStepCompleted
@@ -109,3 +111,12 @@ def test_carry_over_with_a_staleness_cap_never_trains_staler_samples() -> None:
         assert r.completed and r.staleness_max <= 1
         trained = [x for e in sim.events if isinstance(e, TrainingStepCompleted) for x in e.execution_ids]
         assert len(trained) == len(set(trained)) == 8 * 16
+
+
+def test_faster_cells_take_more_micro_steps() -> None:
+    cfg = small_config(steps=4)
+    cfg = replace(cfg, cluster=replace(cfg.cluster, cell_gpus=(16, 8, 8, 8)))
+    r = simulate(cfg, make_policy("async", train_cells=2))  # cell0 (16 GPUs) and cell1 (8 GPUs) train
+    done = r.microsteps_by_cell
+    assert set(done) == {"cell0", "cell1"} and sum(done.values()) == 4 * 4
+    assert done["cell0"] > 1.5 * done["cell1"]  # twice the GPUs, about twice the micro-steps

@@ -17,20 +17,31 @@ class ClusterConfig:
     gpus_per_node: int = 8
     slots_per_cell: int = 64  # executions one rollout cell holds at once
     resident_cells: int = 0  # extra rollout-only cells (the optional resident pool), same size
+    # GPUs of the first cells when they differ (a mixed cluster); the rest have nodes_per_cell x gpus_per_node.
+    cell_gpus: tuple[int, ...] = ()
 
     @property
     def gpus_per_cell(self) -> int:
         return self.nodes_per_cell * self.gpus_per_node
 
+    def gpus_of(self, i: int) -> int:
+        return self.cell_gpus[i] if i < len(self.cell_gpus) else self.gpus_per_cell
+
     @property
     def total_gpus(self) -> int:
-        return (self.cells + self.resident_cells) * self.gpus_per_cell
+        return sum(self.gpus_of(i) for i in range(self.cells + self.resident_cells))
+
+    @property
+    def total_slots(self) -> int:
+        return (self.cells + self.resident_cells) * self.slots_per_cell
 
     def validate(self) -> None:
         if min(self.cells, self.nodes_per_cell, self.gpus_per_node, self.slots_per_cell) < 1:
             raise ValueError(f"invalid cluster: {self}")
         if self.resident_cells < 0:
             raise ValueError("resident_cells must be >= 0")
+        if len(self.cell_gpus) > self.cells + self.resident_cells or any(g < 1 for g in self.cell_gpus):
+            raise ValueError(f"cell_gpus {self.cell_gpus} does not fit {self.cells + self.resident_cells} cells")
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ class Simulator:
         self._members: dict[str, list[str]] = {}
         self._micro: dict[str, tuple[MicroStep, int]] = {}  # cell -> (claimed micro-step, token)
         self._token = 0
+        self._micro_done: dict[str, int] = {}  # cell -> micro-steps completed (faster cells should do more)
         self._step_pending = False
         self._segments: list[Segment] = []
         self._last_t = 0.0
@@ -93,7 +94,7 @@ class Simulator:
             self._emit(
                 CellRegistered(
                     cell_id=f"{'pool' if resident else 'cell'}{i}", node=f"nodes{i * cl.nodes_per_cell}",
-                    gpus=cl.gpus_per_cell, capacity=cl.slots_per_cell, role="rollout", resident=resident,
+                    gpus=cl.gpus_of(i), capacity=cl.slots_per_cell, role="rollout", resident=resident,
                     occurred_at=self._at(),
                 )
             )  # fmt: skip
@@ -117,7 +118,7 @@ class Simulator:
                 ),
                 batch_chain=self.policy.packing == "batch",
             ),
-            reroutes=self.reroutes, switches=self.switches, events=self.seq,
+            reroutes=self.reroutes, switches=self.switches, events=self.seq, microsteps_by_cell=self._micro_done,
         )  # fmt: skip
 
     def _handle(self, kind: int, key: str, payload: object) -> None:
@@ -138,6 +139,7 @@ class Simulator:
             if held is None or held[1] != payload:
                 return  # the cell left training; the micro-step went back to the buffer
             del self._micro[key]
+            self._micro_done[key] = self._micro_done.get(key, 0) + 1
             if self.packer.complete(held[0]):
                 self._step_pending = True
                 self._schedule(self.t + self.cfg.costs.step_overhead_s, _STEP, str(held[0].step))

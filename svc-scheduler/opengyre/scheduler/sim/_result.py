@@ -53,13 +53,14 @@ class IdealBound:
 
 def ideal_bound(cfg: SimConfig, durations: np.ndarray, *, batch_chain: bool = True) -> IdealBound:
     cl, loop, costs = cfg.cluster, cfg.loop, cfg.costs
-    gpus_per_slot = cl.gpus_per_cell / cl.slots_per_cell
+    gpus_per_slot = cl.total_gpus / cl.total_slots
     rollout = float(durations.sum()) * gpus_per_slot
     training = loop.steps * loop.microsteps_per_step * costs.micro_step_s * costs.reference_gpus
     work = (rollout + training) / cl.total_gpus
     # Chain: step b cannot finish before its slowest execution (dispatched when step b-1-phi finished) and
     # its last micro-step on the fastest cell, nor before step b-1; the optimizer step follows each.
-    last_micro = costs.micro_step_s * costs.reference_gpus / cl.gpus_per_cell  # on the fastest cell
+    fastest = max(cl.gpus_of(i) for i in range(cl.cells))
+    last_micro = costs.micro_step_s * costs.reference_gpus / fastest
     finish = [0.0] * (loop.steps + 1)
     for b in range(1, loop.steps + 1):
         start = finish[b - 1 - loop.max_lag] if b - 1 - loop.max_lag >= 1 else 0.0
@@ -84,6 +85,7 @@ class SimResult:
     switches: int
     events: int
     completed: bool  # every step of the loop was trained (a policy can stall: the simulator then stops)
+    microsteps_by_cell: dict[str, int] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -100,6 +102,7 @@ class SimResult:
         reroutes: int,
         switches: int,
         events: int,
+        microsteps_by_cell: dict[str, int],
     ) -> SimResult:
         end = steps[-1].at_s if steps else 0.0
         gpus = config.cluster.total_gpus
@@ -120,6 +123,7 @@ class SimResult:
             switches=switches,
             events=events,
             completed=len(steps) == config.loop.steps,
+            microsteps_by_cell=dict(microsteps_by_cell),
             totals=totals,
         )
 
