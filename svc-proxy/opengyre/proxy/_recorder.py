@@ -24,8 +24,11 @@ _enc = msgspec.json.Encoder()
 
 
 class Recorder:
-    def __init__(self, event_log: EventLog | None, *, inline_context_limit: int = 64 * 1024, batch: int = 256) -> None:
+    def __init__(
+        self, event_log: EventLog | None, *, inline_context_limit: int = 64 * 1024, batch: int = 256, retries: int = 5
+    ) -> None:
         self.log = event_log
+        self.retries = retries
         self.inline_context_limit = inline_context_limit
         self.batch = batch
         self.recorded = 0
@@ -77,12 +80,19 @@ class Recorder:
             batch = [first]
             while len(batch) < self.batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            try:
-                events = [await self._externalise(e) for e in batch]
-                await self.log.append_many(events)
-                self.recorded += len(events)
-            except Exception:
-                self.failed += len(batch)
-                log.exception("recording %d model calls failed", len(batch))
+            for attempt in range(self.retries + 1):
+                try:
+                    events = [await self._externalise(e) for e in batch]
+                    # Retrying is safe: the log deduplicates by event id (Nats-Msg-Id).
+                    await self.log.append_many(events)
+                    self.recorded += len(events)
+                    break
+                except Exception:
+                    if attempt == self.retries:
+                        self.failed += len(batch)
+                        log.exception("recording %d model calls failed; they are lost", len(batch))
+                    else:
+                        log.warning("recording %d model calls failed; retrying", len(batch), exc_info=True)
+                        await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
             if self._queue.empty():
                 self._idle.set()

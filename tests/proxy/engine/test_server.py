@@ -212,3 +212,18 @@ async def test_an_engine_runs_as_a_child_process() -> None:
         assert log[0]["output_ids"] == r.json()["output_ids"]
         pid = proc.pid
     assert pid is not None and proc.pid is None
+
+
+async def test_pause_holds_requests_until_continue(engine_a: EngineServer) -> None:
+    async with httpx.AsyncClient(timeout=60) as c:
+        assert (await c.post(engine_a.url + "/pause_generation", json={"mode": "in_place"})).status_code == 200
+        steps = engine_a.engine.scheduler.steps
+        task = asyncio.create_task(
+            c.post(engine_a.url + "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
+        )
+        await asyncio.sleep(0.2)
+        assert not task.done() and engine_a.engine.scheduler.steps == steps
+        assert (await c.post(engine_a.url + "/continue_generation", json={})).status_code == 200
+        r = await task
+        assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+        assert (await c.post(engine_a.url + "/pause_generation", json={"mode": "sideways"})).status_code == 400

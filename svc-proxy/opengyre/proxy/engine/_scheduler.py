@@ -113,6 +113,7 @@ class Scheduler:
         self._prefilling: list[EngineRequest] = []
         self._decoding: list[EngineRequest] = []
         self._stop = False
+        self.paused = False  # /pause_generation in_place or retract: requests stay, no step runs
         self._thread = threading.Thread(target=self._loop, name="opengyre-engine", daemon=True)
 
     # --- called from any thread ---------------------------------------------------------------------
@@ -145,6 +146,11 @@ class Scheduler:
             self._cond.notify()
         return fut
 
+    def set_paused(self, paused: bool) -> None:
+        with self._cond:
+            self.paused = paused
+            self._cond.notify()
+
     @property
     def load(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self._decoding) + len(self._inbox)
@@ -152,7 +158,7 @@ class Scheduler:
     # --- the engine thread --------------------------------------------------------------------------
 
     def _busy(self) -> bool:
-        return bool(self._waiting or self._prefilling or self._decoding)
+        return not self.paused and bool(self._waiting or self._prefilling or self._decoding)
 
     def _loop(self) -> None:
         while True:
@@ -172,6 +178,8 @@ class Scheduler:
                     fut.set_result(fn())
                 except BaseException as exc:
                     fut.set_exception(exc)
+            if self.paused:
+                continue
             try:
                 self._step()
             except Exception as exc:  # a bug must not leave clients hanging: fail the requests in flight

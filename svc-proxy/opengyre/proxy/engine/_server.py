@@ -306,11 +306,17 @@ def build_app(engine: CpuEngine) -> ASGIApp:
 
     async def pause_generation(request: Request) -> Response:
         body = await _json_body(request)
-        if (body or {}).get("mode", "abort") == "abort":
+        mode = (body or {}).get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return _native_error("mode must be abort, retract or in_place")
+        if mode == "abort":
             engine.abort("", abort_all=True)
+        # retract and in_place both keep the requests (and, here, their KV) until continue_generation.
+        engine.scheduler.set_paused(True)
         return _Json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(request: Request) -> Response:
+        engine.scheduler.set_paused(False)
         return _Json({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(request: Request) -> Response:
