@@ -310,3 +310,43 @@ async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(
         assert len(events) == 1 and events[0].timings.queued_ms > 0
     finally:
         await st.gateway.stop()
+
+
+async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool_stack: Stack) -> None:
+    st = tool_stack
+    oai = st.openai("ex-stop")
+    msgs: list[Any] = conversation(0)
+    r = await oai.chat.completions.create(
+        model=M,
+        messages=msgs,
+        tools=TOOLS,
+        max_tokens=80,
+        temperature=0,
+        stop=["bash"],
+        logprobs=True,  # type: ignore[arg-type]
+    )
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and ch.message.content == '{"name": "' and not ch.message.tool_calls
+    assert ch.logprobs is not None and ch.logprobs.content is not None
+    ant = st.anthropic("ex-stop-a")
+    m = await ant.messages.create(
+        model=M,
+        max_tokens=80,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": USER}],
+        tools=[{"name": "bash", "description": "run a command", "input_schema": {"type": "object"}}],
+        stop_sequences=["bash"],
+        extra_body={"temperature": 0},
+    )
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "bash"
+    events = await st.assert_recorded_matches_engines()
+    assert [lp.logprob for lp in ch.logprobs.content] == list(events[0].output_logprobs)
+    # The policy's tokens include the stop string; the next turn extends them and closes the turn with eos.
+    msgs += [{"role": "assistant", "content": ch.message.content}, {"role": "user", "content": "go on"}]
+    await oai.chat.completions.create(model=M, messages=msgs, tools=TOOLS, max_tokens=5, temperature=0)  # type: ignore[arg-type]
+    events = await st.assert_recorded_matches_engines()
+    third = events[2]
+    codec = st.gateway.codec
+    assert third.branch == "extension" and third.parent_call_id == events[0].call_id
+    assert third.prompt_delta_ids[0] == codec.eos_id
+    assert codec.decode(events[0].output_ids, skip_special=False).endswith("bash")
