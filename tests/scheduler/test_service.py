@@ -13,7 +13,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats
 from opengyre.scheduler import LoopConfig
-from opengyre.scheduler.actuators import ExternalActuator
+from opengyre.scheduler.actuators import ExternalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
@@ -174,3 +174,31 @@ async def test_auto_mode_carries_out_the_policy(
         watch.cancel()
         # One cell at a time, and only while ready data keeps up: one ready micro-step feeds one cell, so c1 stays.
         assert roles == {"c0": "training-core", "c1": "rollout"}
+
+
+async def test_a_switch_that_stops_half_way_is_resumed_or_undone(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    # No proxy answers: the drain cannot be confirmed, so the protocol stops in "draining" (nothing released).
+    dead_proxy = ProxyDrainer("127.0.0.1:1", timeout_s=5)
+    svc = SchedulerService(policy=make_policy("elastic"), actuator=ExternalActuator(dead_proxy))
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        for c in ("c0", "c1"):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=4))
+        code = await _code(stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training")))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        st = await stub.GetState(pb.GetStateRequest())
+        assert {c.cell_id: c.role for c in st.cells} == {"c0": "rollout", "c1": "draining"}
+        assert st.rollout_capacity == 4  # out of CR already, never released
+        # Undo: the drain is cancelled and the cell serves again.
+        back = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="rollout", reason="cancel drain"))
+        assert back.cell.role == "rollout" and list(back.steps) == ["c1: draining->rollout"]
+        # Stuck again; then the proxy question goes away (no proxy in front of these cells) and the same
+        # command resumes the switch from where it stopped.
+        code = await _code(stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training")))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert svc.controller is not None
+        svc.controller.actuator = ExternalActuator()
+        done = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
+        assert done.cell.role == "training-core"
+        assert list(done.steps) == ["c1: draining->switching", "c1: switching->training-core"]

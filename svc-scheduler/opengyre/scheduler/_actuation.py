@@ -77,7 +77,7 @@ class RoleChanger:
                 await self._step(heir, "training-satellite", "training-core", f"core hand-over from {cell.cell_id}")
         if cell.role in TRAINING_ROLES:
             await self._step(cell, cell.role, "switching", reason)
-            await self.actuator.stop_trainer(cell)
+        await self.actuator.stop_trainer(cell)  # also after a to-training switch that stopped half-way
         url = await self.actuator.start_engine(cell)
         await self._step(cell, "switching", "rollout", "engine up", url)
 

@@ -53,8 +53,10 @@ def check_role_request(state: SchedulerState, req: RoleRequest) -> None:
     if req.target == "training":
         if cell.resident:
             raise CommandRefused("failed-precondition", f"cell {req.cell_id} is in the resident rollout pool")
-        if cell.role not in ("rollout", "idle"):
-            raise CommandRefused("failed-precondition", f"cell {req.cell_id} is {cell.role}; only rollout or idle")
+        # draining / switching: a switch that stopped half-way (a failed drain, a trainer that did not start)
+        # is resumed from where it is; the cell's capacity already left CR(t).
+        if cell.role not in ("rollout", "idle", "draining", "switching"):
+            raise CommandRefused("failed-precondition", f"cell {req.cell_id} is already {cell.role}")
         if cell.role in ROLLOUT_ROLES and not watermark_allows(state.watermark, state.rollout_capacity, cell.capacity):
             raise CommandRefused(
                 "failed-precondition",
@@ -62,8 +64,8 @@ def check_role_request(state: SchedulerState, req: RoleRequest) -> None:
                 f"{state.rollout_capacity - cell.capacity}; moving {req.cell_id} would leave some without capacity",
             )
         return
-    if cell.role not in (*TRAINING_ROLES, "idle", "draining"):
-        raise CommandRefused("failed-precondition", f"cell {req.cell_id} is {cell.role}; cannot go to rollout now")
+    if cell.role not in (*TRAINING_ROLES, "idle", "draining", "switching"):
+        raise CommandRefused("failed-precondition", f"cell {req.cell_id} is already {cell.role}")
 
 
 def protocol(state: SchedulerState, cell_id: str, target: Target) -> list[tuple[CellRole, CellRole]]:
@@ -75,10 +77,14 @@ def protocol(state: SchedulerState, cell_id: str, target: Target) -> list[tuple[
             return [("rollout", "draining"), ("draining", "switching"), ("switching", "training-satellite")]
         if role == "idle":
             return [("idle", "switching"), ("switching", "training-satellite")]
+        if role == "draining":
+            return [("draining", "switching"), ("switching", "training-satellite")]
+        if role == "switching":
+            return [("switching", "training-satellite")]
         return []
     if role in TRAINING_ROLES:
         return [(role, "switching"), ("switching", "rollout")]
-    if role in ("idle", "draining"):
+    if role in ("idle", "draining", "switching"):
         return [(role, "rollout")]
     return []
 

@@ -202,6 +202,9 @@ class Simulator:
     # --- the actuator, simulated -----------------------------------------------------------------------
 
     def _request(self, req: RoleRequest) -> bool:
+        cell = self.state.cells.get(req.cell_id)
+        if cell is not None and cell.role == "switching":
+            return False  # its switch completes on the clock; the simulated actuator never stops half-way
         try:
             check_role_request(self.state, req)
         except CommandRefused as exc:
