@@ -58,3 +58,5 @@ async def test_scheduler_commands_against_the_live_service(
         assert r.exit_code == 1 and "NOT_FOUND" in r.output
         r = await cli("drain", "c0")
         assert r.exit_code == 0 and "c0 is idle" in r.output
+        r = await cli("watch", "--updates", "1")
+        assert r.exit_code == 0 and "idle" in r.output

@@ -46,6 +46,7 @@ def run(
     gpus_per_node: Annotated[int, typer.Option()] = 8,
     slots_per_cell: Annotated[int, typer.Option(help="executions a rollout cell holds")] = 64,
     resident_cells: Annotated[int, typer.Option(help="extra rollout-only cells")] = 0,
+    cell_gpus: Annotated[str, typer.Option(help="GPUs of the first cells when they differ, e.g. 64,64,16")] = "",
     micro_step_s: Annotated[float, typer.Option(help="one micro-step on one cell, seconds")] = 600.0,
     step_overhead_s: Annotated[float, typer.Option(help="optimizer step + weight publish")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
@@ -65,7 +66,14 @@ def run(
                                  workload.timeout_s, group_size)  # fmt: skip
     cfg = SimConfig(
         loop=LoopConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_lag=max_lag),
-        cluster=ClusterConfig(cells, nodes_per_cell, gpus_per_node, slots_per_cell, resident_cells),
+        cluster=ClusterConfig(
+            cells,
+            nodes_per_cell,
+            gpus_per_node,
+            slots_per_cell,
+            resident_cells,
+            tuple(int(g) for g in cell_gpus.split(",") if g.strip()),
+        ),
         costs=CostConfig(micro_step_s=micro_step_s, step_overhead_s=step_overhead_s),
         workload=workload,
         seed=seed,
