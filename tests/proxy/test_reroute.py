@@ -232,3 +232,31 @@ async def test_anthropic_stream_error_event_when_nothing_can_continue(
             assert exc.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     finally:
         await st.gateway.stop()
+
+
+async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
+    event_log: EventLog, engine_b: EngineServer
+) -> None:
+    from opengyre.runtime import free_port
+
+    port = free_port()
+    st = await make_stack(event_log, {})
+    try:
+        pool = st.gateway.pool
+        pool.probe_interval_s = 0.05
+        await pool.add("dead", f"http://127.0.0.1:{port}")
+        await pool.add("live", engine_b.url)
+        st.engines["live"] = engine_b
+        for i in range(5):  # a new execution each time: no affinity, the least loaded engine (in order) first
+            r = await st.openai(f"ex-dead-{i}").chat.completions.create(
+                model=M, messages=[{"role": "user", "content": f"call {i}"}], max_tokens=2
+            )
+            assert r.choices[0].finish_reason in ("stop", "length")
+        events = await st.recorded()
+        assert [e.attempts for e in events[:3]] == [2, 2, 2]  # each paid one failed connect
+        assert [e.attempts for e in events[3:]] == [1, 1] and pool.get("dead").state == "unhealthy"  # type: ignore[union-attr]
+        async with EngineServer(EngineConfig(port=port, incremental_streaming_output=True)):
+            while pool.get("dead").state != "active":  # type: ignore[union-attr]
+                await asyncio.sleep(0.02)
+    finally:
+        await st.gateway.stop()

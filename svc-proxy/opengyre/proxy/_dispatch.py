@@ -105,12 +105,15 @@ class Dispatch:
                     log.warning("engine %s failed on %s: %s", h.engine_id, rid, exc)
                     broke = True
                     failed.add(h.engine_id)
+                    self.pool.report(h, ok=False)
                 finally:
                     await self.pool.release(h, rid)
                 out.weight_version = reply.weight_version
                 out.cached_tokens = (
                     max(out.cached_tokens, reply.cached_tokens) if self.attempts == 1 else out.cached_tokens
                 )
+                if not broke:
+                    self.pool.report(h, ok=True)
                 finish = reply.finish
                 moved = broke or (finish is not None and finish.get("type") == "abort")
                 if not moved:

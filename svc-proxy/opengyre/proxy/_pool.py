@@ -38,8 +38,9 @@ class EngineHandle:
     url: str
     client: EngineClient
     source: str = "static"  # "static" | "cell" | "grpc"
-    state: str = "active"  # active | draining | gone
+    state: str = "active"  # active | unhealthy | draining | gone
     inflight: set[str] = field(default_factory=set)
+    failures: int = 0  # consecutive failed requests
     incremental: bool = False  # the engine streams deltas (SGLang's --incremental-streaming-output)
     served: int = 0
     rerouted: int = 0
@@ -91,11 +92,16 @@ class EnginePool:
         self._cond = asyncio.Condition()
         self.waiting = 0
         self.rejected = 0
+        self.unhealthy_after = 3
+        self.probe_interval_s = 1.0
+        self._probes: dict[str, asyncio.Task[None]] = {}
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=4096)
         )
 
     async def close(self) -> None:
+        for t in self._probes.values():
+            t.cancel()
         for h in self._engines.values():
             await h.client.close()
         await self._http.aclose()
@@ -193,6 +199,35 @@ class EnginePool:
         if self.waiting:
             async with self._cond:
                 self._cond.notify_all()
+
+    # --- health ---------------------------------------------------------------------------------------
+
+    def report(self, h: EngineHandle, ok: bool) -> None:
+        """A request's fate on ``h``: consecutive failures take it out of routing until /health answers."""
+        if ok:
+            h.failures = 0
+            return
+        h.failures += 1
+        if h.failures >= self.unhealthy_after and h.state == "active":
+            h.state = "unhealthy"
+            log.warning(
+                "engine %s failed %d requests in a row: probing it before routing again", h.engine_id, h.failures
+            )
+            self._probes[h.engine_id] = asyncio.create_task(self._probe(h), name=f"probe-{h.engine_id}")
+
+    async def _probe(self, h: EngineHandle) -> None:
+        try:
+            while h.state == "unhealthy" and self._engines.get(h.engine_id) is h:
+                if await h.client.health():
+                    h.state = "active"
+                    h.failures = 0
+                    async with self._cond:
+                        self._cond.notify_all()
+                    log.info("engine %s is healthy again", h.engine_id)
+                    return
+                await asyncio.sleep(self.probe_interval_s)
+        finally:
+            self._probes.pop(h.engine_id, None)
 
     def forget(self, affinity: str) -> None:
         with contextlib.suppress(KeyError):
