@@ -197,7 +197,8 @@ async def main() -> None:
                 # No reload when no group had a reward spread (nothing to learn from): the weights did not change.
                 assert report is not None and all(x.success for x in report.reloads)
                 train_curve.append((step, statistics.mean(r["reward"] for r in results)))
-                msg = f"rl step {step:4d}: rollout reward {train_curve[-1][1]:.3f}, loss {report.completed.loss:+.4f}"
+                gn = report.completed.metrics.get("grad_norm", 0.0)
+                msg = f"rl step {step:4d}: rollout reward {train_curve[-1][1]:.3f}, grad norm {gn:.4f}"
                 if step % args.eval_every == 0:
                     curve.append(("rl", args.sft_steps + step, await evaluate()))
                     msg += f", eval reward {curve[-1][2]:.3f}"
