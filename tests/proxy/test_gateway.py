@@ -350,3 +350,32 @@ async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool
     assert third.branch == "extension" and third.parent_call_id == events[0].call_id
     assert third.prompt_delta_ids[0] == codec.eos_id
     assert codec.decode(events[0].output_ids, skip_special=False).endswith("bash")
+
+
+async def test_weights_reloaded_mid_call_are_recorded_per_token(stack: Stack, tmp_path: Any) -> None:
+    from opengyre.models import build_model, model_config, save_checkpoint
+
+    save_checkpoint(build_model(model_config("tiny"), seed=5), tmp_path / "v2", "v2")
+    engine = stack.engines["e0"]
+    stream = await stack.openai("ex-wv").chat.completions.create(
+        model=M,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=1500,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    n = 0
+    async for _ in stream:
+        n += 1
+        if n == 10:
+            async with httpx.AsyncClient() as c:
+                r = await c.post(engine.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "v2")})
+                assert r.json()["success"] is True
+    events = await stack.assert_recorded_matches_engines()
+    e = events[0]
+    spans = [(w.version, w.start, w.end) for w in e.weight_versions]
+    assert e.weight_version == "v2" and len(spans) == 2
+    assert spans[0][0] == "default" and spans[1] == ("v2", spans[0][2], 1500) and spans[0][1] == 0
+    p = TrajectoryTree("ex-wv", events).path_sequence(e.call_id)
+    gen = [v for v, g in zip(p.weight_versions, p.generated, strict=True) if g]
+    assert gen == ["default"] * spans[0][2] + ["v2"] * (1500 - spans[0][2])

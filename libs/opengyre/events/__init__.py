@@ -22,6 +22,7 @@ from ._catalogue import (
     ToolCallPayload,
     TrainingStepCompleted,
     TrajectoryRole,
+    WeightSpan,
     WeightsPublished,
 )
 from ._registry import (
@@ -62,6 +63,7 @@ __all__ = [
     "TrajectoryRole",
     "UnknownEventType",
     "Upcaster",
+    "WeightSpan",
     "WeightsPublished",
     "default_registry",
     "new_event_id",

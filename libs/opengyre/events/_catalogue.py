@@ -33,6 +33,7 @@ __all__ = [
     "ToolCallPayload",
     "TrainingStepCompleted",
     "TrajectoryRole",
+    "WeightSpan",
     "WeightsPublished",
 ]
 
@@ -166,6 +167,14 @@ class DriftReport(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
+class WeightSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """Output tokens ``[start, end)`` of a call were generated under ``version`` (weights can change mid-call)."""
+
+    version: str
+    start: int
+    end: int
+
+
 class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-recorded"):
     """One model call, token-in/token-out, as a node of the execution's trajectory tree.
 
@@ -199,6 +208,8 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     context: dict[str, Any] | None = None
     # How the prompt was built: "root", "extension" (token-level, of the parent), "retry", "rewrite".
     branch: str = ""
+    # Per-token weight versions when they changed during the call (empty: every token is ``weight_version``).
+    weight_versions: list[WeightSpan] = msgspec.field(default_factory=list)
 
 
 class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):

@@ -32,6 +32,8 @@ class Node:
     output_logprobs: Sequence[float]
     role: TrajectoryRole = "main"
     weight_version: str = "default"
+    # (version, start, end) over output indexes when weights changed during the call; empty: all weight_version.
+    weight_spans: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
     def from_event(cls, e: ModelCallRecorded) -> Node:
@@ -44,7 +46,15 @@ class Node:
             output_logprobs=tuple(e.output_logprobs),
             role=e.role,
             weight_version=e.weight_version,
+            weight_spans=tuple((w.version, w.start, w.end) for w in e.weight_versions),
         )
+
+    def version_of(self, index: int) -> str:
+        """The weight version output token ``index`` was generated under."""
+        for version, start, end in self.weight_spans:
+            if start <= index < end:
+                return version
+        return self.weight_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +162,7 @@ class TrajectoryTree:
         tokens = self._tokens[leaf]
         generated = tuple(o is not None for o in owners)
         logprobs = tuple(0.0 if o is None else float(self._nodes[o[0]].output_logprobs[o[1]]) for o in owners)
-        versions = tuple("" if o is None else self._nodes[o[0]].weight_version for o in owners)
+        versions = tuple("" if o is None else self._nodes[o[0]].version_of(o[1]) for o in owners)
         return PathSequence(
             leaf=leaf,
             role=self._nodes[leaf].role,

@@ -35,6 +35,7 @@ class Outcome:
     output_logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     weight_version: str = "default"
+    weight_spans: list[tuple[str, int, int]] = field(default_factory=list)  # per-token versions over outputs
     cached_tokens: int = 0
     prompt_tokens: int = 0
 

@@ -43,6 +43,7 @@ class EngineReply:
     output_logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     weight_version: str = "default"
+    weight_spans: list[tuple[str, int, int]] = field(default_factory=list)  # as the engine reported them
     cached_tokens: int = 0
     prompt_tokens: int = 0
 
@@ -95,6 +96,9 @@ class EngineClient:
         reply.output_logprobs.extend(new_lps)
         reply.finish = meta.get("finish_reason")
         reply.weight_version = str(meta.get("weight_version", reply.weight_version))
+        spans = meta.get("weight_versions")
+        if isinstance(spans, list) and spans:
+            reply.weight_spans = [(str(w["version"]), int(w["start"]), int(w["end"])) for w in spans]
         reply.cached_tokens = int(meta.get("cached_tokens") or 0)
         reply.prompt_tokens = int(meta.get("prompt_tokens") or 0)
         return new_ids, new_lps

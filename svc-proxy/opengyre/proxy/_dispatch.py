@@ -89,6 +89,7 @@ class Dispatch:
                 }
                 reply = EngineReply()
                 broke = False
+                offset = len(out.output_ids)
                 try:
                     async for ids, lps in h.client.generate(payload, reply, incremental=h.incremental):
                         if ids:
@@ -109,6 +110,20 @@ class Dispatch:
                 finally:
                     await self.pool.release(h, rid)
                 out.weight_version = reply.weight_version
+                produced = len(out.output_ids) - offset
+                spans = reply.weight_spans or ([(reply.weight_version, 0, produced)] if produced else [])
+                for version, a, b in spans:  # engine-relative indexes -> this call's output indexes
+                    b = min(b, produced)
+                    if b <= a:
+                        continue
+                    if (
+                        out.weight_spans
+                        and out.weight_spans[-1][0] == version
+                        and out.weight_spans[-1][2] == offset + a
+                    ):
+                        out.weight_spans[-1] = (version, out.weight_spans[-1][1], offset + b)
+                    else:
+                        out.weight_spans.append((version, offset + a, offset + b))
                 out.cached_tokens = (
                     max(out.cached_tokens, reply.cached_tokens) if self.attempts == 1 else out.cached_tokens
                 )

@@ -24,7 +24,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from opengyre.eventlog import EventLog
-from opengyre.events import CallTimings, ModelCallRecorded, ToolCallPayload, TrajectoryRole, subject_token
+from opengyre.events import (
+    CallTimings,
+    ModelCallRecorded,
+    ToolCallPayload,
+    TrajectoryRole,
+    WeightSpan,
+    subject_token,
+)
 from opengyre.models import load_tokenizer
 
 from . import _anthropic as anthropic_api
@@ -325,6 +332,10 @@ class Gateway:
                 attempts=dispatch.attempts,
                 context=context,
                 branch=plan.branch,
+                # Spans only when the weights changed during the call; one version is weight_version alone.
+                weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in out.weight_spans]
+                if len({v for v, _, _ in out.weight_spans}) > 1
+                else [],
             )
         )
 

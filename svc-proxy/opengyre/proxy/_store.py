@@ -94,6 +94,7 @@ class CallRow(Base):
     context_ref: Mapped[str | None] = mapped_column(String(255), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer)
     occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    weight_versions: Mapped[str] = mapped_column(Text, server_default="[]")  # [[version, start, end], ...]
 
 
 class ExecutionRow(Base):
@@ -179,6 +180,7 @@ class TrajectoryProjection(Projection):
                 context_ref=e.context_ref,
                 attempts=e.attempts,
                 occurred_at=e.occurred_at,
+                weight_versions=json.dumps([[w.version, w.start, w.end] for w in e.weight_versions]),
             )
         )
         stored = len(e.prompt_delta_ids) + len(e.output_ids)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, select
 
-from opengyre.events import CallTimings, DriftReport, ModelCallRecorded, ToolCallPayload
+from opengyre.events import CallTimings, DriftReport, ModelCallRecorded, ToolCallPayload, WeightSpan
 from opengyre.trajectory import PathSequence, TrajectoryError, TrajectoryTree
 
 from ._store import CALLS, EXECUTIONS, unpack_floats, unpack_ids
@@ -79,6 +79,7 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
         context_ref=r.context_ref,
         attempts=r.attempts,
         branch=r.branch,
+        weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in json.loads(r.weight_versions)],
     )
 
 

@@ -60,9 +60,16 @@ class Generation:
     finish: dict[str, Any] | None = None
     cached_tokens: int = 0
     weight_version: str = "default"
+    weight_spans: list[list[Any]] = field(default_factory=list)  # [version, start, end) over output indexes
     created: float = field(default_factory=time.perf_counter)
 
     def apply(self, u: StepUpdate) -> None:
+        if u.new_ids:
+            n = len(self.output_ids)
+            if self.weight_spans and self.weight_spans[-1][0] == u.weight_version:
+                self.weight_spans[-1][2] = n + len(u.new_ids)
+            else:
+                self.weight_spans.append([u.weight_version, n, n + len(u.new_ids)])
         self.output_ids.extend(u.new_ids)
         self.output_logprobs.extend(u.new_logprobs)
         if u.new_top:

@@ -80,6 +80,7 @@ def _result(
         "completion_tokens": len(gen.output_ids),
         "cached_tokens": gen.cached_tokens,
         "weight_version": gen.weight_version,
+        "weight_versions": [{"version": v, "start": a, "end": b} for v, a, b in gen.weight_spans],
         "e2e_latency": time.perf_counter() - gen.created,
     }
     if return_logprob:
