@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -28,7 +29,7 @@ from opengyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from ._commands import CommandRefused
 from ._controller import SchedulerController
 from ._grpc import STATUS, cell_pb, state_pb
-from ._policy import LoopConfig, Policy, RoleRequest, Target
+from ._policy import LoopConfig, Policy, RoleRequest, Target, View
 from ._projection import SchedulerProjection
 from .actuators import (
     Actuator,
@@ -88,7 +89,10 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def _view(self) -> scheduler_pb2.SchedulerStateView:
         c = self._c
-        return state_pb(await c.state(), c.advice, policy=c.policy.name, auto=c.auto)
+        st = await c.state()
+        # The advice of this very state (not the last tick's), so a reader never sees advice already acted on.
+        advice = c.policy.decide(View(st, time.time(), c.loop))
+        return state_pb(st, advice, policy=c.policy.name, auto=c.auto)
 
     async def WatchState(  # noqa: N802
         self, request: scheduler_pb2.WatchStateRequest, context: Ctx
