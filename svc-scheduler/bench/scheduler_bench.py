@@ -78,7 +78,7 @@ def main() -> None:
     out["calibration"] = {"model": got.__repr__(), "refit": [m.scale_h, m.shape, m.sigma_task]}
 
     section("2. 48 steps: elastic vs the baselines (ratios over seeds)")
-    ratios: dict[str, list[float]] = {"async": [], "colocate": [], "a3_saving": [], "e2": [], "carry": []}
+    ratios: dict[str, list[float]] = {"async": [], "colocate": [], "a3_saving": [], "e2": [], "carry": [], "c2": []}
     first: dict[str, SimResult] = {}
     for seed in range(args.seeds):
         cfg = replace(base, seed=seed)
@@ -87,13 +87,16 @@ def main() -> None:
         asy, k = best_async(cfg, "async")
         a3, k3 = best_async(cfg, "async-streaming")
         e2 = run(replace(cfg, cluster=ClusterConfig(cells=4, nodes_per_cell=8, slots_per_cell=128)), "elastic")
+        c2 = run(replace(cfg, cluster=ClusterConfig(cells=6, resident_cells=2)), "colocate-resident")
         ratios["async"].append(asy.hours / el.hours)
         ratios["colocate"].append(co.hours / el.hours)
         ratios["a3_saving"].append(1 - a3.hours / asy.hours)
         ratios["e2"].append(e2.hours / el.hours - 1)
+        ratios["c2"].append(c2.hours / el.hours)
         print(
             f"seed {seed}: elastic {el.hours:.1f} h | colocate {co.hours:.1f} h | async {asy.hours:.1f} h "
-            f"(best split {k} training cells) | A3 {a3.hours:.1f} h (split {k3}) | 4x8 cells {e2.hours:.1f} h"
+            f"(best split {k} training cells) | A3 {a3.hours:.1f} h (split {k3}) | C2 {c2.hours:.1f} h "
+            f"| 4x8 cells {e2.hours:.1f} h"
         )
         if seed == 0:
             first = {"elastic": el, "colocate": co, "async": asy, "async-streaming": a3}
@@ -105,6 +108,7 @@ def main() -> None:
     print(f"elastic vs colocate:  {rng(ratios['colocate'])}   paper 1.36-1.47")
     print(f"A3 saving over async: {rng(ratios['a3_saving'])}   paper 0.116")
     print(f"4x8 vs 8x4 cells:     {rng(ratios['e2'])}   paper +0.022")
+    print(f"C2 / elastic (E0):    {rng(ratios['c2'])}   paper 19.23 / 16.12 = 1.193")
     out["ratios"] = ratios
 
     section("3. distance to the ideal bound (seed 0)")

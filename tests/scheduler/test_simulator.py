@@ -120,3 +120,17 @@ def test_faster_cells_take_more_micro_steps() -> None:
     done = r.microsteps_by_cell
     assert set(done) == {"cell0", "cell1"} and sum(done.values()) == 4 * 4
     assert done["cell0"] > 1.5 * done["cell1"]  # twice the GPUs, about twice the micro-steps
+
+
+def test_colocate_with_a_resident_pool_leaves_the_tail_to_the_residents() -> None:
+    sim = Simulator(small_config(record=True, resident=1), make_policy("colocate-resident"))
+    assert sim.run().completed
+    s = SchedulerState()
+    early = 0
+    for seq, e in enumerate(sim.events, 1):
+        if isinstance(e, CellRoleChanged) and e.to_role == "draining":
+            pool = sum(c.capacity for c in s.cells.values() if not c.resident and c.role == "rollout")
+            assert s.watermark <= s.rollout_capacity - pool  # the whole pool's watermark rule
+            early += s.watermark > 0
+        s.apply(e, seq)
+    assert early > 0  # at least once the pool left while the residents still ran executions

@@ -7,7 +7,7 @@ from typing import Any
 from .._policy import Policy
 from ._async import AsyncPolicy, AsyncStreamingPolicy
 from ._carry import CarryOverPolicy
-from ._colocate import ColocatePolicy
+from ._colocate import ColocatePolicy, ColocateResidentPolicy
 from ._elastic import ElasticPolicy
 
 __all__ = [
@@ -16,12 +16,14 @@ __all__ = [
     "AsyncStreamingPolicy",
     "CarryOverPolicy",
     "ColocatePolicy",
+    "ColocateResidentPolicy",
     "ElasticPolicy",
     "make_policy",
 ]
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (ElasticPolicy, ColocatePolicy, AsyncPolicy, AsyncStreamingPolicy, CarryOverPolicy)
+    p.name: p
+    for p in (ElasticPolicy, ColocatePolicy, ColocateResidentPolicy, AsyncPolicy, AsyncStreamingPolicy, CarryOverPolicy)
 }
 
 

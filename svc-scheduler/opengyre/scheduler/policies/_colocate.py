@@ -1,5 +1,10 @@
-"""Colocate: the whole pool is either rolling out or training; it switches to training only after every
-execution of the burst has finished, and back once everything ready is trained."""
+"""Colocate: the whole pool is either rolling out or training; it switches to training only once every
+execution of the burst has finished, and back once everything ready is trained.
+
+With a resident rollout pool (the paper's C2 ablation: colocate + resident pool + streaming) the same rule is
+the watermark rule applied to the whole pool at once: the pool leaves when the unfinished executions fit on
+the resident cells, w(t) <= CR(t) - C_pool, and trains as data arrives while the residents finish the tail.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .._policy import Decision, Policy, RoleRequest, View, dispatchable
-from .._rules import TRAINING_ROLES
+from .._rules import ROLLOUT_ROLES, TRAINING_ROLES
 
-__all__ = ["ColocatePolicy"]
+__all__ = ["ColocatePolicy", "ColocateResidentPolicy"]
 
 
 @dataclass
@@ -25,13 +30,24 @@ class ColocatePolicy(Policy):
             return Decision()  # a pool switch is in progress
         training = [c for c in pool if c.role in TRAINING_ROLES]
         if training:
-            if st.ready_samples == 0:  # everything the burst produced is trained
+            if st.ready_samples == 0:  # everything produced so far is trained
                 why = "burst trained; back to rollout"
                 return Decision(tuple(RoleRequest(c.cell_id, "rollout", why) for c in reversed(training)))
             return Decision()
-        if st.watermark == 0 and st.ready_samples > 0:
-            why = "every execution of the burst finished"
-            return Decision(tuple(RoleRequest(c.cell_id, "training", why) for c in pool if c.role == "rollout"))
-        if st.watermark == 0 and st.ready_samples == 0:
+        leaving = sum(c.capacity for c in pool if c.role in ROLLOUT_ROLES)
+        if st.ready_samples > 0 and st.watermark <= st.rollout_capacity - leaving:
+            why = "the burst's unfinished executions fit on the resident pool" if leaving < st.rollout_capacity else (
+                "every execution of the burst finished")  # fmt: skip
+            return Decision(tuple(RoleRequest(c.cell_id, "training", why) for c in pool if c.role in ROLLOUT_ROLES))
+        if st.ready_samples == 0:
             return Decision((), dispatchable(view))  # a new burst: every step the staleness bound admits
         return Decision()
+
+
+@dataclass
+class ColocateResidentPolicy(ColocatePolicy):
+    """The paper's C2: a resident rollout pool finishes the tail while the rest trains, streaming."""
+
+    name: ClassVar[str] = "colocate-resident"
+    summary: ClassVar[str] = "whole-pool switching with a resident rollout pool and streaming (the paper's C2)"
+    streaming: ClassVar[bool] = True
