@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ._publish import (
         EngineReload,
         PublishedCheckpoint,
+        engine_versions,
         export_checkpoint,
         reload_engines,
         weight_version,
@@ -156,6 +157,7 @@ _WHERE: dict[str, str] = {
     "read_reward": "._evaluator",
     "reload_engines": "._publish",
     "export_checkpoint": "._publish",
+    "engine_versions": "._publish",
     "run_sft": "._sft",
     "sample_cost": "._cost",
     "score_execution": "._scoring",
@@ -209,6 +211,7 @@ __all__ = [
     "agentic_tree",
     "classify_failure",
     "classify_outcome",
+    "engine_versions",
     "execution_samples",
     "export_checkpoint",
     "golden_from_task",

@@ -34,6 +34,8 @@ class TrainerConfig:
     checkpoint_dir: Path = Path(".opengyre/checkpoints")
     init_checkpoint: Path | None = None  # start from these weights (e.g. an SFT warm start)
     engines: list[str] = field(default_factory=list)  # engine base URLs to hot-reload after each step
+    discover_engines: bool = True  # also reload the engines of cells in the rollout role (from cell events)
+    engine_sync_s: float = 10.0  # while idle, bring engines serving an older version up to date this often
     # Streaming: start a step as soon as one group is ready and feed micro-batches while the others arrive;
     # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads.
     streaming: bool = False

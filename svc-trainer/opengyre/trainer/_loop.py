@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from opengyre.eventlog import EventLog
 from opengyre.events import TrainingStepCompleted, WeightsPublished
@@ -21,7 +22,7 @@ from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
 from ._packing import pack_samples
 from ._prepare import PreparedStep, prepare_step
-from ._publish import EngineReload, PublishedCheckpoint, reload_engines, write_checkpoint
+from ._publish import EngineReload, PublishedCheckpoint, engine_versions, reload_engines, write_checkpoint
 from ._sampling import PathSampler
 from ._step import Learner, StepResult
 from ._store import ReadyGroup, TrainerStore
@@ -187,18 +188,41 @@ class OnlineTrainer:
                 await self.log.append(published)
         self._pending |= set(prepared.trained) | set(prepared.dropped)
         self.step_no = step
-        reloads = await reload_engines(self.config.engines, ckpt) if ckpt and self.config.engines else []
+        urls = await asyncio.to_thread(self.engine_urls)
+        reloads = await reload_engines(urls, ckpt) if ckpt and urls else []
         for r in reloads:
             if not r.success:
                 log.warning("engine %s did not reload %s: %s", r.url, ckpt.weight_version if ckpt else "", r.message)
         return StepReport(prepared, result, ckpt, completed, published, reloads)
 
+    def engine_urls(self) -> list[str]:
+        found = self.store.rollout_engines() if self.config.discover_engines else []
+        return sorted(set(self.config.engines) | set(found))
+
+    async def sync_engines(self) -> list[EngineReload]:
+        """Reload every engine that serves another version than the run's latest (a cell that just turned to
+        rollout, an engine that missed a reload); the others are left alone."""
+        latest = await asyncio.to_thread(self.store.latest_weights, self.config.run_id)
+        urls = await asyncio.to_thread(self.engine_urls)
+        if latest is None or not urls:
+            return []
+        served = await engine_versions(urls)
+        stale = [u for u, v in served.items() if v is not None and v != latest.weight_version]
+        ckpt = PublishedCheckpoint(latest.weight_version, latest.step, Path(latest.uri), latest.digest)
+        return await reload_engines(stale, ckpt) if stale else []
+
     async def run(self, stop: asyncio.Event, *, max_steps: int | None = None, poll_s: float = 0.5) -> int:
         self.stop = stop
         done = 0
+        loop = asyncio.get_running_loop()
+        next_sync = loop.time()
         while not stop.is_set() and (max_steps is None or done < max_steps):
             report = await self.step_once()
             if report is None:
+                if loop.time() >= next_sync:
+                    next_sync = loop.time() + self.config.engine_sync_s
+                    for r in await self.sync_engines():
+                        log.info("engine %s brought to the latest weights: %s", r.url, r.success)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), poll_s)
                 continue

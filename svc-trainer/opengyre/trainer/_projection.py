@@ -16,6 +16,8 @@ from typing import cast
 from sqlalchemy import Connection, Table, func, insert, select, update
 
 from opengyre.events import (
+    CellRegistered,
+    CellRoleChanged,
     Event,
     ExecutionDispatched,
     ExecutionFinished,
@@ -27,7 +29,7 @@ from opengyre.projection import Projection, Rejected
 
 from ._admission import ExecutionOutcome, classify_outcome
 from ._codec import encode_floats, encode_ids
-from ._tables import CallRow, ExecutionRow, StepRow, WeightsRow
+from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["TrainerProjection", "TrajectoryRejected"]
 
@@ -35,6 +37,7 @@ _E = cast(Table, ExecutionRow.__table__)
 _C = cast(Table, CallRow.__table__)
 _S = cast(Table, StepRow.__table__)
 _W = cast(Table, WeightsRow.__table__)
+_N = cast(Table, EngineRow.__table__)
 
 
 class TrajectoryRejected(Rejected):
@@ -47,9 +50,11 @@ class TrajectoryRejected(Rejected):
 
 class TrainerProjection(Projection):
     name = "trainer"
-    aggregates = ("execution", "training", "weights")
+    aggregates = ("execution", "training", "weights", "cell")
     event_types = frozenset(
         {
+            CellRegistered.type_name(),
+            CellRoleChanged.type_name(),
             ExecutionDispatched.type_name(),
             ModelCallRecorded.type_name(),
             ExecutionFinished.type_name(),
@@ -60,7 +65,7 @@ class TrainerProjection(Projection):
 
     @property
     def tables(self) -> Sequence[Table]:
-        return [_C, _E, _S, _W]
+        return [_C, _E, _S, _W, _N]
 
     def apply(self, tx: Connection, event: Event, seq: int) -> None:
         if isinstance(event, ExecutionDispatched):
@@ -73,6 +78,10 @@ class TrainerProjection(Projection):
             self._step(tx, event, seq)
         elif isinstance(event, WeightsPublished):
             self._weights(tx, event, seq)
+        elif isinstance(event, CellRegistered):
+            self._cell(tx, event.cell_id, event.role, event.engine_url, seq, registered=True)
+        elif isinstance(event, CellRoleChanged):
+            self._cell(tx, event.cell_id, event.to_role, event.engine_url, seq, registered=False)
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
@@ -211,6 +220,18 @@ class TrainerProjection(Projection):
                 reward_mean=(math.fsum(scores) / len(scores)) if scores else None,
                 seq=seq,
             )
+        )
+
+    def _cell(self, tx: Connection, cell_id: str, role: str, url: str | None, seq: int, *, registered: bool) -> None:
+        row = tx.execute(select(_N).where(_N.c.cell_id == cell_id)).first()
+        if row is None:
+            if not registered:
+                raise TrajectoryRejected("unknown-cell", f"role change of unregistered cell {cell_id}")
+            tx.execute(insert(_N).values(cell_id=cell_id, engine_url=url, role=role, seq=seq))
+            return
+        # A role change may move the engine (a new URL) or keep it (no URL given).
+        tx.execute(
+            update(_N).where(_N.c.cell_id == cell_id).values(role=role, engine_url=url or row.engine_url, seq=seq)
         )
 
     def _weights(self, tx: Connection, e: WeightsPublished, seq: int) -> None:

@@ -21,6 +21,7 @@ from .backends import Backend
 __all__ = [
     "EngineReload",
     "PublishedCheckpoint",
+    "engine_versions",
     "export_checkpoint",
     "reload_engines",
     "weight_version",
@@ -62,6 +63,21 @@ def write_checkpoint(backend: Backend, root: Path, run_id: str, step: int) -> Pu
     path = Path(root) / run_id / f"step-{step:06d}"
     digest = export_checkpoint(backend, path, version)
     return PublishedCheckpoint(version, step, path.resolve(), digest)
+
+
+async def engine_versions(urls: Sequence[str], *, timeout_s: float = 10.0) -> dict[str, str | None]:
+    """The weight version each engine serves (SGLang ``GET /model_info``); None where it did not answer."""
+
+    async def one(client: httpx.AsyncClient, url: str) -> tuple[str, str | None]:
+        try:
+            r = await client.get(url.rstrip("/") + "/model_info")
+            v = r.json().get("weight_version") if r.status_code == 200 else None
+            return url, (str(v) if v is not None else None)
+        except (httpx.HTTPError, ValueError):
+            return url, None
+
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        return dict(await asyncio.gather(*(one(client, u) for u in urls)))
 
 
 async def reload_engines(

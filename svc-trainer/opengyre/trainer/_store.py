@@ -14,7 +14,7 @@ from opengyre.trajectory import Node, TrajectoryError, TrajectoryTree
 from ._admission import ExecutionOutcome
 from ._codec import decode_floats, decode_ids
 from ._projection import TrainerProjection
-from ._tables import CallRow, ExecutionRow, StepRow, WeightsRow
+from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["ReadyGroup", "TrainerStore"]
 
@@ -22,6 +22,7 @@ _E = cast(Table, ExecutionRow.__table__)
 _C = cast(Table, CallRow.__table__)
 _S = cast(Table, StepRow.__table__)
 _W = cast(Table, WeightsRow.__table__)
+_N = cast(Table, EngineRow.__table__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,22 @@ class TrainerStore:
     def weights(self, run_id: str = "default") -> list[Row[Any]]:
         with self.engine.connect() as c:
             return list(c.execute(select(_W).where(_W.c.run_id == run_id).order_by(_W.c.step, _W.c.seq)).all())
+
+    def rollout_engines(self) -> list[str]:
+        """Engine URLs of the cells now in the rollout role (they serve the policy and must follow it)."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(_N.c.engine_url)
+                .where(_N.c.role == "rollout", _N.c.engine_url.is_not(None))
+                .order_by(_N.c.cell_id)
+            ).all()
+        return sorted({str(r.engine_url) for r in rows})
+
+    def latest_weights(self, run_id: str = "default") -> Row[Any] | None:
+        with self.engine.connect() as c:
+            return c.execute(
+                select(_W).where(_W.c.run_id == run_id).order_by(_W.c.step.desc(), _W.c.seq.desc()).limit(1)
+            ).first()
 
     def last_step(self, run_id: str = "default") -> int:
         with self.engine.connect() as c:

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.store import Base
 
-__all__ = ["CallRow", "ExecutionRow", "StepRow", "WeightsRow"]
+__all__ = ["CallRow", "EngineRow", "ExecutionRow", "StepRow", "WeightsRow"]
 
 _SEQ = BigInteger().with_variant(Integer, "sqlite")
 
@@ -82,4 +82,15 @@ class WeightsRow(Base):
     step: Mapped[int] = mapped_column(Integer)
     uri: Mapped[str] = mapped_column(String(1024))
     digest: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(_SEQ)
+
+
+class EngineRow(Base):
+    """A cell's engine as the scheduler announced it: the trainer reloads rollout engines after each step."""
+
+    __tablename__ = "trainer_engines"
+
+    cell_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    engine_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    role: Mapped[str] = mapped_column(String(32))
     seq: Mapped[int] = mapped_column(_SEQ)

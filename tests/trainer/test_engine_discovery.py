@@ -1,0 +1,56 @@
+"""Engines follow the policy: the trainer reloads the engines of rollout cells (from the scheduler's cell
+events) after each step, and brings an engine that joins rollout later up to the latest version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from sqlalchemy import Engine, select
+
+from opengyre.eventlog import EventLog
+from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.projection import ProjectionRunner
+from opengyre.proxy.engine import EngineConfig, EngineServer
+from opengyre.store import DeadLetter
+from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
+
+from ._events import catch_up, group
+
+
+async def served(url: str) -> str:
+    async with httpx.AsyncClient() as c:
+        return str((await c.get(url + "/model_info")).json()["weight_version"])
+
+
+async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    runner = ProjectionRunner(TrainerProjection(), event_log, engine)
+    async with EngineServer(EngineConfig(preset="tiny")) as a, EngineServer(EngineConfig(preset="tiny")) as b:
+        await event_log.append_many(
+            [
+                CellRegistered(cell_id="c1", role="rollout", engine_url=a.url),
+                CellRegistered(cell_id="c2", role="training-core", engine_url=b.url),
+                CellRoleChanged(cell_id="ghost", from_role="idle", to_role="rollout"),
+                *group("g", [("completed", 1.0, None), ("completed", 0.0, None)]),
+            ]
+        )
+        await catch_up(runner)
+        store = TrainerStore(engine)
+        assert store.rollout_engines() == [a.url]
+        cfg = TrainerConfig(model="tiny", algorithm="grpo", group_size=2, lr=1e-3, checkpoint_dir=tmp_path)
+        trainer = OnlineTrainer(cfg, store, event_log)
+        report = await trainer.step_once()
+        assert report is not None and [(r.url, r.success) for r in report.reloads] == [(a.url, True)]
+        assert await served(a.url) == "default-s1" and await served(b.url) == "default"
+
+        await catch_up(runner)  # the WeightsPublished event is folded: the latest version is known
+        assert await trainer.sync_engines() == []  # the training cell's engine is not a rollout engine
+        await event_log.append(CellRoleChanged(cell_id="c2", from_role="training-core", to_role="rollout"))
+        await catch_up(runner)
+        synced = await trainer.sync_engines()
+        assert [(r.url, r.success) for r in synced] == [(b.url, True)]  # a is current: left alone
+        assert await served(b.url) == "default-s1"
+    with engine.connect() as c:
+        assert [r for (r,) in c.execute(select(DeadLetter.reason))] == ["unknown-cell"]
