@@ -1,7 +1,7 @@
 """The scheduler service process: gRPC SchedulerService over the live controller, with health and reflection.
 
 Configuration (environment):
-  OPENGYRE_SCHEDULER_POLICY          elastic | colocate | async | async-streaming | elastic-carry (elastic)
+  OPENGYRE_SCHEDULER_POLICY          elastic (default) | elastic-carry | colocate | colocate-resident | async | ...
   OPENGYRE_SCHEDULER_AUTO            0: the policy only advises (default); 1: its role changes are carried out
   OPENGYRE_SCHEDULER_ACTUATOR        external (default) | local | sglang-megatron
   OPENGYRE_SCHEDULER_TRAINER_CMD     sglang-megatron: the trainer launcher, an argv template
@@ -39,7 +39,7 @@ from .actuators import (
     ProxyDrainer,
     SglangMegatronActuator,
 )
-from .policies import make_policy
+from .policies import POLICIES, make_policy
 
 __all__ = ["SchedulerService"]
 
@@ -199,7 +199,7 @@ class SchedulerService(Service):
         "drain-cell",
         "force-role",
         "micro-step-claims",
-        "policies:elastic,colocate,async,async-streaming,elastic-carry",
+        "policies:" + ",".join(sorted(POLICIES)),
         "actuators:external,local,sglang-megatron",
     )
     not_implemented = ()
