@@ -462,15 +462,25 @@ async def completion_stream(
     first = True
 
     def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
-        c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, **extra}
+        c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        c.update(extra)
         return _sse({**head, "choices": [c], "usage": None})
 
     if req.echo:
         yield chunk(codec.decode(prompt_ids))
-    async for ids, _lps in source:
+    offset = 0
+    async for ids, lps in source:
         text = "".join(p.text if isinstance(p, TextPiece) else "" for p in asm.push(ids))
-        if text or (first and req.return_token_ids):
-            extra: dict[str, Any] = {"prompt_token_ids": prompt_ids} if first and req.return_token_ids else {}
+        extra: dict[str, Any] = {}
+        if req.return_token_ids:
+            # vLLM's shape: the prompt's ids once, in the first chunk; every chunk carries its delta ids.
+            extra["token_ids"] = ids
+            if first:
+                extra["prompt_token_ids"] = prompt_ids
+        if req.logprobs and ids:
+            extra["logprobs"] = _completion_logprobs(codec, ids, lps, offset)
+        offset += len(text)
+        if text or extra:
             yield chunk(text, **extra)
             first = False
     final = outcome()
@@ -480,8 +490,8 @@ async def completion_stream(
     tail = "".join(p.text for p in pieces if isinstance(p, TextPiece))
     if on_turn is not None:
         await _maybe_await(on_turn(turn))
-    extra = {"token_ids": final.output_ids} if req.return_token_ids else {}
-    yield chunk(tail, "length" if final.kind == "length" else "stop", stop_reason=final.stop_string, **extra)
+    last: dict[str, Any] = {"token_ids": []} if req.return_token_ids else {}
+    yield chunk(tail, "length" if final.kind == "length" else "stop", stop_reason=final.stop_string, **last)
     if req.include_usage:
         yield _sse(
             {**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)}

@@ -18,6 +18,7 @@ from typing import Protocol
 import httpx
 
 from ._client import EngineClient
+from ._vllm import VLLM_SCHEME, VllmClient
 
 __all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
 
@@ -118,9 +119,8 @@ class EnginePool:
         """Route to ``url`` under ``engine_id`` (an existing id is re-pointed and re-activated)."""
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
-            h = EngineHandle(
-                engine_id, url.rstrip("/"), EngineClient(url, api_key=self.api_key, http=self._http), source
-            )
+            kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
+            h = EngineHandle(engine_id, url.rstrip("/"), kind(url, api_key=self.api_key, http=self._http), source)
             h.incremental = await h.client.incremental_streaming()
             self._engines[engine_id] = h
         h.state = "active"

@@ -431,7 +431,7 @@ def build_app(engine: CpuEngine) -> ASGIApp:
             return _openai_error(err)
         except SamplingError as exc:
             return _openai_error(ApiError.invalid(str(exc)))
-        rid = uuid.uuid4().hex
+        rid = str(body.get("request_id") or uuid.uuid4().hex)  # vLLM's extra field names the request
         outcome = Outcome(prompt_tokens=len(ids))
 
         async def source() -> AsyncIterator[tuple[list[int], list[float]]]:

@@ -1,0 +1,161 @@
+"""vLLM's OpenAI server as an alternative backend: token ids in through ``/v1/completions``, token ids out.
+
+The dispatcher speaks SGLang's request shape; this client translates it to vLLM's completions request with
+``prompt`` as token ids and ``return_token_ids`` (vLLM >= 0.10-ish; PROTOCOLS §2), streams, and maps the
+answer back (delta ``token_ids`` and ``logprobs.token_logprobs`` per chunk, ``finish_reason`` strings). vLLM
+aborts a request when its client goes away, so aborting here closes that request's stream; the tokens
+already streamed are exactly what the engine produced for it. Engines are marked by the URL scheme
+``vllm+http://``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from ._client import EngineClient, EngineFailed, EngineRejected, EngineReply
+from ._http1 import Http1Error, Http1Response
+
+__all__ = ["VLLM_SCHEME", "VllmClient"]
+
+VLLM_SCHEME = "vllm+"
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+
+# SGLang sampling_params -> vLLM completions fields (the same meaning under another name, or the same name).
+_RENAME = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+}
+_SAME = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "logit_bias",
+)
+
+
+def to_vllm(payload: dict[str, Any], model: str) -> dict[str, Any]:
+    sp = payload.get("sampling_params") or {}
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": payload["input_ids"],
+        "return_token_ids": True,
+        "logprobs": 0,  # the sampled token's logprob (no alternatives)
+        "stream": True,
+        "request_id": payload.get("rid"),
+    }
+    for k, v in sp.items():
+        if k in _RENAME:
+            body[_RENAME[k]] = v
+        elif k in _SAME:
+            body[k] = {str(t): b for t, b in v.items()} if k == "logit_bias" else v
+    return body
+
+
+def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
+    reason = choice.get("finish_reason")
+    if reason is None:
+        return None
+    if reason == "length":
+        return {"type": "length", "length": n}
+    if reason == "stop":
+        return {"type": "stop", "matched": choice.get("stop_reason")}
+    return {"type": "abort", "message": str(reason), "status_code": 500 if reason == "error" else None}
+
+
+class VllmClient(EngineClient):
+    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
+        super().__init__(base_url.removeprefix(VLLM_SCHEME), api_key=api_key, http=http)
+        self.model: str | None = None
+        self._streams: dict[str, Http1Response] = {}
+        self._aborted: set[str] = set()
+
+    async def _model(self) -> str:
+        if self.model is None:
+            r = await self.http.get(self.base_url + "/v1/models", headers=self.headers, timeout=5.0)
+            data = r.json().get("data") or [{}]
+            self.model = str(data[0].get("id", "default"))
+        return self.model
+
+    async def incremental_streaming(self) -> bool:
+        return True  # vLLM streams deltas
+
+    async def generate(
+        self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = True
+    ) -> AsyncIterator[tuple[list[int], list[float]]]:
+        rid = str(payload.get("rid", ""))
+        try:
+            body = to_vllm(payload, await self._model())
+            r = await self.fast.request("POST", "/v1/completions", _enc.encode(body), self.headers)
+        except (Http1Error, httpx.HTTPError, ValueError) as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        self._streams[rid] = r
+        try:
+            if r.status >= 400:
+                self._raise(r.status, await r.read())
+            async for line in r.lines():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    continue
+                chunk = _dec.decode(data)
+                if "error" in chunk:
+                    err = chunk["error"]
+                    code = err.get("code") if isinstance(err, dict) else None
+                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                    if isinstance(code, int) and 400 <= code < 500:
+                        raise EngineRejected(code, str(msg))
+                    raise EngineFailed(f"engine stream error: {msg}")
+                for choice in chunk.get("choices") or []:
+                    ids = list(choice.get("token_ids") or [])
+                    lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                    lps = [float(x) if x is not None else 0.0 for x in lp][: len(ids)]
+                    lps += [0.0] * (len(ids) - len(lps))
+                    reply.output_ids.extend(ids)
+                    reply.output_logprobs.extend(lps)
+                    reply.finish = _finish(choice, len(reply.output_ids)) or reply.finish
+                    if ids:
+                        yield ids, lps
+        except (Http1Error, msgspec.DecodeError) as exc:
+            if rid not in self._aborted:
+                raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._streams.pop(rid, None)
+            r.close()
+        if rid in self._aborted:
+            self._aborted.discard(rid)
+            if reply.finish is None:
+                reply.finish = {"type": "abort", "message": "Aborted", "status_code": None}
+        if reply.finish is None:
+            raise EngineFailed("the engine's stream ended without a finish reason")
+
+    async def abort(self, rid: str) -> None:
+        """vLLM aborts a request whose client goes away: close the stream (the tokens seen are the output)."""
+        r = self._streams.get(rid)
+        if r is not None:
+            self._aborted.add(rid)
+            r.close()
+            await asyncio.sleep(0)
+
+    async def health(self) -> bool:
+        try:
+            r = await self.http.get(self.base_url + "/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
