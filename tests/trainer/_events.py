@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 
 from opengyre.eventlog import EventLog
 from opengyre.events import Event, ExecutionDispatched, ExecutionFinished, ModelCallRecorded
@@ -54,6 +56,23 @@ def group(
         events += calls(eid, seed * 100 + i, version)
         events.append(ExecutionFinished(execution_id=eid, status=status, score=score, failure_class=fc))  # type: ignore[arg-type]
     return events
+
+
+@contextlib.asynccontextmanager
+async def folding(runner: ProjectionRunner) -> AsyncIterator[ProjectionRunner]:
+    """One live runner for a whole test; ``await runner.wait_caught_up()`` whenever the rows must be current.
+
+    (Starting ``run`` again on the same runner deletes and re-creates its durable consumer; nats-server can race
+    on that and fail with "meta.inf.tmp: no such file", so tests that fold several times keep one runner.)
+    """
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        await runner.wait_caught_up(60)
+        yield runner
+    finally:
+        stop.set()
+        await task
 
 
 async def catch_up(runner: ProjectionRunner) -> None:

@@ -15,7 +15,7 @@ from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
 
-from ._events import catch_up, group
+from ._events import folding, group
 
 
 async def served(url: str) -> str:
@@ -27,7 +27,11 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
     event_log: EventLog, engine: Engine, tmp_path: Path
 ) -> None:
     runner = ProjectionRunner(TrainerProjection(), event_log, engine)
-    async with EngineServer(EngineConfig(preset="tiny")) as a, EngineServer(EngineConfig(preset="tiny")) as b:
+    async with (
+        EngineServer(EngineConfig(preset="tiny")) as a,
+        EngineServer(EngineConfig(preset="tiny")) as b,
+        folding(runner),
+    ):
         await event_log.append_many(
             [
                 CellRegistered(cell_id="c1", role="rollout", engine_url=a.url),
@@ -36,7 +40,7 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
                 *group("g", [("completed", 1.0, None), ("completed", 0.0, None)]),
             ]
         )
-        await catch_up(runner)
+        await runner.wait_caught_up(60)
         store = TrainerStore(engine)
         assert store.rollout_engines() == [a.url]
         cfg = TrainerConfig(model="tiny", algorithm="grpo", group_size=2, lr=1e-3, checkpoint_dir=tmp_path)
@@ -45,10 +49,10 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
         assert report is not None and [(r.url, r.success) for r in report.reloads] == [(a.url, True)]
         assert await served(a.url) == "default-s1" and await served(b.url) == "default"
 
-        await catch_up(runner)  # the WeightsPublished event is folded: the latest version is known
+        await runner.wait_caught_up(60)  # the WeightsPublished event is folded: the latest version is known
         assert await trainer.sync_engines() == []  # the training cell's engine is not a rollout engine
         await event_log.append(CellRoleChanged(cell_id="c2", from_role="training-core", to_role="rollout"))
-        await catch_up(runner)
+        await runner.wait_caught_up(60)
         synced = await trainer.sync_engines()
         assert [(r.url, r.success) for r in synced] == [(b.url, True)]  # a is current: left alone
         assert await served(b.url) == "default-s1"

@@ -15,7 +15,7 @@ from opengyre.models import load_checkpoint, model_config, token_logprobs
 from opengyre.projection import ProjectionRunner
 from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore, pack_samples
 
-from ._events import catch_up, group
+from ._events import catch_up, folding, group
 
 
 def config(tmp_path: Path, **kw: object) -> TrainerConfig:
@@ -38,11 +38,11 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
         ("completed", 0.2, "sandbox"),  # infra trouble despite a score: masked
     ]
     await event_log.append_many(group("g1", outcomes))
-    runner = ProjectionRunner(TrainerProjection(), event_log, engine)
-    await catch_up(runner)
-    store = TrainerStore(engine)
-    trainer = OnlineTrainer(config(tmp_path, group_size=6), store, event_log)
-    report = await trainer.step_once()
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
+        store = TrainerStore(engine)
+        trainer = OnlineTrainer(config(tmp_path, group_size=6), store, event_log)
+        report = await trainer.step_once()
+        await runner.wait_caught_up(60)
     assert report is not None and report.result is not None
     assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1", "g1-e2"]
     assert report.completed.dropped == {
@@ -55,7 +55,6 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
     assert report.completed.metrics["reward_mean"] == pytest.approx(0.5)
     assert report.published is not None and report.checkpoint is not None
     assert report.published.weight_version == "default-s1" and Path(report.published.uri).is_dir()
-    await catch_up(runner)
     assert store.ready_groups(6) == []
     assert await trainer.step_once() is None  # consumed: never trained twice
     for eid in ("g1-e0", "g1-e3", "g1-e4"):
