@@ -13,7 +13,15 @@ from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded, WeightsPublished
 from opengyre.models import load_checkpoint, model_config, token_logprobs
 from opengyre.projection import ProjectionRunner
-from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore, pack_samples
+from opengyre.trainer import (
+    OnlineTrainer,
+    TrainerConfig,
+    TrainerProjection,
+    TrainerStore,
+    export_checkpoint,
+    pack_samples,
+)
+from opengyre.trainer.backends import build_backend
 
 from ._events import catch_up, folding, group
 
@@ -78,8 +86,8 @@ async def test_staleness_from_version_stamps_and_corrupt_trajectories(
     event_log: EventLog, engine: Engine, tmp_path: Path
 ) -> None:
     events = [
-        WeightsPublished(weight_version="default-s1", step=1, uri="/x", digest=""),
-        WeightsPublished(weight_version="default-s2", step=2, uri="/y", digest=""),
+        WeightsPublished(weight_version="default-s1", step=1, uri=str(tmp_path / "s1"), digest=""),
+        WeightsPublished(weight_version="default-s2", step=2, uri=str(tmp_path / "s2"), digest=""),
         *group("g1", [("completed", 1.0, None), ("completed", 0.0, None), ("completed", 0.5, None)], "default-s1"),
     ]
     # g1-e2 also gets a corrupt call (mismatched lengths): the whole execution must stay out of the loss.
@@ -96,8 +104,13 @@ async def test_staleness_from_version_stamps_and_corrupt_trajectories(
     events.append(fin)
     await event_log.append_many(events)
     await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
+    for name in ("s1", "s2"):  # the run's published checkpoints: a new trainer resumes from the latest
+        export_checkpoint(build_backend("torch", model_config("tiny"), seed=7), tmp_path / name, f"default-{name}")
     store = TrainerStore(engine)
     trainer = OnlineTrainer(config(tmp_path, group_size=3), store, event_log)
+    assert trainer.resumed_from == "default-s2"
+    resumed = load_checkpoint(tmp_path / "s2")[0].state_dict()
+    assert all(torch.equal(v, resumed[k]) for k, v in trainer.backend.hf_state_dict().items())
     trainer.step_no = 3  # the trainer is about to produce step 4 from step-3 weights; data came from step 1
     report = await trainer.step_once()
     assert report is not None
@@ -112,7 +125,6 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
 
     from opengyre.trainer import Learner
     from opengyre.trainer.algorithms import GRPO
-    from opengyre.trainer.backends import build_backend
 
     runner = ProjectionRunner(TrainerProjection(), event_log, engine)
     stop = asyncio.Event()
@@ -147,3 +159,21 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     got, want = trainer.backend.hf_state_dict(), ref_backend.hf_state_dict()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+async def test_a_restarted_trainer_resumes_weights_and_optimizer(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
+        await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+        await runner.wait_caught_up(60)
+        first = OnlineTrainer(config(tmp_path, group_size=2), TrainerStore(engine), event_log)
+        assert first.resumed_from is None
+        assert await first.step_once() is not None
+        await runner.wait_caught_up(60)
+        again = OnlineTrainer(config(tmp_path, group_size=2), TrainerStore(engine), event_log)
+    assert again.resumed_from == "default-s1" and again.step_no == 1
+    a, b = first.backend.hf_state_dict(), again.backend.hf_state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = first.learner.optimizer.state_dict()["state"], again.learner.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)

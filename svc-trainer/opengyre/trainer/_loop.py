@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from opengyre.eventlog import EventLog
 from opengyre.events import TrainingStepCompleted, WeightsPublished
 from opengyre.models import load_checkpoint, model_config
@@ -45,9 +47,14 @@ class StepReport:
     reloads: list[EngineReload]
 
 
-def make_backend(config: TrainerConfig) -> Backend:
-    if config.init_checkpoint is not None:
-        model, _ = load_checkpoint(config.init_checkpoint)
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def make_backend(config: TrainerConfig, start: Path | None = None) -> Backend:
+    """A backend holding ``start`` (a checkpoint folder), else ``init_checkpoint``, else the seeded init."""
+    source = start or config.init_checkpoint
+    if source is not None:
+        model, _ = load_checkpoint(source)
         return build_backend(config.backend, model.config, model.state_dict(), seed=config.seed)
     return build_backend(config.backend, model_config(config.model), seed=config.seed)
 
@@ -60,7 +67,11 @@ class OnlineTrainer:
         self.config = config
         self.store = store
         self.log = log_
-        self.backend = backend or make_backend(config)
+        # A restarted run resumes from its latest published weights (and optimizer state), never from scratch.
+        latest = store.latest_weights(config.run_id)
+        self.resumed_from: str | None = latest.weight_version if latest is not None else None
+        resume_dir = Path(latest.uri) if latest is not None else None
+        self.backend = backend or make_backend(config, resume_dir)
         self.learner = Learner(
             self.backend,
             get_algorithm(config.algorithm, **config.algorithm_params),
@@ -68,6 +79,10 @@ class OnlineTrainer:
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
         )
+        if backend is None and resume_dir is not None and (resume_dir / OPTIMIZER_FILE).exists():
+            state = torch.load(resume_dir / OPTIMIZER_FILE, weights_only=True)
+            if state.get("backend") == self.backend.name:
+                self.learner.optimizer.load_state_dict(state["optimizer"])
         self.policy = AdmissionPolicy(
             group_size=config.group_size, breaker_ratio=config.breaker_ratio, normalize_std=config.normalize_std
         )
@@ -154,9 +169,7 @@ class OnlineTrainer:
         step = prepared.step
         ckpt: PublishedCheckpoint | None = None
         if result is not None:
-            ckpt = await asyncio.to_thread(
-                write_checkpoint, self.backend, self.config.checkpoint_dir, self.config.run_id, step
-            )
+            ckpt = await asyncio.to_thread(self._checkpoint, step)
         metrics = dict(result.metrics) if result else {}
         if result is not None:
             metrics.update(grad_norm=result.grad_norm, targets=float(result.n_targets), micro_steps=result.micro_steps)
@@ -194,6 +207,13 @@ class OnlineTrainer:
             if not r.success:
                 log.warning("engine %s did not reload %s: %s", r.url, ckpt.weight_version if ckpt else "", r.message)
         return StepReport(prepared, result, ckpt, completed, published, reloads)
+
+    def _checkpoint(self, step: int) -> PublishedCheckpoint:
+        ckpt = write_checkpoint(self.backend, self.config.checkpoint_dir, self.config.run_id, step)
+        # Optimizer moments beside the weights: a restart resumes the run exactly (same backend only).
+        state = {"backend": self.backend.name, "optimizer": self.learner.optimizer.state_dict()}
+        torch.save(state, ckpt.path / OPTIMIZER_FILE)
+        return ckpt
 
     def engine_urls(self) -> list[str]:
         found = self.store.rollout_engines() if self.config.discover_engines else []
