@@ -177,3 +177,18 @@ async def test_a_restarted_trainer_resumes_weights_and_optimizer(
     assert all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = first.learner.optimizer.state_dict()["state"], again.learner.optimizer.state_dict()["state"]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)
+
+
+async def test_kl_to_the_starting_policy_is_wired_in(event_log: EventLog, engine: Engine, tmp_path: Path) -> None:
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
+        await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+        await event_log.append_many(group("g2", [("completed", 0.2, None), ("completed", 0.9, None)], seed=2))
+        await runner.wait_caught_up(60)
+        cfg = config(tmp_path, group_size=2, algorithm_params={"kl_beta": 0.5})
+        trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
+        assert trainer.learner.reference is not None and trainer.learner.reference.parameters() == []
+        first = await trainer.step_once()
+        second = await trainer.step_once()
+    assert first is not None and second is not None
+    assert first.completed.metrics["kl"] == 0.0  # the policy still is the reference
+    assert second.completed.metrics["kl"] > 0.0  # one update later it has moved away

@@ -72,12 +72,19 @@ class OnlineTrainer:
         self.resumed_from: str | None = latest.weight_version if latest is not None else None
         resume_dir = Path(latest.uri) if latest is not None else None
         self.backend = backend or make_backend(config, resume_dir)
+        algorithm = get_algorithm(config.algorithm, **config.algorithm_params)
+        # The KL term needs a reference policy: the run's starting weights, frozen.
+        reference = make_backend(config) if float(getattr(algorithm, "kl_beta", 0.0) or 0.0) > 0 else None
+        if reference is not None:
+            for p in reference.parameters():
+                p.requires_grad_(False)
         self.learner = Learner(
             self.backend,
-            get_algorithm(config.algorithm, **config.algorithm_params),
+            algorithm,
             lr=config.lr,
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
+            reference=reference,
         )
         if backend is None and resume_dir is not None and (resume_dir / OPTIMIZER_FILE).exists():
             state = torch.load(resume_dir / OPTIMIZER_FILE, weights_only=True)
@@ -88,7 +95,8 @@ class OnlineTrainer:
         )
         self.sampler = PathSampler(config.max_paths)
         self.satellites = [
-            Satellite(f"satellite-{i}", make_backend(config), self.learner.algorithm) for i in range(config.satellites)
+            Satellite(f"satellite-{i}", make_backend(config), self.learner.algorithm, reference)
+            for i in range(config.satellites)
         ]
         self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
         self.step_no = store.last_step(config.run_id)

@@ -73,6 +73,7 @@ class Satellite:
     name: str
     backend: Backend
     algorithm: Algorithm
+    reference: Backend | None = None  # the frozen reference policy, when the algorithm has a KL term
     joined_digest: str = ""
     results: list[MicroResult] = field(default_factory=list)
     rows: int = 0
@@ -87,7 +88,7 @@ class Satellite:
     def work(self, buffer: MicroStepBuffer) -> None:
         # No optimizer of its own: the core applies the one update with everyone's gradients.
         while (mb := buffer.claim(self.name)) is not None:
-            self.results.append(accumulate(self.backend, self.algorithm, mb))
+            self.results.append(accumulate(self.backend, self.algorithm, mb, self.reference))
             self.rows += int(mb.input_ids.shape[0])
 
 
