@@ -134,3 +134,13 @@ def test_colocate_with_a_resident_pool_leaves_the_tail_to_the_residents() -> Non
             early += s.watermark > 0
         s.apply(e, seq)
     assert early > 0  # at least once the pool left while the residents still ran executions
+
+
+def test_split_micro_steps_train_every_sample_once() -> None:
+    cfg = small_config(record=True)
+    cfg = replace(cfg, loop=replace(cfg.loop, micro_splits=4))
+    sim = Simulator(cfg, make_policy("elastic"))
+    r = sim.run()
+    assert r.completed and sum(r.microsteps_by_cell.values()) == 6 * 4 * 4
+    trained = [x for e in sim.events if isinstance(e, TrainingStepCompleted) for x in e.execution_ids]
+    assert len(trained) == len(set(trained)) == 6 * 16

@@ -41,6 +41,7 @@ def run(
     groups_per_step: Annotated[int, typer.Option(help="groups (prompts) per step")] = 32,
     group_size: Annotated[int, typer.Option(help="executions per group")] = 16,
     max_lag: Annotated[int, typer.Option(help="staleness bound phi: steps rollouts may run ahead")] = 1,
+    micro_splits: Annotated[int, typer.Option(help="parts each group's micro-step is cut into")] = 1,
     cells: Annotated[int, typer.Option(help="elastic cells")] = 8,
     nodes_per_cell: Annotated[int, typer.Option()] = 4,
     gpus_per_node: Annotated[int, typer.Option()] = 8,
@@ -65,7 +66,13 @@ def run(
         workload = DurationModel(workload.name, workload.scale_h, workload.shape, workload.sigma_task,
                                  workload.timeout_s, group_size)  # fmt: skip
     cfg = SimConfig(
-        loop=LoopConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_lag=max_lag),
+        loop=LoopConfig(
+            steps=steps,
+            groups_per_step=groups_per_step,
+            group_size=group_size,
+            max_lag=max_lag,
+            micro_splits=micro_splits,
+        ),  # fmt: skip
         cluster=ClusterConfig(
             cells,
             nodes_per_cell,

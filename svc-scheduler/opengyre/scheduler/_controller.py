@@ -211,7 +211,7 @@ class SchedulerController:
             m = self.packer.claim(cell_id)
             if m is None:
                 return None
-            claim = Claim(m, await asyncio.to_thread(self._execution_ids, m.group_ids))
+            claim = Claim(m, m.select(await asyncio.to_thread(self._execution_ids, m.group_ids)))
             self._claims[cell_id] = claim
             return claim
 

@@ -5,6 +5,7 @@ step completes when its last micro-step does. A cell that leaves training mid-mi
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._policy import LoopConfig, Packing
@@ -18,6 +19,13 @@ class MicroStep:
     step: int
     index: int
     group_ids: tuple[str, ...]
+    part: int = 0  # which of ``parts`` slices of the groups' samples this micro-step trains
+    parts: int = 1
+
+    def select(self, execution_ids: Sequence[str]) -> tuple[str, ...]:
+        """This part's contiguous slice of the groups' executions (all of them when ``parts`` is 1)."""
+        n = len(execution_ids)
+        return tuple(execution_ids[n * self.part // self.parts : n * (self.part + 1) // self.parts])
 
 
 @dataclass
@@ -59,11 +67,12 @@ class PackingBuffer:
         whole = len(self._assigned) >= want
         if not self.streaming and not whole:
             return  # a non-streaming trainer starts only on a whole batch
-        mg = self.loop.micro_groups
+        mg, parts = self.loop.micro_groups, self.loop.micro_splits
         while len(self._pending) >= mg or (whole and self._pending):
             chunk, self._pending = self._pending[:mg], self._pending[mg:]
-            self._queue.append(MicroStep(self.step, self._cut, tuple(chunk)))
-            self._cut += 1
+            for part in range(parts):
+                self._queue.append(MicroStep(self.step, self._cut, tuple(chunk), part, parts))
+                self._cut += 1
 
     def _reset(self, step: int) -> None:
         self.step = step

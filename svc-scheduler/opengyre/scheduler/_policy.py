@@ -49,6 +49,9 @@ class LoopConfig:
     # phi: rollouts for step s may start once step s - 1 - max_lag is trained (0 = on-policy, synchronous).
     max_lag: int = 1
     micro_groups: int = 1  # groups per micro-step handed out by the packing buffer
+    # Each micro-step's samples are cut into this many parts (gradient accumulation does not care), so the last
+    # ones of a step spread over more cells and the cells finish together.
+    micro_splits: int = 1
 
     @property
     def executions_per_step(self) -> int:
@@ -56,10 +59,11 @@ class LoopConfig:
 
     @property
     def microsteps_per_step(self) -> int:
-        return -(-self.groups_per_step // self.micro_groups)
+        return -(-self.groups_per_step // self.micro_groups) * self.micro_splits
 
     def validate(self) -> None:
-        if min(self.steps, self.groups_per_step, self.group_size, self.micro_groups) < 1 or self.max_lag < 0:
+        smallest = min(self.steps, self.groups_per_step, self.group_size, self.micro_groups, self.micro_splits)
+        if smallest < 1 or self.max_lag < 0:
             raise ValueError(f"invalid loop config: {self}")
 
 
@@ -141,4 +145,4 @@ def heading_to_rollout(c: CellState) -> bool:
 
 def ready_microsteps(view: View) -> int:
     """Micro-steps the packing buffer could hand out from complete groups not yet trained on."""
-    return view.state.ready_group_count // view.loop.micro_groups
+    return view.state.ready_group_count // view.loop.micro_groups * view.loop.micro_splits

@@ -273,7 +273,7 @@ class Simulator:
             self._token += 1
             self._micro[c.cell_id] = (m, self._token)
             took = self.cfg.costs.micro_step_s * self._ref_gpus / max(c.gpus, 1) * len(m.group_ids)
-            took /= self.loop.micro_groups
+            took /= self.loop.micro_groups * m.parts
             self._schedule(self.t + took, _MICRO, c.cell_id, self._token)
 
     def _step_done(self, step: int) -> None:

@@ -55,12 +55,12 @@ def ideal_bound(cfg: SimConfig, durations: np.ndarray, *, batch_chain: bool = Tr
     cl, loop, costs = cfg.cluster, cfg.loop, cfg.costs
     gpus_per_slot = cl.total_gpus / cl.total_slots
     rollout = float(durations.sum()) * gpus_per_slot
-    training = loop.steps * loop.microsteps_per_step * costs.micro_step_s * costs.reference_gpus
+    training = loop.steps * loop.microsteps_per_step / loop.micro_splits * costs.micro_step_s * costs.reference_gpus
     work = (rollout + training) / cl.total_gpus
     # Chain: step b cannot finish before its slowest execution (dispatched when step b-1-phi finished) and
     # its last micro-step on the fastest cell, nor before step b-1; the optimizer step follows each.
     fastest = max(cl.gpus_of(i) for i in range(cl.cells))
-    last_micro = costs.micro_step_s * costs.reference_gpus / fastest
+    last_micro = costs.micro_step_s * costs.reference_gpus / fastest / loop.micro_splits
     finish = [0.0] * (loop.steps + 1)
     for b in range(1, loop.steps + 1):
         start = finish[b - 1 - loop.max_lag] if b - 1 - loop.max_lag >= 1 else 0.0
