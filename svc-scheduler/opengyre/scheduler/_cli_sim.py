@@ -72,7 +72,7 @@ def run(
             group_size=group_size,
             max_lag=max_lag,
             micro_splits=micro_splits,
-        ),  # fmt: skip
+        ),
         cluster=ClusterConfig(
             cells,
             nodes_per_cell,
