@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._chat import ChatCodec, IncrementalDecoder, _raw_arguments
+from ._chat import ChatCodec, IncrementalDecoder, parse_tool_call
 
 __all__ = ["Outcome", "StreamAssembler", "TextPiece", "ToolCallOut", "ToolPiece", "Turn", "assemble", "new_tool_id"]
 
@@ -153,7 +153,7 @@ class StreamAssembler:
         body_ids = self._in_tool or []
         self._in_tool = None
         body = self.codec.decode(body_ids, skip_special=False)
-        parsed = _raw_arguments(body.strip())
+        parsed = parse_tool_call(body.strip())
         if parsed is None:
             # Not a tool call after all: its text joins the content, as the non-streamed parse does.
             self._emit_text(self.codec.decode(body_ids), out)

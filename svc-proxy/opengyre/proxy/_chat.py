@@ -10,33 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-__all__ = ["ChatCodec", "IncrementalDecoder", "ParsedOutput", "ParsedToolCall"]
+__all__ = ["ChatCodec", "IncrementalDecoder", "parse_tool_call"]
 
 Message = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class ParsedToolCall:
-    """A tool call as the model emitted it: ``arguments`` is the raw JSON text, never re-serialised."""
-
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedOutput:
-    content: str
-    tool_calls: tuple[ParsedToolCall, ...] = ()
-    # Spans of output token indexes [start, end) that are tool calls (special tokens included).
-    tool_spans: tuple[tuple[int, int], ...] = field(default=())
-
-
-def _raw_arguments(text: str) -> tuple[str, str] | None:
+def parse_tool_call(text: str) -> tuple[str, str] | None:
     """``(name, raw arguments JSON)`` of a ``{"name": ..., "arguments": {...}}`` body, or None if malformed."""
     try:
         obj = json.loads(text)
@@ -134,40 +117,6 @@ class ChatCodec:
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special))
-
-    # --- output parsing -----------------------------------------------------------------------------
-
-    def parse_output(self, ids: Sequence[int]) -> ParsedOutput:
-        """Split generated ids into visible text and tool calls (``<tool_call>{json}</tool_call>``).
-
-        A span that does not parse stays in the text, as Qwen-style parsers do.
-        """
-        if self.tool_start is None or self.tool_end is None or self.tool_start not in ids:
-            return ParsedOutput(content=self.decode(ids))
-        text_ids: list[int] = []
-        calls: list[ParsedToolCall] = []
-        spans: list[tuple[int, int]] = []
-        i = 0
-        n = len(ids)
-        while i < n:
-            if ids[i] != self.tool_start:
-                text_ids.append(ids[i])
-                i += 1
-                continue
-            try:
-                j = list(ids[i + 1 :]).index(self.tool_end) + i + 1
-            except ValueError:
-                j = -1
-            body = self.decode(ids[i + 1 : j] if j != -1 else ids[i + 1 :], skip_special=False)
-            parsed = _raw_arguments(body.strip()) if j != -1 else None
-            if parsed is None:
-                text_ids.extend(ids[i : (j + 1 if j != -1 else n)])
-                i = j + 1 if j != -1 else n
-                continue
-            calls.append(ParsedToolCall(name=parsed[0], arguments=parsed[1]))
-            spans.append((i, j + 1))
-            i = j + 1
-        return ParsedOutput(content=self.decode(text_ids), tool_calls=tuple(calls), tool_spans=tuple(spans))
 
 
 class IncrementalDecoder:

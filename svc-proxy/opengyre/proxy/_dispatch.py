@@ -53,6 +53,7 @@ class Dispatch:
         self.total_ms = 0.0
         self._handle: EngineHandle | None = None
         self._rid_now = ""
+        self._started = False
 
     def _next_rid(self) -> str:
         return f"{self.rid}-{self.attempts + 1}"
@@ -63,8 +64,17 @@ class Dispatch:
         self._handle = await self.pool.acquire(self.affinity, self._rid_now)
         self.queued_ms = (time.perf_counter() - self.t0) * 1e3
 
+    async def release_if_unstarted(self) -> None:
+        """Give the engine slot back if ``deltas`` never ran (the client left before the first byte)."""
+        if self._handle is not None and not self._started:
+            self._started = True
+            await self.pool.release(self._handle, self._rid_now)
+
     async def deltas(self) -> AsyncIterator[tuple[list[int], list[float]]]:
         assert self._handle is not None, "call start() first"
+        if self._started:
+            return
+        self._started = True
         out = self.outcome
         max_new = int(self.sampling.get("max_new_tokens", 128))
         min_new = int(self.sampling.get("min_new_tokens", 0))

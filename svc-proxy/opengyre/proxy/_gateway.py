@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from opengyre.eventlog import EventLog
 from opengyre.events import (
@@ -396,8 +397,9 @@ class Gateway:
                 stream = anthropic_api.message_stream(
                     req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
                 )
-            return StreamingResponse(
+            return _CallStream(
                 _stream_errors(stream, dispatch.outcome, anthropic),
+                dispatch,
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
@@ -490,6 +492,20 @@ class Gateway:
                 Route(f"{base}/models/{{model:path}}", model, methods=["GET"]),
             ]
         return Starlette(routes=routes)
+
+
+class _CallStream(StreamingResponse):
+    """A streamed call that gives its engine slot back even if the client leaves before the body starts."""
+
+    def __init__(self, content: AsyncIterator[bytes], dispatch: Dispatch, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._dispatch = dispatch
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._dispatch.release_if_unstarted()
 
 
 async def _guard(
