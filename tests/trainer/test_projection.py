@@ -110,3 +110,20 @@ async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
     assert [g.group_id for g in store.ready_groups()] == ["g2"]  # g1 is consumed
     await rebuild(projection, event_log, engine)
     assert dump_rows(engine, projection.tables) == live
+
+
+async def test_weight_version_spans_survive_the_store(event_log: EventLog, engine: Engine) -> None:
+    from opengyre.events import WeightSpan
+
+    spans = [WeightSpan(version="v1", start=0, end=2), WeightSpan(version="v2", start=2, end=4)]
+    events = [
+        ExecutionDispatched(execution_id="x", task_id="t", group_id="g"),
+        bad_call("x", "ok", output_ids=[3, 4, 5, 6], output_logprobs=[-0.5] * 4, weight_versions=spans),
+        bad_call("x", "bad", weight_versions=[WeightSpan(version="v1", start=1, end=3)]),  # 2 outputs only
+    ]
+    await event_log.append_many(events)
+    await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
+    path = TrainerStore(engine).tree("x").path_sequence("ok")
+    assert path.weight_versions == ("", "", "v1", "v1", "v2", "v2")  # two context tokens, then the outputs
+    with engine.connect() as c:
+        assert [r for (r,) in c.execute(select(DeadLetter.reason))] == ["bad-weight-spans"]

@@ -28,7 +28,7 @@ from opengyre.events import (
 from opengyre.projection import Projection, Rejected
 
 from ._admission import ExecutionOutcome, classify_outcome
-from ._codec import encode_floats, encode_ids
+from ._codec import encode_floats, encode_ids, encode_spans
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["TrainerProjection", "TrajectoryRejected"]
@@ -122,6 +122,11 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
         if e.prefix_len < 0:
             raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")
+        n_out = len(e.output_ids)
+        if any(not (0 <= w.start < w.end <= n_out) for w in e.weight_versions):
+            raise TrajectoryRejected(
+                "bad-weight-spans", f"call {e.call_id}: a version span outside its {n_out} outputs"
+            )
         known = tx.execute(select(_C.c.call_id, _C.c.n_tokens).where(_C.c.execution_id == e.execution_id)).all()
         tokens = {r.call_id: r.n_tokens for r in known}
         if e.call_id in tokens:
@@ -149,6 +154,7 @@ class TrainerProjection(Projection):
                 output_ids=encode_ids(e.output_ids),
                 output_logprobs=encode_floats(e.output_logprobs),
                 seq=seq,
+                weight_spans=encode_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
             )
         )
         tx.execute(

@@ -12,7 +12,7 @@ from opengyre.store import DeadLetter
 from opengyre.trajectory import Node, TrajectoryError, TrajectoryTree
 
 from ._admission import ExecutionOutcome
-from ._codec import decode_floats, decode_ids
+from ._codec import decode_floats, decode_ids, decode_spans
 from ._projection import TrainerProjection
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
@@ -80,6 +80,7 @@ class TrainerStore:
                     output_logprobs=decode_floats(r.output_logprobs),
                     role=r.role,
                     weight_version=r.weight_version,
+                    weight_spans=decode_spans(r.weight_spans),
                 )
             )
         if not calls:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, Integer, LargeBinary, String
+from sqlalchemy import BigInteger, Float, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.store import Base
@@ -54,6 +54,8 @@ class CallRow(Base):
     output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian
     seq: Mapped[int] = mapped_column(_SEQ)
+    # JSON [[version, start, end], ...] when the weights changed during the call ("" when they did not)
+    weight_spans: Mapped[str] = mapped_column(Text, server_default="")
 
 
 class StepRow(Base):
