@@ -379,3 +379,28 @@ async def test_weights_reloaded_mid_call_are_recorded_per_token(stack: Stack, tm
     p = TrajectoryTree("ex-wv", events).path_sequence(e.call_id)
     gen = [v for v, g in zip(p.weight_versions, p.generated, strict=True) if g]
     assert gen == ["default"] * spans[0][2] + ["v2"] * (1500 - spans[0][2])
+
+
+async def test_sub_agents_behind_one_key_are_told_apart(stack: Stack) -> None:
+    client = stack.openai("ex-infer")  # one key for everything, as Claude Code uses it
+    main: list[Any] = [{"role": "system", "content": "main agent"}, {"role": "user", "content": "build"}]
+    r1 = await client.chat.completions.create(model=M, messages=main, max_tokens=4)
+    sub: list[Any] = [{"role": "system", "content": "you are a search sub-agent"}, {"role": "user", "content": "find"}]
+    s1 = await client.chat.completions.create(model=M, messages=sub, max_tokens=4)
+    sub2 = [
+        *sub,
+        {"role": "assistant", "content": s1.choices[0].message.content or ""},
+        {"role": "user", "content": "deeper"},
+    ]
+    await client.chat.completions.create(model=M, messages=sub2, max_tokens=4)
+    main2 = [
+        *main,
+        {"role": "assistant", "content": r1.choices[0].message.content or ""},
+        {"role": "user", "content": "next"},
+    ]
+    await client.chat.completions.create(model=M, messages=main2, max_tokens=4)
+    compacted = [main[0], {"role": "user", "content": "Summary: built it."}]
+    await client.chat.completions.create(model=M, messages=compacted, max_tokens=4)
+    events = await stack.assert_recorded_matches_engines()
+    assert [e.role for e in events] == ["main", "sub-agent", "sub-agent", "main", "main"]
+    assert [e.branch for e in events] == ["root", "root", "extension", "extension", "root"]

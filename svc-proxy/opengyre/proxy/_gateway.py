@@ -80,6 +80,7 @@ class GatewayConfig:
     retry_after_s: float = 2.0
     engine_api_key: str | None = None
     port_fallback: bool = False  # if ``port`` is taken, serve on a free one (the embedded stack's behaviour)
+    infer_roles: bool = True  # without a role claim, tell sub-agent conversations apart (see _infer_role)
 
 
 @dataclass
@@ -203,7 +204,8 @@ class Gateway:
             return auth[7:].strip()
         return request.headers.get("x-api-key")
 
-    def _authorize(self, request: Request) -> tuple[str, TrajectoryRole]:
+    def _authorize(self, request: Request) -> tuple[str, TrajectoryRole, bool]:
+        """The execution, the caller's role, and whether the role was claimed (a header, or a non-main key)."""
         path_eid = request.path_params.get("execution_id")
         if path_eid is not None:
             try:
@@ -230,7 +232,28 @@ class Gateway:
             if header not in ROLES:
                 raise ApiError.invalid(f"{ROLE_HEADER} must be one of {', '.join(ROLES)}")
             role = header  # type: ignore[assignment]
-        return eid, role
+        return eid, role, bool(header) or role != "main"
+
+    @staticmethod
+    def _infer_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
+        """The role of a call whose caller did not say: a sub-agent's calls continue as sub-agent, and a new
+        conversation under another system prompt than the execution's first one is a sub-agent's (a harness
+        like Claude Code runs its sub-agents with the same key). A compaction keeps the main system prompt."""
+        if plan.parent_call_id is not None:
+            parent = traj.nodes.get(plan.parent_call_id)
+            if parent is not None and parent.role in ("sub-agent", "sub-agent-summary"):
+                return "sub-agent"
+            return "main"
+        if not traj.nodes or not plan.messages:
+            return "main"
+        first = next(iter(traj.nodes.values()))
+        system = plan.messages[0].get("content") if plan.messages[0].get("role") == "system" else None
+        main_system = (
+            first.conv_after[0].get("content")
+            if first.conv_after and first.conv_after[0].get("role") == "system"
+            else None
+        )
+        return "sub-agent" if system != main_system else "main"
 
     async def _body(self, request: Request) -> Any:
         limit = self.config.max_body_bytes
@@ -343,7 +366,7 @@ class Gateway:
     async def _call(self, request: Request, kind: str) -> Response:
         anthropic = kind == "anthropic"
         try:
-            eid, role = self._authorize(request)
+            eid, role, claimed = self._authorize(request)
             body = await self._body(request)
             if kind == "chat":
                 req = openai_api.parse_chat(body)
@@ -361,6 +384,8 @@ class Gateway:
                 )
             traj = await self.trajectory(eid)
             plan = self._plan(traj, req)
+            if not claimed and self.config.infer_roles:
+                role = self._infer_role(traj, plan)
             room = self._check_context(plan, anthropic)
             call_id = uuid.uuid4().hex
             dispatch = Dispatch(
@@ -434,7 +459,7 @@ class Gateway:
 
         async def count_tokens(request: Request) -> Response:
             try:
-                eid, _ = self._authorize(request)
+                eid, _, _ = self._authorize(request)
                 req = anthropic_api.count_tokens_request(await self._body(request))
                 if not self._known_model(req.model):
                     raise ApiError(404, "not_found", f"model: {req.model}")
