@@ -43,6 +43,7 @@ from ._dispatch import Dispatch
 from ._errors import ApiError
 from ._http import HttpServer
 from ._keys import ROLES, ExecutionKeys, KeyClaim
+from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import Recorder
 from ._request import GenRequest
@@ -506,7 +507,10 @@ class Gateway:
             engines = [h for h in self.pool.engines() if h.state == "active"]
             return _Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
 
-        routes: list[Route] = [Route("/health", health, methods=["GET"])]
+        async def metrics(request: Request) -> Response:
+            return Response(render_metrics(self), media_type="text/plain; version=0.0.4")
+
+        routes: list[Route] = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
         for base in ("/x/{execution_id}/v1", "/v1"):
             routes += [
                 Route(f"{base}/chat/completions", chat, methods=["POST"]),
