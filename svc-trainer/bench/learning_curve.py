@@ -1,9 +1,10 @@
 """Learning is real: SFT then online RL on small programmatic tasks, through the whole system.
 
-Rollouts come from the built-in CPU engine (SGLang ``/generate`` with logprobs); every call is recorded as a
-``ModelCallRecorded`` event stamped with the engine's weight version, every execution is scored and recorded
-as ``ExecutionFinished``; the trainer's projection folds them, ``OnlineTrainer`` takes complete groups, trains
-one GRPO step, publishes a checkpoint and hot-reloads the engine over ``/update_weights_from_disk``.
+RL rollouts are harness calls (OpenAI chat) through the proxy gateway, which renders them to tokens, asks the
+built-in CPU engine (SGLang ``/generate`` with logprobs) and records each call as ``ModelCallRecorded`` stamped
+with the engine's weight version; every execution is scored and recorded as ``ExecutionFinished``; the
+trainer's projection folds them, ``OnlineTrainer`` takes complete groups, trains one GRPO step, publishes a
+checkpoint and hot-reloads the engine over ``/update_weights_from_disk``.
 
 Task: single-digit addition ("7+5=" -> "12"). Reward 1 for the exact sum, partial credit for a number close to
 it, 0 otherwise. SFT on golden answers first (a warm start that leaves room), then RL.
@@ -25,9 +26,10 @@ from typing import Any
 import httpx
 
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import Event, ExecutionDispatched, ExecutionFinished, ModelCallRecorded
+from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.models import load_tokenizer, model_config
 from opengyre.projection import ProjectionRunner
+from opengyre.proxy import Gateway, GatewayConfig
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate, sqlite_url
@@ -102,6 +104,26 @@ class Rollouts:
             return list(await asyncio.gather(*(self.one(client, p, s) for p, s in jobs)))
 
 
+async def harness(
+    gateway: Gateway, members: list[tuple[str, str, tuple[int, int]]]
+) -> list[tuple[tuple[str, str, tuple[int, int]], float]]:
+    """One OpenAI chat call per execution through the proxy (its per-execution key), scored on the reply."""
+
+    async def one(client: httpx.AsyncClient, m: tuple[str, str, tuple[int, int]]) -> float:
+        eid, _, (a, b) = m
+        r = await client.post(
+            f"{gateway.base_url(eid)}/chat/completions",
+            headers={"Authorization": f"Bearer {gateway.issue_key(eid)}"},
+            json={"model": "opengyre-tiny", "messages": convo(a, b)[:1], "max_tokens": 4, "temperature": 1.0},
+        )
+        r.raise_for_status()
+        return reward(r.json()["choices"][0]["message"]["content"] or "", a, b)
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        scores = await asyncio.gather(*(one(client, m) for m in members))
+    return list(zip(members, scores, strict=True))
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -170,39 +192,43 @@ async def main() -> None:
                 seed=args.seed,
             )
             trainer = OnlineTrainer(cfg, TrainerStore(db), log)
+            gateway = Gateway(GatewayConfig(), event_log=log)
+            await gateway.start()
+            await gateway.pool.add("e0", engine.url)
             n = 0
             for step in range(1, args.rl_steps + 1):
                 prompts = [rng.choice(PAIRS) for _ in range(args.groups_per_step)]
-                jobs = [(p, rng.randrange(1 << 30)) for p in prompts for _ in range(args.group_size)]
-                results = await ro.many(jobs)
-                events: list[Event] = []
-                for k, r in enumerate(results):
-                    n += 1
-                    eid, gid = f"x{n}", f"s{step}-g{k // args.group_size}"
-                    a, b = r["pair"]
-                    events += [
+                members = []
+                for g, p in enumerate(prompts):
+                    for _ in range(args.group_size):
+                        n += 1
+                        members.append((f"x{n}", f"s{step}-g{g}", p))
+                await log.append_many(
+                    [
                         ExecutionDispatched(
-                            execution_id=eid, task_id=f"add-{a}-{b}", group_id=gid, group_size=args.group_size,
-                            weight_version=r["version"],
-                        ),
-                        ModelCallRecorded(
-                            execution_id=eid, call_id="c0", prompt_delta_ids=ro.prompts[r["pair"]], output_ids=r["ids"],
-                            output_logprobs=r["lps"], weight_version=r["version"], model=args.model,
-                        ),
-                        ExecutionFinished(execution_id=eid, status="completed", score=r["reward"]),
-                    ]  # fmt: skip
-                await log.append_many(events)
+                            execution_id=eid, task_id=f"add-{p[0]}-{p[1]}", group_id=gid, group_size=args.group_size
+                        )
+                        for eid, gid, p in members
+                    ]
+                )
+                # The harness side: each execution asks the proxy (OpenAI chat), which records the call.
+                results = await harness(gateway, members)
+                await gateway.recorder.flush()
+                await log.append_many(
+                    [ExecutionFinished(execution_id=eid, status="completed", score=r) for (eid, _, _), r in results]
+                )
                 await runner.wait_caught_up(60)
                 report = await trainer.step_once()
                 # No reload when no group had a reward spread (nothing to learn from): the weights did not change.
                 assert report is not None and all(x.success for x in report.reloads)
-                train_curve.append((step, statistics.mean(r["reward"] for r in results)))
+                train_curve.append((step, statistics.mean(r for _, r in results)))
                 gn = report.completed.metrics.get("grad_norm", 0.0)
                 msg = f"rl step {step:4d}: rollout reward {train_curve[-1][1]:.3f}, grad norm {gn:.4f}"
                 if step % args.eval_every == 0:
                     curve.append(("rl", args.sft_steps + step, await evaluate()))
                     msg += f", eval reward {curve[-1][2]:.3f}"
                 print(msg, flush=True)
+            await gateway.stop()
     finally:
         stop.set()
         await fold

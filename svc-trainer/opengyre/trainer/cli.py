@@ -56,6 +56,8 @@ def run_command(
         Path | None, typer.Option(help="Where checkpoints go [default: <data-dir>/checkpoints]")
     ] = None,
     steps: Annotated[int, typer.Option(help="Stop after this many steps (0: run until Ctrl-C)")] = 0,
+    streaming: Annotated[bool, typer.Option(help="Start each step on the first ready group")] = False,
+    satellites: Annotated[int, typer.Option(help="In-process satellite workers (needs --streaming)")] = 0,
     fold: Annotated[
         bool, typer.Option(help="Fold the trainer projection in this process (off if the service does)")
     ] = True,
@@ -83,6 +85,8 @@ def run_command(
         engines=list(engine or []),
         init_checkpoint=init_checkpoint,
         checkpoint_dir=checkpoint_dir or settings.data_dir / "checkpoints",
+        streaming=streaming,
+        satellites=satellites,
     )
     try:
         cfg.validate()
