@@ -142,3 +142,42 @@ def test_rewritten_history_branches_where_it_forks(codec: ChatCodec) -> None:
     m5 = [{"role": "system", "content": "S"}, {"role": "user", "content": "Summary: did the task."}]
     p5 = t.plan(m5, None)
     assert p5.branch == "root" and p5.parent_call_id is None and p5.prefix_len == 0
+
+
+def test_token_prompts_attach_where_a_brute_force_search_would(codec: ChatCodec) -> None:
+    """Random forks of random earlier calls: the delta-only scan finds the longest shared prefix, and nodes
+    rebuild exactly the tokens they were committed with."""
+    import random
+
+    rng = random.Random(7)
+    t = ExecutionTrajectory("x", codec)
+    full: dict[str, list[int]] = {}
+    for i in range(60):
+        if full and rng.random() < 0.8:
+            src = full[rng.choice(list(full))]
+            prompt = src[: rng.randint(0, len(src))] + [rng.randrange(5) for _ in range(rng.randint(1, 6))]
+        else:
+            prompt = [rng.randrange(5) for _ in range(rng.randint(1, 8))]
+        plan = t.plan_tokens(prompt)
+        best = max((sum(1 for _ in _common(toks, prompt)) for toks in full.values()), default=0)
+        shared = plan.prefix_len
+        assert plan.prompt_ids == prompt and plan.delta_ids == prompt[shared:]
+        if plan.parent_call_id is not None:
+            parent_tokens = full[plan.parent_call_id]
+            assert parent_tokens[:shared] == prompt[:shared] and shared <= best
+            # never inside the parent's prompt when the grandparent could hold the fork
+            assert shared > t.nodes[plan.parent_call_id].prompt_len
+        output = [rng.randrange(5) for _ in range(rng.randint(0, 4))]
+        t.commit(plan, f"c{i}", output, None, "main")
+        full[f"c{i}"] = prompt + output
+    for cid, toks in full.items():
+        assert t.nodes[cid].token_array().tolist() == toks
+    stored = sum(len(n.delta) + len(n.out) for n in t.nodes.values())
+    assert stored < sum(len(v) for v in full.values())
+
+
+def _common(a: list[int], b: list[int]) -> Any:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return
+        yield x

@@ -84,27 +84,64 @@ class Plan:
     tools_key: str
 
 
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
 @dataclass(eq=False)
 class TitoNode:
+    """One recorded call, stored as the tree stores it: its token delta and output, not the whole prefix.
+
+    An XLong execution has hundreds of calls over a context of up to ~1M tokens: keeping every call's full
+    prompt would hold the flat size in memory; full sequences are rebuilt on demand (and the last few cached).
+    """
+
     call_id: str
-    parent: str | None
+    parent_node: TitoNode | None
     prefix_len: int
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
+    delta: np.ndarray[Any, Any]  # int32
+    out: np.ndarray[Any, Any]  # int32
     role: TrajectoryRole
     conv_after: list[Message]
     tools_key: str
-    _arr: np.ndarray[Any, Any] | None = field(default=None, repr=False)
+    _cache: np.ndarray[Any, Any] | None = field(default=None, repr=False)
 
     @property
-    def tokens(self) -> np.ndarray[Any, Any]:
-        if self._arr is None:
-            self._arr = np.asarray(self.prompt + self.output, dtype=np.int64)
-        return self._arr
+    def parent(self) -> str | None:
+        return self.parent_node.call_id if self.parent_node is not None else None
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prefix_len + len(self.delta)
 
     @property
     def n_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return self.prompt_len + len(self.out)
+
+    @property
+    def last_output(self) -> int | None:
+        return int(self.out[-1]) if len(self.out) else None
+
+    def token_array(self) -> np.ndarray[Any, Any]:
+        """Prompt followed by output (built from the deltas up the tree, iteratively: chains can be long)."""
+        if self._cache is not None:
+            return self._cache
+        chain: list[TitoNode] = []
+        cur: TitoNode | None = self
+        while cur is not None and cur._cache is None:
+            chain.append(cur)
+            cur = cur.parent_node
+        base = cur._cache if cur is not None and cur._cache is not None else _EMPTY
+        for n in reversed(chain):
+            base = np.concatenate([base[: n.prefix_len] if n.parent_node is not None else _EMPTY, n.delta, n.out])
+        return base
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.token_array()[: self.prompt_len])
+
+    @property
+    def output(self) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.out)
 
 
 class ExecutionTrajectory:
@@ -116,6 +153,7 @@ class ExecutionTrajectory:
         self.nodes: dict[str, TitoNode] = {}
         self._by_conv: dict[bytes, str] = {}
         self._by_req: dict[bytes, str] = {}
+        self._cached: list[TitoNode] = []  # nodes holding a materialised token array (the most recent few)
         self.drift_count = 0
         self.branches: dict[str, int] = {"root": 0, "extension": 0, "retry": 0, "rewrite": 0}
 
@@ -182,8 +220,8 @@ class ExecutionTrajectory:
         prefix_text = self.codec.render(messages[:j], tools, gen=True)
         if not full_text.startswith(prefix_text):
             return None
-        prompt = list(x.prompt) + self.codec.encode(full_text[len(prefix_text) :])
-        parent, shared = self._walk_up(x, len(x.prompt))
+        prompt = self._tokens(x)[: x.prompt_len].tolist() + self.codec.encode(full_text[len(prefix_text) :])
+        parent, shared = self._walk_up(x, x.prompt_len)
         return Plan(
             prompt_ids=prompt,
             parent_call_id=parent.call_id if parent else None,
@@ -229,10 +267,10 @@ class ExecutionTrajectory:
             return None  # the template rewrote earlier turns: not an append-only extension
         eos = self.codec.eos_id
         bridge = list(self.codec.turn_close_ids)
-        if not p.output or p.output[-1] != eos:
+        if p.last_output != eos:
             bridge = [eos, *bridge]  # the turn ended without eos (length, stop string): close it as the template does
         delta = bridge + self.codec.encode(full_text[len(prefix_text) :])
-        prompt = list(p.prompt) + list(p.output) + delta
+        prompt = self._tokens(p).tolist() + delta
         drift = self._drift(prompt, fresh)
         return Plan(
             prompt_ids=prompt,
@@ -246,18 +284,40 @@ class ExecutionTrajectory:
             tools_key=tk,
         )
 
+    def _tokens(self, node: TitoNode) -> np.ndarray[Any, Any]:
+        """A node's full token array, keeping the most recent few materialised (extensions reuse them)."""
+        arr = node.token_array()
+        if node._cache is None:
+            node._cache = arr
+            self._cached.append(node)
+            while len(self._cached) > 4:
+                self._cached.pop(0)._cache = None
+        return arr
+
     def _attach(self, prompt: list[int]) -> tuple[TitoNode | None, int]:
         """Where a prompt forks off the tree: the node and the shared length, never inside a node's prompt
-        when its parent could hold the fork (so earlier calls stay leaves of their own paths)."""
+        when its parent could hold the fork (so earlier calls stay leaves of their own paths).
+
+        The shared length with every node comes from its parent's: only each node's own delta and output are
+        compared, so a scan costs the tree's size, not the flat size.
+        """
         if not self.nodes:
             return None, 0
-        arr = np.asarray(prompt, dtype=np.int64)
+        x = np.asarray(prompt, dtype=np.int64)
+        shared_with: dict[str, int] = {}
         best: TitoNode | None = None
         shared = 0
-        for n in self.nodes.values():
-            k = _lcp(n.tokens, arr)
-            if k > shared:
-                best, shared = n, k
+        for n in self.nodes.values():  # parents come before their children
+            k = n.prefix_len
+            if n.parent_node is not None and shared_with[n.parent_node.call_id] < k:
+                lcp = shared_with[n.parent_node.call_id]
+            else:
+                k = k if n.parent_node is not None else 0
+                own = np.concatenate([n.delta, n.out])
+                lcp = k + _lcp(own, x[k:])
+            shared_with[n.call_id] = lcp
+            if lcp > shared:
+                best, shared = n, lcp
         if best is None:
             return None, 0
         return self._walk_up(best, shared)
@@ -265,16 +325,16 @@ class ExecutionTrajectory:
     def _walk_up(self, node: TitoNode, shared: int) -> tuple[TitoNode | None, int]:
         """Move a fork that lies inside a node's prompt up to its parent, so the node stays a leaf of its own."""
         cur: TitoNode | None = node
-        while cur is not None and shared <= len(cur.prompt):
+        while cur is not None and shared <= cur.prompt_len:
             shared = min(shared, cur.prefix_len)
-            cur = self.nodes[cur.parent] if cur.parent is not None else None
+            cur = cur.parent_node
         if cur is None:
             return None, 0
         return cur, shared
 
     def _retry(self, x: TitoNode, messages: list[Message], tools: Sequence[dict[str, Any]] | None, tk: str) -> Plan:
-        prompt = list(x.prompt)
-        parent = self.nodes[x.parent] if x.parent is not None else None
+        prompt = self._tokens(x)[: x.prompt_len].tolist()
+        parent = x.parent_node
         prefix = x.prefix_len if parent is not None else 0
         return Plan(
             prompt_ids=prompt,
@@ -314,12 +374,13 @@ class ExecutionTrajectory:
         self, plan: Plan, call_id: str, output_ids: Sequence[int], response: Message | None, role: TrajectoryRole
     ) -> TitoNode:
         conv = list(plan.messages or [])
+        parent = self.nodes[plan.parent_call_id] if plan.parent_call_id is not None else None
         node = TitoNode(
             call_id=call_id,
-            parent=plan.parent_call_id,
+            parent_node=parent,
             prefix_len=plan.prefix_len,
-            prompt=tuple(plan.prompt_ids),
-            output=tuple(output_ids),
+            delta=np.asarray(plan.delta_ids, dtype=np.int32),
+            out=np.asarray(list(output_ids), dtype=np.int32),
             role=role,
             conv_after=[*conv, response] if response is not None else conv,
             tools_key=plan.tools_key,
