@@ -10,7 +10,7 @@ import torch
 from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
-from opengyre.events import ModelCallRecorded, WeightsPublished
+from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded, WeightsPublished
 from opengyre.models import load_checkpoint, model_config, token_logprobs
 from opengyre.projection import ProjectionRunner
 from opengyre.trainer import (
@@ -45,10 +45,15 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
         ("infra-failed", None, "oom"),
         ("completed", 0.2, "sandbox"),  # infra trouble despite a score: masked
     ]
-    await event_log.append_many(group("g1", outcomes))
+    # A seventh member finished with a score but its trajectory never reached the log (truncated): no tree.
+    lost = [
+        ExecutionDispatched(execution_id="g1-e6", task_id="task-g1", group_id="g1", group_size=7),
+        ExecutionFinished(execution_id="g1-e6", status="completed", score=0.9),
+    ]
+    await event_log.append_many([*group("g1", outcomes), *lost])
     async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
         store = TrainerStore(engine)
-        trainer = OnlineTrainer(config(tmp_path, group_size=6), store, event_log)
+        trainer = OnlineTrainer(config(tmp_path, group_size=7), store, event_log)
         report = await trainer.step_once()
         await runner.wait_caught_up(60)
     assert report is not None and report.result is not None
@@ -57,6 +62,7 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
         "g1-e3": "excluded:evaluator-failure",
         "g1-e4": "masked:infra:oom",
         "g1-e5": "masked:infra:sandbox",
+        "g1-e6": "excluded:corrupt-trajectory:execution g1-e6 has no recorded calls",
     }
     assert {s.execution_id for s in report.prepared.samples} == {"g1-e0", "g1-e1", "g1-e2"}
     assert sum(s.token_weight * s.n_targets for s in report.prepared.samples) == pytest.approx(1.0)
