@@ -98,3 +98,14 @@ def test_no_breaker_when_few_transients() -> None:
 def test_dr_grpo_does_not_divide_by_std() -> None:
     g = AdmissionPolicy(group_size=2, normalize_std=False).admit("g", [o(0, score=1.0), o(1, score=0.0)])
     assert [a.advantage for a in g.admissions] == [pytest.approx(0.5), pytest.approx(-0.5)]
+
+
+def test_positive_only_curriculum_keeps_only_positive_advantages() -> None:
+    g = AdmissionPolicy(group_size=3, positive_only=True).admit(
+        "g", [o(0, score=1.0), o(1, score=0.0), o(2, score=0.5)]
+    )
+    d = g.by_id()
+    assert d["e00"].decision == "train" and d["e00"].advantage > 0
+    assert (d["e01"].decision, d["e01"].reason) == ("filtered", "positive-only")
+    assert (d["e02"].decision, d["e02"].reason) == ("filtered", "positive-only")  # the mean: advantage 0
+    assert g.mean == pytest.approx(0.5)  # statistics still use every survivor

@@ -198,3 +198,13 @@ async def test_kl_to_the_starting_policy_is_wired_in(event_log: EventLog, engine
     assert first is not None and second is not None
     assert first.completed.metrics["kl"] == 0.0  # the policy still is the reference
     assert second.completed.metrics["kl"] > 0.0  # one update later it has moved away
+
+
+async def test_long_negative_executions_are_masked(event_log: EventLog, engine: Engine, tmp_path: Path) -> None:
+    await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+    await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
+    cfg = config(tmp_path, group_size=2, max_negative_tokens=10)  # each tree generated 30 tokens
+    report = await OnlineTrainer(cfg, TrainerStore(engine), event_log).step_once()
+    assert report is not None
+    assert report.completed.execution_ids == ["g1-e0"]
+    assert report.completed.dropped == {"g1-e1": "masked:long-negative:30"}

@@ -81,6 +81,8 @@ class AdmissionPolicy:
     breaker_ratio: float = 0.5  # stop filtering once this share of the group would be dropped
     normalize_std: bool = True  # GRPO divides by the group's std; Dr. GRPO does not
     eps: float = 1e-6
+    # Early-stage curriculum (ROLL): update on positive-advantage executions only; still the RL objective.
+    positive_only: bool = False
 
     def validate(self) -> None:
         if self.group_size < 1:
@@ -123,5 +125,7 @@ class AdmissionPolicy:
                 decision, reason = "no-signal", "lone-survivor"
             elif decision == "train" and all(x == 0.0 for x in adv):
                 decision, reason = "no-signal", "no-reward-spread"
+            elif decision == "train" and self.positive_only and a <= 0.0:
+                decision, reason = "filtered", "positive-only"
             out.append(Admission(o.execution_id, decision, reason, a if decision == "train" else 0.0, o.score))
         return GroupAdmission(group_id, tuple(out), tripped, mean, std, len(survivors))

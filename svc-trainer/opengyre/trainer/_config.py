@@ -30,6 +30,8 @@ class TrainerConfig:
     breaker_ratio: float = 0.5
     normalize_std: bool = True
     max_staleness: int | None = None  # executions staler than this are filtered (None: keep all)
+    positive_only: bool = False  # train on positive-advantage executions only (an early-stage curriculum)
+    max_negative_tokens: int | None = None  # mask failures longer than this many generated tokens
     seed: int = 0
     checkpoint_dir: Path = Path(".opengyre/checkpoints")
     init_checkpoint: Path | None = None  # start from these weights (e.g. an SFT warm start)

@@ -91,7 +91,10 @@ class OnlineTrainer:
             if state.get("backend") == self.backend.name:
                 self.learner.optimizer.load_state_dict(state["optimizer"])
         self.policy = AdmissionPolicy(
-            group_size=config.group_size, breaker_ratio=config.breaker_ratio, normalize_std=config.normalize_std
+            group_size=config.group_size,
+            breaker_ratio=config.breaker_ratio,
+            normalize_std=config.normalize_std,
+            positive_only=config.positive_only,
         )
         self.sampler = PathSampler(config.max_paths)
         self.satellites = [
@@ -123,6 +126,7 @@ class OnlineTrainer:
             version_steps=self.store.version_steps(self.config.run_id),
             seed=self.config.seed,
             max_staleness=self.config.max_staleness,
+            max_negative_tokens=self.config.max_negative_tokens,
         )
 
     async def _batch_step(self) -> tuple[PreparedStep, StepResult | None] | None:

@@ -62,9 +62,12 @@ def prepare_step(
     seed: int = 0,
     max_staleness: int | None = None,
     step_share: float = 1.0,
+    max_negative_tokens: int | None = None,
 ) -> PreparedStep:
     """``step_share``: the part of the step's loss these groups carry (1 when they are the whole step; a
-    streaming step prepares group by group, each with ``1 / groups_per_step``)."""
+    streaming step prepares group by group, each with ``1 / groups_per_step``). ``max_negative_tokens``: mask
+    negative-advantage executions that generated more tokens than this (a few extremely long failures would
+    otherwise dominate the update)."""
     out = PreparedStep(step=step)
     drawn: dict[str, tuple[list[SampledPath], float]] = {}
     for g in groups:
@@ -82,6 +85,11 @@ def prepare_step(
             except TrajectoryError as exc:
                 out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:{str(exc)[:40]}"
                 continue
+            if max_negative_tokens is not None and a.advantage < 0:
+                generated = sum(len(n.output_ids) for n in tree.nodes.values())
+                if generated > max_negative_tokens:
+                    out.dropped[a.execution_id] = f"masked:long-negative:{generated}"
+                    continue
             # A per-execution stream: the draw does not depend on which other executions share the step.
             rng = random.Random(f"{seed}:{step}:{a.execution_id}")
             paths = sampler.sample(tree, rng)
