@@ -8,11 +8,13 @@ from typing import Annotated
 
 import typer
 
+from opengyre.cli._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, fail, log_session, settings_from
+
 from .engine._cli import engine_command
 
 __all__ = ["register"]
 
-proxy_app = typer.Typer(help="The model gateway: execution keys.", no_args_is_help=True)
+proxy_app = typer.Typer(help="The model gateway: execution keys, trajectory trees, ATIF.", no_args_is_help=True)
 
 
 @proxy_app.command("key")
@@ -43,6 +45,78 @@ def key_command(
         "api_key": key,
     }
     typer.echo(json.dumps(out, indent=2))
+
+
+@proxy_app.command("tree")
+def tree_command(
+    execution_id: Annotated[str, typer.Argument(help="the execution to show")],
+    data_dir: DataDirOpt = None,
+    db_url: DbUrlOpt = None,
+) -> None:
+    """Print an execution's trajectory tree from the store (one line per call, indented by depth)."""
+    from opengyre.store import create_db_engine
+
+    from ._trees import load_calls, load_tree
+
+    settings = settings_from(data_dir, None, db_url)
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            calls = load_calls(conn, execution_id)
+            tree = load_tree(conn, execution_id)
+    finally:
+        engine.dispose()
+    if not calls:
+        raise fail(f"no recorded calls for execution {execution_id!r}")
+    leaves = set(tree.leaves())
+    depth: dict[str, int] = {}
+    for c in calls:
+        e = c.event
+        depth[e.call_id] = depth[e.parent_call_id] + 1 if e.parent_call_id else 0
+        mark = "leaf" if e.call_id in leaves else ""
+        drift = f" drift@{e.drift.position}" if e.drift else ""
+        typer.echo(
+            f"{'  ' * depth[e.call_id]}{e.call_id[:12]} {e.role:<17} {e.branch:<9} prefix={e.prefix_len} "
+            f"+{len(e.prompt_delta_ids)} out={len(e.output_ids)} {e.finish_reason} w={e.weight_version} "
+            f"engine={e.engine_id}{drift} {mark}".rstrip()
+        )
+
+
+@proxy_app.command("atif")
+def atif_command(
+    execution_id: Annotated[str, typer.Argument(help="the execution to export")],
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+    db_url: DbUrlOpt = None,
+) -> None:
+    """Print an execution as ATIF JSON (contexts stored out of band are fetched from the event log)."""
+    import asyncio
+
+    from opengyre.store import create_db_engine
+
+    from ._atif import export_execution
+    from ._grpc import resolve_contexts
+    from ._trees import load_calls, load_tree
+
+    settings = settings_from(data_dir, nats_url, db_url)
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            calls = load_calls(conn, execution_id)
+            tree = load_tree(conn, execution_id)
+    finally:
+        engine.dispose()
+    if not calls:
+        raise fail(f"no recorded calls for execution {execution_id!r}")
+    contexts: dict[str, dict[str, object]] = {}
+    if any(c.event.context is None and c.event.context_ref for c in calls):
+
+        async def fetch() -> dict[str, dict[str, object]]:
+            async with log_session(settings) as log:
+                return await resolve_contexts(log, calls)
+
+        contexts = asyncio.run(fetch())
+    typer.echo(json.dumps(export_execution(tree, calls, contexts=contexts), indent=2))
 
 
 def register(app: typer.Typer) -> None:
