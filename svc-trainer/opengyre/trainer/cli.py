@@ -59,8 +59,12 @@ def run_command(
     streaming: Annotated[bool, typer.Option(help="Start each step on the first ready group")] = False,
     satellites: Annotated[int, typer.Option(help="In-process satellite workers (needs --streaming)")] = 0,
     fold: Annotated[
-        bool, typer.Option(help="Fold the trainer projection in this process (off if the service does)")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--fold/--no-fold",
+            help="Fold the trainer projection in this process [default: only when no stack runs the trainer service]",
+        ),
+    ] = None,
 ) -> None:
     """Online RL: wait for complete groups, train one step per batch, publish weights, reload engines."""
     from opengyre.projection import ProjectionRunner
@@ -71,6 +75,11 @@ def run_command(
     from ._store import TrainerStore
 
     settings = settings_from(data_dir, nats_url, db_url)
+    if fold is None:
+        # Two processes folding one projection would fight over its durable consumer: leave it to the service.
+        from opengyre.runtime import stack_alive
+
+        fold = stack_alive(settings) is None
     cfg = TrainerConfig(
         run_id=run_id,
         model=model,
