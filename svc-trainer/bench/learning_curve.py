@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -32,8 +33,10 @@ from opengyre.projection import ProjectionRunner
 from opengyre.proxy import Gateway, GatewayConfig
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
+from opengyre.sandbox import SandboxLimits
 from opengyre.store import create_db_engine, migrate, sqlite_url
 from opengyre.trainer import (
+    HarborVerifier,
     Learner,
     OnlineTrainer,
     TrainerConfig,
@@ -43,6 +46,7 @@ from opengyre.trainer import (
     golden_tree,
     pack_samples,
     reload_engines,
+    score_execution,
     sft_samples,
     write_checkpoint,
 )
@@ -58,13 +62,43 @@ def convo(a: int, b: int) -> list[dict[str, str]]:
 
 
 def reward(text: str, a: int, b: int) -> float:
-    if text == str(a + b):
+    """The graders' rule in Python (for evaluation): whitespace ignored, exact sum 1, an integer of at most six
+    digits within 5 of it partial credit, anything else 0."""
+    t = "".join(text.split())
+    if t == str(a + b):
         return 1.0
-    try:
-        guess = int(text)
-    except ValueError:
-        return 0.0
-    return 0.5 * max(0.0, 1.0 - abs(guess - (a + b)) / 5.0)
+    if re.fullmatch(r"[0-9]{1,6}", t):
+        return max(0.0, 0.5 * (1.0 - abs(int(t) - (a + b)) / 5.0))
+    return 0.0
+
+
+TEST_SH = """#!/bin/bash
+# Grades /app/answer.txt: 1 for the exact sum, partial credit for an integer within 5 of it, else 0.
+expected={expected}
+got=$(tr -d '[:space:]' < /app/answer.txt 2>/dev/null)
+if [ "$got" = "$expected" ]; then echo 1 > /logs/verifier/reward.txt; exit 0; fi
+if [[ "$got" =~ ^[0-9]{{1,6}}$ ]]; then
+  d=$(( 10#$got > expected ? 10#$got - expected : expected - 10#$got ))
+  awk -v d="$d" 'BEGIN {{ r = 0.5 * (1 - d / 5); if (r < 0) r = 0; print r }}' > /logs/verifier/reward.txt
+  exit 0
+fi
+echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def make_tasks(root: Path) -> dict[tuple[int, int], Path]:
+    """One Harbor task per pair: instruction, verifier timeout, a grader in tests/ and a reference solution."""
+    tasks = {}
+    for a, b in PAIRS:
+        t = root / f"add-{a}-{b}"
+        (t / "tests").mkdir(parents=True)
+        (t / "solution").mkdir()
+        (t / "instruction.md").write_text(f"{a}+{b}=\n")
+        (t / "task.toml").write_text('schema_version = "1.3"\n[verifier]\ntimeout_sec = 20.0\n')
+        (t / "tests" / "test.sh").write_text(TEST_SH.format(expected=a + b))
+        (t / "solution" / "solve.sh").write_text(f"echo {a + b} > /app/answer.txt\n")
+        tasks[(a, b)] = t
+    return tasks
 
 
 class Rollouts:
@@ -105,11 +139,18 @@ class Rollouts:
 
 
 async def harness(
-    gateway: Gateway, members: list[tuple[str, str, tuple[int, int]]]
-) -> list[tuple[tuple[str, str, tuple[int, int]], float]]:
-    """One OpenAI chat call per execution through the proxy (its per-execution key), scored on the reply."""
+    gateway: Gateway,
+    members: list[tuple[str, str, tuple[int, int]]],
+    tasks: dict[tuple[int, int], Path] | None,
+    workspaces: Path,
+) -> list[ExecutionFinished]:
+    """One OpenAI chat call per execution through the proxy (its per-execution key); the reply is written to the
+    execution's workspace and graded by the task's Harbor verifier in the local sandbox (or, with ``tasks``
+    None, by the same rule in Python)."""
+    verifier = HarborVerifier(SandboxLimits(timeout_s=20.0, memory_mb=512))
+    graders = asyncio.Semaphore(4)
 
-    async def one(client: httpx.AsyncClient, m: tuple[str, str, tuple[int, int]]) -> float:
+    async def one(client: httpx.AsyncClient, m: tuple[str, str, tuple[int, int]]) -> ExecutionFinished:
         eid, _, (a, b) = m
         r = await client.post(
             f"{gateway.base_url(eid)}/chat/completions",
@@ -117,11 +158,17 @@ async def harness(
             json={"model": "opengyre-tiny", "messages": convo(a, b)[:1], "max_tokens": 4, "temperature": 1.0},
         )
         r.raise_for_status()
-        return reward(r.json()["choices"][0]["message"]["content"] or "", a, b)
+        text = r.json()["choices"][0]["message"]["content"] or ""
+        if tasks is None:
+            return ExecutionFinished(execution_id=eid, status="completed", score=reward(text, a, b))
+        ws = workspaces / eid
+        ws.mkdir(parents=True)
+        (ws / "answer.txt").write_text(text)
+        async with graders:
+            return await asyncio.to_thread(score_execution, eid, verifier, tasks[(a, b)], ws)
 
     async with httpx.AsyncClient(timeout=120) as client:
-        scores = await asyncio.gather(*(one(client, m) for m in members))
-    return list(zip(members, scores, strict=True))
+        return list(await asyncio.gather(*(one(client, m) for m in members)))
 
 
 async def main() -> None:
@@ -137,10 +184,14 @@ async def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/trainer-learning-curve.png"))
+    ap.add_argument(
+        "--grader", choices=("harbor", "python"), default="harbor", help="Harbor verifier in the sandbox, or inline"
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tok = load_tokenizer()
     work = Path(tempfile.mkdtemp(prefix="og-curve-"))
+    tasks = make_tasks(work / "tasks") if args.grader == "harbor" else None
     nats = EmbeddedNats(work / "nats")
     url = nats.start()
     log = await EventLog.connect(url, LogConfig(stream="CURVE", prefix="curve.ev", blob_bucket="CURVEB"))
@@ -211,17 +262,17 @@ async def main() -> None:
                         for eid, gid, p in members
                     ]
                 )
-                # The harness side: each execution asks the proxy (OpenAI chat), which records the call.
-                results = await harness(gateway, members)
+                # The harness side: each execution asks the proxy (OpenAI chat), which records the call; then the
+                # execution is graded and its outcome recorded.
+                finished = await harness(gateway, members, tasks, work / "ws")
                 await gateway.recorder.flush()
-                await log.append_many(
-                    [ExecutionFinished(execution_id=eid, status="completed", score=r) for (eid, _, _), r in results]
-                )
+                await log.append_many(finished)
+                results = [f.score or 0.0 for f in finished]
                 await runner.wait_caught_up(60)
                 report = await trainer.step_once()
                 # No reload when no group had a reward spread (nothing to learn from): the weights did not change.
                 assert report is not None and all(x.success for x in report.reloads)
-                train_curve.append((step, statistics.mean(r for _, r in results)))
+                train_curve.append((step, statistics.mean(results)))
                 gn = report.completed.metrics.get("grad_norm", 0.0)
                 msg = f"rl step {step:4d}: rollout reward {train_curve[-1][1]:.3f}, grad norm {gn:.4f}"
                 if step % args.eval_every == 0:
