@@ -67,6 +67,9 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
     assert {s.execution_id for s in report.prepared.samples} == {"g1-e0", "g1-e1", "g1-e2"}
     assert sum(s.token_weight * s.n_targets for s in report.prepared.samples) == pytest.approx(1.0)
     assert report.completed.metrics["reward_mean"] == pytest.approx(0.5)
+    # the live cost of bounded sampling: 3 trained executions x 3 leaves each, J = 5 draws them all here
+    m = report.completed.metrics
+    assert (m["paths"], m["leaves"]) == (9.0, 9.0) and m["forward_tokens"] == m["all_paths_forward_tokens"] > 0
     assert report.published is not None and report.checkpoint is not None
     assert report.published.weight_version == "default-s1" and Path(report.published.uri).is_dir()
     assert store.ready_groups(6) == []

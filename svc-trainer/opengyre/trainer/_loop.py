@@ -188,6 +188,12 @@ class OnlineTrainer:
         if prepared.reward_mean is not None:
             metrics["reward_mean"] = prepared.reward_mean
         metrics["breaker_trips"] = float(sum(g.breaker_tripped for g in prepared.groups))
+        metrics.update(
+            paths=float(prepared.paths),
+            leaves=float(prepared.leaves),
+            forward_tokens=float(prepared.forward_tokens),
+            all_paths_forward_tokens=float(prepared.all_paths_forward_tokens),
+        )
         completed = TrainingStepCompleted(
             run_id=self.config.run_id,
             step=step,

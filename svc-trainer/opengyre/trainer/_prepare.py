@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from opengyre.trajectory import TrajectoryError, TrajectoryTree
 
 from ._admission import AdmissionPolicy, GroupAdmission
+from ._cost import SampleCost, sample_cost
 from ._samples import SampleError, TrainingSample, execution_samples
 from ._sampling import PathSampler, SampledPath
 from ._staleness import staleness
@@ -32,6 +33,11 @@ class PreparedStep:
     rewards: dict[str, float] = field(default_factory=dict)  # trained execution -> its score
     staleness_mean: float = 0.0
     staleness_max: int = 0
+    # What bounded sampling cost against every path (the live version of the 25.2% figure).
+    paths: int = 0
+    leaves: int = 0
+    forward_tokens: int = 0
+    all_paths_forward_tokens: int = 0
 
     def merge(self, other: PreparedStep) -> None:
         """Fold another part of the same step in (streaming prepares one group at a time)."""
@@ -44,6 +50,10 @@ class PreparedStep:
         if n + m:
             self.staleness_mean = (self.staleness_mean * n + other.staleness_mean * m) / (n + m)
         self.staleness_max = max(self.staleness_max, other.staleness_max)
+        self.paths += other.paths
+        self.leaves += other.leaves
+        self.forward_tokens += other.forward_tokens
+        self.all_paths_forward_tokens += other.all_paths_forward_tokens
 
     @property
     def reward_mean(self) -> float | None:
@@ -70,6 +80,7 @@ def prepare_step(
     otherwise dominate the update)."""
     out = PreparedStep(step=step)
     drawn: dict[str, tuple[list[SampledPath], float]] = {}
+    costs: dict[str, SampleCost] = {}
     for g in groups:
         adm = policy.admit(g.group_id, g.outcomes)
         out.groups.append(adm)
@@ -97,6 +108,7 @@ def prepare_step(
                 out.dropped[a.execution_id] = "excluded:no-generated-tokens"
                 continue
             drawn[a.execution_id] = (paths, a.advantage)
+            costs[a.execution_id] = sample_cost(tree, paths)
             if a.score is not None:
                 out.rewards[a.execution_id] = a.score
     share = step_share / len(drawn) if drawn else 0.0
@@ -123,6 +135,12 @@ def prepare_step(
             out.samples = [_rescale(s, scale) for s in kept]
             st = staleness(out.samples, version_steps, step)
     out.staleness_mean, out.staleness_max = st.mean, st.max
+    for eid in out.trained:
+        c = costs[eid]
+        out.paths += c.paths
+        out.leaves += c.leaves
+        out.forward_tokens += c.forward_tokens
+        out.all_paths_forward_tokens += c.all_paths_forward_tokens
     return out
 
 
