@@ -15,12 +15,15 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20  # stdout and stderr are each cut to this many bytes
     network: bool = False  # False: a private network namespace where the OS allows one
     max_processes: int | None = None  # RLIMIT_NPROC (counts the whole user's processes, so off by default)
+    limiter: str = "auto"  # "prlimit", "ulimit" (a POSIX shell's builtin), or "auto" (prlimit where installed)
 
     def validate(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         if self.memory_mb is not None and self.memory_mb < 16:
             raise ValueError("memory_mb must be >= 16")
+        if self.limiter not in ("auto", "prlimit", "ulimit"):
+            raise ValueError("limiter must be auto, prlimit or ulimit")
 
 
 @dataclass(frozen=True)

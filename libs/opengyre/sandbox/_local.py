@@ -44,7 +44,9 @@ def _limit_prefix(limits: SandboxLimits) -> list[str]:
         caps.append(("--cpu", "-t", limits.cpu_s))
     if limits.max_processes is not None:
         caps.append(("--nproc", "-u", limits.max_processes))
-    prlimit = shutil.which("prlimit")
+    prlimit = shutil.which("prlimit") if limits.limiter != "ulimit" else None
+    if limits.limiter == "prlimit" and prlimit is None:
+        raise SandboxError("sandbox unavailable: prlimit is not installed")
     if prlimit is not None:
         return [prlimit, *(f"{flag}={value}" for flag, _, value in caps), "--"]
     # ulimit -v counts KiB; the others take their plain unit.

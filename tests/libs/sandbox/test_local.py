@@ -38,8 +38,9 @@ def test_signal_kill_is_137() -> None:
     assert r.exit_code == 137 and not r.timed_out
 
 
-def test_memory_limit_bites() -> None:
-    with LocalSandbox(SandboxLimits(memory_mb=200)) as sb:
+@pytest.mark.parametrize("limiter", ["prlimit", "ulimit"])
+def test_memory_limit_bites(limiter: str) -> None:
+    with LocalSandbox(SandboxLimits(memory_mb=200, limiter=limiter)) as sb:
         r = sb.run([sys.executable, "-c", "x = bytearray(600 * 1024 * 1024); print('allocated')"])
     assert r.exit_code != 0 and "allocated" not in r.stdout and "MemoryError" in r.stderr
 
@@ -74,3 +75,15 @@ def test_no_network_inside() -> None:
         server.close()
     assert isolated.network_isolated and isolated.exit_code != 0 and "connected" not in isolated.stdout
     assert not open_net.network_isolated and "connected" in open_net.stdout
+
+
+@pytest.mark.parametrize("limiter", ["prlimit", "ulimit"])
+def test_cpu_limit_kills_a_spinning_process(limiter: str) -> None:
+    with LocalSandbox(SandboxLimits(cpu_s=1, timeout_s=60, limiter=limiter)) as sb:
+        r = sb.run(["bash", "-c", "while :; do :; done"])
+    assert not r.timed_out and r.exit_code in (128 + 9, 128 + 24)  # SIGKILL or SIGXCPU from RLIMIT_CPU
+
+
+def test_unknown_limiter_is_refused() -> None:
+    with pytest.raises(ValueError):
+        LocalSandbox(SandboxLimits(limiter="cgroups"))
