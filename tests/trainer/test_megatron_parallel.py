@@ -4,18 +4,24 @@ norm, and weights after a clipped optimizer step."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import Engine
 
-from opengyre.models import model_config
-from opengyre.trainer import Learner
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.models import load_checkpoint, model_config
+from opengyre.projection import replay_into
+from opengyre.runtime import EmbeddedNats
+from opengyre.trainer import Learner, OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
 from opengyre.trainer.algorithms import GRPO
 from opengyre.trainer.backends import TorchBackend
 
+from ._events import group
 from .test_backends import batches
 
 
@@ -48,3 +54,42 @@ def test_two_ranks_match_torch(tmp_path: Path, tp: int, pp: int) -> None:
         # Adam's first step moves a weight by ~lr * sign(grad): where a gradient is at float-noise level the two
         # runs may differ by a little; a real disagreement would be ~lr = 1e-2.
         torch.testing.assert_close(got["weights"][k], weights[k], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+async def test_online_training_with_torchrun_matches_one_process(
+    nats_server: EmbeddedNats,
+    event_log: EventLog,
+    log_config: LogConfig,
+    engine: Engine,
+    tmp_path: Path,
+    tp: int,
+    pp: int,
+) -> None:
+    """`torchrun -m opengyre.cli train run --backend megatron --tp/--pp`: rank 0 leads (log, projection,
+    checkpoint, events), rank 1 follows in lockstep; the published weights equal a one-process torch step's."""
+    await event_log.append_many(group("g", [("completed", 1.0, None), ("timed-out", 0.25, None)]))
+    before = await event_log.last_seq()
+    env = {**os.environ, "OPENGYRE_STREAM": log_config.stream, "OPENGYRE_SUBJECT_PREFIX": log_config.prefix}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "opengyre.cli", "train", "run", "--data-dir", str(tmp_path), "--nats-url", nats_server.url,
+        "--db-url", f"sqlite:///{tmp_path / 'lead.db'}", "--backend", "megatron", "--tp", str(tp), "--pp", str(pp),
+        "--group-size", "2", "--algorithm", "grpo", "--lr", "1e-2", "--steps", "1", "--fold",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    published = tmp_path / "checkpoints" / "default" / "step-000001"
+    assert (published / "optimizer.pt").exists() and (published / "optimizer-rank1.pt").exists()
+
+    # The same step on one process with the torch backend, from the log as it was before the run.
+    await replay_into(TrainerProjection(), event_log, engine, until_seq=before)
+    cfg = TrainerConfig(group_size=2, algorithm="grpo", lr=1e-2, checkpoint_dir=tmp_path / "ref")
+    report = await OnlineTrainer(cfg, TrainerStore(engine), None).step_once()
+    assert report is not None and report.checkpoint is not None
+    got, _ = load_checkpoint(published)
+    want, _ = load_checkpoint(report.checkpoint.path)
+    w = want.state_dict()
+    for k, v in got.state_dict().items():
+        torch.testing.assert_close(v, w[k], rtol=1e-4, atol=1e-4)  # Adam's sign-sized first step: see above

@@ -42,6 +42,9 @@ class TrainerConfig:
     # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads.
     streaming: bool = False
     satellites: int = 0
+    # Model parallelism (megatron): the run is launched on tp * pp ranks (torchrun); rank 0 leads.
+    tp: int = 1
+    pp: int = 1
 
     def validate(self) -> None:
         if self.backend not in BACKENDS:
@@ -54,6 +57,10 @@ class TrainerConfig:
             raise ValueError("group_size, groups_per_step must be >= 1 and micro_batch_tokens >= 2")
         if self.lr <= 0:
             raise ValueError("lr must be > 0")
+        if self.tp < 1 or self.pp < 1 or (self.tp * self.pp > 1 and self.backend != "megatron"):
+            raise ValueError("tp and pp must be >= 1, and above 1 only with the megatron backend")
+        if self.tp * self.pp > 1 and (self.streaming or self.satellites):
+            raise ValueError("model-parallel runs step in lockstep: streaming and satellites are single-process")
         if self.satellites < 0 or (self.satellites and not self.streaming):
             raise ValueError("satellites must be >= 0 and need streaming = true")
         if not 0 < self.breaker_ratio <= 1:

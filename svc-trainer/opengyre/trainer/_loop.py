@@ -22,9 +22,17 @@ from opengyre.models import load_checkpoint, model_config
 
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
+from ._lockstep import optimizer_file, rank_and_size, tell
 from ._packing import pack_samples
 from ._prepare import PreparedStep, prepare_step
-from ._publish import EngineReload, PublishedCheckpoint, engine_versions, reload_engines, write_checkpoint
+from ._publish import (
+    EngineReload,
+    PublishedCheckpoint,
+    checkpoint_path,
+    engine_versions,
+    reload_engines,
+    write_checkpoint,
+)
 from ._sampling import PathSampler
 from ._step import Learner, StepResult
 from ._store import ReadyGroup, TrainerStore
@@ -32,7 +40,7 @@ from ._streaming import MicroStepBuffer, Satellite, streaming_step
 from .algorithms import get_algorithm
 from .backends import Backend, build_backend
 
-__all__ = ["OnlineTrainer", "StepReport"]
+__all__ = ["OnlineTrainer", "StepReport", "build_learner", "make_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +55,26 @@ class StepReport:
     reloads: list[EngineReload]
 
 
-OPTIMIZER_FILE = "optimizer.pt"
-
-
 def make_backend(config: TrainerConfig, start: Path | None = None) -> Backend:
     """A backend holding ``start`` (a checkpoint folder), else ``init_checkpoint``, else the seeded init."""
     source = start or config.init_checkpoint
     if source is not None:
         model, _ = load_checkpoint(source)
-        return build_backend(config.backend, model.config, model.state_dict(), seed=config.seed)
-    return build_backend(config.backend, model_config(config.model), seed=config.seed)
+        return build_backend(
+            config.backend, model.config, model.state_dict(), seed=config.seed, tp=config.tp, pp=config.pp
+        )
+    return build_backend(config.backend, model_config(config.model), seed=config.seed, tp=config.tp, pp=config.pp)
+
+
+def build_learner(config: TrainerConfig, backend: Backend, reference: Backend | None) -> Learner:
+    return Learner(
+        backend,
+        get_algorithm(config.algorithm, **config.algorithm_params),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        reference=reference,
+    )
 
 
 class OnlineTrainer:
@@ -71,23 +89,25 @@ class OnlineTrainer:
         latest = store.latest_weights(config.run_id)
         self.resumed_from: str | None = latest.weight_version if latest is not None else None
         resume_dir = Path(latest.uri) if latest is not None else None
+        self.rank, self.world = rank_and_size()
+        if self.world > 1:
+            if self.rank != 0:
+                raise RuntimeError("only rank 0 runs the online trainer; the other ranks run lockstep.follow")
+            if config.tp * config.pp != self.world:
+                raise ValueError(f"{self.world} ranks for tp={config.tp} x pp={config.pp} (no data parallelism)")
+            tell("start", str(resume_dir) if resume_dir else None)  # the followers build their backends now
         self.backend = backend or make_backend(config, resume_dir)
-        algorithm = get_algorithm(config.algorithm, **config.algorithm_params)
+        kl = float(config.algorithm_params.get("kl_beta", 0.0) or 0.0) > 0
+        if kl and self.world > 1:
+            raise ValueError("the KL term is single-process for now (no model-parallel reference)")
         # The KL term needs a reference policy: the run's starting weights, frozen.
-        reference = make_backend(config) if float(getattr(algorithm, "kl_beta", 0.0) or 0.0) > 0 else None
+        reference = make_backend(config) if kl else None
         if reference is not None:
             for p in reference.parameters():
                 p.requires_grad_(False)
-        self.learner = Learner(
-            self.backend,
-            algorithm,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            max_grad_norm=config.max_grad_norm,
-            reference=reference,
-        )
-        if backend is None and resume_dir is not None and (resume_dir / OPTIMIZER_FILE).exists():
-            state = torch.load(resume_dir / OPTIMIZER_FILE, weights_only=True)
+        self.learner = build_learner(config, self.backend, reference)
+        if backend is None and resume_dir is not None and (resume_dir / optimizer_file(0)).exists():
+            state = torch.load(resume_dir / optimizer_file(0), weights_only=True)
             if state.get("backend") == self.backend.name:
                 self.learner.optimizer.load_state_dict(state["optimizer"])
         self.policy = AdmissionPolicy(
@@ -137,6 +157,8 @@ class OnlineTrainer:
         if not prepared.samples:
             return prepared, None
         mbs = pack_samples(prepared.samples, self.config.micro_batch_tokens)
+        if self.world > 1:
+            tell("step", mbs)  # every rank runs the same micro-batches through its shard of the model
         return prepared, await asyncio.to_thread(self.learner.step, mbs)
 
     async def _streaming_step(self, poll_s: float) -> tuple[PreparedStep, StepResult | None] | None:
@@ -227,11 +249,21 @@ class OnlineTrainer:
         return StepReport(prepared, result, ckpt, completed, published, reloads)
 
     def _checkpoint(self, step: int) -> PublishedCheckpoint:
+        path = checkpoint_path(self.config.checkpoint_dir, self.config.run_id, step)
+        if self.world > 1:
+            path.mkdir(parents=True, exist_ok=True)
+            tell("checkpoint", str(path))  # the weight export below gathers from every rank
         ckpt = write_checkpoint(self.backend, self.config.checkpoint_dir, self.config.run_id, step)
         # Optimizer moments beside the weights: a restart resumes the run exactly (same backend only).
         state = {"backend": self.backend.name, "optimizer": self.learner.optimizer.state_dict()}
-        torch.save(state, ckpt.path / OPTIMIZER_FILE)
+        torch.save(state, ckpt.path / optimizer_file(0))
         return ckpt
+
+    def close(self) -> None:
+        """Release the followers of a model-parallel run (they return from ``follow``)."""
+        if self.world > 1:
+            tell("stop")
+            self.world = 1
 
     def engine_urls(self) -> list[str]:
         found = self.store.rollout_engines() if self.config.discover_engines else []

@@ -21,6 +21,7 @@ from .backends import Backend
 __all__ = [
     "EngineReload",
     "PublishedCheckpoint",
+    "checkpoint_path",
     "engine_versions",
     "export_checkpoint",
     "reload_engines",
@@ -57,10 +58,14 @@ def export_checkpoint(backend: Backend, path: Path, version: str) -> str:
     return save_checkpoint(model, Path(path), version)
 
 
+def checkpoint_path(root: Path, run_id: str, step: int) -> Path:
+    return Path(root) / run_id / f"step-{step:06d}"
+
+
 def write_checkpoint(backend: Backend, root: Path, run_id: str, step: int) -> PublishedCheckpoint:
     """The checkpoint of one step, at ``<root>/<run_id>/step-<step>``."""
     version = weight_version(run_id, step)
-    path = Path(root) / run_id / f"step-{step:06d}"
+    path = checkpoint_path(root, run_id, step)
     digest = export_checkpoint(backend, path, version)
     return PublishedCheckpoint(version, step, path.resolve(), digest)
 

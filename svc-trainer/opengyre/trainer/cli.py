@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,12 @@ train_app = typer.Typer(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _engine(db_url: str):  # type: ignore[no-untyped-def]
@@ -58,6 +65,8 @@ def run_command(
     steps: Annotated[int, typer.Option(help="Stop after this many steps (0: run until Ctrl-C)")] = 0,
     streaming: Annotated[bool, typer.Option(help="Start each step on the first ready group")] = False,
     satellites: Annotated[int, typer.Option(help="In-process satellite workers (needs --streaming)")] = 0,
+    tp: Annotated[int, typer.Option(help="Tensor parallel size (megatron; launch tp*pp ranks with torchrun)")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline parallel size (megatron; launch tp*pp ranks with torchrun)")] = 1,
     fold: Annotated[
         bool | None,
         typer.Option(
@@ -96,11 +105,24 @@ def run_command(
         checkpoint_dir=checkpoint_dir or settings.data_dir / "checkpoints",
         streaming=streaming,
         satellites=satellites,
+        tp=tp,
+        pp=pp,
     )
     try:
         cfg.validate()
     except ValueError as exc:
         raise fail(str(exc)) from exc
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Launched by torchrun for a model-parallel run: rank 0 leads, the others follow in lockstep.
+        import torch.distributed as dist
+
+        from ._lockstep import follow
+
+        dist.init_process_group("nccl" if _cuda() else "gloo")
+        if dist.get_rank() != 0:
+            console.print(f"rank {dist.get_rank()}: following rank 0")
+            follow(cfg)
+            return
 
     async def main() -> None:
         eng = await asyncio.to_thread(_engine, settings.database_url)
@@ -115,6 +137,7 @@ def run_command(
             try:
                 await trainer.run(stop, max_steps=steps or None)
             finally:
+                trainer.close()
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 eng.dispose()

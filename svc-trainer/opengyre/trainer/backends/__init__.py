@@ -29,8 +29,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def build_backend(name: str, config: LlamaConfig, hf_state: dict[str, Any] | None = None, seed: int = 0) -> Backend:
-    """A backend of ``name`` holding ``hf_state`` (or the seeded initial weights of ``config``)."""
+def build_backend(
+    name: str, config: LlamaConfig, hf_state: dict[str, Any] | None = None, seed: int = 0, *, tp: int = 1, pp: int = 1
+) -> Backend:
+    """A backend of ``name`` holding ``hf_state`` (or the seeded initial weights of ``config``); megatron takes
+    tensor- and pipeline-parallel sizes (the process group must then hold ``tp * pp`` ranks)."""
+    if name == "torch" and tp * pp != 1:
+        raise ValueError("the torch backend is single-process: tp and pp must be 1")
     torch_backend = TorchBackend.from_config(config, seed)
     if hf_state is not None:
         torch_backend.load_hf_state_dict(hf_state)
@@ -39,5 +44,5 @@ def build_backend(name: str, config: LlamaConfig, hf_state: dict[str, Any] | Non
     if name == "megatron":
         from ._megatron import MegatronBackend
 
-        return MegatronBackend(config, torch_backend.hf_state_dict())
+        return MegatronBackend(config, torch_backend.hf_state_dict(), tp=tp, pp=pp)
     raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
