@@ -57,26 +57,33 @@ def test_two_ranks_match_torch(tmp_path: Path, tp: int, pp: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    ("backend", "tp", "pp"),
+    [("megatron", 2, 1), ("megatron", 1, 2), ("torch", 1, 1), ("megatron", 1, 1)],
+    ids=["megatron-tp2", "megatron-pp2", "torch-dp2", "megatron-dp2"],
+)
 async def test_online_training_with_torchrun_matches_one_process(
     nats_server: EmbeddedNats,
     event_log: EventLog,
     log_config: LogConfig,
     engine: Engine,
     tmp_path: Path,
+    backend: str,
     tp: int,
     pp: int,
 ) -> None:
-    """`torchrun -m opengyre.cli train run --backend megatron --tp/--pp`: rank 0 leads (log, projection,
-    checkpoint, events), rank 1 follows in lockstep; the published weights equal a one-process torch step's."""
+    """`torchrun --nproc-per-node 2 -m opengyre.cli train run`: rank 0 leads (log, projection, checkpoint,
+    events), rank 1 follows in lockstep, as the other half of a TP=2 or PP=2 model or as a second data-parallel
+    replica; the published weights equal a one-process torch step's."""
     await event_log.append_many(group("g", [("completed", 1.0, None), ("timed-out", 0.25, None)]))
     before = await event_log.last_seq()
     env = {**os.environ, "OPENGYRE_STREAM": log_config.stream, "OPENGYRE_SUBJECT_PREFIX": log_config.prefix}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "opengyre.cli", "train", "run", "--data-dir", str(tmp_path), "--nats-url", nats_server.url,
-        "--db-url", f"sqlite:///{tmp_path / 'lead.db'}", "--backend", "megatron", "--tp", str(tp), "--pp", str(pp),
+        "--db-url", f"sqlite:///{tmp_path / 'lead.db'}", "--backend", backend, "--tp", str(tp), "--pp", str(pp),
         "--group-size", "2", "--algorithm", "grpo", "--lr", "1e-2", "--steps", "1", "--fold",
+        "--micro-batch-tokens", "64",  # several micro-batches: data-parallel replicas both get some
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -85,9 +92,9 @@ async def test_online_training_with_torchrun_matches_one_process(
 
     # The same step on one process with the torch backend, from the log as it was before the run.
     await replay_into(TrainerProjection(), event_log, engine, until_seq=before)
-    cfg = TrainerConfig(group_size=2, algorithm="grpo", lr=1e-2, checkpoint_dir=tmp_path / "ref")
+    cfg = TrainerConfig(group_size=2, algorithm="grpo", lr=1e-2, checkpoint_dir=tmp_path / "ref", micro_batch_tokens=64)
     report = await OnlineTrainer(cfg, TrainerStore(engine), None).step_once()
-    assert report is not None and report.checkpoint is not None
+    assert report is not None and report.checkpoint is not None and report.completed.metrics["micro_steps"] >= 2
     got, _ = load_checkpoint(published)
     want, _ = load_checkpoint(report.checkpoint.path)
     w = want.state_dict()

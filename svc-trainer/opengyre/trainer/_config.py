@@ -59,8 +59,6 @@ class TrainerConfig:
             raise ValueError("lr must be > 0")
         if self.tp < 1 or self.pp < 1 or (self.tp * self.pp > 1 and self.backend != "megatron"):
             raise ValueError("tp and pp must be >= 1, and above 1 only with the megatron backend")
-        if self.tp * self.pp > 1 and (self.streaming or self.satellites):
-            raise ValueError("model-parallel runs step in lockstep: streaming and satellites are single-process")
         if self.satellites < 0 or (self.satellites and not self.streaming):
             raise ValueError("satellites must be >= 0 and need streaming = true")
         if not 0 < self.breaker_ratio <= 1:

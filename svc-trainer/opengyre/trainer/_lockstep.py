@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 
 from ._config import TrainerConfig
+from ._step import DataParallel
+from .backends import Backend
 
-__all__ = ["follow", "hear", "optimizer_file", "rank_and_size", "tell"]
+__all__ = ["data_parallel_for", "follow", "hear", "optimizer_file", "rank_and_size", "tell"]
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -36,6 +38,23 @@ def hear() -> tuple[str, Any]:
     dist.broadcast_object_list(box, src=0)
     kind, arg = box[0]
     return str(kind), arg
+
+
+def data_parallel_for(backend: Backend, config: TrainerConfig) -> DataParallel:
+    """The replicas this rank's model copy belongs to: ``world / (tp * pp)`` of them (1 without a launch)."""
+    rank, world = rank_and_size()
+    replicas = world // (config.tp * config.pp)
+    if replicas <= 1:
+        return DataParallel()
+    if backend.name == "megatron":
+        from megatron.core import parallel_state
+
+        return DataParallel(
+            parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size(),
+            parallel_state.get_data_parallel_group(),
+        )
+    return DataParallel(rank, world, None)
 
 
 def optimizer_file(rank: int) -> str:

@@ -22,7 +22,7 @@ from opengyre.models import load_checkpoint, model_config
 
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
-from ._lockstep import optimizer_file, rank_and_size, tell
+from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
 from ._packing import pack_samples
 from ._prepare import PreparedStep, prepare_step
 from ._publish import (
@@ -74,6 +74,7 @@ def build_learner(config: TrainerConfig, backend: Backend, reference: Backend | 
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
         reference=reference,
+        data_parallel=data_parallel_for(backend, config),
     )
 
 
@@ -93,8 +94,10 @@ class OnlineTrainer:
         if self.world > 1:
             if self.rank != 0:
                 raise RuntimeError("only rank 0 runs the online trainer; the other ranks run lockstep.follow")
-            if config.tp * config.pp != self.world:
-                raise ValueError(f"{self.world} ranks for tp={config.tp} x pp={config.pp} (no data parallelism)")
+            if self.world % (config.tp * config.pp):
+                raise ValueError(f"{self.world} ranks do not split into replicas of tp={config.tp} x pp={config.pp}")
+            if config.streaming or config.satellites:
+                raise ValueError("multi-process runs step in lockstep: streaming and satellites are single-process")
             tell("start", str(resume_dir) if resume_dir else None)  # the followers build their backends now
         self.backend = backend or make_backend(config, resume_dir)
         kl = float(config.algorithm_params.get("kl_beta", 0.0) or 0.0) > 0

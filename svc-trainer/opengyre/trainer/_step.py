@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from ._packing import MicroBatch
 from .algorithms import Algorithm, LossInputs, LossOutput
 from .backends import Backend
 
-__all__ = ["Learner", "MicroResult", "StepResult", "accumulate"]
+__all__ = ["DataParallel", "Learner", "MicroResult", "StepResult", "accumulate"]
 
 
 @dataclass
@@ -91,11 +92,13 @@ class Learner:
         weight_decay: float = 0.0,
         max_grad_norm: float | None = 1.0,
         reference: Backend | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.backend = backend
         self.algorithm = algorithm
         self.max_grad_norm = max_grad_norm
         self.reference = reference
+        self.dp = data_parallel or DataParallel()
         self.optimizer = torch.optim.AdamW(backend.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
 
     def accumulate(self, mb: MicroBatch) -> MicroResult:
@@ -120,8 +123,47 @@ class Learner:
     def step(self, microbatches: Iterable[MicroBatch]) -> StepResult:
         self.backend.zero_grad()
         result = StepResult()
+        if self.dp.size > 1:
+            # Every replica gets the whole list and takes its share; the gradients are summed before the update.
+            microbatches = list(microbatches)[self.dp.rank :: self.dp.size]
         for mb in microbatches:  # an iterator is fine: micro-steps are consumed as they become ready
             result.add(self.accumulate(mb), int(mb.input_ids.shape[0]))
+        if self.dp.size > 1:
+            self.dp.reduce(self.backend, result)
         result.grad_norm = self.apply()
         result.finish()
         return result
+
+
+@dataclass
+class DataParallel:
+    """Replicas of the model (each possibly TP/PP-sharded) that split a step's micro-batches between them.
+
+    Token weights are normalised over the whole step, so the replicas' gradients simply add up (all-reduce
+    sum over ``group``), as do their losses and counts; every replica then applies the same update.
+    """
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None  # a torch.distributed process group (None: the default group)
+
+    def reduce(self, backend: Backend, result: StepResult) -> None:
+        import torch.distributed as dist
+
+        for p in backend.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=self.group)
+        mine = (result.loss, result.micro_steps, result.n_samples, result.n_targets, result.n_tokens,
+                result.padded_tokens, result.metrics)  # fmt: skip
+        parts: list[Any] = [None] * self.size
+        dist.all_gather_object(parts, mine, group=self.group)  # a replica may have had no micro-batch at all
+        result.loss = sum(p[0] for p in parts)
+        result.micro_steps, result.n_samples = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        result.n_targets, result.n_tokens = sum(p[3] for p in parts), sum(p[4] for p in parts)
+        result.padded_tokens = sum(p[5] for p in parts)
+        merged: dict[str, float] = {}
+        for p in parts:
+            for k, v in p[6].items():  # target-weighted sums until ``finish``: they add up too
+                merged[k] = merged.get(k, 0.0) + v
+        result.metrics = merged
