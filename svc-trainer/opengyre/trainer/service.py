@@ -25,6 +25,13 @@ CONFIG_FILE = "trainer.toml"
 log = logging.getLogger(__name__)
 
 
+def _report_crash(task: asyncio.Task[int]) -> None:
+    # A failed step stops the loop (it never retries past a half-published update); a restart of the service
+    # resumes from the run's latest published weights. Say so loudly instead of going quiet.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("trainer: the training loop stopped", exc_info=task.exception())
+
+
 class TrainerService(Service):
     name = "trainer"
     summary = "QwenGyre trainer: partial scoring, bounded sampling, GRPO/GSPO, weight publishing"
@@ -62,6 +69,7 @@ class TrainerService(Service):
         trainer = await asyncio.to_thread(OnlineTrainer, config, TrainerStore(ctx.engine), ctx.log)
         self._stop.clear()
         self._task = asyncio.create_task(trainer.run(self._stop), name="trainer-loop")
+        self._task.add_done_callback(_report_crash)
         log.info("trainer: training run %s (%s, %s)", config.run_id, config.backend, config.algorithm)
 
     async def stop(self) -> None:
