@@ -92,3 +92,29 @@ def test_same_weights_after_optimizer_steps(cfg) -> None:  # type: ignore[no-unt
     assert any(not torch.equal(wt[k], TorchBackend.from_config(cfg, seed=4).hf_state_dict()[k]) for k in wm)
     for k in wm:
         torch.testing.assert_close(wm[k], wt[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", [GRPO(), GSPO(eps_low=0.05, eps_high=0.05), SFT()], ids=lambda a: a.name)
+def test_packed_rows_give_the_padded_loss_and_gradients_on_both_backends(cfg, algo: Algorithm) -> None:  # type: ignore[no-untyped-def]
+    samples = []
+    for i, adv in enumerate([0.8, -0.5, 1.2]):
+        drawn = PathSampler(5).sample(random_tree(i, f"e{i}"), random.Random(i))
+        samples += execution_samples(f"e{i}", drawn, adv, 1 / 3)
+    padded = pack_samples(samples, 96)
+    packed = pack_samples(samples, 200, packed=True)
+    assert any(m.input_ids.shape[0] < len(m.execution_ids) for m in packed)  # rows really are shared
+    tb = build_backend("torch", cfg, seed=3)
+    mb = build_backend("megatron", cfg, tb.hf_state_dict())
+    results = {}
+    for name, backend, mbs in (("padded", tb, padded), ("packed", tb, packed), ("megatron-packed", mb, packed)):
+        learner = Learner(backend, algo)
+        backend.zero_grad()
+        loss = sum(learner.accumulate(m).loss for m in mbs)
+        results[name] = (loss, backend.hf_grads())
+        backend.zero_grad()
+    ref_loss, ref_grads = results["padded"]
+    for name in ("packed", "megatron-packed"):
+        loss, grads = results[name]
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7), name
+        for k in ref_grads:
+            torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-4, atol=1e-6)

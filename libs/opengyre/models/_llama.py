@@ -122,8 +122,17 @@ def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
 
 
 def token_logprobs(
-    model: LlamaForCausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    model: LlamaForCausalLM,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32).
+
+    ``position_ids`` restarting at 0 inside a row mark packed sequences: attention stays within each one."""
+    logits = (
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        .logits[:, :-1]
+        .float()
+    )
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

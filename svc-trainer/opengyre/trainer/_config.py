@@ -24,6 +24,7 @@ class TrainerConfig:
     group_size: int = 16  # for groups dispatched without a size
     groups_per_step: int = 1
     micro_batch_tokens: int = 4096
+    packed: bool = False  # several samples per row (block-diagonal attention); pays with varlen attention kernels
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0

@@ -23,7 +23,7 @@ from opengyre.models import load_checkpoint, model_config
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
 from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
-from ._packing import pack_samples
+from ._packing import MicroBatch, pack_samples
 from ._prepare import PreparedStep, prepare_step
 from ._publish import (
     EngineReload,
@@ -33,6 +33,7 @@ from ._publish import (
     reload_engines,
     write_checkpoint,
 )
+from ._samples import TrainingSample
 from ._sampling import PathSampler
 from ._step import Learner, StepResult
 from ._store import ReadyGroup, TrainerStore
@@ -159,7 +160,7 @@ class OnlineTrainer:
         prepared = await asyncio.to_thread(self.prepare, groups[: self.config.groups_per_step])
         if not prepared.samples:
             return prepared, None
-        mbs = pack_samples(prepared.samples, self.config.micro_batch_tokens)
+        mbs = self._pack(prepared.samples)
         if self.world > 1:
             tell("step", mbs)  # every rank runs the same micro-batches through its shard of the model
         return prepared, await asyncio.to_thread(self.learner.step, mbs)
@@ -186,7 +187,11 @@ class OnlineTrainer:
                 group = fresh[0]
                 used.add(group.group_id)
                 part = await asyncio.to_thread(self.prepare, [group], per_group)
-                for mb in pack_samples(part.samples, self.config.micro_batch_tokens) if part.samples else []:
+                for mb in (
+                    pack_samples(part.samples, self.config.micro_batch_tokens, packed=self.config.packed)
+                    if part.samples
+                    else []
+                ):
                     buffer.put(mb)
                 if prepared is None:
                     prepared = part
@@ -250,6 +255,9 @@ class OnlineTrainer:
             if not r.success:
                 log.warning("engine %s did not reload %s: %s", r.url, ckpt.weight_version if ckpt else "", r.message)
         return StepReport(prepared, result, ckpt, completed, published, reloads)
+
+    def _pack(self, samples: list[TrainingSample]) -> list[MicroBatch]:
+        return pack_samples(samples, self.config.micro_batch_tokens, packed=self.config.packed) if samples else []
 
     def _checkpoint(self, step: int) -> PublishedCheckpoint:
         path = checkpoint_path(self.config.checkpoint_dir, self.config.run_id, step)

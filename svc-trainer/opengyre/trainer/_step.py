@@ -73,6 +73,7 @@ def accumulate(backend: Backend, algorithm: Algorithm, mb: MicroBatch, reference
                 mask=mb.mask,
                 token_weights=mb.token_weights,
                 ref_logprobs=ref,
+                segments=mb.target_segments() if mb.position_ids is not None else None,
             )
         )
 

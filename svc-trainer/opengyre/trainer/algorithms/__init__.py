@@ -3,10 +3,10 @@
 from typing import Any
 
 from .._advantages import group_advantages
-from ._base import Algorithm, LossInputs, LossOutput, masked_sum
+from ._base import Algorithm, LossInputs, LossOutput, masked_sum, per_sequence
 from ._grpo import GRPO
 from ._gspo import GSPO
-from ._importance import sequence_tis, token_tis
+from ._importance import token_tis
 from ._kl import k3
 from ._sft import SFT
 
@@ -22,7 +22,7 @@ __all__ = [
     "group_advantages",
     "k3",
     "masked_sum",
-    "sequence_tis",
+    "per_sequence",
     "token_tis",
 ]
 

@@ -30,7 +30,7 @@ class GRPO(Algorithm):
         zero = torch.zeros_like(x.logprobs)
         log_ratio = torch.where(x.mask, x.logprobs - x.old_logprobs, zero)
         ratio = torch.exp(log_ratio)
-        adv = x.advantages.unsqueeze(-1).to(x.logprobs.dtype)
+        adv = x.token_advantages()
         unclipped = ratio * adv
         clipped = ratio.clamp(1.0 - self.eps_low, 1.0 + self.eps_high) * adv
         per_token = -torch.minimum(unclipped, clipped)

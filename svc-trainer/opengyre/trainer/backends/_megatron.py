@@ -61,7 +61,12 @@ class SDPACoreAttention(MegatronModule):  # type: ignore[misc]
         if packed_seq_params is not None or attention_bias is not None:
             raise NotImplementedError("SDPA core attention: packed sequences and attention bias are not supported")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, hn]
-        out = fn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
+        if attention_mask is None:
+            out = fn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True)
+        else:  # megatron's mask is True where attention is NOT allowed; SDPA's boolean mask is the opposite
+            out = fn.scaled_dot_product_attention(
+                q, k, v, attn_mask=~attention_mask, scale=self.softmax_scale, enable_gqa=True
+            )
         sq, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
 
@@ -170,17 +175,21 @@ class MegatronBackend(Backend):
     def _params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self.model.named_parameters())
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _forward(self, mb: MicroBatch) -> torch.Tensor:
+        ids = mb.input_ids
         pos = torch.arange(ids.shape[1], dtype=torch.long).unsqueeze(0).expand_as(ids)
+        # Packed rows: a block-diagonal causal mask. RoPE keeps positions 0..T-1 across the row: attention scores
+        # depend only on relative offsets within a block, so this equals restarting positions per sample.
+        blocked = mb.attention_blocked()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # "tp_group is None, using default tp group"
-            out: torch.Tensor = self.model(ids, pos, None)
+            out: torch.Tensor = self.model(ids, pos, blocked)
         return out
 
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self.pp != 1:
             raise RuntimeError("with pipeline parallelism only forward_backward runs the model (stages exchange)")
-        return self._logprobs(self._forward(mb.input_ids), mb.input_ids)
+        return self._logprobs(self._forward(mb), mb.input_ids)
 
     def _logprobs(self, logits_all: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         logits = logits_all[:, :-1].float()
@@ -202,7 +211,7 @@ class MegatronBackend(Backend):
             dist.recv(inp, src=parallel_state.get_pipeline_model_parallel_prev_rank())
             inp.requires_grad_(True)
             self.model.set_input_tensor(inp)
-        out = self._forward(ids)
+        out = self._forward(mb)
         result: tuple[float, dict[str, float]] | None = None
         if self.last_stage:
             loss_out = loss_fn(self._logprobs(out, ids))

@@ -29,8 +29,9 @@ class TorchBackend(Backend):
         return cls(build_model(config, seed))
 
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        # No attention mask: rows are right-padded and attention is causal, so real tokens never see padding.
-        return token_logprobs(self.model, mb.input_ids)
+        # No attention mask: padded rows need only causal attention (padding comes last); for packed rows the
+        # restarting position ids make the model build a block-diagonal causal mask (one block per sample).
+        return token_logprobs(self.model, mb.input_ids, position_ids=mb.position_ids)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
