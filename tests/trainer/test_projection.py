@@ -8,10 +8,13 @@ from sqlalchemy import Engine, select
 
 from opengyre.eventlog import EventLog
 from opengyre.events import (
+    CellRegistered,
+    CellRoleChanged,
     ExecutionDispatched,
     ExecutionFinished,
     ModelCallRecorded,
     TrainingStepCompleted,
+    WeightSpan,
     WeightsPublished,
     new_event_id,
 )
@@ -96,25 +99,29 @@ async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
         ),
         WeightsPublished(weight_version="default-s1", step=1, uri="/tmp/ckpt", digest="abc"),
         WeightsPublished(weight_version="default-s1", step=1, uri="/tmp/ckpt", digest="abc"),
+        CellRegistered(cell_id="c1", role="rollout", engine_url="http://e1"),
+        CellRegistered(cell_id="c2", role="rollout", engine_url="http://e2"),
+        CellRoleChanged(cell_id="c1", from_role="rollout", to_role="training-core"),
+        ExecutionDispatched(execution_id="x", task_id="t", group_id="h"),
+        bad_call("x", "k", weight_versions=[WeightSpan(version="v1", start=0, end=1)]),
     ]
     await event_log.append_many(events)
     projection = TrainerProjection()
     await catch_up(ProjectionRunner(projection, event_log, engine))
     live = dump_rows(engine, projection.tables)
-    assert len(live["trainer_calls"]) == 25 and len(live["trainer_steps"]) == 1 and len(live["trainer_weights"]) == 1
+    assert len(live["trainer_calls"]) == 26 and len(live["trainer_steps"]) == 1 and len(live["trainer_weights"]) == 1
     store = TrainerStore(engine)
     e0 = store.execution("g1-e0")
     assert e0 is not None and (e0["consumed_step"], e0["consumed_as"]) == (1, "train")
     assert store.steps()[0]["reward_mean"] == 0.75
     assert store.version_steps() == {"default-s1": 1}
     assert [g.group_id for g in store.ready_groups()] == ["g2"]  # g1 is consumed
+    assert store.rollout_engines() == ["http://e2"] and len(live["trainer_engines"]) == 2
     await rebuild(projection, event_log, engine)
     assert dump_rows(engine, projection.tables) == live
 
 
 async def test_weight_version_spans_survive_the_store(event_log: EventLog, engine: Engine) -> None:
-    from opengyre.events import WeightSpan
-
     spans = [WeightSpan(version="v1", start=0, end=2), WeightSpan(version="v2", start=2, end=4)]
     events = [
         ExecutionDispatched(execution_id="x", task_id="t", group_id="g"),
