@@ -75,3 +75,41 @@ def test_streaming_with_a_satellite_equals_one_worker(satellite_backend: str) ->
 
 def reference_initial(cfg):  # type: ignore[no-untyped-def]
     return build_backend("torch", cfg, seed=2).hf_state_dict()
+
+
+def test_a_satellite_joins_a_running_step_on_the_step_start_snapshot() -> None:
+    import time
+
+    from opengyre.trainer import StreamingStep
+
+    cfg = model_config("tiny")
+    mbs = batches(48)
+    ref_backend = build_backend("torch", cfg, seed=2)
+    ref = Learner(ref_backend, GSPO(eps_low=0.1, eps_high=0.1), lr=1e-2).step(mbs)
+
+    core_backend = build_backend("torch", cfg, seed=2)
+    core = Learner(core_backend, GSPO(eps_low=0.1, eps_high=0.1), lr=1e-2)
+    buf = MicroStepBuffer()
+    step = StreamingStep(core, buf)
+    out: list[object] = []
+    runner = threading.Thread(target=lambda: out.append(step.finish()))
+    runner.start()
+    buf.put(mbs[0])
+    while buf.claims.get("core", 0) < 1:  # the step is running: the core has taken its first micro-batch
+        time.sleep(0.01)
+    sat = Satellite("late", build_backend("megatron", cfg, seed=77), GSPO(eps_low=0.1, eps_high=0.1))
+    step.join(sat)
+    for mb in mbs[1:]:
+        buf.put(mb)
+    buf.close()
+    runner.join()
+    [result] = out
+    assert isinstance(result, type(ref))
+    assert sat.joined_digest == step.digest  # the snapshot of the step's start, not whatever came later
+    assert result.micro_steps == len(mbs) == sum(buf.claims.values())
+    assert result.loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
+    got, want = core_backend.hf_state_dict(), ref_backend.hf_state_dict()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError):
+        step.join(Satellite("too-late", build_backend("torch", cfg), GSPO()))

@@ -100,6 +100,7 @@ if TYPE_CHECKING:
     from ._streaming import (
         MicroStepBuffer,
         Satellite,
+        StreamingStep,
         snapshot_digest,
         streaming_step,
     )
@@ -138,6 +139,7 @@ _WHERE: dict[str, str] = {
     "SampleError": "._samples",
     "SampledPath": "._sampling",
     "Satellite": "._streaming",
+    "StreamingStep": "._streaming",
     "Staleness": "._staleness",
     "StepReport": "._loop",
     "StepResult": "._step",
@@ -202,6 +204,7 @@ __all__ = [
     "Staleness",
     "StepReport",
     "StepResult",
+    "StreamingStep",
     "TrainerConfig",
     "TrainerProjection",
     "TrainerStore",

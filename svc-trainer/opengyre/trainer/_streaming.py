@@ -21,7 +21,7 @@ from ._step import Learner, MicroResult, StepResult, accumulate
 from .algorithms import Algorithm
 from .backends import Backend
 
-__all__ = ["MicroStepBuffer", "Satellite", "snapshot_digest", "streaming_step"]
+__all__ = ["MicroStepBuffer", "Satellite", "StreamingStep", "snapshot_digest", "streaming_step"]
 
 
 class MicroStepBuffer:
@@ -92,40 +92,76 @@ class Satellite:
             self.rows += int(mb.input_ids.shape[0])
 
 
+class StreamingStep:
+    """One optimizer step fed by a buffer, which satellites may join at any time before it finishes.
+
+    ``start`` snapshots the core's weights (fixed until ``finish``); ``join`` starts a satellite on that
+    snapshot, even while the core is already working through micro-batches; ``finish`` (on the thread that
+    runs the core) consumes the buffer until it is closed and drained, waits for the satellites, adds their
+    gradients and applies the single update.
+    """
+
+    def __init__(self, core: Learner, buffer: MicroStepBuffer, *, core_name: str = "core") -> None:
+        self.core = core
+        self.buffer = buffer
+        self.core_name = core_name
+        self.snapshot = core.backend.hf_state_dict()
+        self.digest = snapshot_digest(self.snapshot)
+        core.backend.zero_grad()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._satellites: list[Satellite] = []
+        self._errors: list[BaseException] = []
+        self._finished = False
+
+    def join(self, sat: Satellite) -> None:
+        """Bring a satellite into the running step (it claims micro-batches as soon as it has the weights)."""
+
+        def run() -> None:
+            try:
+                sat.join(self.snapshot)
+                sat.work(self.buffer)
+            except BaseException as exc:  # surfaced by finish: a failed satellite must fail the step
+                self._errors.append(exc)
+
+        with self._lock:
+            if self._finished:
+                raise RuntimeError("the step has finished: nothing left to join")
+            t = threading.Thread(target=run, name=f"satellite-{sat.name}")
+            self._satellites.append(sat)
+            self._threads.append(t)
+            t.start()
+
+    def finish(self) -> StepResult:
+        result = StepResult()
+        while (mb := self.buffer.claim(self.core_name)) is not None:
+            result.add(self.core.accumulate(mb), int(mb.input_ids.shape[0]))
+        with self._lock:
+            self._finished = True
+            threads, satellites = list(self._threads), list(self._satellites)
+        for t in threads:
+            t.join()
+        if self._errors:
+            raise RuntimeError(f"a satellite failed: {self._errors[0]!r}") from self._errors[0]
+        for sat in satellites:
+            if sat.joined_digest != self.digest:
+                raise RuntimeError(f"satellite {sat.name} joined with different weights")
+            if sat.results:
+                self.core.backend.add_hf_grads(sat.backend.hf_grads())
+            for r in sat.results:
+                result.add(r, 0)
+            result.n_samples += sat.rows
+        result.grad_norm = self.core.apply()
+        result.finish()
+        return result
+
+
 def streaming_step(
     core: Learner, buffer: MicroStepBuffer, satellites: Sequence[Satellite] = (), *, core_name: str = "core"
 ) -> StepResult:
-    """One update from everything put into ``buffer`` until it is closed (by the producer, on any thread)."""
-    snapshot = core.backend.hf_state_dict()
-    digest = snapshot_digest(snapshot)
-    core.backend.zero_grad()
-    errors: list[BaseException] = []
-
-    def run(sat: Satellite) -> None:
-        try:
-            sat.join(snapshot)
-            sat.work(buffer)
-        except BaseException as exc:  # surfaced below: a failed satellite must fail the step
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(s,), name=f"satellite-{s.name}") for s in satellites]
-    for t in threads:
-        t.start()
-    result = StepResult()
-    while (mb := buffer.claim(core_name)) is not None:
-        result.add(core.accumulate(mb), int(mb.input_ids.shape[0]))
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(f"a satellite failed: {errors[0]!r}") from errors[0]
-    for s in satellites:
-        if s.joined_digest != digest:
-            raise RuntimeError(f"satellite {s.name} joined with different weights")
-        if s.results:
-            core.backend.add_hf_grads(s.backend.hf_grads())
-        for r in s.results:
-            result.add(r, 0)
-        result.n_samples += s.rows
-    result.grad_norm = core.apply()
-    result.finish()
-    return result
+    """One update from everything put into ``buffer`` until it is closed (by the producer, on any thread),
+    with ``satellites`` joining from the start."""
+    step = StreamingStep(core, buffer, core_name=core_name)
+    for sat in satellites:
+        step.join(sat)
+    return step.finish()
