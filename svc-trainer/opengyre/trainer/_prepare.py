@@ -111,15 +111,17 @@ def prepare_step(
             costs[a.execution_id] = sample_cost(tree, paths)
             if a.score is not None:
                 out.rewards[a.execution_id] = a.score
-    share = step_share / len(drawn) if drawn else 0.0
+    built: dict[str, list[TrainingSample]] = {}
     for eid, (paths, adv) in drawn.items():
         try:
-            samples = execution_samples(eid, paths, adv, share)
+            built[eid] = execution_samples(eid, paths, adv, 1.0)
         except SampleError as exc:
             out.dropped[eid] = f"excluded:corrupt-sample:{str(exc)[:40]}"
             out.rewards.pop(eid, None)
-            continue
-        out.samples += samples
+    # Each execution that made it carries the same share: the step's token weights sum to ``step_share``.
+    share = step_share / len(built) if built else 0.0
+    for eid, samples in built.items():
+        out.samples += [_rescale(x, share) for x in samples]
         out.trained.append(eid)
     st = staleness(out.samples, version_steps, step)
     if max_staleness is not None:
