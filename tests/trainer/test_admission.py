@@ -109,3 +109,12 @@ def test_positive_only_curriculum_keeps_only_positive_advantages() -> None:
     assert (d["e01"].decision, d["e01"].reason) == ("filtered", "positive-only")
     assert (d["e02"].decision, d["e02"].reason) == ("filtered", "positive-only")  # the mean: advantage 0
     assert g.mean == pytest.approx(0.5)  # statistics still use every survivor
+
+
+def test_the_breaker_counts_half_of_the_real_group_not_the_default_size() -> None:
+    # A group of 4 under a policy whose default is 16: half of the group is 2, so after one transient member is
+    # filtered the next one is kept (with the default size it would have been filtered too).
+    outs = [o(0, score=0.1, fc="network"), o(1, score=0.2, fc="network"), o(2, score=1.0), o(3, score=0.0)]
+    d = AdmissionPolicy(group_size=16).admit("g", outs).by_id()
+    assert d["e00"].decision == "filtered" and d["e01"].decision == "train" and "breaker-kept" in d["e01"].reason
+    assert AdmissionPolicy(group_size=16).admit("g", outs, size=16).by_id()["e01"].decision == "filtered"

@@ -90,10 +90,13 @@ class AdmissionPolicy:
         if not 0.0 < self.breaker_ratio <= 1.0:
             raise ValueError("breaker_ratio must be in (0, 1]")
 
-    def admit(self, group_id: str, outcomes: Sequence[ExecutionOutcome]) -> GroupAdmission:
-        """Decide every member of one group (outcomes in any order; decisions come back sorted by id)."""
+    def admit(self, group_id: str, outcomes: Sequence[ExecutionOutcome], size: int | None = None) -> GroupAdmission:
+        """Decide every member of one group (outcomes in any order; decisions come back sorted by id).
+
+        ``size`` is the group's real size (what was dispatched); by default its member count. The breaker's
+        "half of the group" is of that size, not of the policy's default ``group_size``."""
         members = sorted(outcomes, key=lambda o: o.execution_id)
-        size = max(self.group_size, len(members))
+        size = max(size or len(members), len(members))
         verdicts = {o.execution_id: classify_outcome(o) for o in members}
         dropped = sum(1 for v, _ in verdicts.values() if v in ("masked", "excluded"))
         decisions: dict[str, tuple[Decision, str]] = {}

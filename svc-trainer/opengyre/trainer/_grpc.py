@@ -72,7 +72,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         groups = await asyncio.to_thread(self._store.ready_groups, size, request.limit or None)
         reply = trainer_pb2.ListReadyGroupsReply()
         for g in groups:
-            adm = AdmissionPolicy(group_size=size).admit(g.group_id, g.outcomes)
+            adm = AdmissionPolicy(group_size=size).admit(g.group_id, g.outcomes, g.size or None)
             reply.groups.append(
                 trainer_pb2.ReadyGroup(
                     group_id=g.group_id,

@@ -82,7 +82,7 @@ def prepare_step(
     drawn: dict[str, tuple[list[SampledPath], float]] = {}
     costs: dict[str, SampleCost] = {}
     for g in groups:
-        adm = policy.admit(g.group_id, g.outcomes)
+        adm = policy.admit(g.group_id, g.outcomes, g.size or None)
         out.groups.append(adm)
         for a in adm.admissions:
             if a.decision != "train":

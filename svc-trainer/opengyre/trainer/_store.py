@@ -32,6 +32,7 @@ class ReadyGroup:
     outcomes: tuple[ExecutionOutcome, ...]
     weight_versions: dict[str, str]  # execution -> the version it was dispatched with
     ready_seq: int  # the stream sequence at which its last member finished
+    size: int = 0  # the dispatched group size (0: unknown, the member count applies)
 
 
 class TrainerStore:
@@ -59,6 +60,7 @@ class TrainerStore:
                     ),
                     weight_versions={m.execution_id: m.weight_version for m in members},
                     ready_seq=max(m.finished_seq or 0 for m in members),
+                    size=size,
                 )
             )
         ready.sort(key=lambda g: (g.ready_seq, g.group_id))
