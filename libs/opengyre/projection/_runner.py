@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from sqlalchemy import Engine
 
 from ..eventlog import EventLog, StoredEvent
@@ -100,7 +100,19 @@ class ProjectionRunner:
             cfg.filter_subject = filters[0]
         else:
             cfg.filter_subjects = filters
-        await js.add_consumer(stream, cfg)
+        delay = 0.05
+        for attempt in range(8):
+            try:
+                await js.add_consumer(stream, cfg)
+                return
+            except APIError as exc:
+                # Right after a delete, nats-server may still be removing the old consumer's files and
+                # answer 10012 ("meta.inf.tmp: no such file or directory"): retry briefly.
+                if attempt == 7 or (exc.code == 400 and exc.err_code != 10012):
+                    raise
+                log.info("projection %s: consumer create failed (%s); retrying", self.projection.name, exc)
+                await asyncio.sleep(delay)
+                delay *= 2
 
     async def delete_consumer(self) -> None:
         with contextlib.suppress(NotFoundError):

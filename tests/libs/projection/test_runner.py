@@ -118,3 +118,14 @@ async def test_replay_until_a_sequence_gives_the_state_as_of_that_point(event_lo
         got = {r.aggregate_id: r.n for r in c.execute(select(counts.c.aggregate_id, counts.c.n))}
     assert got == expected
     engine.dispose()
+
+
+async def test_a_runner_restarted_in_place_resumes_at_its_position(event_log: EventLog, engine: Engine) -> None:
+    """Each run re-creates the durable consumer at the tracked position (right after deleting it)."""
+    metadata.create_all(engine)
+    runner = ProjectionRunner(CountingProjection(), event_log, engine)
+    for round_ in range(4):
+        await event_log.append_many(sample_events(20))
+        await _run_until_caught_up(runner)
+        with engine.connect() as c:
+            assert c.execute(select(func.sum(counts.c.n))).scalar() == 30 * (round_ + 1)
