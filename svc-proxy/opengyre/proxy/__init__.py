@@ -11,8 +11,9 @@ Names load on first use: the CLI imports this package on every command and must 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._atif import ATIF_VERSION, export_execution, export_path
@@ -76,10 +77,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)

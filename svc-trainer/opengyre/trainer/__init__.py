@@ -6,8 +6,9 @@ paying for torch; the training pieces pull it in when they are touched.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._admission import (
@@ -236,13 +237,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, {k: v.lstrip(".") for k, v in _WHERE.items()})
 
 
 def __dir__() -> list[str]:

@@ -7,9 +7,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .algorithms import ALGORITHMS
-from .backends import BACKENDS
-
 __all__ = ["TrainerConfig"]
 
 
@@ -48,6 +45,10 @@ class TrainerConfig:
     pp: int = 1
 
     def validate(self) -> None:
+        # The registries import torch; the service reads its config at start without training anything yet.
+        from .algorithms import ALGORITHMS
+        from .backends import BACKENDS
+
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.algorithm not in ALGORITHMS:

@@ -137,3 +137,11 @@ def test_ctrl_c_stops_the_stack_cleanly(tmp_path: Path) -> None:
     assert not (tmp_path / "stack.json").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
+
+
+def test_the_cli_loads_without_torch() -> None:
+    """Every command imports the CLI and each service's commands; torch comes only with commands that use it."""
+    code = "import sys, opengyre.cli; import opengyre.runtime as r; r.all_projections(); print(sorted(m for m in ('torch', 'transformers', 'megatron') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

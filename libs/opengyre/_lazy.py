@@ -1,0 +1,25 @@
+"""Lazy public names for service packages: the CLI imports every ``opengyre.<svc>`` on each command and must
+not pay for torch or transformers until a command actually uses them."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` resolving ``name`` from ``package + "." + where[name]`` on first use."""
+    import sys
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 (module __getattr__)
+        mod = where.get(name)
+        if mod is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{mod}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
