@@ -185,7 +185,7 @@ async def _demo(settings: Settings, seed: int) -> None:
                 ok = ok and bool(same)
             if not ok:
                 raise typer.Exit(1)
-            console.print("\nTry: [bold]opengyre events tail[/], [bold]opengyre replay -p executions --until-seq 40[/]")
+            console.print("\nTry: [bold]opengyre events tail[/], [bold]opengyre replay -p scheduler --until-seq 40[/]")
         finally:
             await log.close()
     finally:
