@@ -1,11 +1,12 @@
 """Projection storage: engines (SQLite default, PostgreSQL by URL), the shared declarative base, migrations."""
 
-from ._engine import Base, create_db_engine, sqlite_url
+from ._engine import STREAM_SEQ, Base, create_db_engine, sqlite_url
 from ._migrate import MIGRATION_PACKAGES, alembic_config, migrate
 from ._tables import DeadLetter, Tracking
 
 __all__ = [
     "MIGRATION_PACKAGES",
+    "STREAM_SEQ",
     "Base",
     "DeadLetter",
     "Tracking",

@@ -6,10 +6,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy import BigInteger, Engine, Integer, MetaData, create_engine, event
 from sqlalchemy.orm import DeclarativeBase
 
-__all__ = ["Base", "create_db_engine", "sqlite_url"]
+__all__ = ["STREAM_SEQ", "Base", "create_db_engine", "sqlite_url"]
+
+# A JetStream sequence: 64-bit on PostgreSQL; plain INTEGER on SQLite (64-bit there too, and the only type an
+# INTEGER PRIMARY KEY aliases to the rowid with).
+STREAM_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 class Base(DeclarativeBase):

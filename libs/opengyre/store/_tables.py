@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Integer, LargeBinary, String, Text
+from sqlalchemy import LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ._engine import Base
+from ._engine import STREAM_SEQ, Base
 
 __all__ = ["DeadLetter", "Tracking"]
 
@@ -16,7 +16,7 @@ class Tracking(Base):
     __tablename__ = "og_tracking"
 
     projection: Mapped[str] = mapped_column(String(64), primary_key=True)
-    stream_seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    stream_seq: Mapped[int] = mapped_column(STREAM_SEQ, primary_key=True)
 
 
 class DeadLetter(Base):
@@ -25,7 +25,7 @@ class DeadLetter(Base):
     __tablename__ = "og_dead_letters"
 
     projection: Mapped[str] = mapped_column(String(64), primary_key=True)
-    stream_seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    stream_seq: Mapped[int] = mapped_column(STREAM_SEQ, primary_key=True)
     subject: Mapped[str] = mapped_column(String(255))
     event_type: Mapped[str] = mapped_column(String(64))
     event_id: Mapped[str] = mapped_column(String(64))

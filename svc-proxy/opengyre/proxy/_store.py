@@ -13,7 +13,6 @@ from datetime import datetime
 
 import numpy as np
 from sqlalchemy import (
-    BigInteger,
     Connection,
     DateTime,
     Float,
@@ -30,7 +29,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.events import Event, ModelCallRecorded
 from opengyre.projection import Projection, Rejected
-from opengyre.store import Base
+from opengyre.store import STREAM_SEQ, Base
 
 __all__ = [
     "CALLS",
@@ -43,8 +42,6 @@ __all__ = [
     "unpack_floats",
     "unpack_ids",
 ]
-
-_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:
@@ -68,7 +65,7 @@ class CallRow(Base):
 
     execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    seq: Mapped[int] = mapped_column(_SEQ, index=True)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ, index=True)
     event_id: Mapped[str] = mapped_column(String(64))
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     prefix_len: Mapped[int] = mapped_column(Integer)
@@ -105,10 +102,10 @@ class ExecutionRow(Base):
     roots: Mapped[int] = mapped_column(Integer)
     drift: Mapped[int] = mapped_column(Integer)
     rerouted: Mapped[int] = mapped_column(Integer)
-    stored_tokens: Mapped[int] = mapped_column(_SEQ)  # deltas + outputs: what the tree keeps
-    flat_tokens: Mapped[int] = mapped_column(_SEQ)  # every call's prompt + output: what flat storage keeps
-    first_seq: Mapped[int] = mapped_column(_SEQ)
-    last_seq: Mapped[int] = mapped_column(_SEQ)
+    stored_tokens: Mapped[int] = mapped_column(STREAM_SEQ)  # deltas + outputs: what the tree keeps
+    flat_tokens: Mapped[int] = mapped_column(STREAM_SEQ)  # every call's prompt + output: what flat storage keeps
+    first_seq: Mapped[int] = mapped_column(STREAM_SEQ)
+    last_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 

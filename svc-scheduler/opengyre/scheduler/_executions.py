@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Connection, DateTime, Float, Integer, String, Table, func, select, text
+from sqlalchemy import Connection, DateTime, Float, Integer, String, Table, func, select, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.store import Base
+from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["EXECUTIONS", "ExecutionRow", "watermark"]
-
-_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 class ExecutionRow(Base):
@@ -25,12 +23,12 @@ class ExecutionRow(Base):
     weight_version: Mapped[str] = mapped_column(String(64))
     cell_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     timeout_s: Mapped[float] = mapped_column(Float)
-    dispatched_seq: Mapped[int] = mapped_column(_SEQ)
+    dispatched_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     dispatched_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     status: Mapped[str] = mapped_column(String(32), index=True)  # running | completed | timed-out | ...
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
     failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    finished_seq: Mapped[int | None] = mapped_column(_SEQ, nullable=True)
+    finished_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # The policy version (training steps done) that generated it, resolved when it was dispatched.
     version_step: Mapped[int] = mapped_column(Integer, server_default=text("0"))

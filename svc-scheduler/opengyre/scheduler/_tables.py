@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, Integer, String, Table
+from sqlalchemy import Boolean, DateTime, Float, Integer, String, Table
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.store import Base
+from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["CELLS", "GROUPS", "STEPS", "VERSIONS", "CellRow", "GroupRow", "StepRow", "VersionRow"]
-
-_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 class CellRow(Base):
@@ -25,8 +23,8 @@ class CellRow(Base):
     engine_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
     resident: Mapped[bool] = mapped_column(Boolean)
     ordinal: Mapped[int] = mapped_column(Integer)  # registration order: the growing prefix follows it
-    registered_seq: Mapped[int] = mapped_column(_SEQ)
-    role_seq: Mapped[int] = mapped_column(_SEQ)
+    registered_seq: Mapped[int] = mapped_column(STREAM_SEQ)
+    role_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     role_since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     switch_from: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
@@ -42,7 +40,7 @@ class GroupRow(Base):
     finished: Mapped[int] = mapped_column(Integer)
     valid: Mapped[int] = mapped_column(Integer)
     last_finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    complete_seq: Mapped[int | None] = mapped_column(_SEQ, nullable=True, index=True)  # ready-buffer order
+    complete_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True, index=True)  # ready-buffer order
     consumed_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
@@ -62,7 +60,7 @@ class StepRow(Base):
     n_samples: Mapped[int] = mapped_column(Integer)  # samples the scheduler saw consumed by this step
     staleness_mean: Mapped[float] = mapped_column(Float)
     staleness_max: Mapped[int] = mapped_column(Integer)
-    completed_seq: Mapped[int] = mapped_column(_SEQ)
+    completed_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     completed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import BigInteger, Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
+from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.events import Event, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
 from opengyre.projection import Projection, Rejected
-from opengyre.store import Base
+from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["SkillRow", "TaskRow", "TasksProjection"]
-
-_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 class SkillRow(Base):
@@ -23,7 +21,7 @@ class SkillRow(Base):
     name: Mapped[str] = mapped_column(String(64))
     description: Mapped[str] = mapped_column(Text)
     digest: Mapped[str] = mapped_column(String(128))
-    ingested_seq: Mapped[int] = mapped_column(_SEQ)
+    ingested_seq: Mapped[int] = mapped_column(STREAM_SEQ)
 
 
 class TaskRow(Base):
@@ -36,7 +34,7 @@ class TaskRow(Base):
     too_easy_count: Mapped[int] = mapped_column(Integer)
     last_mean_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     hardened_count: Mapped[int] = mapped_column(Integer)
-    updated_seq: Mapped[int] = mapped_column(_SEQ)
+    updated_seq: Mapped[int] = mapped_column(STREAM_SEQ)
 
 
 _S: Table = SkillRow.__table__  # type: ignore[assignment]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, Integer, LargeBinary, String, Text
+from sqlalchemy import Float, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.store import Base
+from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["CallRow", "EngineRow", "ExecutionRow", "StepRow", "WeightsRow"]
-
-_SEQ = BigInteger().with_variant(Integer, "sqlite")
 
 
 class ExecutionRow(Base):
@@ -22,7 +20,7 @@ class ExecutionRow(Base):
     group_id: Mapped[str] = mapped_column(String(128), index=True)
     group_size: Mapped[int] = mapped_column(Integer)  # 0: unknown, the trainer's default applies
     weight_version: Mapped[str] = mapped_column(String(64))
-    dispatched_seq: Mapped[int] = mapped_column(_SEQ)
+    dispatched_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     status: Mapped[str] = mapped_column(String(32))  # "running" until finished
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
     failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -31,7 +29,7 @@ class ExecutionRow(Base):
     reason: Mapped[str] = mapped_column(String(64))
     n_calls: Mapped[int] = mapped_column(Integer)
     n_generated: Mapped[int] = mapped_column(Integer)
-    finished_seq: Mapped[int | None] = mapped_column(_SEQ, nullable=True, index=True)
+    finished_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True, index=True)
     consumed_run: Mapped[str | None] = mapped_column(String(64), nullable=True)
     consumed_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     consumed_as: Mapped[str | None] = mapped_column(String(96), nullable=True)  # "train" or the drop reason
@@ -53,7 +51,7 @@ class CallRow(Base):
     prompt_delta: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian
-    seq: Mapped[int] = mapped_column(_SEQ)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ)
     # JSON [[version, start, end], ...] when the weights changed during the call ("" when they did not)
     weight_spans: Mapped[str] = mapped_column(Text, server_default="")
 
@@ -73,7 +71,7 @@ class StepRow(Base):
     staleness_max: Mapped[int] = mapped_column(Integer)
     grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
     reward_mean: Mapped[float | None] = mapped_column(Float, nullable=True)
-    seq: Mapped[int] = mapped_column(_SEQ)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ)
 
 
 class WeightsRow(Base):
@@ -84,7 +82,7 @@ class WeightsRow(Base):
     step: Mapped[int] = mapped_column(Integer)
     uri: Mapped[str] = mapped_column(String(1024))
     digest: Mapped[str] = mapped_column(String(128))
-    seq: Mapped[int] = mapped_column(_SEQ)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ)
 
 
 class EngineRow(Base):
@@ -95,4 +93,4 @@ class EngineRow(Base):
     cell_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     engine_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
     role: Mapped[str] = mapped_column(String(32))
-    seq: Mapped[int] = mapped_column(_SEQ)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ)
