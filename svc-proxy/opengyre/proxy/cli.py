@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from opengyre.cli._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, fail, log_session, settings_from
 
 from .engine._cli import engine_command
+
+if TYPE_CHECKING:
+    from opengyre.config import Settings
+    from opengyre.trajectory import TrajectoryTree
+
+    from ._trees import StoredCall
 
 __all__ = ["register"]
 
@@ -47,18 +53,12 @@ def key_command(
     typer.echo(json.dumps(out, indent=2))
 
 
-@proxy_app.command("tree")
-def tree_command(
-    execution_id: Annotated[str, typer.Argument(help="the execution to show")],
-    data_dir: DataDirOpt = None,
-    db_url: DbUrlOpt = None,
-) -> None:
-    """Print an execution's trajectory tree from the store (one line per call, indented by depth)."""
+def _load_execution(settings: Settings, execution_id: str) -> tuple[list[StoredCall], TrajectoryTree]:
+    """An execution's recorded calls and tree from the store; a clear error when it has none."""
     from opengyre.store import create_db_engine
 
     from ._trees import load_calls, load_tree
 
-    settings = settings_from(data_dir, None, db_url)
     engine = create_db_engine(settings.database_url)
     try:
         with engine.connect() as conn:
@@ -68,6 +68,17 @@ def tree_command(
         engine.dispose()
     if not calls:
         raise fail(f"no recorded calls for execution {execution_id!r}")
+    return calls, tree
+
+
+@proxy_app.command("tree")
+def tree_command(
+    execution_id: Annotated[str, typer.Argument(help="the execution to show")],
+    data_dir: DataDirOpt = None,
+    db_url: DbUrlOpt = None,
+) -> None:
+    """Print an execution's trajectory tree from the store (one line per call, indented by depth)."""
+    calls, tree = _load_execution(settings_from(data_dir, None, db_url), execution_id)
     leaves = set(tree.leaves())
     depth: dict[str, int] = {}
     for c in calls:
@@ -92,22 +103,11 @@ def atif_command(
     """Print an execution as ATIF JSON (contexts stored out of band are fetched from the event log)."""
     import asyncio
 
-    from opengyre.store import create_db_engine
-
     from ._atif import export_execution
     from ._grpc import resolve_contexts
-    from ._trees import load_calls, load_tree
 
     settings = settings_from(data_dir, nats_url, db_url)
-    engine = create_db_engine(settings.database_url)
-    try:
-        with engine.connect() as conn:
-            calls = load_calls(conn, execution_id)
-            tree = load_tree(conn, execution_id)
-    finally:
-        engine.dispose()
-    if not calls:
-        raise fail(f"no recorded calls for execution {execution_id!r}")
+    calls, tree = _load_execution(settings, execution_id)
     contexts: dict[str, dict[str, object]] = {}
     if any(c.event.context is None and c.event.context_ref for c in calls):
 
