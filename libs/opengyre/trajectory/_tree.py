@@ -76,8 +76,9 @@ class TrajectoryTree:
         self.execution_id = execution_id
         self._nodes: dict[str, Node] = {}
         self._children: dict[str | None, list[str]] = {}
-        self._tokens: dict[str, tuple[int, ...]] = {}
-        self._owners: dict[str, tuple[Owner, ...]] = {}
+        # Only lengths are kept per node: sequences are built on demand from the deltas, so memory is the
+        # tree's size (what the events carry), not the flat size (every call's whole context again).
+        self._length: dict[str, int] = {}
         for n in nodes:
             self.add(n)
 
@@ -104,25 +105,45 @@ class TrajectoryTree:
         if n.parent_call_id is None:
             if n.prefix_len != 0:
                 raise TrajectoryError(f"root call {n.call_id} has prefix_len {n.prefix_len}")
-            base_tokens: tuple[int, ...] = ()
-            base_owners: tuple[Owner, ...] = ()
         else:
             if n.parent_call_id not in self._nodes:
                 raise TrajectoryError(f"call {n.call_id}: unknown parent {n.parent_call_id}")
-            parent_tokens = self._tokens[n.parent_call_id]
-            if n.prefix_len > len(parent_tokens):
+            parent_len = self._length[n.parent_call_id]
+            if n.prefix_len > parent_len:
                 raise TrajectoryError(
-                    f"call {n.call_id}: prefix_len {n.prefix_len} beyond parent's {len(parent_tokens)} tokens"
+                    f"call {n.call_id}: prefix_len {n.prefix_len} beyond parent's {parent_len} tokens"
                 )
-            base_tokens = parent_tokens[: n.prefix_len]
-            base_owners = self._owners[n.parent_call_id][: n.prefix_len]
         self._nodes[n.call_id] = n
         self._children.setdefault(n.parent_call_id, []).append(n.call_id)
-        self._tokens[n.call_id] = base_tokens + tuple(n.prompt_delta_ids) + tuple(n.output_ids)
-        self._owners[n.call_id] = (
-            base_owners + (None,) * len(n.prompt_delta_ids) + tuple((n.call_id, i) for i in range(len(n.output_ids)))
-        )
+        self._length[n.call_id] = n.prefix_len + len(n.prompt_delta_ids) + len(n.output_ids)
         return n
+
+    def _segments(self, call_id: str, limit: int) -> list[tuple[Node, int, int]]:
+        """The first ``limit`` tokens of ``tokens(call_id)`` as (node, start, end) slices of each node's own part
+        (``prompt_delta_ids + output_ids``, positions counted from the node's ``prefix_len``), root first."""
+        out: list[tuple[Node, int, int]] = []
+        cur: str | None = call_id
+        while cur is not None and limit > 0:
+            n = self._nodes[cur]
+            if limit > n.prefix_len:
+                out.append((n, 0, limit - n.prefix_len))
+            limit = min(limit, n.prefix_len)
+            cur = n.parent_call_id
+        return out[::-1]
+
+    def _build(self, call_id: str, limit: int) -> tuple[list[int], list[Owner]]:
+        tokens: list[int] = []
+        owners: list[Owner] = []
+        for n, start, end in self._segments(call_id, limit):
+            delta = len(n.prompt_delta_ids)
+            if start < delta:
+                tokens.extend(n.prompt_delta_ids[start : min(end, delta)])
+                owners.extend([None] * (min(end, delta) - start))
+            if end > delta:
+                first = max(start, delta) - delta
+                tokens.extend(n.output_ids[first : end - delta])
+                owners.extend((n.call_id, i) for i in range(first, end - delta))
+        return tokens, owners
 
     def node(self, call_id: str) -> Node:
         try:
@@ -130,15 +151,19 @@ class TrajectoryTree:
         except KeyError:
             raise TrajectoryError(f"no call {call_id} in the tree of {self.execution_id}") from None
 
+    def length(self, call_id: str) -> int:
+        """Number of tokens (prompt + output) of a call."""
+        self.node(call_id)
+        return self._length[call_id]
+
     def tokens(self, call_id: str) -> tuple[int, ...]:
         """Prompt followed by output of a call."""
         self.node(call_id)
-        return self._tokens[call_id]
+        return tuple(self._build(call_id, self._length[call_id])[0])
 
     def prompt(self, call_id: str) -> tuple[int, ...]:
         n = self.node(call_id)
-        t = self._tokens[call_id]
-        return t[: len(t) - len(n.output_ids)]
+        return tuple(self._build(call_id, self._length[call_id] - len(n.output_ids))[0])
 
     def roots(self) -> list[str]:
         return list(self._children.get(None, []))
@@ -158,8 +183,8 @@ class TrajectoryTree:
         return out[::-1]
 
     def path_sequence(self, leaf: str) -> PathSequence:
-        owners = self._owners[self.node(leaf).call_id]
-        tokens = self._tokens[leaf]
+        tokens_list, owners_list = self._build(self.node(leaf).call_id, self._length[leaf])
+        tokens, owners = tuple(tokens_list), tuple(owners_list)
         generated = tuple(o is not None for o in owners)
         logprobs = tuple(0.0 if o is None else float(self._nodes[o[0]].output_logprobs[o[1]]) for o in owners)
         versions = tuple("" if o is None else self._nodes[o[0]].version_of(o[1]) for o in owners)
