@@ -37,20 +37,21 @@ def _limit_prefix(limits: SandboxLimits) -> list[str]:
     A ``preexec_fn`` would run Python between fork and exec, which can deadlock or crash in a process with
     threads (a gRPC server, the engine); these prefixes keep the child free of Python.
     """
-    caps: list[tuple[str, str, int]] = [("--core", "-c", 0)]
-    if limits.memory_mb is not None:
-        caps.append(("--as", "-v", limits.memory_mb * 1024 * 1024))
+    caps: list[tuple[str, int, str]] = [("--core", 0, "ulimit -c 0")]
+    if limits.memory_mb is not None:  # ulimit -v counts KiB
+        caps.append(("--as", limits.memory_mb * 1024 * 1024, f"ulimit -v {limits.memory_mb * 1024}"))
     if limits.cpu_s is not None:
-        caps.append(("--cpu", "-t", limits.cpu_s))
+        caps.append(("--cpu", limits.cpu_s, f"ulimit -t {limits.cpu_s}"))
     if limits.max_processes is not None:
-        caps.append(("--nproc", "-u", limits.max_processes))
+        # The process limit is ``-u`` in bash and ``-p`` in dash (a Debian /bin/sh), where ``-u`` is an error.
+        n = limits.max_processes
+        caps.append(("--nproc", n, f"ulimit -u {n} 2>/dev/null || ulimit -p {n}"))
     prlimit = shutil.which("prlimit") if limits.limiter != "ulimit" else None
     if limits.limiter == "prlimit" and prlimit is None:
         raise SandboxError("sandbox unavailable: prlimit is not installed")
     if prlimit is not None:
-        return [prlimit, *(f"{flag}={value}" for flag, _, value in caps), "--"]
-    # ulimit -v counts KiB; the others take their plain unit.
-    script = "; ".join(f"ulimit {opt} {value // 1024 if opt == '-v' else value}" for _, opt, value in caps)
+        return [prlimit, *(f"{flag}={value}" for flag, value, _ in caps), "--"]
+    script = "; ".join(command for _, _, command in caps)
     return ["/bin/sh", "-c", script + '; exec "$@"', "sandbox"]
 
 

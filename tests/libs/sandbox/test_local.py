@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 import sys
 from pathlib import Path
@@ -43,6 +44,22 @@ def test_memory_limit_bites(limiter: str) -> None:
     with LocalSandbox(SandboxLimits(memory_mb=200, limiter=limiter)) as sb:
         r = sb.run([sys.executable, "-c", "x = bytearray(600 * 1024 * 1024); print('allocated')"])
     assert r.exit_code != 0 and "allocated" not in r.stdout and "MemoryError" in r.stderr
+
+
+@pytest.mark.parametrize("limiter", ["prlimit", "ulimit"])
+def test_every_limit_is_applied(limiter: str) -> None:
+    # The process limit counts the user's processes: take one far above them, below the hard limit.
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = 1_000_003 if hard == resource.RLIM_INFINITY else hard - 1
+    code = (
+        "import resource as r; "
+        "print(*(r.getrlimit(x)[0] for x in (r.RLIMIT_AS, r.RLIMIT_CPU, r.RLIMIT_NPROC, r.RLIMIT_CORE)))"
+    )
+    limits = SandboxLimits(memory_mb=300, cpu_s=7, max_processes=nproc, limiter=limiter)
+    with LocalSandbox(limits) as sb:
+        r = sb.run([sys.executable, "-c", code])
+    assert r.ok, r.stderr
+    assert [int(x) for x in r.stdout.split()] == [300 * 1024 * 1024, 7, nproc, 0]
 
 
 def test_output_is_capped() -> None:
