@@ -127,6 +127,47 @@ async def test_cell_role_changes_drain_and_reroute_an_anthropic_stream(
         await st.gateway.stop()
 
 
+class _BrokenMigrator:
+    """A KV-migration hook that fails after a suspension (an RDMA transfer that breaks)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def migrate(self, rid: str, source: object, target: object, tokens: object) -> bool:
+        self.calls += 1
+        await asyncio.sleep(0)
+        raise ConnectionError("the KV transfer broke")
+
+
+async def test_a_failed_kv_migration_falls_back_to_re_prefill(
+    event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a, "e1": engine_b})
+    try:
+        migrator = _BrokenMigrator()
+        st.gateway.pool.migrator = migrator
+        stream = await st.openai("ex-kv").chat.completions.create(
+            model=M,
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=LONG,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks, finish = 0, None
+        async for ch in stream:
+            if ch.choices:
+                finish = ch.choices[0].finish_reason or finish
+            chunks += 1
+            if chunks == 10:
+                await st.gateway.pool.drain(_busy_engine(st))
+        assert migrator.calls == 1 and finish == "length"
+        events = await st.assert_recorded_matches_engines()
+        assert events[0].attempts == 2 and len(events[0].output_ids) == LONG
+        assert all(not h.inflight for h in st.gateway.pool.engines())  # the re-issue gave its slot back
+    finally:
+        await st.gateway.stop()
+
+
 async def test_a_non_streamed_call_survives_a_drain(
     event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
 ) -> None:

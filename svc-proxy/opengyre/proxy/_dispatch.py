@@ -8,6 +8,7 @@ KV-migration hook. The caller sees one stream of token deltas: each token exactl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -70,6 +71,19 @@ class Dispatch:
             self._started = True
             await self.pool.release(self._handle, self._rid_now)
 
+    async def _migrate(self, source: EngineHandle, target: EngineHandle) -> None:
+        """The KV-migration hook; a failed migration is a re-prefill (the target gets every token either way)."""
+        try:
+            await self.pool.migrator.migrate(self._rid_now, source, target, self.prompt_ids + self.outcome.output_ids)
+        except Exception:
+            log.warning(
+                "KV migration of %s from %s to %s failed: the target re-prefills",
+                self._rid_now,
+                source.engine_id,
+                target.engine_id,
+                exc_info=True,
+            )
+
     async def deltas(self) -> AsyncIterator[tuple[list[int], list[float]]]:
         assert self._handle is not None, "call start() first"
         if self._started:
@@ -80,6 +94,7 @@ class Dispatch:
         min_new = int(self.sampling.get("min_new_tokens", 0))
         failed: set[str] = set()
         h: EngineHandle | None = self._handle
+        source: EngineHandle | None = None  # the engine the previous attempt left (a re-issue)
         done = False
         try:
             while h is not None:
@@ -101,13 +116,20 @@ class Dispatch:
                 broke = False
                 offset = len(out.output_ids)
                 try:
-                    async for ids, lps in h.client.generate(payload, reply, incremental=h.incremental):
-                        if ids:
-                            if not out.output_ids:
-                                self.ttft_ms = (time.perf_counter() - self.t0) * 1e3
-                            out.output_ids.extend(ids)
-                            out.output_logprobs.extend(lps)
-                            yield ids, lps
+                    if source is not None:
+                        await self._migrate(source, h)
+                    # Closed as soon as this generator is: the engine's connection (and, for vLLM, its request)
+                    # must not wait for the garbage collector when the caller goes away.
+                    async with contextlib.aclosing(
+                        h.client.generate(payload, reply, incremental=h.incremental)
+                    ) as chunks:
+                        async for ids, lps in chunks:
+                            if ids:
+                                if not out.output_ids:
+                                    self.ttft_ms = (time.perf_counter() - self.t0) * 1e3
+                                out.output_ids.extend(ids)
+                                out.output_logprobs.extend(lps)
+                                yield ids, lps
                 except EngineRejected as exc:
                     raise ApiError(
                         exc.status, "invalid_request", f"the engine refused the request: {exc.message}"
@@ -154,6 +176,8 @@ class Dispatch:
                     done = True
                     return
                 # Re-issue the rest elsewhere; a broken engine is avoided, a drained one is out of the pool.
+                # The KV migration runs at the top of the next attempt, where the new slot is released whatever
+                # happens.
                 h.rerouted += 1
                 self._rid_now = self._next_rid()
                 source = h
@@ -164,7 +188,6 @@ class Dispatch:
                     out.finish = {"type": "abort", "message": str(exc), "status_code": 503}
                     done = True
                     return
-                await self.pool.migrator.migrate(self._rid_now, source, h, self.prompt_ids + out.output_ids)
         finally:
             self.total_ms = (time.perf_counter() - self.t0) * 1e3
             if not done and h is not None and self._rid_now:

@@ -1,6 +1,13 @@
 """QwenGyre elastic scheduler: cells move between rollout and training under the watermark rule."""
 
-from ._commands import CommandRefused, arrival_role, check_registration, check_role_request, protocol
+from ._commands import (
+    CommandRefused,
+    arrival_role,
+    check_drain,
+    check_registration,
+    check_role_request,
+    protocol,
+)
 from ._packing import MicroStep, PackingBuffer
 from ._policy import Decision, DispatchRequest, LoopConfig, Packing, Policy, RoleRequest, Target, View, dispatchable
 from ._projection import SchedulerProjection, load_state
@@ -27,6 +34,7 @@ __all__ = [
     "Target",
     "View",
     "arrival_role",
+    "check_drain",
     "check_registration",
     "check_role_request",
     "check_transition",

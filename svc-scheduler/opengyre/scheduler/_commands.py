@@ -9,12 +9,13 @@ from opengyre.events import CellRegistered, CellRole
 
 from ._policy import RoleRequest, Target
 from ._rules import ROLLOUT_ROLES, TRAINING_ROLES, watermark_allows
-from ._state import SchedulerState
+from ._state import CellState, SchedulerState
 
 __all__ = [
     "CommandRefused",
     "RefusalCode",
     "arrival_role",
+    "check_drain",
     "check_registration",
     "check_role_request",
     "protocol",
@@ -57,15 +58,31 @@ def check_role_request(state: SchedulerState, req: RoleRequest) -> None:
         # is resumed from where it is; the cell's capacity already left CR(t).
         if cell.role not in ("rollout", "idle", "draining", "switching"):
             raise CommandRefused("failed-precondition", f"cell {req.cell_id} is already {cell.role}")
-        if cell.role in ROLLOUT_ROLES and not watermark_allows(state.watermark, state.rollout_capacity, cell.capacity):
-            raise CommandRefused(
-                "failed-precondition",
-                f"watermark: w={state.watermark} executions live but CR-Ce="
-                f"{state.rollout_capacity - cell.capacity}; moving {req.cell_id} would leave some without capacity",
-            )
+        if cell.role in ROLLOUT_ROLES:
+            _check_watermark(state, cell)
         return
     if cell.role not in (*TRAINING_ROLES, "idle", "draining", "switching"):
         raise CommandRefused("failed-precondition", f"cell {req.cell_id} is already {cell.role}")
+
+
+def check_drain(state: SchedulerState, cell_id: str) -> None:
+    """An operator's drain takes a rollout cell out of service: the same watermark rule as any cell leaving."""
+    cell = state.cells.get(cell_id)
+    if cell is None:
+        raise CommandRefused("not-found", f"cell {cell_id} is not registered")
+    if cell.role not in ROLLOUT_ROLES:
+        raise CommandRefused("failed-precondition", f"cell {cell_id} is {cell.role}; only a rollout cell drains")
+    _check_watermark(state, cell)
+
+
+def _check_watermark(state: SchedulerState, cell: CellState) -> None:
+    """The one place a cell leaving rollout is judged: w(t) <= CR(t) - Ce."""
+    if not watermark_allows(state.watermark, state.rollout_capacity, cell.capacity):
+        raise CommandRefused(
+            "failed-precondition",
+            f"watermark: w={state.watermark} executions live but CR-Ce="
+            f"{state.rollout_capacity - cell.capacity}; moving {cell.cell_id} would leave some without capacity",
+        )
 
 
 def protocol(state: SchedulerState, cell_id: str, target: Target) -> list[tuple[CellRole, CellRole]]:

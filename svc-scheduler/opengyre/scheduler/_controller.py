@@ -18,12 +18,12 @@ from opengyre.events import CellRegistered, CellRoleChanged, Event
 from opengyre.store import Tracking
 
 from ._actuation import RoleChanger
-from ._commands import CommandRefused, check_registration, check_role_request
+from ._commands import CommandRefused, check_drain, check_registration, check_role_request
 from ._executions import EXECUTIONS
 from ._packing import MicroStep
 from ._policy import Decision, LoopConfig, Policy, RoleRequest, View
 from ._projection import SchedulerProjection, load_state
-from ._rules import TRAINING_ROLES, watermark_allows
+from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
 from .actuators import Actuator
 
@@ -156,20 +156,10 @@ class SchedulerController:
         changer = self._changer()
         async with self._lock:
             st = await self.fresh_state()
-            cell = st.cells.get(cell_id)
-            if cell is None:
-                raise CommandRefused("not-found", f"cell {cell_id} is not registered")
             if cell_id in self._busy:
                 raise CommandRefused("failed-precondition", f"a role change of cell {cell_id} is in progress")
-            if cell.role != "rollout":
-                raise CommandRefused(
-                    "failed-precondition", f"cell {cell_id} is {cell.role}; only a rollout cell drains"
-                )
-            if not watermark_allows(st.watermark, st.rollout_capacity, cell.capacity):
-                raise CommandRefused(
-                    "failed-precondition",
-                    f"watermark: w={st.watermark} executions live but CR-Ce={st.rollout_capacity - cell.capacity}",
-                )
+            check_drain(st, cell_id)
+            cell = st.cells[cell_id]
             self._busy.add(cell_id)
             try:
                 await changer.begin_drain(cell, reason)
