@@ -2,7 +2,7 @@
 
 It is the embedded default beside Docker/Harbor environments: commands run as the current user in a fresh
 directory tree (``home/`` and ``tmp/`` inside it), with a clean environment, in their own session so a timeout
-kills every process they started.
+kills every process they started, and what they leave running in the background dies when they end.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class LocalSandbox:
             for d in ("home", "tmp"):
                 (self._root / d).mkdir()
         except OSError as exc:
+            self.close()  # a half-made directory is not left behind
             raise SandboxError(f"sandbox unavailable: {exc}") from exc
         return self
 
@@ -153,6 +154,8 @@ class LocalSandbox:
             timed_out = True
             _kill_group(proc)
             out, err = proc.communicate()
+        finally:
+            _kill_group(proc)  # what it left running (a server started in the background) must not outlive it
         code = 124 if timed_out else _exit_code(proc.returncode)
         return SandboxResult(
             exit_code=code,
@@ -165,5 +168,7 @@ class LocalSandbox:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    # The group keeps the leader's id while any member lives, even after the leader was reaped (Linux does not
+    # reuse an id that still names a process group); an empty group is ProcessLookupError.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

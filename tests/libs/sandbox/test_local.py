@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,30 @@ def test_timeout_kills_the_whole_group_and_exits_124() -> None:
     with LocalSandbox(SandboxLimits(timeout_s=1.0)) as sb:
         r = sb.run(["bash", "-c", "sleep 60 & sleep 60; echo never"])
     assert r.timed_out and r.exit_code == 124 and "never" not in r.stdout
+
+
+def _gone(pid: int) -> bool:
+    """Dead (or a zombie nobody reaped yet), waiting a while for a SIGKILL to land."""
+    stat = Path(f"/proc/{pid}/stat")
+    for _ in range(100):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_what_a_command_leaves_running_dies_when_it_ends() -> None:
+    with LocalSandbox() as sb:
+        r = sb.run(["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"])
+    assert r.ok and not r.timed_out
+    pid = int(r.stdout)
+    gone = _gone(pid)
+    if not gone:
+        os.kill(pid, signal.SIGKILL)
+    assert gone, "a background process outlived its sandboxed command"
 
 
 def test_signal_kill_is_137() -> None:
