@@ -4,6 +4,7 @@ are not zeros, infrastructure failures that are never graded."""
 from __future__ import annotations
 
 import json
+import resource
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,22 @@ def test_verifier_env_from_task_toml(tmp_path: Path) -> None:
     sh = '#!/bin/bash\necho "$PASS_MARK" > /logs/verifier/reward.txt\n'
     task = make_task(tmp_path, sh, '[verifier]\nenv = { PASS_MARK = "0.25" }\n')
     assert HarborVerifier(SandboxLimits(timeout_s=30)).evaluate(task, workspace(tmp_path, {})).score == 0.25
+
+
+def test_task_toml_keeps_the_verifiers_other_limits(tmp_path: Path) -> None:
+    # The process limit counts the user's processes: take one far above them, below the hard limit.
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = 1_000_003 if hard == resource.RLIM_INFINITY else hard - 1
+    sh = f'#!/bin/bash\n[ "$(ulimit -u)" = {nproc} ] && r=1 || r=0\necho $r > /logs/verifier/reward.txt\n'
+    task = make_task(tmp_path, sh, "[verifier]\ntimeout_sec = 30.0\n")
+    ev = HarborVerifier(SandboxLimits(max_processes=nproc)).evaluate(task, workspace(tmp_path, {}))
+    assert ev.score == 1.0
+
+
+def test_an_impossible_timeout_in_task_toml_is_an_evaluator_failure(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n", "[verifier]\ntimeout_sec = 0\n")
+    ev = HarborVerifier().evaluate(task, workspace(tmp_path, {}))
+    assert ev.score is None and ev.failure_class == "evaluator" and "bad task.toml" in ev.detail
 
 
 def test_infra_failure_is_not_graded(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ tests and the workspace into the sandbox and rewrites those absolute paths in th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -103,13 +104,9 @@ class HarborVerifier(Evaluator):
         verifier = tomllib.loads(toml.read_text()).get("verifier", {})
         timeout = float(verifier.get("timeout_sec", self.limits.timeout_s))
         env = {str(k): str(v) for k, v in dict(verifier.get("env", {})).items()}
-        limits = SandboxLimits(
-            timeout_s=timeout,
-            memory_mb=self.limits.memory_mb,
-            cpu_s=self.limits.cpu_s,
-            max_output_bytes=self.limits.max_output_bytes,
-            network=self.limits.network,
-        )
+        # The task sets the time; every other limit stays the verifier's own.
+        limits = dataclasses.replace(self.limits, timeout_s=timeout)
+        limits.validate()  # a task's impossible timeout is the task's fault: an evaluator failure, not a crash
         return limits, env
 
     def evaluate(self, task_dir: Path, workspace: Path) -> Evaluation:
