@@ -7,7 +7,7 @@ chunks (SGLang's default) and turns them into token deltas.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,7 @@ class EngineClient:
 
     async def generate(
         self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = False
-    ) -> AsyncIterator[tuple[list[int], list[float]]]:
+    ) -> AsyncGenerator[tuple[list[int], list[float]], None]:
         """POST /generate and yield ``(new ids, new logprobs)`` deltas, filling ``reply`` as it goes.
 
         With ``payload["stream"]`` false there is one delta, at the end.

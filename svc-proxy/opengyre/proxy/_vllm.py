@@ -11,7 +11,7 @@ already streamed are exactly what the engine produced for it. Engines are marked
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -97,7 +97,7 @@ class VllmClient(EngineClient):
 
     async def generate(
         self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = True
-    ) -> AsyncIterator[tuple[list[int], list[float]]]:
+    ) -> AsyncGenerator[tuple[list[int], list[float]], None]:
         rid = str(payload.get("rid", ""))
         try:
             body = to_vllm(payload, await self._model())
