@@ -275,6 +275,22 @@ async def test_anthropic_stream_error_event_when_nothing_can_continue(
         await st.gateway.stop()
 
 
+async def test_a_cell_whose_url_no_client_speaks_is_skipped(event_log: EventLog) -> None:
+    from opengyre.proxy import EnginePool
+    from opengyre.runtime import free_port
+
+    pool = EnginePool()
+    try:
+        watcher = CellWatcher(event_log, pool)  # applied directly: the watcher's loop must outlive a bad cell
+        await watcher.apply(CellRegistered(cell_id="c-tls", role="rollout", engine_url="https://engine:443"))
+        await watcher.apply(
+            CellRegistered(cell_id="c-ok", role="rollout", engine_url=f"http://127.0.0.1:{free_port()}")
+        )
+        assert [h.engine_id for h in pool.engines()] == ["c-ok"]
+    finally:
+        await pool.close()
+
+
 async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
     event_log: EventLog, engine_b: EngineServer
 ) -> None:

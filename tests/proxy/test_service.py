@@ -108,6 +108,7 @@ async def test_operators_drive_the_proxy_over_grpc(
             (stub.GetTree(proxy_pb2.GetTreeRequest(execution_id="nobody")), grpc.StatusCode.NOT_FOUND),
             (stub.DrainEngine(proxy_pb2.DrainEngineRequest(engine_id="nope")), grpc.StatusCode.NOT_FOUND),
             (stub.AddEngine(proxy_pb2.AddEngineRequest(url="ftp://x")), grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.AddEngine(proxy_pb2.AddEngineRequest(url="https://x")), grpc.StatusCode.INVALID_ARGUMENT),
             (stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="a.b")), grpc.StatusCode.INVALID_ARGUMENT),
             (
                 stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="a", role="boss")),

@@ -84,10 +84,13 @@ class CellWatcher:
             self.urls[cell] = url
         self.roles[cell] = role
         if role == "rollout":
-            if cell in self.urls:
-                await self.pool.add(cell, self.urls[cell], source="cell")
-            else:
+            if cell not in self.urls:
                 log.warning("cell %s is a rollout cell without an engine_url", cell)
+                return
+            try:
+                await self.pool.add(cell, self.urls[cell], source="cell")
+            except ValueError as exc:  # a URL no engine client speaks: skip the cell, keep following the others
+                log.warning("cell %s: %s", cell, exc)
         elif self.pool.get(cell) is not None:
             # Drain in the background: the watcher must keep reading while requests move.
             task = asyncio.create_task(self.pool.drain(cell), name=f"drain-{cell}")

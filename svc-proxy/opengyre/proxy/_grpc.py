@@ -69,13 +69,15 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         )
 
     async def AddEngine(self, request: proxy_pb2.AddEngineRequest, context: Ctx) -> proxy_pb2.Engine:  # noqa: N802
-        if not request.url.startswith(("http://", "https://")):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "url must be an http(s) URL")
         engine_id = request.engine_id or request.url
         existing = self._gw.pool.get(engine_id)
         if existing is not None and existing.state == "active" and existing.url != request.url.rstrip("/"):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"engine {engine_id} already routes to {existing.url}")
-        return _engine_msg(await self._gw.pool.add(engine_id, request.url, source="grpc"))
+        try:
+            return _engine_msg(await self._gw.pool.add(engine_id, request.url, source="grpc"))
+        except ValueError as exc:  # the pool's clients speak http:// and vllm+http:// only
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
 
     async def DrainEngine(  # noqa: N802
         self, request: proxy_pb2.DrainEngineRequest, context: Ctx

@@ -116,7 +116,10 @@ class EnginePool:
         return self._engines.get(engine_id)
 
     async def add(self, engine_id: str, url: str, *, source: str = "static") -> EngineHandle:
-        """Route to ``url`` under ``engine_id`` (an existing id is re-pointed and re-activated)."""
+        """Route to ``url`` under ``engine_id`` (an existing id is re-pointed and re-activated).
+
+        Raises ValueError for a URL no engine client speaks (``http://`` or ``vllm+http://``).
+        """
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
             kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
