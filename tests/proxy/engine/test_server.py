@@ -4,8 +4,10 @@ continuous batching, and the request log tests compare the proxy's records again
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +214,24 @@ async def test_an_engine_runs_as_a_child_process() -> None:
         assert log[0]["output_ids"] == r.json()["output_ids"]
         pid = proc.pid
     assert pid is not None and proc.pid is None
+
+
+async def test_a_cancelled_start_leaves_no_child_process() -> None:
+    proc = EngineProcess(EngineConfig(port=0, threads=1))
+    task = asyncio.create_task(proc.start())
+    try:
+        while proc.pid is None:
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        pid = proc.pid
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert proc.pid is None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # stopped and reaped, not orphaned in its own session
+    finally:
+        await proc.stop()
 
 
 async def test_pause_holds_requests_until_continue(engine_a: EngineServer) -> None:

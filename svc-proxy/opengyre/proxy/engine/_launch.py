@@ -129,17 +129,22 @@ class EngineProcess:
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        while not port_file.exists() or not port_file.read_text().strip():
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the engine process exited with {self._proc.returncode} before serving")
-            if time.monotonic() > deadline:
-                await self.stop()
-                raise TimeoutError(f"the engine process did not start within {timeout}s")
-            await asyncio.sleep(0.05)
-        self.url = port_file.read_text().strip()
-        async with httpx.AsyncClient(timeout=5) as c:
-            while (await c.get(self.url + "/health")).status_code != 200:
+        try:
+            while not port_file.exists() or not port_file.read_text().strip():
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"the engine process exited with {self._proc.returncode} before serving")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine process did not start within {timeout}s")
                 await asyncio.sleep(0.05)
+            self.url = port_file.read_text().strip()
+            async with httpx.AsyncClient(timeout=5) as c:
+                while (await c.get(self.url + "/health")).status_code != 200:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the engine process did not answer /health within {timeout}s")
+                    await asyncio.sleep(0.05)
+        except BaseException:
+            await self.stop()  # a failed or cancelled start leaves no child behind (it runs in its own session)
+            raise
         return self
 
     async def stop(self, timeout: float = 10.0) -> None:
