@@ -211,3 +211,20 @@ async def test_long_negative_executions_are_masked(event_log: EventLog, engine: 
     assert report is not None
     assert report.completed.execution_ids == ["g1-e0"]
     assert report.completed.dropped == {"g1-e1": "masked:long-negative:30"}
+
+
+async def test_a_token_past_the_vocabulary_is_a_corrupt_trajectory_not_a_failed_step(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    events = group("g1", [("completed", 1.0, None), ("completed", 0.0, None), ("completed", 0.5, None)])
+    finish = events.pop()  # g1-e2's finish: it first records a call with a token the model does not have
+    assert isinstance(finish, ExecutionFinished) and finish.execution_id == "g1-e2"
+    far = ModelCallRecorded(
+        execution_id="g1-e2", call_id="far", prompt_delta_ids=[1], output_ids=[5000], output_logprobs=[-1.0]
+    )
+    await event_log.append_many([*events, far, finish])
+    await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
+    report = await OnlineTrainer(config(tmp_path, group_size=3), TrainerStore(engine), event_log).step_once()
+    assert report is not None and report.result is not None
+    assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1"]
+    assert report.completed.dropped == {"g1-e2": "excluded:corrupt-trajectory:token 5000 past the vocabulary"}

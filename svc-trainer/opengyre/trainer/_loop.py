@@ -151,6 +151,7 @@ class OnlineTrainer:
             seed=self.config.seed,
             max_staleness=self.config.max_staleness,
             max_negative_tokens=self.config.max_negative_tokens,
+            vocab_size=int(self.backend.config.vocab_size),
         )
 
     async def _batch_step(self) -> tuple[PreparedStep, StepResult | None] | None:

@@ -73,11 +73,13 @@ def prepare_step(
     max_staleness: int | None = None,
     step_share: float = 1.0,
     max_negative_tokens: int | None = None,
+    vocab_size: int | None = None,
 ) -> PreparedStep:
     """``step_share``: the part of the step's loss these groups carry (1 when they are the whole step; a
     streaming step prepares group by group, each with ``1 / groups_per_step``). ``max_negative_tokens``: mask
     negative-advantage executions that generated more tokens than this (a few extremely long failures would
-    otherwise dominate the update)."""
+    otherwise dominate the update). ``vocab_size``: the model's; a trajectory holding a token id past it is
+    corrupt (the projection cannot know the model, and the embedding would fail the whole step)."""
     out = PreparedStep(step=step)
     drawn: dict[str, tuple[list[SampledPath], float]] = {}
     costs: dict[str, SampleCost] = {}
@@ -95,6 +97,9 @@ def prepare_step(
                 tree = load_tree(a.execution_id)
             except TrajectoryError as exc:
                 out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:{str(exc)[:40]}"
+                continue
+            if vocab_size is not None and (top := _largest_token(tree)) >= vocab_size:
+                out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:token {top} past the vocabulary"
                 continue
             if max_negative_tokens is not None and a.advantage < 0:
                 generated = sum(len(n.output_ids) for n in tree.nodes.values())
@@ -144,6 +149,10 @@ def prepare_step(
         out.forward_tokens += c.forward_tokens
         out.all_paths_forward_tokens += c.all_paths_forward_tokens
     return out
+
+
+def _largest_token(tree: TrajectoryTree) -> int:
+    return max((max((*n.prompt_delta_ids, *n.output_ids), default=0) for n in tree.nodes.values()), default=0)
 
 
 def _rescale(s: TrainingSample, scale: float) -> TrainingSample:
