@@ -8,7 +8,16 @@ import pytest
 import torch
 
 from opengyre.models import model_config
-from opengyre.trainer import Learner, MicroStepBuffer, Satellite, snapshot_digest, streaming_step
+from opengyre.trainer import (
+    Learner,
+    MicroStepBuffer,
+    PreparedStep,
+    Satellite,
+    TrainingSample,
+    snapshot_digest,
+    staleness,
+    streaming_step,
+)
 from opengyre.trainer.algorithms import GSPO
 from opengyre.trainer.backends import build_backend
 
@@ -113,3 +122,29 @@ def test_a_satellite_joins_a_running_step_on_the_step_start_snapshot() -> None:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
     with pytest.raises(RuntimeError):
         step.join(Satellite("too-late", build_backend("torch", cfg), GSPO()))
+
+
+def test_merged_parts_of_a_step_average_staleness_over_tokens() -> None:
+    # A streaming step prepares group by group; the merged mean is the mean over all target tokens.
+    def sample(eid: str, n: int, version: str) -> TrainingSample:
+        return TrainingSample(
+            execution_id=eid,
+            leaf="l",
+            tokens=tuple(range(1, n + 2)),
+            targets=(False, *[True] * n),
+            behaviour_logprobs=(0.0, *[-1.0] * n),
+            advantage=1.0,
+            token_weight=0.1,
+            weight_versions=("", *[version] * n),
+        )
+
+    steps, step = {"v1": 1, "v5": 5}, 7
+    parts = []
+    for s in ([sample("a", 3, "v1")], [sample("b", 1, "v5")]):
+        st = staleness(s, steps, step)
+        parts.append(PreparedStep(step, samples=list(s), staleness_mean=st.mean, staleness_max=st.max))
+    merged = parts[0]
+    merged.merge(parts[1])
+    whole = staleness(merged.samples, steps, step)
+    assert (merged.staleness_mean, merged.staleness_max) == (pytest.approx(whole.mean), whole.max)
+    assert whole.mean == pytest.approx((3 * 5 + 1 * 1) / 4)

@@ -41,7 +41,8 @@ class PreparedStep:
 
     def merge(self, other: PreparedStep) -> None:
         """Fold another part of the same step in (streaming prepares one group at a time)."""
-        n, m = len(self.samples), len(other.samples)
+        # Staleness is a mean over the stamped target tokens: weigh each part's mean by its count of them.
+        n, m = _stamped_targets(self.samples), _stamped_targets(other.samples)
         self.samples += other.samples
         self.trained += other.trained
         self.dropped.update(other.dropped)
@@ -149,6 +150,11 @@ def prepare_step(
         out.forward_tokens += c.forward_tokens
         out.all_paths_forward_tokens += c.all_paths_forward_tokens
     return out
+
+
+def _stamped_targets(samples: Sequence[TrainingSample]) -> int:
+    """The target tokens ``staleness`` averages over (those of samples with version stamps)."""
+    return sum(s.n_targets for s in samples if s.weight_versions)
 
 
 def _largest_token(tree: TrajectoryTree) -> int:
