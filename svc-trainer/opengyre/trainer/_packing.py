@@ -70,34 +70,9 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
 
-def _to_batch(rows: Sequence[TrainingSample]) -> MicroBatch:
-    t = max(len(s.tokens) for s in rows)
-    b = len(rows)
-    ids = torch.full((b, t), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((b, t - 1), dtype=torch.bool)
-    beh = torch.zeros((b, t - 1), dtype=torch.float32)
-    w = torch.zeros((b, t - 1), dtype=torch.float32)
-    adv = torch.zeros((b, t - 1), dtype=torch.float32)
-    for i, s in enumerate(rows):
-        n = len(s.tokens)
-        ids[i, :n] = torch.tensor(s.tokens, dtype=torch.long)
-        tg = torch.tensor(s.targets[1:], dtype=torch.bool)
-        mask[i, : n - 1] = tg
-        beh[i, : n - 1] = torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32)
-        w[i, : n - 1] = torch.where(tg, torch.tensor(s.token_weight, dtype=torch.float32), 0.0)
-        adv[i, : n - 1] = s.advantage
-    return MicroBatch(
-        input_ids=ids,
-        mask=mask,
-        behaviour_logprobs=beh,
-        token_weights=w,
-        advantages=adv,
-        lengths=torch.tensor([len(s.tokens) for s in rows], dtype=torch.long),
-        execution_ids=tuple(s.execution_id for s in rows),
-    )
-
-
-def _to_packed_batch(rows: Sequence[Sequence[TrainingSample]]) -> MicroBatch:
+def _to_batch(rows: Sequence[Sequence[TrainingSample]], *, packed: bool) -> MicroBatch:
+    """One micro-batch from rows of samples placed back to back (one sample per row when padded); ``packed``
+    gives each sample its own positions from 0 (padded rows need none: 0..T-1 is the default)."""
     t = max(sum(len(s.tokens) for s in row) for row in rows)
     b = len(rows)
     ids = torch.full((b, t), PAD_ID, dtype=torch.long)
@@ -130,7 +105,7 @@ def _to_packed_batch(rows: Sequence[Sequence[TrainingSample]]) -> MicroBatch:
         advantages=adv,
         lengths=torch.tensor(lengths, dtype=torch.long),
         execution_ids=tuple(s.execution_id for row in rows for s in row),
-        position_ids=pos,
+        position_ids=pos if packed else None,
     )
 
 
@@ -156,7 +131,7 @@ def pack_samples(
         cur.append(s)
     if cur:
         batches.append(cur)
-    return [_to_batch(rows) for rows in batches]
+    return [_to_batch([[s] for s in rows], packed=False) for rows in batches]
 
 
 def _pack_rows(samples: Sequence[TrainingSample], max_tokens: int) -> list[MicroBatch]:
@@ -179,4 +154,4 @@ def _pack_rows(samples: Sequence[TrainingSample], max_tokens: int) -> list[Micro
             rows.append([s])
             room.append(width - len(s.tokens))
     per_batch = max(1, max_tokens // width)
-    return [_to_packed_batch(rows[k : k + per_batch]) for k in range(0, len(rows), per_batch)]
+    return [_to_batch(rows[k : k + per_batch], packed=True) for k in range(0, len(rows), per_batch)]
