@@ -4,6 +4,7 @@ refused with a precise status and change nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import grpc
@@ -202,3 +203,29 @@ async def test_a_switch_that_stops_half_way_is_resumed_or_undone(
         done = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
         assert done.cell.role == "training-core"
         assert list(done.steps) == ["c1: draining->switching", "c1: switching->training-core"]
+
+
+async def test_a_cell_leaving_training_gives_back_its_micro_step_even_to_a_worker_still_claiming(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    loop = LoopConfig(groups_per_step=2, group_size=1)
+    svc = SchedulerService(policy=make_policy("elastic"), loop=loop, actuator=ExternalActuator())
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        for c in ("c0", "c1"):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=4))
+        await event_log.append(ExecutionDispatched(execution_id="x0", task_id="t", group_id="g0", step=1, group_size=1))
+        await event_log.append(ExecutionFinished(execution_id="x0", status="completed", score=1.0))
+        await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
+        assert (await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))).claimed
+
+        # c1's worker keeps claiming, as a real one does until it is stopped, while c1 goes back to rollout.
+        leaving = asyncio.ensure_future(stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="rollout")))
+        while not leaving.done():
+            with contextlib.suppress(grpc.aio.AioRpcError):  # refused once c1 is no longer training
+                await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c1"))
+        assert (await leaving).cell.role == "rollout"
+
+        # The micro-step c1 held is back in the buffer: the next training cell gets it.
+        await stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="training"))
+        again = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c0"))
+        assert again.claimed and list(again.execution_ids) == ["x0"]

@@ -33,6 +33,9 @@ class RoleChanger:
     actuator: Actuator
     append: Append
     state: StateSource
+    # Called with the cell's id once its trainer worker is stopped: nothing can claim for the cell any more,
+    # so its unfinished micro-step goes back to the buffer.
+    trainer_stopped: Callable[[str], Awaitable[None]] | None = None
     steps: list[str] = field(default_factory=list)
 
     async def _step(self, cell: CellState, frm: CellRole, to: CellRole, reason: str, url: str | None = None) -> None:
@@ -78,6 +81,8 @@ class RoleChanger:
         if cell.role in TRAINING_ROLES:
             await self._step(cell, cell.role, "switching", reason)
         await self.actuator.stop_trainer(cell)  # also after a to-training switch that stopped half-way
+        if self.trainer_stopped is not None:
+            await self.trainer_stopped(cell.cell_id)
         url = await self.actuator.start_engine(cell)
         await self._step(cell, "switching", "rollout", "engine up", url)
 

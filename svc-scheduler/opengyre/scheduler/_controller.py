@@ -114,7 +114,7 @@ class SchedulerController:
         return await self.append(event)
 
     def _changer(self) -> RoleChanger:
-        return RoleChanger(self.actuator, self._append_role, self.state)
+        return RoleChanger(self.actuator, self._append_role, self.state, self.release_claims)
 
     # --- commands ------------------------------------------------------------------------------------
 
@@ -144,8 +144,6 @@ class SchedulerController:
                 self._busy.discard(req.cell_id)
                 raise
         try:
-            if req.target == "rollout" and cell.role in TRAINING_ROLES:
-                await self.release_claims(req.cell_id)
             await changer.run(cell, req.target, req.reason)
         finally:
             self._busy.discard(req.cell_id)
@@ -216,6 +214,8 @@ class SchedulerController:
             return True, await asyncio.to_thread(self._execution_ids, self.packer.groups())
 
     async def release_claims(self, cell_id: str) -> None:
+        """The cell's worker is gone (its cell left training): its unfinished micro-step goes back to the buffer.
+        Not before: until the cell is out of training its worker may claim again."""
         async with self._claim_lock:
             held = self._claims.pop(cell_id, None)
             if held is not None:
