@@ -188,11 +188,7 @@ class OnlineTrainer:
                 group = fresh[0]
                 used.add(group.group_id)
                 part = await asyncio.to_thread(self.prepare, [group], per_group)
-                for mb in (
-                    pack_samples(part.samples, self.config.micro_batch_tokens, packed=self.config.packed)
-                    if part.samples
-                    else []
-                ):
+                for mb in self._pack(part.samples):
                     buffer.put(mb)
                 if prepared is None:
                     prepared = part
