@@ -79,6 +79,16 @@ async def test_bad_requests_get_400(body: dict[str, Any], status: int, needle: s
         assert srv.engine.request_log() == []
 
 
+async def test_every_native_route_answers_400_to_a_body_that_is_not_json(engine_a: EngineServer) -> None:
+    routes = ["/generate", "/abort_request", "/update_weights_from_disk", "/update_weight_version", "/pause_generation"]
+    async with httpx.AsyncClient(timeout=60) as c:
+        for path in routes:
+            r = await c.post(engine_a.url + path, content=b"{")
+            assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"], path
+        assert (await c.post(engine_a.url + "/pause_generation", json=["abort"])).status_code == 400
+    assert not engine_a.engine.scheduler.paused and engine_a.engine.request_log() == []
+
+
 async def test_streams_are_cumulative_and_end_with_done(engine_a: EngineServer) -> None:
     async with httpx.AsyncClient(timeout=60) as c:
         chunks = await _stream(

@@ -46,12 +46,20 @@ def _gate_error(message: str) -> Response:
     return _Json({"error": message}, status_code=400)
 
 
+class _BadBody(ValueError):
+    """A body that is not JSON: every route answers 400 (the app's handler), never 500."""
+
+
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
     try:
         return msgspec.json.decode(raw) if raw else {}
     except msgspec.DecodeError as exc:
-        raise ValueError(f"malformed JSON body: {exc}") from None
+        raise _BadBody(f"malformed JSON body: {exc}") from None
+
+
+async def _bad_body(request: Request, exc: Exception) -> Response:
+    return _native_error(str(exc))
 
 
 def _trimmed_text(engine: CpuEngine, gen: Generation, params: SamplingParams, start: int = 0) -> str:
@@ -191,10 +199,7 @@ def build_app(engine: CpuEngine) -> ASGIApp:
         return gen, out
 
     async def generate(request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except ValueError as exc:
-            return _native_error(str(exc))
+        body = await _json_body(request)
         if not isinstance(body, dict):
             return _native_error("the request body must be a JSON object")
         ids = body.get("input_ids")
@@ -261,19 +266,13 @@ def build_app(engine: CpuEngine) -> ASGIApp:
         yield b"data: [DONE]\n\n"
 
     async def abort_request(request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except ValueError as exc:
-            return _native_error(str(exc))
+        body = await _json_body(request)
         rid = body.get("rid") if isinstance(body, dict) else None
         engine.abort(str(rid or ""), bool(body.get("abort_all")) if isinstance(body, dict) else False)
         return Response(status_code=200)
 
     async def update_weights_from_disk(request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except ValueError as exc:
-            return _native_error(str(exc))
+        body = await _json_body(request)
         path = body.get("model_path") if isinstance(body, dict) else None
         if not isinstance(path, str) or not path:
             return _Json({"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400)
@@ -307,7 +306,7 @@ def build_app(engine: CpuEngine) -> ASGIApp:
 
     async def pause_generation(request: Request) -> Response:
         body = await _json_body(request)
-        mode = (body or {}).get("mode", "abort")
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
         if mode not in ("abort", "retract", "in_place"):
             return _native_error("mode must be abort, retract or in_place")
         if mode == "abort":
@@ -493,7 +492,8 @@ def build_app(engine: CpuEngine) -> ASGIApp:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        ]
+        ],
+        exception_handlers={_BadBody: _bad_body},
     )
     if cfg.api_key:
         return _BearerAuth(app, cfg.api_key)  # type: ignore[return-value]
