@@ -7,6 +7,7 @@ trained twice.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -162,13 +163,4 @@ def _largest_token(tree: TrajectoryTree) -> int:
 
 
 def _rescale(s: TrainingSample, scale: float) -> TrainingSample:
-    return TrainingSample(
-        execution_id=s.execution_id,
-        leaf=s.leaf,
-        tokens=s.tokens,
-        targets=s.targets,
-        behaviour_logprobs=s.behaviour_logprobs,
-        advantage=s.advantage,
-        token_weight=s.token_weight * scale,
-        weight_versions=s.weight_versions,
-    )
+    return dataclasses.replace(s, token_weight=s.token_weight * scale)
