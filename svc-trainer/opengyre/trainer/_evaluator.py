@@ -131,12 +131,10 @@ class HarborVerifier(Evaluator):
                     return Evaluation(None, cls, result.exit_code, _tail(result.output))
                 try:
                     metrics = read_reward(sb.root / "logs" / "verifier")
-                except (RewardFileError, json.JSONDecodeError, ValueError) as exc:
+                except ValueError as exc:  # RewardFileError, a JSON or number that does not parse
                     detail = f"{type(exc).__name__}: {exc}"
                     if isinstance(exc, RewardFileNotFoundError):
                         detail = f"RewardFileNotFoundError: test.sh exited {result.exit_code}; {_tail(result.output)}"
-                    elif isinstance(exc, RewardFileEmptyError):
-                        detail = f"RewardFileEmptyError: {exc}"
                     return Evaluation(None, "evaluator", result.exit_code, detail)
         except SandboxError as exc:
             return Evaluation(None, "sandbox", None, str(exc))
