@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple, NoReturn
@@ -35,6 +36,8 @@ from ._pull import PullBatcher
 
 __all__ = ["Appended", "EventLog", "StoredEvent"]
 
+log = logging.getLogger(__name__)
+
 
 class Appended(NamedTuple):
     seq: int
@@ -58,6 +61,18 @@ def _version_of(headers: dict[str, str]) -> int:
         return int(headers.get(VERSION_HEADER, "1"))
     except ValueError:
         return -1
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("NATS: %s: %s", type(exc).__name__, exc)
+
+
+async def _log_disconnected() -> None:
+    log.warning("NATS: disconnected; reconnecting")
+
+
+async def _log_reconnected() -> None:
+    log.warning("NATS: reconnected")
 
 
 def _ack_position(msg: Msg) -> tuple[int, int]:
@@ -97,13 +112,26 @@ class EventLog:
         create: bool = True,
     ) -> EventLog:
         """Connect, check JetStream, and (with ``create``) make sure the stream exists. Fails fast."""
+        nc = FastHeaderClient()
         try:
-            nc = FastHeaderClient()
+            # Reconnect forever once connected (a restarted server or a network blip must not end a service),
+            # but bound the first connection so a wrong URL fails fast.
             await asyncio.wait_for(
-                nc.connect(url, connect_timeout=max(1, int(timeout)), allow_reconnect=False, max_reconnect_attempts=0),
-                timeout=timeout + 1,
+                nc.connect(
+                    url,
+                    connect_timeout=max(1, int(timeout)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    error_cb=_log_error,
+                    disconnected_cb=_log_disconnected,
+                    reconnected_cb=_log_reconnected,
+                ),
+                timeout=timeout,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
             raise LogUnavailable(
                 f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
             ) from exc

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections import deque
 
 from nats.aio.client import Client
@@ -42,7 +43,10 @@ class PullBatcher:
         self._in_flight = in_flight
         self._prefix = ""
         self._sub: Subscription | None = None
-        self._open: dict[str, int] = {}  # reply token -> messages still owed
+        # reply token -> [messages still owed, deadline]; a request whose connection dropped never gets its
+        # terminal status, so it also ends at its deadline.
+        self._open: dict[str, list[float]] = {}
+        self._expires = expires
         self._ids = itertools.count()
         self._buf: deque[Msg] = deque()
         self._ready = asyncio.Event()
@@ -74,19 +78,22 @@ class PullBatcher:
             self._ready.set()
             return
         # Data messages arrive on their own subject; the server fills pull requests in order.
-        for first, owed in self._open.items():
-            if owed <= 1:
+        for first, entry in self._open.items():
+            if entry[0] <= 1:
                 del self._open[first]
             else:
-                self._open[first] = owed - 1
+                entry[0] -= 1
             break
         self._buf.append(msg)
         self._ready.set()
 
     async def _request(self) -> None:
+        now = time.monotonic()
+        for token in [t for t, (_, deadline) in self._open.items() if deadline < now]:
+            del self._open[token]
         while len(self._open) < self._in_flight:
             token = str(next(self._ids))
-            self._open[token] = self._batch
+            self._open[token] = [self._batch, now + self._expires + 1.0]
             body = json.dumps({"batch": self._batch, "expires": self._expires_ns}).encode()
             await self._nc.publish(self._api, body, reply=self._prefix + token)
 

@@ -140,7 +140,8 @@ class ProjectionRunner:
         """Wait until the consumer has nothing pending (everything published so far is applied)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        await self.ensure_consumer()
+        # No consumer creation here: ``run`` owns the consumer (it deletes and re-creates it on start), and a
+        # second creator racing that delete can leave nats-server refusing the name (10012) for a while.
         while True:
             st = await self.status()
             if st.caught_up:

@@ -129,3 +129,44 @@ async def test_a_runner_restarted_in_place_resumes_at_its_position(event_log: Ev
         await _run_until_caught_up(runner)
         with engine.connect() as c:
             assert c.execute(select(func.sum(counts.c.n))).scalar() == 30 * (round_ + 1)
+
+
+async def test_a_restarted_nats_server_is_rejoined_and_nothing_is_lost(tmp_path, log_config) -> None:  # type: ignore[no-untyped-def]
+    """The log's server goes away mid-run and comes back on the same store: the runner reconnects and resumes."""
+    from opengyre.runtime import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    migrate(engine)
+    metadata.create_all(engine)
+    log = await EventLog.connect(server.url, log_config)
+    stop = asyncio.Event()
+    runner = ProjectionRunner(CountingProjection(), log, engine)
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        await log.append_many(sample_events(100))
+        await runner.wait_caught_up(60)
+        server.stop()
+        await asyncio.sleep(1.0)
+        server = EmbeddedNats(tmp_path / "nats", port=server.port)
+        server.start()
+        for _ in range(200):  # the client reconnects on its own
+            if log.nc.is_connected:
+                break
+            await asyncio.sleep(0.05)
+        await log.append_many(sample_events(100))
+        for _ in range(600):
+            with engine.connect() as c:
+                if c.execute(select(func.sum(counts.c.n))).scalar() == 300:
+                    break
+            await asyncio.sleep(0.05)
+        with engine.connect() as c:
+            assert c.execute(select(func.sum(counts.c.n))).scalar() == 300
+            assert c.execute(select(func.count()).select_from(Tracking)).scalar() == 300
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await log.close()
+        server.stop()
+        engine.dispose()
