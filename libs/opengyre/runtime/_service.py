@@ -149,10 +149,16 @@ async def run_service(
         if ready is not None and not ready.done():
             ready.set_result(server.port)
         stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
         for t in tasks:
-            if t.done() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+            exc = t.exception() if t.done() and not t.cancelled() else None
+            if exc is not None:
+                # A projection that cannot go on ends the process; the supervisor restarts it and the
+                # projection resumes from its tracking rows.
+                raise exc
     finally:
         stop.set()
         if server is not None:

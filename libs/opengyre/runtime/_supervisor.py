@@ -28,6 +28,8 @@ __all__ = ["Stack", "StackAlreadyRunning", "read_stack_file", "stack_alive"]
 
 log = logging.getLogger(__name__)
 
+STABLE_AFTER_S = 60.0
+
 
 class StackAlreadyRunning(RuntimeError):
     pass
@@ -174,6 +176,8 @@ class Stack:
                 if child.proc is None or child.proc.poll() is None:
                     continue
                 code = child.proc.returncode
+                if time.monotonic() - child.started_at > STABLE_AFTER_S:
+                    child.restarts = 0  # it had been running fine: this is a new failure, not a crash loop
                 if child.restarts >= self.max_restarts:
                     log.error("service %s exited with %s; restart limit reached", child.name, code)
                     continue

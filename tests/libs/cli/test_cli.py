@@ -42,7 +42,7 @@ async def _publish_and_wait(data: Path, run: str) -> int:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = synth_pb2_grpc.SynthServiceStub(ch)
             for _ in range(600):
-                st = await stub.GetStatus(common_pb2.StatusRequest(), timeout=5)
+                st = await stub.GetStatus(common_pb2.StatusRequest(), timeout=60, wait_for_ready=True)
                 if st.projections and all(p.pending == 0 for p in st.projections):
                     break
                 await asyncio.sleep(0.1)
@@ -145,3 +145,25 @@ def test_the_cli_loads_without_torch() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_a_killed_service_is_restarted_and_its_projection_resumes(tmp_path: Path) -> None:
+    data = tmp_path / "og"
+    res = og("up", "--detach", "--data-dir", str(data), "--services", "synth")
+    assert res.returncode == 0, res.stdout + res.stderr
+    try:
+        first = asyncio.run(_publish_and_wait(data, "a"))
+        old = _stack(data)["services"]["synth"]
+        os.kill(old["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while _stack(data)["services"]["synth"]["pid"] == old["pid"]:
+            assert time.monotonic() < deadline, "the supervisor did not restart the service"
+            time.sleep(0.2)
+        new = _stack(data)["services"]["synth"]
+        assert new["restarts"] == 1 and new["port"] == old["port"]
+        second = asyncio.run(_publish_and_wait(data, "b"))  # waits on the restarted service's status
+        assert second == 2 * first
+        res = og("replay", "-p", "tasks", "--data-dir", str(data))
+        assert res.returncode == 0 and "matches the live projection" in res.stdout, res.stdout
+    finally:
+        og("down", "--data-dir", str(data))
