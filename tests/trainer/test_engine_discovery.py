@@ -3,6 +3,8 @@ events) after each step, and brings an engine that joins rollout later up to the
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -13,7 +15,15 @@ from opengyre.events import CellRegistered, CellRoleChanged
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
-from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
+from opengyre.trainer import (
+    OnlineTrainer,
+    PublishedCheckpoint,
+    TrainerConfig,
+    TrainerProjection,
+    TrainerStore,
+    engine_versions,
+    reload_engines,
+)
 
 from ._events import folding, group
 
@@ -58,3 +68,40 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
         assert await served(b.url) == "default-s1"
     with engine.connect() as c:
         assert [r for (r,) in c.execute(select(DeadLetter.reason))] == ["unknown-cell"]
+
+
+class _OddEngine(BaseHTTPRequestHandler):
+    """An engine (not ours) that answers every route with JSON that is not an object."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b'["not", "an", "object"]'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_an_engine_answering_odd_json_is_reported_not_raised(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OddEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert await engine_versions([url]) == {url: None}
+        [reload] = await reload_engines([url], PublishedCheckpoint("default-s1", 1, tmp_path, ""))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert reload.url == url and not reload.success

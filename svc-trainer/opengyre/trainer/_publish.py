@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -76,7 +77,7 @@ async def engine_versions(urls: Sequence[str], *, timeout_s: float = 10.0) -> di
     async def one(client: httpx.AsyncClient, url: str) -> tuple[str, str | None]:
         try:
             r = await client.get(url.rstrip("/") + "/model_info")
-            v = r.json().get("weight_version") if r.status_code == 200 else None
+            v = _json_object(r).get("weight_version") if r.status_code == 200 else None
             return url, (str(v) if v is not None else None)
         except (httpx.HTTPError, ValueError):
             return url, None
@@ -94,7 +95,7 @@ async def reload_engines(
         body = {"model_path": str(ckpt.path), "weight_version": ckpt.weight_version, "abort_all_requests": False}
         try:
             r = await client.post(url.rstrip("/") + "/update_weights_from_disk", json=body)
-            data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+            data = _json_object(r) if r.headers.get("content-type", "").startswith("application/json") else {}
             ok = r.status_code == 200 and bool(data.get("success", False))
             return EngineReload(url, ok, str(data.get("message", r.text[:200])))
         except (httpx.HTTPError, ValueError) as exc:
@@ -102,3 +103,9 @@ async def reload_engines(
 
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         return list(await asyncio.gather(*(one(client, u) for u in urls)))
+
+
+def _json_object(r: httpx.Response) -> dict[str, Any]:
+    """The body as a JSON object; anything else an engine sends (a list, a string) reads as an empty one."""
+    data = r.json()
+    return data if isinstance(data, dict) else {}
