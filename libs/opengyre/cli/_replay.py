@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,10 +45,24 @@ async def replay_compare(
         position = await asyncio.to_thread(FoldTransaction(projection, live_engine, log.registry).position)
         same: bool | None = None
         if until_seq is None or until_seq >= position:
-            same = dump_rows(live_engine, projection.tables) == rows
+            same = _canonical(dump_rows(live_engine, projection.tables)) == _canonical(rows)
     finally:
         live_engine.dispose()
     return rows, same, n
+
+
+def _canonical(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Rows in a dialect-neutral form: the scratch replay is SQLite, the live store may be PostgreSQL, which
+    hands back timezone-aware datetimes (SQLite: naive UTC) and may order text keys by another collation."""
+
+    def value(v: Any) -> Any:
+        if isinstance(v, datetime):
+            return (v if v.tzinfo is None else v.astimezone(UTC).replace(tzinfo=None)).isoformat()
+        if isinstance(v, memoryview):
+            return bytes(v)
+        return v
+
+    return {name: sorted((tuple(value(v) for v in r) for r in data), key=repr) for name, data in rows.items()}
 
 
 def _print_rows(projection: Projection, rows: dict[str, list[tuple[Any, ...]]], limit: int) -> None:
