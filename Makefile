@@ -40,8 +40,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy libs svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
 
+# Every benchmark, each printing its figures (about 25 minutes on 2 cores; docs/benchmarks.md has the results).
 bench: $(STAMP)
 	$(PY) bench/eventlog_bench.py
+	$(PY) svc-proxy/bench/proxy_bench.py
+	$(PY) svc-scheduler/bench/scheduler_bench.py --seeds 3
+	$(PY) svc-trainer/bench/sampling_bench.py
+	$(PY) svc-trainer/bench/backend_bench.py --iters 20
+	$(PY) svc-trainer/bench/learning_curve.py --rl-steps 100
 
 clean:
 	rm -rf $(VENV) .opengyre build
