@@ -356,6 +356,15 @@ async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool
     assert codec.decode(events[0].output_ids, skip_special=False).endswith("bash")
 
 
+def test_an_empty_stop_string_is_no_stop_in_either_form() -> None:
+    from opengyre.proxy import _openai
+
+    chat = {"model": M, "messages": [{"role": "user", "content": "x"}]}
+    for stop, expected in (("", []), ([""], []), (["", "x"], ["x"])):
+        assert _openai.parse_chat({**chat, "stop": stop}).stop == expected, stop
+        assert _openai.parse_completion({"model": M, "prompt": "x", "stop": stop}).stop == expected, stop
+
+
 async def test_weights_reloaded_mid_call_are_recorded_per_token(stack: Stack, tmp_path: Any) -> None:
     from opengyre.models import build_model, model_config, save_checkpoint
 

@@ -107,7 +107,7 @@ def _common_sampling(body: dict[str, Any], req: GenRequest) -> None:
     stop = body.get("stop")
     if stop is not None:
         if isinstance(stop, str):
-            req.stop = [stop]
+            req.stop = [stop] if stop else []  # as in a list: "" stops nothing (SGLang would stop at once)
         elif isinstance(stop, list) and all(isinstance(x, str) for x in stop) and len(stop) <= 4:
             req.stop = [x for x in stop if x]
         else:
