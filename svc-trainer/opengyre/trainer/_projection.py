@@ -29,6 +29,7 @@ from opengyre.projection import Projection, Rejected
 
 from ._admission import ExecutionOutcome, classify_outcome
 from ._codec import encode_floats, encode_ids, encode_spans
+from ._samples import is_logprob
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["TrainerProjection", "TrajectoryRejected"]
@@ -118,7 +119,7 @@ class TrainerProjection(Projection):
             )
         if any(t < 0 for t in e.prompt_delta_ids) or any(t < 0 for t in e.output_ids):
             raise TrajectoryRejected("corrupt-tokens", f"call {e.call_id}: negative token id")
-        if any(not math.isfinite(x) or x > 1e-6 for x in e.output_logprobs):
+        if not all(is_logprob(x) for x in e.output_logprobs):
             raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
         if e.prefix_len < 0:
             raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")

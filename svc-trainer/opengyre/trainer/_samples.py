@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ._sampling import SampledPath
 
-__all__ = ["SampleError", "TrainingSample", "execution_samples"]
+__all__ = ["SampleError", "TrainingSample", "execution_samples", "is_logprob"]
 
 
 class SampleError(ValueError):
@@ -46,7 +46,7 @@ class TrainingSample:
             raise SampleError(f"{self.execution_id}/{self.leaf}: position 0 cannot be a target")
         if any(t < 0 for t in self.tokens):
             raise SampleError(f"{self.execution_id}/{self.leaf}: negative token id")
-        bad = [lp for lp, m in zip(self.behaviour_logprobs, self.targets, strict=True) if m and not _logprob(lp)]
+        bad = [lp for lp, m in zip(self.behaviour_logprobs, self.targets, strict=True) if m and not is_logprob(lp)]
         if bad:
             raise SampleError(f"{self.execution_id}/{self.leaf}: behaviour logprob {bad[0]} is not a log probability")
         if not math.isfinite(self.advantage) or not math.isfinite(self.token_weight) or self.token_weight < 0:
@@ -57,7 +57,8 @@ class TrainingSample:
         return sum(self.targets)
 
 
-def _logprob(x: float) -> bool:
+def is_logprob(x: float) -> bool:
+    """A log probability, allowing float noise above 0 (the projection refuses calls with anything else)."""
     return math.isfinite(x) and x <= 1e-6
 
 
