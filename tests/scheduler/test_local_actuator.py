@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished
 from opengyre.runtime import EmbeddedNats
 from opengyre.scheduler import LoopConfig
-from opengyre.scheduler.actuators import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, LocalActuator
+from opengyre.scheduler.actuators import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, ChildProcess, LocalActuator
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
@@ -95,3 +98,21 @@ async def _exits(pid: int) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def test_a_child_whose_start_is_abandoned_is_stopped(tmp_path: Path) -> None:
+    """A start given up (cancelled: the controller closing mid-switch) leaves no process behind."""
+    never_ready = [sys.executable, "-c", "import time; time.sleep(120)"]
+    child = ChildProcess("never ready", never_ready, ready_file=tmp_path / "r", log_file=tmp_path / "log")
+    start = asyncio.create_task(child.start(timeout=120))
+    while child.pid is None:
+        await asyncio.sleep(0.01)
+    pid = child.pid
+    try:
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert not _alive(pid)  # stopped and reaped
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -31,16 +31,23 @@ class ChildProcess:
                 *self.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **(env or {})},
                 start_new_session=True,
             )  # fmt: skip
+        try:
+            await self._wait_ready(self.proc, timeout)
+        except BaseException:
+            # Not ready, or the caller gave up (cancelled): never leave a child running that nobody tracks.
+            await self.stop()
+            raise
+        return (self.ready_file.read_text().strip().splitlines() or ["ready"])[0]
+
+    async def _wait_ready(self, proc: asyncio.subprocess.Process, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not self.ready_file.exists():
-            if self.proc.returncode is not None:
-                raise ActuatorError(f"{self.name} exited with {self.proc.returncode}; see {self.log_file}")
+            if proc.returncode is not None:
+                raise ActuatorError(f"{self.name} exited with {proc.returncode}; see {self.log_file}")
             if loop.time() > deadline:
-                await self.stop()
                 raise ActuatorError(f"{self.name} not ready after {timeout:.0f}s; see {self.log_file}")
             await asyncio.sleep(0.05)
-        return self.ready_file.read_text().strip().splitlines()[0] if self.ready_file.stat().st_size else "ready"
 
     @property
     def alive(self) -> bool:
