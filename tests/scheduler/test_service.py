@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 
 import grpc
@@ -13,8 +14,8 @@ import pytest
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats
-from opengyre.scheduler import LoopConfig
-from opengyre.scheduler.actuators import ExternalActuator, ProxyDrainer
+from opengyre.scheduler import LoopConfig, SchedulerState
+from opengyre.scheduler.actuators import ExternalActuator, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
@@ -229,3 +230,42 @@ async def test_a_cell_leaving_training_gives_back_its_micro_step_even_to_a_worke
         await stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="training"))
         again = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id="c0"))
         assert again.claimed and list(again.execution_ids) == ["x0"]
+
+
+async def test_a_pool_moving_at_once_has_one_core_and_all_of_it_comes_back(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    # Colocate asks for the whole pool at once and the controller carries the requests out concurrently; the
+    # cells' processes take a moment to come up, as real ones do (stand-ins: only the start-up matters here).
+    up = "import sys, time; time.sleep(0.3); open(sys.argv[1], 'w').write(sys.argv[2]); time.sleep(120)"
+    actuator = LocalActuator(
+        tmp_path / "cells", engine_argv=[sys.executable, "-c", up, "{ready_file}", "http://127.0.0.1:9"],
+        trainer_argv=[sys.executable, "-c", up, "{ready_file}", "ready"],
+    )  # fmt: skip
+    loop = LoopConfig(steps=2, groups_per_step=1, group_size=1)
+    svc = SchedulerService(policy=make_policy("colocate"), loop=loop, actuator=actuator, auto=True, poll_s=0.05)
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        for c in ("c0", "c1", "c2"):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=2))
+
+        async def roles_become(want: set[str]) -> list[str]:
+            async with asyncio.timeout(60):
+                while True:
+                    roles = [c.role for c in (await stub.GetState(pb.GetStateRequest())).cells]
+                    if set(roles) <= want:
+                        return roles
+                    await asyncio.sleep(0.05)
+
+        await event_log.append(ExecutionDispatched(execution_id="x0", task_id="t", group_id="g0", step=1, group_size=1))
+        await event_log.append(ExecutionFinished(execution_id="x0", status="completed", score=1.0))
+        roles = await roles_become({"training-core", "training-satellite"})
+        assert sorted(roles) == ["training-core", "training-satellite", "training-satellite"]
+        await event_log.append(
+            TrainingStepCompleted(step=1, weight_version="v1", loss=0.0, n_samples=1, n_tokens=0, execution_ids=["x0"])
+        )
+        assert await roles_become({"rollout"}) == ["rollout"] * 3
+    await actuator.close()
+    # Every protocol step the controller appended was a legal one (none dead-lettered on a stale role).
+    replay = SchedulerState()
+    async for s in _stored(event_log):
+        replay.apply(event_log.decode(s), s.seq)

@@ -10,6 +10,7 @@ rollout`` with the engine's URL (the proxy adds it back).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -21,11 +22,23 @@ from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
 from .actuators import Actuator
 
-__all__ = ["Append", "RoleChanger", "StateSource"]
+__all__ = ["Append", "Membership", "RoleChanger", "StateSource"]
 
 # Append one event; returns its stream sequence once stored (and folded into the state the source reads).
 Append = Callable[[CellRoleChanged], Awaitable[int]]
 StateSource = Callable[[], Awaitable[SchedulerState]]
+
+
+@dataclass
+class Membership:
+    """Who trains, and which cell holds the authoritative weights and optimizer state (the core), shared by
+    every role change under way. Several run at once (a policy moves a whole pool), so a cell's arrival role
+    and a core's hand-over are decided on the state as it is at that moment, under this lock; a cell starting
+    its trainer as the core keeps that place until it arrives. One core, and no step appended on a stale role.
+    """
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    arriving_core: str | None = None
 
 
 @dataclass
@@ -36,6 +49,7 @@ class RoleChanger:
     # Called with the cell's id once its trainer worker is stopped: nothing can claim for the cell any more,
     # so its unfinished micro-step goes back to the buffer.
     trainer_stopped: Callable[[str], Awaitable[None]] | None = None
+    membership: Membership = field(default_factory=Membership)
     steps: list[str] = field(default_factory=list)
 
     async def _step(self, cell: CellState, frm: CellRole, to: CellRole, reason: str, url: str | None = None) -> None:
@@ -62,10 +76,20 @@ class RoleChanger:
             await self.finish_drain(cell)
         elif cell.role == "idle":
             await self._step(cell, "idle", "switching", reason)
-        st = await self.state()
-        core = arrival_role(st) == "training-core"
-        await self.actuator.start_trainer(cell, core=core)
-        await self._step(cell, "switching", "training-core" if core else "training-satellite", "trainer worker up")
+        m = self.membership
+        async with m.lock:
+            core = arrival_role(await self.state()) == "training-core" and m.arriving_core is None
+            if core:
+                m.arriving_core = cell.cell_id
+        try:
+            await self.actuator.start_trainer(cell, core=core)
+            async with m.lock:
+                await self._step(
+                    cell, "switching", "training-core" if core else "training-satellite", "trainer worker up"
+                )
+        finally:
+            if core:
+                m.arriving_core = None
 
     async def to_rollout(self, cell: CellState, reason: str) -> None:
         if cell.role in ("idle", "draining"):
@@ -73,18 +97,23 @@ class RoleChanger:
             url = await self.actuator.start_engine(cell) if cell.role == "idle" else None
             await self._step(cell, cell.role, "rollout", reason, url)
             return
-        if cell.role == "training-core":
-            st = await self.state()
-            heir = next((c for c in st.training_cells() if c.role == "training-satellite"), None)
-            if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
-                await self._step(heir, "training-satellite", "training-core", f"core hand-over from {cell.cell_id}")
         if cell.role in TRAINING_ROLES:
-            await self._step(cell, cell.role, "switching", reason)
+            await self._leave_training(cell, reason)
         await self.actuator.stop_trainer(cell)  # also after a to-training switch that stopped half-way
         if self.trainer_stopped is not None:
             await self.trainer_stopped(cell.cell_id)
         url = await self.actuator.start_engine(cell)
         await self._step(cell, "switching", "rollout", "engine up", url)
+
+    async def _leave_training(self, cell: CellState, reason: str) -> None:
+        async with self.membership.lock:
+            st = await self.state()
+            cell.role = st.cells[cell.cell_id].role  # a core that left meanwhile may have made it the core
+            if cell.role == "training-core":
+                heir = next((c for c in st.training_cells() if c.role == "training-satellite"), None)
+                if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
+                    await self._step(heir, "training-satellite", "training-core", f"core hand-over from {cell.cell_id}")
+            await self._step(cell, cell.role, "switching", reason)
 
     async def to_idle(self, cell: CellState, reason: str) -> None:
         """Manual drain: out of rollout and parked (the caller checked the watermark rule)."""

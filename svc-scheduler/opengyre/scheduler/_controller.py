@@ -17,7 +17,7 @@ from opengyre.eventlog import ConcurrencyError, EventLog
 from opengyre.events import CellRegistered, CellRoleChanged, Event
 from opengyre.store import Tracking
 
-from ._actuation import RoleChanger
+from ._actuation import Membership, RoleChanger
 from ._commands import CommandRefused, check_drain, check_registration, check_role_request
 from ._executions import EXECUTIONS
 from ._packing import MicroStep
@@ -71,6 +71,7 @@ class SchedulerController:
         self.advice = Decision()
         self._lock = asyncio.Lock()
         self._claim_lock = asyncio.Lock()
+        self._membership = Membership()
         self._busy: set[str] = set()
         self._claims: dict[str, Claim] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -114,7 +115,7 @@ class SchedulerController:
         return await self.append(event)
 
     def _changer(self) -> RoleChanger:
-        return RoleChanger(self.actuator, self._append_role, self.state, self.release_claims)
+        return RoleChanger(self.actuator, self._append_role, self.state, self.release_claims, self._membership)
 
     # --- commands ------------------------------------------------------------------------------------
 
