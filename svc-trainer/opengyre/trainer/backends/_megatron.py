@@ -9,8 +9,10 @@ Weights start from, and publish as, the Hugging Face Llama layout (see ``_mcore_
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
@@ -87,8 +89,9 @@ def ensure_distributed(tp: int = 1, pp: int = 1) -> None:
         if tp * pp != 1:
             raise RuntimeError("model parallelism needs a launched process group (torchrun or init_process_group)")
         # A file store: no port to collide with other processes on a shared machine.
-        store = os.path.join(tempfile.mkdtemp(prefix="og-gloo-"), "store")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        folder = tempfile.mkdtemp(prefix="og-gloo-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'store')}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     elif (
