@@ -34,7 +34,13 @@ def test_two_ranks_match_torch(tmp_path: Path, tp: int, pp: int) -> None:
     procs = [
         subprocess.Popen([sys.executable, str(worker), str(r), *args], stderr=subprocess.PIPE) for r in range(tp * pp)
     ]
-    errs = [p.communicate(timeout=240)[1].decode()[-3000:] for p in procs]
+    try:
+        errs = [p.communicate(timeout=240)[1].decode()[-3000:] for p in procs]
+    finally:
+        for p in procs:  # one rank failing leaves the other waiting in a collective forever
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert all(p.returncode == 0 for p in procs), errs
     got = torch.load(out)
 
