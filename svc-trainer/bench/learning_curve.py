@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import random
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -285,6 +286,7 @@ async def main() -> None:
         await fold
         await log.close()
         nats.stop()
+        shutil.rmtree(work, ignore_errors=True)  # tasks, workspaces, the log, a checkpoint per step
     elapsed = time.perf_counter() - t_start
     plot(curve, train_curve, args, elapsed)
 
