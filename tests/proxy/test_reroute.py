@@ -275,6 +275,34 @@ async def test_anthropic_stream_error_event_when_nothing_can_continue(
         await st.gateway.stop()
 
 
+async def test_an_engine_that_leaves_the_pool_leaves_no_connection_open(
+    event_log: EventLog, engine_a: EngineServer, engine_b: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a})
+    try:
+        pool = st.gateway.pool
+        first = pool.get("e0")
+        assert first is not None
+        await st.openai("ex-conn").chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+        kept = list(first.client.fast._idle)  # the call's keep-alive connection
+        assert kept and not any(c.writer.is_closing() for c in kept)
+        await pool.add("e0", engine_b.url)  # re-pointed: the old client's connections go
+        assert all(c.writer.is_closing() for c in kept)
+        second = pool.get("e0")
+        assert second is not None and second is not first
+        await st.openai("ex-conn-2").chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "y"}], max_tokens=2
+        )
+        kept = list(second.client.fast._idle)
+        assert kept
+        await pool.drain("e0")  # removed: so are its connections
+        assert all(c.writer.is_closing() for c in kept)
+    finally:
+        await st.gateway.stop()
+
+
 async def test_a_cell_whose_url_no_client_speaks_is_skipped(event_log: EventLog) -> None:
     from opengyre.proxy import EnginePool
     from opengyre.runtime import free_port

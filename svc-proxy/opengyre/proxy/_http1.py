@@ -126,6 +126,7 @@ class Http1Pool:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._closed = False
 
     async def _connect(self) -> _Conn:
         try:
@@ -138,12 +139,14 @@ class Http1Pool:
 
     def _release(self, conn: _Conn) -> None:
         conn.reused = True
-        if len(self._idle) < self.max_idle and not conn.writer.is_closing():
+        if not self._closed and len(self._idle) < self.max_idle and not conn.writer.is_closing():
             self._idle.append(conn)
         else:
             conn.close()
 
     async def close(self) -> None:
+        """Close the idle connections; those still in use close when their response ends."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for c in idle:
             c.close()

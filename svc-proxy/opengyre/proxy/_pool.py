@@ -122,10 +122,13 @@ class EnginePool:
         """
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
+            old = h
             kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
             h = EngineHandle(engine_id, url.rstrip("/"), kind(url, api_key=self.api_key, http=self._http), source)
             h.incremental = await h.client.incremental_streaming()
             self._engines[engine_id] = h
+            if old is not None:
+                await old.client.close()  # its keep-alive connections (requests on it finish first)
         h.state = "active"
         async with self._cond:
             self._cond.notify_all()
@@ -148,6 +151,7 @@ class EnginePool:
             self._engines.pop(engine_id, None)
             for k in [k for k, v in self._affinity.items() if v == engine_id]:
                 del self._affinity[k]
+            await h.client.close()  # no keep-alive connection outlives the engine's membership
         log.info("engine %s drained (%d requests moved)", engine_id, len(moving))
         return len(moving)
 
