@@ -5,7 +5,7 @@ from ._base import Actuator, ActuatorError
 from ._drain import Drainer, NoDrainer
 from ._external import ExternalActuator
 from ._local import DEFAULT_ENGINE_ARGV, DEFAULT_TRAINER_ARGV, LocalActuator
-from ._process import ChildProcess
+from ._process import ChildProcess, ChildProcesses
 from ._proxy import ProxyDrainer
 from ._sglang import LatestWeights, SglangMegatronActuator
 
@@ -15,6 +15,7 @@ __all__ = [
     "Actuator",
     "ActuatorError",
     "ChildProcess",
+    "ChildProcesses",
     "Drainer",
     "ExternalActuator",
     "LatestWeights",

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from .._state import CellState
+from ._drain import Drainer, NoDrainer
 
 __all__ = ["Actuator", "ActuatorError"]
 
@@ -18,10 +19,13 @@ class ActuatorError(Exception):
 class Actuator(ABC):
     name: ClassVar[str]
 
-    @abstractmethod
+    def __init__(self, drainer: Drainer | None = None) -> None:
+        self.drainer = drainer or NoDrainer()
+
     async def drain(self, cell: CellState) -> int:
         """Routing to the cell's engine has stopped (the draining event is on the log): abort its in-flight
         requests and have them rerouted, and return once the proxy confirms; the number rerouted."""
+        return await self.drainer.drain(cell.cell_id, cell.engine_url)
 
     @abstractmethod
     async def release_engine(self, cell: CellState) -> None:

@@ -7,19 +7,12 @@ from typing import ClassVar
 
 from .._state import CellState
 from ._base import Actuator
-from ._drain import Drainer, NoDrainer
 
 __all__ = ["ExternalActuator"]
 
 
 class ExternalActuator(Actuator):
     name: ClassVar[str] = "external"
-
-    def __init__(self, drainer: Drainer | None = None) -> None:
-        self.drainer = drainer or NoDrainer()
-
-    async def drain(self, cell: CellState) -> int:
-        return await self.drainer.drain(cell.cell_id, cell.engine_url)
 
     async def release_engine(self, cell: CellState) -> None:
         return None

@@ -14,8 +14,8 @@ from typing import ClassVar
 
 from .._state import CellState
 from ._base import Actuator
-from ._drain import Drainer, NoDrainer
-from ._process import ChildProcess
+from ._drain import Drainer
+from ._process import ChildProcesses
 
 __all__ = ["DEFAULT_ENGINE_ARGV", "DEFAULT_TRAINER_ARGV", "LocalActuator"]
 
@@ -44,67 +44,33 @@ class LocalActuator(Actuator):
         env: Mapping[str, str] | None = None,
         start_timeout: float = 180.0,
     ) -> None:
+        super().__init__(drainer)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.scheduler_addr = scheduler_addr
-        self.drainer = drainer or NoDrainer()
         self.engine_argv = list(engine_argv)
         self.trainer_argv = list(trainer_argv)
         self.env = dict(env or {})
         self.start_timeout = start_timeout
-        self.engines: dict[str, ChildProcess] = {}
-        self.trainers: dict[str, ChildProcess] = {}
+        self.engines = ChildProcesses("engine", self.workdir, self.env)
+        self.trainers = ChildProcesses("trainer", self.workdir, self.env)
 
-    def _child(self, kind: str, cell: CellState, argv: Sequence[str], role: str = "") -> ChildProcess:
-        ready = self.workdir / f"{cell.cell_id}.{kind}.ready"
-        fields = {"cell": cell.cell_id, "ready_file": str(ready), "scheduler": self.scheduler_addr, "role": role}
-        return ChildProcess(
-            f"{kind} of {cell.cell_id}", [a.format(**fields) for a in argv], ready_file=ready,
-            log_file=self.workdir / f"{cell.cell_id}.{kind}.log",
-        )  # fmt: skip
+    def _fields(self, cell: CellState, role: str = "") -> dict[str, str]:
+        return {"cell": cell.cell_id, "scheduler": self.scheduler_addr, "role": role}
 
     async def start_engine(self, cell: CellState) -> str | None:
-        old = self.engines.pop(cell.cell_id, None)
-        if old is not None:
-            await old.stop()
-        child = self._child("engine", cell, self.engine_argv)
-        url = await child.start(timeout=self.start_timeout, env=self.env)
-        self.engines[cell.cell_id] = child
-        return url
-
-    async def drain(self, cell: CellState) -> int:
-        return await self.drainer.drain(cell.cell_id, cell.engine_url)
+        return await self.engines.start(cell.cell_id, self.engine_argv, self._fields(cell), timeout=self.start_timeout)
 
     async def release_engine(self, cell: CellState) -> None:
-        child = self.engines.pop(cell.cell_id, None)
-        if child is not None:  # an engine someone else started is not ours to stop
-            await child.stop()
+        await self.engines.stop(cell.cell_id)
 
     async def start_trainer(self, cell: CellState, *, core: bool) -> None:
-        old = self.trainers.pop(cell.cell_id, None)
-        if old is not None:
-            await old.stop()
-        child = self._child("trainer", cell, self.trainer_argv, "core" if core else "satellite")
-        await child.start(timeout=self.start_timeout, env=self.env)
-        self.trainers[cell.cell_id] = child
+        role = "core" if core else "satellite"
+        await self.trainers.start(cell.cell_id, self.trainer_argv, self._fields(cell, role), timeout=self.start_timeout)
 
     async def stop_trainer(self, cell: CellState) -> None:
-        child = self.trainers.pop(cell.cell_id, None)
-        if child is not None:
-            await child.stop()
-
-    async def adopt(self, cells: Sequence[CellState]) -> dict[str, str]:
-        """Start an engine for every rollout cell that has none yet (a fresh local stack); cell -> URL."""
-        urls: dict[str, str] = {}
-        for c in cells:
-            if c.role == "rollout" and c.cell_id not in self.engines:
-                url = await self.start_engine(c)
-                if url:
-                    urls[c.cell_id] = url
-        return urls
+        await self.trainers.stop(cell.cell_id)
 
     async def close(self) -> None:
-        for group in (self.trainers, self.engines):
-            for child in list(group.values()):
-                await child.stop()
-            group.clear()
+        await self.trainers.close()
+        await self.engines.close()

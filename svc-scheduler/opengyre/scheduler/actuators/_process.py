@@ -1,5 +1,5 @@
 """Child processes an actuator owns: start one from an argv template, learn its URL from a file it writes once
-ready, stop it with SIGTERM (then SIGKILL)."""
+ready, stop it with SIGTERM (then SIGKILL); at most one of a kind per cell."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ._base import ActuatorError
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "ChildProcesses"]
 
 
 class ChildProcess:
@@ -72,3 +72,37 @@ class ChildProcess:
                 await proc.wait()
         self.ready_file.unlink(missing_ok=True)
         return proc.returncode
+
+
+class ChildProcesses(dict[str, ChildProcess]):
+    """An actuator's processes of one kind (engine, trainer), at most one per cell: cell id -> process."""
+
+    def __init__(self, kind: str, workdir: Path, env: Mapping[str, str]) -> None:
+        super().__init__()
+        self.kind = kind
+        self.workdir = workdir
+        self.env = env
+
+    async def start(self, cell_id: str, argv: Sequence[str], fields: Mapping[str, str], *, timeout: float) -> str:
+        """Start the cell's process (stopping the one it had) from an argv template; ``{ready_file}`` is filled in
+        here, the rest from ``fields``. Returns the first line of its ready file."""
+        await self.stop(cell_id)
+        ready = self.workdir / f"{cell_id}.{self.kind}.ready"
+        values = {**fields, "ready_file": str(ready)}
+        child = ChildProcess(
+            f"{self.kind} of {cell_id}", [a.format(**values) for a in argv], ready_file=ready,
+            log_file=self.workdir / f"{cell_id}.{self.kind}.log",
+        )  # fmt: skip
+        line = await child.start(timeout=timeout, env=self.env)
+        self[cell_id] = child
+        return line
+
+    async def stop(self, cell_id: str) -> None:
+        """Stop the cell's process, if this actuator started one (one someone else started is not ours to stop)."""
+        child = self.pop(cell_id, None)
+        if child is not None:
+            await child.stop()
+
+    async def close(self) -> None:
+        for cell_id in list(self):
+            await self.stop(cell_id)

@@ -20,8 +20,8 @@ import httpx
 
 from .._state import CellState
 from ._base import Actuator, ActuatorError
-from ._drain import Drainer, NoDrainer
-from ._process import ChildProcess
+from ._drain import Drainer
+from ._process import ChildProcesses
 
 __all__ = ["LatestWeights", "SglangMegatronActuator"]
 
@@ -45,17 +45,17 @@ class SglangMegatronActuator(Actuator):
         http_timeout_s: float = 120.0,
         ready_timeout_s: float = 600.0,
     ) -> None:
+        super().__init__(drainer)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.trainer_argv = list(trainer_argv)
         self.scheduler_addr = scheduler_addr
-        self.drainer = drainer or NoDrainer()
         self.latest_weights = latest_weights
         self.env = dict(env or {})
         self.ready_timeout_s = ready_timeout_s
         headers = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
         self._http = httpx.AsyncClient(timeout=http_timeout_s, headers=headers)
-        self.trainers: dict[str, ChildProcess] = {}
+        self.trainers = ChildProcesses("trainer", self.workdir, self.env)
 
     def _url(self, cell: CellState) -> str:
         if not cell.engine_url:
@@ -66,9 +66,6 @@ class SglangMegatronActuator(Actuator):
         r = await self._http.post(url, json=body)
         if r.status_code != 200:
             raise ActuatorError(f"POST {url}: {r.status_code} {r.text[:200]}")
-
-    async def drain(self, cell: CellState) -> int:
-        return await self.drainer.drain(cell.cell_id, cell.engine_url)
 
     async def release_engine(self, cell: CellState) -> None:
         await self._post(f"{self._url(cell)}/release_memory_occupation", {})
@@ -92,28 +89,15 @@ class SglangMegatronActuator(Actuator):
             await asyncio.sleep(1.0)
 
     async def start_trainer(self, cell: CellState, *, core: bool) -> None:
-        old = self.trainers.pop(cell.cell_id, None)
-        if old is not None:
-            await old.stop()
-        ready = self.workdir / f"{cell.cell_id}.trainer.ready"
         fields = {
             "cell": cell.cell_id, "node": cell.node, "gpus": str(cell.gpus), "role": "core" if core else "satellite",
-            "scheduler": self.scheduler_addr, "ready_file": str(ready),
+            "scheduler": self.scheduler_addr,
         }  # fmt: skip
-        child = ChildProcess(
-            f"trainer of {cell.cell_id}", [a.format(**fields) for a in self.trainer_argv], ready_file=ready,
-            log_file=self.workdir / f"{cell.cell_id}.trainer.log",
-        )  # fmt: skip
-        await child.start(timeout=self.ready_timeout_s, env=self.env)
-        self.trainers[cell.cell_id] = child
+        await self.trainers.start(cell.cell_id, self.trainer_argv, fields, timeout=self.ready_timeout_s)
 
     async def stop_trainer(self, cell: CellState) -> None:
-        child = self.trainers.pop(cell.cell_id, None)
-        if child is not None:
-            await child.stop()
+        await self.trainers.stop(cell.cell_id)
 
     async def close(self) -> None:
-        for child in list(self.trainers.values()):
-            await child.stop()
-        self.trainers.clear()
+        await self.trainers.close()
         await self._http.aclose()
