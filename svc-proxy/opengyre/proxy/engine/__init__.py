@@ -6,8 +6,9 @@ Start one in this process with ``EngineServer`` or as a child process with ``Eng
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._engine import CpuEngine, EngineConfig, Generation
@@ -40,10 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)
