@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import resource
+import socket
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,17 @@ def test_an_impossible_timeout_in_task_toml_is_an_evaluator_failure(tmp_path: Pa
     task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n", "[verifier]\ntimeout_sec = 0\n")
     ev = HarborVerifier().evaluate(task, workspace(tmp_path, {}))
     assert ev.score is None and ev.failure_class == "evaluator" and "bad task.toml" in ev.detail
+
+
+def test_a_workspace_with_a_dead_servers_socket_is_graded(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, {"a.txt": "42\n", "b.txt": "43\n"})
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(ws / "server.sock"))
+    try:
+        ev = HarborVerifier().evaluate(make_task(tmp_path, GRADE_FRACTION), ws)
+    finally:
+        server.close()
+    assert ev.valid and ev.score == 1.0
 
 
 def test_infra_failure_is_not_graded(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -100,13 +101,19 @@ class LocalSandbox:
         self.close()
 
     def copy_in(self, src: Path, dest: str) -> Path:
-        """Copy a file or a directory tree into the sandbox at the relative path ``dest``."""
+        """Copy a file or a directory tree into the sandbox at the relative path ``dest``.
+
+        Sockets, FIFOs and devices in a tree are left out: they cannot be copied, and a workspace may well hold
+        a dead server's socket. A copy that fails is the sandbox's failure (``SandboxError``)."""
         target = self.root / dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if Path(src).is_dir():
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if Path(src).is_dir():
+                shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True, ignore=_special_files)
+            else:
+                shutil.copy2(src, target)
+        except OSError as exc:  # shutil.Error too
+            raise SandboxError(f"sandbox failed to copy {src} in: {exc}") from exc
         return target
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -165,6 +172,17 @@ class LocalSandbox:
             duration_s=time.monotonic() - start,
             network_isolated=not lim.network and bool(no_network_prefix()),
         )
+
+
+def _special_files(folder: str, names: list[str]) -> set[str]:
+    """``copytree``'s ignore: what is neither a file, a directory nor a symlink."""
+    out = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                out.add(name)
+    return out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -104,6 +104,25 @@ def test_copy_in_and_missing_executable() -> None:
             sb.run(["/nonexistent/binary"])
 
 
+def test_copy_in_leaves_out_what_cannot_be_copied(tmp_path: Path) -> None:
+    tree = tmp_path / "ws"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f.txt").write_text("kept")
+    (tree / "link").symlink_to("sub/f.txt")
+    os.mkfifo(tree / "pipe")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tree / "dead.sock"))  # what a server the agent started leaves behind
+    try:
+        with LocalSandbox() as sb:
+            copied = sb.copy_in(tree, "app")
+            assert sorted(p.name for p in copied.iterdir()) == ["link", "sub"]
+            assert (copied / "link").read_text() == "kept"
+            with pytest.raises(SandboxError):
+                sb.copy_in(tmp_path / "missing", "gone")
+    finally:
+        server.close()
+
+
 @pytest.mark.skipif(not network_isolation_available(), reason="the OS forbids unprivileged network namespaces")
 def test_no_network_inside() -> None:
     server = socket.socket()
