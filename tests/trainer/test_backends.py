@@ -94,6 +94,16 @@ def test_same_weights_after_optimizer_steps(cfg) -> None:  # type: ignore[no-unt
         torch.testing.assert_close(wm[k], wt[k], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_step_counts_samples_not_rows(cfg, packed: bool) -> None:  # type: ignore[no-untyped-def]
+    samples = []
+    for i, adv in enumerate([0.8, -0.5, 1.2]):
+        samples += execution_samples(f"e{i}", PathSampler(5).sample(random_tree(i, f"e{i}"), random.Random(i)), adv)
+    mbs = pack_samples(samples, 200, packed=packed)
+    result = Learner(build_backend("torch", cfg, seed=3), GRPO()).step(mbs)
+    assert result.n_samples == len(samples) and result.micro_steps == len(mbs)
+
+
 @pytest.mark.parametrize("algo", [GRPO(), GSPO(eps_low=0.05, eps_high=0.05), SFT()], ids=lambda a: a.name)
 def test_packed_rows_give_the_padded_loss_and_gradients_on_both_backends(cfg, algo: Algorithm) -> None:  # type: ignore[no-untyped-def]
     samples = []

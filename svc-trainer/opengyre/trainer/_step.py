@@ -23,6 +23,7 @@ __all__ = ["DataParallel", "Learner", "MicroResult", "StepResult", "accumulate"]
 @dataclass
 class MicroResult:
     loss: float
+    n_samples: int  # samples, whatever the layout (a packed row holds several)
     n_targets: int
     n_tokens: int
     padded_tokens: int
@@ -40,10 +41,10 @@ class StepResult:
     padded_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def add(self, r: MicroResult, n_rows: int) -> None:
+    def add(self, r: MicroResult) -> None:
         self.loss += r.loss
         self.micro_steps += 1
-        self.n_samples += n_rows
+        self.n_samples += r.n_samples
         self.n_targets += r.n_targets
         self.n_tokens += r.n_tokens
         self.padded_tokens += r.padded_tokens
@@ -78,7 +79,9 @@ def accumulate(backend: Backend, algorithm: Algorithm, mb: MicroBatch, reference
         )
 
     out = backend.forward_backward(mb, loss_fn)
-    return MicroResult(float(out.loss.detach()), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics)
+    return MicroResult(
+        float(out.loss.detach()), len(mb.execution_ids), mb.n_targets, mb.n_tokens, mb.padded_tokens, out.metrics
+    )
 
 
 class Learner:
@@ -128,7 +131,7 @@ class Learner:
             # Every replica gets the whole list and takes its share; the gradients are summed before the update.
             microbatches = list(microbatches)[self.dp.rank :: self.dp.size]
         for mb in microbatches:  # an iterator is fine: micro-steps are consumed as they become ready
-            result.add(self.accumulate(mb), int(mb.input_ids.shape[0]))
+            result.add(self.accumulate(mb))
         if self.dp.size > 1:
             self.dp.reduce(self.backend, result)
         result.grad_norm = self.apply()

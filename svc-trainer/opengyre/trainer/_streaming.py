@@ -76,20 +76,17 @@ class Satellite:
     reference: Backend | None = None  # the frozen reference policy, when the algorithm has a KL term
     joined_digest: str = ""
     results: list[MicroResult] = field(default_factory=list)
-    rows: int = 0
 
     def join(self, snapshot: Mapping[str, torch.Tensor]) -> None:
         self.backend.load_hf_state_dict(snapshot)
         self.backend.zero_grad()
         self.joined_digest = snapshot_digest(self.backend.hf_state_dict())
         self.results = []
-        self.rows = 0
 
     def work(self, buffer: MicroStepBuffer) -> None:
         # No optimizer of its own: the core applies the one update with everyone's gradients.
         while (mb := buffer.claim(self.name)) is not None:
             self.results.append(accumulate(self.backend, self.algorithm, mb, self.reference))
-            self.rows += int(mb.input_ids.shape[0])
 
 
 class StreamingStep:
@@ -135,7 +132,7 @@ class StreamingStep:
     def finish(self) -> StepResult:
         result = StepResult()
         while (mb := self.buffer.claim(self.core_name)) is not None:
-            result.add(self.core.accumulate(mb), int(mb.input_ids.shape[0]))
+            result.add(self.core.accumulate(mb))
         with self._lock:
             self._finished = True
             threads, satellites = list(self._threads), list(self._satellites)
@@ -149,8 +146,7 @@ class StreamingStep:
             if sat.results:
                 self.core.backend.add_hf_grads(sat.backend.hf_grads())
             for r in sat.results:
-                result.add(r, 0)
-            result.n_samples += sat.rows
+                result.add(r)
         result.grad_norm = self.core.apply()
         result.finish()
         return result
