@@ -16,7 +16,7 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -27,7 +27,7 @@ from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from ._commands import CommandRefused
-from ._controller import SchedulerController
+from ._controller import RoleChangeOutcome, SchedulerController
 from ._grpc import STATUS, cell_pb, state_pb
 from ._policy import LoopConfig, Policy, RoleRequest, Target, View
 from ._projection import SchedulerProjection
@@ -65,13 +65,11 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def RegisterCell(  # noqa: N802
         self, request: scheduler_pb2.RegisterCellRequest, context: Ctx
     ) -> scheduler_pb2.CellInfo:
-        role = request.role or "rollout"
-        if role not in ("rollout", "idle"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a new cell starts idle or in rollout, not {role!r}")
-        try:
+        try:  # the role, like the rest, is judged by check_registration
             event = CellRegistered(
                 cell_id=request.cell_id, node=request.node or "local", gpus=request.gpus, capacity=request.capacity,
-                role=cast(CellRole, role), engine_url=request.engine_url or None, resident=request.resident,
+                role=cast(CellRole, request.role or "rollout"), engine_url=request.engine_url or None,
+                resident=request.resident,
             )  # fmt: skip
             event.aggregate_id()
         except ValueError as exc:
@@ -108,11 +106,11 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 yield view
             await asyncio.sleep(self._c.poll_s)
 
-    async def _role(self, context: Ctx, cell_id: str, target: str, reason: str) -> scheduler_pb2.RoleChangeResult:
-        if target not in ("training", "rollout"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target must be training or rollout, not {target!r}")
+    async def _carry_out(
+        self, context: Ctx, cell_id: str, change: Awaitable[RoleChangeOutcome]
+    ) -> scheduler_pb2.RoleChangeResult:
         try:
-            out = await self._c.change_role(RoleRequest(cell_id, cast(Target, target), reason or "operator"))
+            out = await change
         except CommandRefused as exc:
             await self._refuse(context, exc)
             raise
@@ -124,20 +122,17 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def ForceRole(  # noqa: N802
         self, request: scheduler_pb2.ForceRoleRequest, context: Ctx
     ) -> scheduler_pb2.RoleChangeResult:
-        return await self._role(context, request.cell_id, request.target, request.reason)
+        target = request.target
+        if target not in ("training", "rollout"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target must be training or rollout, not {target!r}")
+        req = RoleRequest(request.cell_id, cast(Target, target), request.reason or "operator")
+        return await self._carry_out(context, request.cell_id, self._c.change_role(req))
 
     async def DrainCell(  # noqa: N802
         self, request: scheduler_pb2.DrainCellRequest, context: Ctx
     ) -> scheduler_pb2.RoleChangeResult:
-        try:
-            out = await self._c.drain_cell(request.cell_id, request.reason or "operator drain")
-        except CommandRefused as exc:
-            await self._refuse(context, exc)
-            raise
-        except ActuatorError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cell {request.cell_id}: {exc}")
-            raise
-        return scheduler_pb2.RoleChangeResult(cell=cell_pb(out.cell), steps=out.steps)
+        drain = self._c.drain_cell(request.cell_id, request.reason or "operator drain")
+        return await self._carry_out(context, request.cell_id, drain)
 
     async def ClaimMicroStep(  # noqa: N802
         self, request: scheduler_pb2.ClaimMicroStepRequest, context: Ctx
