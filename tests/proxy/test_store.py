@@ -21,6 +21,7 @@ from opengyre.proxy import (
     path_mask,
 )
 from opengyre.proxy._grpc import resolve_contexts
+from opengyre.proxy._restore import restore_trajectory
 from opengyre.proxy.engine import EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trajectory import TrajectoryTree
@@ -66,6 +67,7 @@ async def test_rebuilding_the_store_gives_the_live_rows_and_the_events_trees(
         for eid in ("ex-1", "ex-2"):
             await _branchy_execution(st, eid)
         events = await st.recorded()
+        live_tito = {t.execution_id: t for t in st.gateway.executions()}
     finally:
         await st.gateway.stop()
     projection = TrajectoryProjection()
@@ -83,6 +85,15 @@ async def test_rebuilding_the_store_gives_the_live_rows_and_the_events_trees(
                 assert path_mask(stored, leaf) == live_tree.path_sequence(leaf)
             calls = load_calls(conn, eid)
             assert [c.event for c in calls] == [e for e in events if e.execution_id == eid]
+            # After a restart the gateway's TITO state comes back from these rows: it plans as the live one did.
+            restored, kept = restore_trajectory(eid, st.gateway.codec, calls), live_tito[eid]
+            assert list(restored.nodes) == list(kept.nodes)
+            for cid, node in kept.nodes.items():
+                assert restored.nodes[cid].token_array().tolist() == node.token_array().tolist()
+                convs = [node.conv_after, node.conv_after[:-1], [*node.conv_after, {"role": "user", "content": "on"}]]
+                for msgs in convs:
+                    if msgs:
+                        assert restored.plan(msgs, None) == kept.plan(msgs, None)
         summaries = {s.execution_id: s for s in list_executions(conn)}
     s1 = summaries["ex-1"]
     assert (s1.calls, s1.roots) == (4, 2) and 0 < s1.stored_tokens < s1.flat_tokens

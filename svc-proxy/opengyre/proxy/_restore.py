@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opengyre.trajectory import TrajectoryTree
-
 from ._atif import conversations
 from ._chat import ChatCodec
 from ._tito import ExecutionTrajectory, Plan, _tools_key
@@ -27,18 +25,16 @@ def restore_trajectory(
 ) -> ExecutionTrajectory:
     contexts = contexts or {}
     t = ExecutionTrajectory(execution_id, codec)
-    tree = TrajectoryTree(execution_id)
     convs = conversations(calls, contexts)
     tools_of: dict[str | None, list[dict[str, Any]] | None] = {None: None}
     for c in calls:
         e = c.event
-        tree.add(e)
         ctx = contexts.get(e.call_id) or e.context or {}
         tools = ctx["tools"] if "tools" in ctx else tools_of.get(e.parent_call_id)
         tools_of[e.call_id] = tools
         chat = "messages" in ctx and ctx.get("response") is not None
         plan = Plan(
-            prompt_ids=list(tree.prompt(e.call_id)),
+            prompt_ids=[],  # commit keeps the delta (like the tree): a full prompt per call would be the flat size
             parent_call_id=e.parent_call_id,
             prefix_len=e.prefix_len,
             delta_ids=list(e.prompt_delta_ids),
