@@ -14,10 +14,12 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from ._isolation import no_network_prefix
 from ._limits import SandboxLimits, SandboxResult
@@ -60,8 +62,52 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _cut(data: bytes, limit: int) -> str:
-    return data[:limit].decode("utf-8", errors="replace")
+def _collect(
+    proc: subprocess.Popen[bytes], stdin: bytes | None, timeout_s: float, keep: int
+) -> tuple[bytes, bytes, bool]:
+    """``communicate`` (both pipes to their end and the exit, within ``timeout_s``; on timeout the group is killed),
+    keeping only the first ``keep`` bytes of each stream as they come: a command that prints without end cannot
+    fill this process's memory. Returns (stdout, stderr, timed out)."""
+    deadline = time.monotonic() + timeout_s
+    out, err = bytearray(), bytearray()
+    assert proc.stdout is not None and proc.stderr is not None
+    workers = [
+        threading.Thread(target=_drain, args=(proc.stdout, keep, out), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, keep, err), daemon=True),
+    ]
+    if stdin is not None:
+        workers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
+    for w in workers:
+        w.start()
+    timed_out = False
+    for w in workers:
+        w.join(max(deadline - time.monotonic(), 0.0))
+        timed_out = timed_out or w.is_alive()
+    if not timed_out:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if timed_out:
+        _kill_group(proc)
+        proc.wait()
+        for w in workers:
+            w.join()
+    return bytes(out), bytes(err), timed_out
+
+
+def _drain(stream: IO[bytes], keep: int, sink: bytearray) -> None:
+    with stream:
+        while chunk := os.read(stream.fileno(), 1 << 16):
+            if len(sink) < keep:
+                sink += chunk[: keep - len(sink)]
+
+
+def _feed(stream: IO[bytes] | None, data: bytes) -> None:
+    assert stream is not None
+    # The command may exit (or close its stdin) without reading it all: a broken pipe is its business.
+    with contextlib.suppress(OSError), stream:
+        stream.write(data)
 
 
 class LocalSandbox:
@@ -154,20 +200,15 @@ class LocalSandbox:
             )
         except OSError as exc:
             raise SandboxError(f"sandbox failed to start {argv[0]!r}: {exc}") from exc
-        timed_out = False
         try:
-            out, err = proc.communicate(stdin, timeout=lim.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, err = proc.communicate()
+            out, err, timed_out = _collect(proc, stdin, lim.timeout_s, lim.max_output_bytes)
         finally:
             _kill_group(proc)  # what it left running (a server started in the background) must not outlive it
         code = 124 if timed_out else _exit_code(proc.returncode)
         return SandboxResult(
             exit_code=code,
-            stdout=_cut(out, lim.max_output_bytes),
-            stderr=_cut(err, lim.max_output_bytes),
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
             network_isolated=not lim.network and bool(no_network_prefix()),

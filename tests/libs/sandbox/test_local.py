@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,25 @@ def test_output_is_capped() -> None:
     with LocalSandbox(SandboxLimits(max_output_bytes=100)) as sb:
         r = sb.run(["bash", "-c", "head -c 5000 /dev/zero | tr '\\0' a"])
     assert len(r.stdout) == 100
+
+
+def test_output_past_the_cap_is_never_held_in_memory() -> None:
+    tracemalloc.start()
+    try:
+        with LocalSandbox(SandboxLimits(max_output_bytes=100)) as sb:
+            r = sb.run(["head", "-c", "50000000", "/dev/zero"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.ok and len(r.stdout) == 100
+    assert peak < 8 * 1024 * 1024  # 50 MB went through; only the cap (and a read buffer) was kept
+
+
+def test_stdin_is_fed_and_a_command_that_ignores_it_still_ends() -> None:
+    with LocalSandbox() as sb:
+        assert sb.run(["cat"], stdin=b"hello").stdout == "hello"
+        r = sb.run(["true"], stdin=b"x" * (1 << 20))  # more than a pipe holds, never read
+    assert r.ok and not r.timed_out
 
 
 def test_copy_in_and_missing_executable() -> None:
