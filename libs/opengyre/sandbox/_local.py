@@ -180,7 +180,8 @@ class LocalSandbox:
     ) -> SandboxResult:
         lim = limits or self.limits
         lim.validate()
-        prefix = _limit_prefix(lim) + ([] if lim.network else no_network_prefix())
+        isolation = [] if lim.network else no_network_prefix()
+        prefix = _limit_prefix(lim) + isolation
         workdir = self.root / cwd if cwd is not None and not Path(cwd).is_absolute() else Path(cwd or self.root)
         run_env = self.env(env)
         # Resolve the program here: behind ``unshare`` a missing one would look like the command's own failure.
@@ -211,7 +212,7 @@ class LocalSandbox:
             stderr=err.decode("utf-8", errors="replace"),
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
-            network_isolated=not lim.network and bool(no_network_prefix()),
+            network_isolated=bool(isolation),
         )
 
 
