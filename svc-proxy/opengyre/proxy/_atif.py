@@ -187,7 +187,7 @@ def export_execution(
         raise ValueError(f"execution {tree.execution_id} has no recorded calls")
     convs = conversations(calls, contexts)
     rank = {"main": 0, "main-summary": 1, "sub-agent": 2, "sub-agent-summary": 3}
-    main = min(leaves, key=lambda c: (rank.get(tree.node(c).role, 9), -len(tree.tokens(c))))
+    main = min(leaves, key=lambda c: (rank.get(tree.node(c).role, 9), -tree.length(c)))
     top = export_path(tree, calls, main, contexts=contexts, convs=convs)
     others = [export_path(tree, calls, c, contexts=contexts, convs=convs) for c in leaves if c != main]
     if others:

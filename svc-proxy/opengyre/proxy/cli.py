@@ -56,19 +56,19 @@ def key_command(
 def _load_execution(settings: Settings, execution_id: str) -> tuple[list[StoredCall], TrajectoryTree]:
     """An execution's recorded calls and tree from the store; a clear error when it has none."""
     from opengyre.store import create_db_engine
+    from opengyre.trajectory import TrajectoryTree
 
-    from ._trees import load_calls, load_tree
+    from ._trees import load_calls
 
     engine = create_db_engine(settings.database_url)
     try:
         with engine.connect() as conn:
             calls = load_calls(conn, execution_id)
-            tree = load_tree(conn, execution_id)
     finally:
         engine.dispose()
     if not calls:
         raise fail(f"no recorded calls for execution {execution_id!r}")
-    return calls, tree
+    return calls, TrajectoryTree(execution_id, [c.event for c in calls])
 
 
 @proxy_app.command("tree")
