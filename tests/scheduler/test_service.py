@@ -269,3 +269,13 @@ async def test_a_pool_moving_at_once_has_one_core_and_all_of_it_comes_back(
     replay = SchedulerState()
     async for s in _stored(event_log):
         replay.apply(event_log.decode(s), s.seq)
+
+
+async def test_an_invalid_loop_from_the_environment_stops_the_start(
+    nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENGYRE_SCHEDULER_GROUPS_PER_STEP", "0")
+    svc = SchedulerService(policy=make_policy("elastic"), actuator=ExternalActuator())
+    with pytest.raises(ValueError, match="invalid loop config"):
+        async with running_scheduler(svc, nats_server, log_config, tmp_path):
+            pass
