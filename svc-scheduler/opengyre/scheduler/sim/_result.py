@@ -13,6 +13,7 @@ from ._config import SimConfig
 __all__ = ["IdealBound", "Segment", "SimResult", "StepRecord", "ideal_bound"]
 
 HOUR = 3600.0
+_SHARES = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")  # Segment's GPU fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +107,7 @@ class SimResult:
     ) -> SimResult:
         end = steps[-1].at_s if steps else 0.0
         gpus = config.cluster.total_gpus
-        keys = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")
-        totals = {k: sum((s.t1 - s.t0) * getattr(s, k) for s in segments) / HOUR for k in keys}
+        totals = {k: sum((s.t1 - s.t0) * getattr(s, k) for s in segments) / HOUR for k in _SHARES}
         busy = totals["rollout_busy"] + totals["training_busy"]
         return cls(
             policy=policy,
@@ -146,7 +146,7 @@ class SimResult:
 
 def _bins(segments: list[Segment], end: float, n: int, gpus: int) -> dict[str, list[float]]:
     """Share of all GPUs per activity in ``n`` equal time bins (time-weighted means)."""
-    keys = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")
+    keys = _SHARES
     out = {k: np.zeros(n) for k in keys}
     if end <= 0 or not segments:
         return {"t_h": [], **{k: [] for k in keys}}

@@ -29,9 +29,14 @@ class DurationModel:
 
     def sample(self, rng: np.random.Generator, groups: int) -> np.ndarray:
         """Durations in seconds, shape (groups, group_size)."""
-        z = rng.standard_normal((groups, 1))
-        e = rng.standard_exponential((groups, self.group_size))
-        return _durations(self, z, e)
+        return _durations(self, *_draw(rng, groups, self.group_size))
+
+
+def _draw(rng: np.random.Generator, groups: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The random numbers behind ``groups`` groups: Z (one per group, the task's difficulty), then E."""
+    z = rng.standard_normal((groups, 1))
+    e = rng.standard_exponential((groups, group_size))
+    return z, e
 
 
 def _durations(m: DurationModel, z: np.ndarray, e: np.ndarray) -> np.ndarray:
@@ -61,9 +66,7 @@ def _stats(m: DurationModel, z: np.ndarray, e: np.ndarray, over_h: float) -> Wor
 
 
 def measure(model: DurationModel, *, groups: int = 40_000, seed: int = 7, over_h: float = 4.0) -> WorkloadStats:
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal((groups, 1))
-    e = rng.standard_exponential((groups, model.group_size))
+    z, e = _draw(np.random.default_rng(seed), groups, model.group_size)
     return _stats(model, z, e, over_h)
 
 
@@ -87,9 +90,7 @@ def calibrate(
     seed: int = 7,
 ) -> Calibration:
     """Fit (scale, shape, s_task) by a deterministic coordinate search on common random numbers."""
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal((groups, 1))
-    e = rng.standard_exponential((groups, group_size))
+    z, e = _draw(np.random.default_rng(seed), groups, group_size)
 
     def model(p: list[float]) -> DurationModel:
         return DurationModel(name, p[0], p[1], p[2], timeout_s, group_size)
