@@ -316,6 +316,35 @@ async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(
         await st.gateway.stop()
 
 
+async def test_a_call_whose_execution_was_evicted_meanwhile_is_still_recorded_in_place(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    st = await make_stack(event_log, {"e0": engine_a}, max_executions=1)
+    try:
+        oai = st.openai("ex-evicted")
+        m1: list[Any] = [{"role": "user", "content": "x"}]
+        r1 = await oai.chat.completions.create(model=M, messages=m1, max_tokens=3)
+        m2 = [
+            *m1,
+            {"role": "assistant", "content": r1.choices[0].message.content or ""},
+            {"role": "user", "content": "y"},
+        ]
+        await st.gateway.pool.drain("e0")  # no engine: the next calls wait in the queue after planning
+        second = asyncio.create_task(oai.chat.completions.create(model=M, messages=m2, max_tokens=3))
+        while st.gateway.pool.waiting < 1:
+            await asyncio.sleep(0.01)
+        other = asyncio.create_task(st.openai("ex-other").chat.completions.create(model=M, messages=m1, max_tokens=3))
+        while st.gateway.pool.waiting < 2:  # planned too: its execution took the only live slot
+            await asyncio.sleep(0.01)
+        await st.gateway.pool.add("e0", engine_a.url)
+        await asyncio.gather(second, other)
+        events = await st.assert_recorded_matches_engines()
+        ext = next(e for e in events if e.execution_id == "ex-evicted" and e.parent_call_id is not None)
+        assert ext.branch == "extension" and ext.parent_call_id == events[0].call_id
+    finally:
+        await st.gateway.stop()
+
+
 async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool_stack: Stack) -> None:
     st = tool_stack
     oai = st.openai("ex-stop")

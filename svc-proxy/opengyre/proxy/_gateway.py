@@ -166,13 +166,17 @@ class Gateway:
     def execution(self, execution_id: str) -> ExecutionTrajectory:
         t = self._executions.get(execution_id)
         if t is None:
-            t = ExecutionTrajectory(execution_id, self.codec)
-            self._executions[execution_id] = t
-            while len(self._executions) > self.config.max_executions:
-                self._executions.popitem(last=False)
-        else:
-            self._executions.move_to_end(execution_id)
+            return self._keep(execution_id, ExecutionTrajectory(execution_id, self.codec))
+        self._executions.move_to_end(execution_id)
         return t
+
+    def _keep(self, execution_id: str, traj: ExecutionTrajectory) -> ExecutionTrajectory:
+        """Hold ``traj`` as the execution's live state, most recently used, within ``max_executions``."""
+        self._executions[execution_id] = traj
+        self._executions.move_to_end(execution_id)
+        while len(self._executions) > self.config.max_executions:
+            self._executions.popitem(last=False)
+        return traj
 
     async def trajectory(self, execution_id: str) -> ExecutionTrajectory:
         """The execution's TITO state, restored from the store on first use after a restart."""
@@ -184,7 +188,7 @@ class Gateway:
                 fut.add_done_callback(lambda _f: self._restoring.pop(execution_id, None))
             restored = await asyncio.shield(fut)
             if restored is not None and execution_id not in self._executions:
-                self._executions[execution_id] = restored
+                return self._keep(execution_id, restored)
         return self.execution(execution_id)
 
     def executions(self) -> list[ExecutionTrajectory]:
@@ -315,6 +319,7 @@ class Gateway:
     def _record(
         self,
         eid: str,
+        traj: ExecutionTrajectory,
         call_id: str,
         role: TrajectoryRole,
         req: GenRequest,
@@ -323,9 +328,11 @@ class Gateway:
         turn: Turn,
     ) -> None:
         out = dispatch.outcome
-        traj = self.execution(eid)
         response = turn.message() if req.messages is not None else None
+        # The state the call was planned on (its parent is there), even if it was evicted while the call ran.
         traj.commit(plan, call_id, out.output_ids, response, role)
+        if eid not in self._executions:
+            self._keep(eid, traj)
         context = dict(plan.context)
         if response is not None:
             context["response"] = response
@@ -406,7 +413,7 @@ class Gateway:
             return self._error(err, anthropic)
 
         def on_turn(turn: Turn) -> None:
-            self._record(eid, call_id, role, req, plan, dispatch, turn)
+            self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
 
         prompt = plan.prompt_ids
         if req.stream:
