@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from opengyre.events import CellRole, CellRoleChanged
 
-from ._commands import arrival_role
+from ._commands import arrival_role, core_heir
 from ._policy import Target
 from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
@@ -110,7 +110,7 @@ class RoleChanger:
             st = await self.state()
             cell.role = st.cells[cell.cell_id].role  # a core that left meanwhile may have made it the core
             if cell.role == "training-core":
-                heir = next((c for c in st.training_cells() if c.role == "training-satellite"), None)
+                heir = core_heir(st)
                 if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
                     await self._step(heir, "training-satellite", "training-core", f"core hand-over from {cell.cell_id}")
             await self._step(cell, cell.role, "switching", reason)

@@ -19,7 +19,7 @@ from opengyre.events import (
     TrainingStepCompleted,
 )
 
-from .._commands import CommandRefused, arrival_role, check_role_request, protocol
+from .._commands import CommandRefused, arrival_role, check_role_request, core_heir, protocol
 from .._packing import MicroStep
 from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
@@ -231,7 +231,7 @@ class Simulator:
             if held is not None:
                 self.packer.release(held[0])
             if cell.role == "training-core":
-                heir = next((c for c in self.state.training_cells() if c.role == "training-satellite"), None)
+                heir = core_heir(self.state)
                 if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
                     self._emit(
                         CellRoleChanged(
