@@ -122,6 +122,12 @@ def test_a_workspace_with_a_dead_servers_socket_is_graded(tmp_path: Path) -> Non
     assert ev.valid and ev.score == 1.0
 
 
+def test_a_verifier_with_impossible_limits_is_refused_when_made() -> None:
+    # Not at grading time, where it would read as every task's evaluator failure.
+    with pytest.raises(ValueError):
+        HarborVerifier(SandboxLimits(memory_mb=1))
+
+
 def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
     task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     fin = score_execution("ex", HarborVerifier(), task, workspace(tmp_path, {}), exit_code=137, output="Killed")

@@ -96,6 +96,7 @@ class HarborVerifier(Evaluator):
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits(timeout_s=600.0)
+        self.limits.validate()  # the verifier's own limits are checked here: later, only a task's can be wrong
 
     def _task_limits(self, task_dir: Path) -> tuple[SandboxLimits, dict[str, str]]:
         toml = task_dir / "task.toml"
