@@ -162,11 +162,11 @@ class ExecutionTrajectory:
     def plan(self, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> Plan:
         tk = _tools_key(tools)
         hashes = _chain(tk, messages)
+        same = self._by_req.get(hashes[-1])
+        if same is not None:  # a retry reuses that request's tokens: nothing to render
+            return self._retry(self.nodes[same], messages, tools, tk)
         full_text = self.codec.render(messages, tools, gen=True)
         fresh = self.codec.encode(full_text)
-        same = self._by_req.get(hashes[-1])
-        if same is not None:
-            return self._retry(self.nodes[same], messages, tools, tk)
         # The longest history that ends with one of our replies verbatim (extend that call's tokens), and the
         # longest that is an earlier request (reuse its prompt tokens, then render what the harness changed).
         conv_i, conv_node = 0, None
