@@ -17,14 +17,16 @@ from opengyre.v1 import scheduler_pb2_grpc
 
 
 @contextlib.asynccontextmanager
-async def running_service(service: Service, nats: EmbeddedNats, log_config: LogConfig, tmp: Path) -> AsyncIterator[int]:
+async def running_service(
+    service: Service, nats: EmbeddedNats, log_config: LogConfig, tmp: Path, *, port: int = 0
+) -> AsyncIterator[int]:
     """Yield the gRPC port; each service keeps its own SQLite store, as separate processes would."""
     tmp.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{tmp / f'{service.name}.db'}"
     settings = Settings(data_dir=tmp, nats_url=nats.url, db_url=db, log=log_config)
     stop = asyncio.Event()
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_service(service, settings, stop, port=0, ready=ready))
+    task = asyncio.create_task(run_service(service, settings, stop, port=port, ready=ready))
     done, _ = await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         task.result()  # raises why it could not start
@@ -37,9 +39,9 @@ async def running_service(service: Service, nats: EmbeddedNats, log_config: LogC
 
 @contextlib.asynccontextmanager
 async def running_scheduler(
-    service: SchedulerService, nats: EmbeddedNats, log_config: LogConfig, tmp: Path
+    service: SchedulerService, nats: EmbeddedNats, log_config: LogConfig, tmp: Path, *, port: int = 0
 ) -> AsyncIterator[tuple[scheduler_pb2_grpc.SchedulerServiceStub, int]]:
-    async with running_service(service, nats, log_config, tmp) as port:
+    async with running_service(service, nats, log_config, tmp, port=port) as port:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         try:
             yield scheduler_pb2_grpc.SchedulerServiceStub(channel), port

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -13,11 +15,12 @@ import pytest
 
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
-from opengyre.runtime import EmbeddedNats
+from opengyre.runtime import EmbeddedNats, free_port
 from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.actuators import ExternalActuator, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
+from opengyre.scheduler.worker import run_worker
 from opengyre.v1 import scheduler_pb2 as pb
 
 from ._service import running_scheduler
@@ -279,3 +282,47 @@ async def test_an_invalid_loop_from_the_environment_stops_the_start(
     with pytest.raises(ValueError, match="invalid loop config"):
         async with running_scheduler(svc, nats_server, log_config, tmp_path):
             pass
+
+
+async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    """The restarted scheduler no longer knows the worker's claim: the worker's report is refused, and the worker
+    goes on claiming (the micro-step is handed out again) instead of dying with its cell left in training."""
+    loop = LoopConfig(groups_per_step=2, group_size=1)
+    port = free_port()
+    entered, go_on = threading.Event(), threading.Event()
+    trained: list[tuple[int, list[str]]] = []
+
+    def train(step: int, execution_ids: Sequence[str]) -> None:
+        entered.set()
+        go_on.wait(60)
+        trained.append((step, list(execution_ids)))
+
+    def scheduler() -> SchedulerService:
+        return SchedulerService(policy=make_policy("elastic"), loop=loop, actuator=ExternalActuator(), poll_s=0.05)
+
+    stop = asyncio.Event()
+    async with running_scheduler(scheduler(), nats_server, log_config, tmp_path, port=port) as (stub, _):
+        for c in ("c0", "c1"):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=4))
+        for g in range(2):
+            await event_log.append(ExecutionDispatched(execution_id=f"x{g}", task_id="t", group_id=f"g{g}", step=1,
+                                                       group_size=1))  # fmt: skip
+            await event_log.append(ExecutionFinished(execution_id=f"x{g}", status="completed", score=1.0))
+        await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
+        worker = asyncio.create_task(run_worker("c1", f"127.0.0.1:{port}", stop=stop, train=train, poll_s=0.05))
+        async with asyncio.timeout(30):
+            while not entered.is_set():
+                await asyncio.sleep(0.02)
+    svc = scheduler()
+    async with running_scheduler(svc, nats_server, log_config, tmp_path, port=port):
+        go_on.set()
+        assert svc.controller is not None
+        async with asyncio.timeout(60):
+            while not svc.controller.packer.is_complete:  # both micro-steps of step 1, from the restarted scheduler
+                assert not worker.done(), worker.exception()
+                await asyncio.sleep(0.05)
+        stop.set()
+        assert await worker == 2
+    assert sorted(x for _, ids in trained for x in ids) == ["x0", "x0", "x1"]  # x0's micro-step was redone

@@ -28,6 +28,8 @@ __all__ = ["TrainFn", "main", "run_worker"]
 log = logging.getLogger("opengyre.scheduler.worker")
 
 TrainFn = Callable[[int, Sequence[str]], None]
+# Refusals a worker outlives: its cell is not (yet, or any more) training, or the scheduler is restarting.
+_NOT_NOW = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
 
 
 def _load(spec: str) -> TrainFn:
@@ -59,7 +61,7 @@ async def run_worker(
             try:
                 m = await stub.ClaimMicroStep(pb.ClaimMicroStepRequest(cell_id=cell))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+                if exc.code() not in _NOT_NOW:
                     raise
                 m = pb.ClaimMicroStepReply(claimed=False)  # not (yet) a training cell, or the scheduler restarts
             if not m.claimed:
@@ -70,7 +72,15 @@ async def run_worker(
                 await asyncio.to_thread(train, m.step, list(m.execution_ids))
             else:
                 await asyncio.sleep(micro_step_s)
-            r = await stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id=cell, step=m.step, index=m.index))
+            try:
+                r = await stub.CompleteMicroStep(pb.CompleteMicroStepRequest(cell_id=cell, step=m.step, index=m.index))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _NOT_NOW:
+                    raise
+                # The scheduler no longer holds this claim for us (it restarted, or released it): it hands the
+                # micro-step out again; this worker goes on claiming.
+                log.warning("cell %s: micro-step %d/%d no longer ours (%s)", cell, m.step, m.index, exc.code().name)
+                continue
             done += 1
             if r.step_complete:
                 log.info("cell %s finished the last micro-step of step %d", cell, m.step)
