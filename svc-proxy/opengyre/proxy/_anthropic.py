@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
+from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number
@@ -211,14 +211,6 @@ def _stop_reason(turn: Turn) -> str:
     return "end_turn"
 
 
-def _tool_input(arguments: str) -> dict[str, Any]:
-    try:
-        v = json.loads(arguments)
-    except ValueError:
-        return {"_raw": arguments}
-    return v if isinstance(v, dict) else {"_value": v}
-
-
 def _partial_json(arguments: str) -> str:
     """The model's own argument text when it is a JSON object (no re-serialisation), else a wrapped form."""
     try:
@@ -226,7 +218,7 @@ def _partial_json(arguments: str) -> str:
             return arguments
     except ValueError:
         pass
-    return json.dumps(_tool_input(arguments))
+    return json.dumps(arguments_object(arguments))
 
 
 def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
@@ -243,7 +235,7 @@ def message_response(req: GenRequest, outcome: Outcome, turn: Turn, prompt_ids: 
     if turn.content:
         content.append({"type": "text", "text": turn.content})
     for t in turn.tool_calls:
-        content.append({"type": "tool_use", "id": t.id, "name": t.name, "input": _tool_input(t.arguments)})
+        content.append({"type": "tool_use", "id": t.id, "name": t.name, "input": arguments_object(t.arguments)})
     return {
         "id": f"msg_{rid}",
         "type": "message",

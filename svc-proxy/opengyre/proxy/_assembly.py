@@ -6,6 +6,7 @@ carry the same text and the same tool calls, and the proxy records the tool call
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,11 +14,31 @@ from typing import Any
 
 from ._chat import ChatCodec, IncrementalDecoder, parse_tool_call
 
-__all__ = ["Outcome", "StreamAssembler", "TextPiece", "ToolCallOut", "ToolPiece", "Turn", "assemble", "new_tool_id"]
+__all__ = [
+    "Outcome",
+    "StreamAssembler",
+    "TextPiece",
+    "ToolCallOut",
+    "ToolPiece",
+    "Turn",
+    "arguments_object",
+    "assemble",
+    "new_tool_id",
+]
 
 
 def new_tool_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """Raw tool-call arguments as the JSON object a format wants (Anthropic ``input``, ATIF ``arguments``);
+    text that is not one is wrapped, never dropped."""
+    try:
+        v = json.loads(arguments)
+    except ValueError:
+        return {"_raw": arguments}
+    return v if isinstance(v, dict) else {"_value": v}
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,13 @@ completion token ids and behaviour logprobs. An execution exports as its main pa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opengyre.events import ModelCallRecorded
 from opengyre.trajectory import TrajectoryTree
 
+from ._assembly import arguments_object
 from ._tito import canon_message
 from ._trees import StoredCall
 
@@ -48,14 +48,6 @@ def conversations(
             base = out[e.parent_call_id] + ([resp] if resp else [])
         out[e.call_id] = base[: int(context.get("base", 0))] + list(context.get("messages", []))
     return out
-
-
-def _arguments(raw: str) -> dict[str, Any]:
-    try:
-        v = json.loads(raw)
-    except ValueError:
-        return {"_raw": raw}
-    return v if isinstance(v, dict) else {"_value": v}
 
 
 def export_path(
@@ -112,7 +104,7 @@ def export_path(
                     {
                         "tool_call_id": tc.get("id", ""),
                         "function_name": tc["function"]["name"],
-                        "arguments": _arguments(tc["function"].get("arguments", "")),
+                        "arguments": arguments_object(tc["function"].get("arguments", "")),
                     }
                     for tc in m["tool_calls"]
                 ]
