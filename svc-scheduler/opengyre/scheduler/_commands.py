@@ -3,13 +3,16 @@ checked here against the state before anything happens. A refused command change
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
+
+from sqlalchemy import String
 
 from opengyre.events import CellRegistered, CellRole
 
 from ._policy import RoleRequest, Target
 from ._rules import ROLLOUT_ROLES, TRAINING_ROLES, watermark_allows
 from ._state import CellState, SchedulerState
+from ._tables import CELLS
 
 __all__ = [
     "CommandRefused",
@@ -35,6 +38,11 @@ class CommandRefused(Exception):
 def check_registration(state: SchedulerState, e: CellRegistered) -> None:
     if not e.cell_id:
         raise CommandRefused("invalid-argument", "cell_id is required")
+    for name in ("cell_id", "node", "engine_url"):
+        # The projection's column widths (PostgreSQL enforces them; an event that does not fit would stop it).
+        limit = cast(String, CELLS.c[name].type).length or 0
+        if len(getattr(e, name) or "") > limit:
+            raise CommandRefused("invalid-argument", f"cell {e.cell_id[:64]}: {name} is longer than {limit} characters")
     if e.cell_id in state.cells:
         raise CommandRefused("already-exists", f"cell {e.cell_id} is already registered")
     if e.capacity < 1 and e.role == "rollout":
