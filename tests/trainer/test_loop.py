@@ -228,3 +228,44 @@ async def test_a_token_past_the_vocabulary_is_a_corrupt_trajectory_not_a_failed_
     assert report is not None and report.result is not None
     assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1"]
     assert report.completed.dropped == {"g1-e2": "excluded:corrupt-trajectory:token 5000 past the vocabulary"}
+
+
+async def test_a_step_completed_but_never_published_is_announced_after_a_restart(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    """The crash between a step's two events: executions consumed, checkpoint on disk, no WeightsPublished."""
+    from opengyre.events import TrainingStepCompleted
+    from opengyre.trainer._loop import step_event_id
+    from opengyre.trainer._publish import write_checkpoint
+
+    cfg = config(tmp_path)
+    backend = build_backend("torch", model_config("tiny"), seed=3)
+    ckpt = write_checkpoint(backend, cfg.checkpoint_dir, cfg.run_id, 1)  # written before the step's events
+    await event_log.append(
+        TrainingStepCompleted(
+            event_id=step_event_id(cfg.run_id, 1, "completed"),
+            run_id=cfg.run_id,
+            step=1,
+            weight_version=ckpt.weight_version,
+            loss=0.5,
+            n_samples=4,
+            n_tokens=64,
+        )
+    )
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
+        await runner.wait_caught_up(60)
+        store = TrainerStore(engine)
+        assert store.latest_weights() is None
+        trainer = OnlineTrainer(cfg, store, event_log)
+        assert trainer.resumed_from == ckpt.weight_version  # the restarted run continues from those weights
+        assert await trainer.step_once() is None  # nothing to train, but the weights are announced first
+        again = OnlineTrainer(cfg, store, event_log)  # a second restart before the projection caught up
+        await again.recover()
+        await runner.wait_caught_up(60)
+        latest = store.latest_weights()
+    assert latest is not None and latest.weight_version == ckpt.weight_version and latest.step == 1
+    assert latest.digest == ckpt.digest
+    published = [s async for s in event_log.read(1) if s.type_name == "weights-published"]
+    assert len(published) == 1  # the two recoveries carried one event id: stored once
+    ws = event_log.decode(published[0])
+    assert isinstance(ws, WeightsPublished) and Path(ws.uri) == ckpt.path

@@ -3,6 +3,7 @@
 from ._llama import (
     MODEL_PRESETS,
     build_model,
+    checkpoint_info,
     load_checkpoint,
     load_weights,
     model_config,
@@ -15,6 +16,7 @@ __all__ = [
     "MODEL_PRESETS",
     "TOKENIZER_DIR",
     "build_model",
+    "checkpoint_info",
     "load_checkpoint",
     "load_tokenizer",
     "load_weights",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 __all__ = [
     "MODEL_PRESETS",
     "build_model",
+    "checkpoint_info",
     "load_checkpoint",
     "load_weights",
     "model_config",
@@ -88,17 +92,47 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: str) -> str:
-    """Write ``config.json``, ``model.safetensors`` and our metadata; returns the weights' sha256."""
+    """Write ``config.json``, ``model.safetensors`` and our metadata; returns the weights' sha256.
+
+    A new checkpoint folder appears whole or not at all (written beside it, then renamed), so a reader or a
+    restarted trainer never sees a half-written one. Rewriting an existing folder replaces each file atomically,
+    the metadata last.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     digest = _digest(state)
-    tmp = directory / (CHECKPOINT_FILE + ".tmp")
-    save_file(state, str(tmp), metadata={"weight_version": weight_version})
-    tmp.replace(directory / CHECKPOINT_FILE)  # atomic: an engine never loads a half-written file
-    model.config.to_json_file(str(directory / "config.json"))
-    (directory / META_FILE).write_text(json.dumps({"weight_version": weight_version, "sha256": digest}) + "\n")
+    fresh = not directory.exists()
+    target = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}") if fresh else directory
+    target.mkdir(parents=True, exist_ok=True)
+    _write_atomic(
+        target / CHECKPOINT_FILE, lambda p: save_file(state, str(p), metadata={"weight_version": weight_version})
+    )
+    _write_atomic(target / "config.json", lambda p: model.config.to_json_file(str(p)))
+    meta = json.dumps({"weight_version": weight_version, "sha256": digest}) + "\n"
+    _write_atomic(target / META_FILE, lambda p: p.write_text(meta))
+    if fresh:
+        try:
+            target.rename(directory)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)  # someone else wrote it first
+            if not directory.exists():
+                raise
     return digest
+
+
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+
+
+def checkpoint_info(directory: Path) -> dict[str, str] | None:
+    """``{"weight_version", "sha256"}`` of a complete checkpoint folder, or None when there is none."""
+    meta = Path(directory) / META_FILE
+    if not meta.is_file() or not (Path(directory) / CHECKPOINT_FILE).is_file():
+        return None
+    info = json.loads(meta.read_text())
+    return {"weight_version": str(info.get("weight_version", "")), "sha256": str(info.get("sha256", ""))}
 
 
 def load_weights(model: LlamaForCausalLM, directory: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 
 from opengyre.eventlog import EventLog
 from opengyre.events import TrainingStepCompleted, WeightsPublished
-from opengyre.models import load_checkpoint, model_config
+from opengyre.models import checkpoint_info, load_checkpoint, model_config
 
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
@@ -79,6 +80,34 @@ def build_learner(config: TrainerConfig, backend: Backend, reference: Backend | 
     )
 
 
+def step_event_id(run_id: str, step: int, what: str) -> str:
+    """Event ids derived from the step, so a retried or recovered append is stored once (JetStream dedup)."""
+    return f"trainer-{run_id}-s{step}-{what}"
+
+
+def unpublished_step(store: TrainerStore, config: TrainerConfig) -> WeightsPublished | None:
+    """The WeightsPublished a crash left unsent: the last step completed with a version that was never published,
+    and its checkpoint is whole on disk (it is written before the step's events)."""
+    last = store.last_step_row(config.run_id)
+    if last is None or not last.weight_version:
+        return None
+    latest = store.latest_weights(config.run_id)
+    if latest is not None and latest.weight_version == last.weight_version:
+        return None
+    path = checkpoint_path(config.checkpoint_dir, config.run_id, int(last.step)).resolve()
+    info = checkpoint_info(path)
+    if info is None or info["weight_version"] != last.weight_version:
+        return None
+    return WeightsPublished(
+        event_id=step_event_id(config.run_id, int(last.step), "weights"),
+        run_id=config.run_id,
+        weight_version=str(last.weight_version),
+        step=int(last.step),
+        uri=str(path),
+        digest=info["sha256"],
+    )
+
+
 class OnlineTrainer:
     def __init__(
         self, config: TrainerConfig, store: TrainerStore, log_: EventLog | None, backend: Backend | None = None
@@ -91,6 +120,12 @@ class OnlineTrainer:
         latest = store.latest_weights(config.run_id)
         self.resumed_from: str | None = latest.weight_version if latest is not None else None
         resume_dir = Path(latest.uri) if latest is not None else None
+        # A crash between a step's TrainingStepCompleted (its executions are consumed) and its WeightsPublished
+        # leaves trained weights on disk that nobody announced: resume from them and announce them (``recover``).
+        self._unpublished = unpublished_step(store, config)
+        if self._unpublished is not None:
+            self.resumed_from = self._unpublished.weight_version
+            resume_dir = Path(self._unpublished.uri)
         self.rank, self.world = rank_and_size()
         if self.world > 1:
             if self.rank != 0:
@@ -200,18 +235,31 @@ class OnlineTrainer:
         assert prepared is not None
         return prepared, (result if result.micro_steps else None)
 
+    async def recover(self) -> WeightsPublished | None:
+        """Announce the weights of a step that completed before a crash but was never published."""
+        event, self._unpublished = self._unpublished, None
+        if event is not None and self.log is not None:
+            await self.log.append(event)  # a deterministic event id: a repeat is stored once
+        return event
+
     async def step_once(self, poll_s: float = 0.2) -> StepReport | None:
+        if self._unpublished is not None:
+            await self.recover()
         out = await (self._streaming_step(poll_s) if self.config.streaming else self._batch_step())
         if out is None:
             return None
         prepared, result = out
         step = prepared.step
         ckpt: PublishedCheckpoint | None = None
-        if result is not None:
+        skipped = result is not None and not math.isfinite(result.grad_norm)  # Learner.apply left the weights
+        if result is not None and not skipped:
             ckpt = await asyncio.to_thread(self._checkpoint, step)
         metrics = dict(result.metrics) if result else {}
         if result is not None:
             metrics.update(grad_norm=result.grad_norm, targets=float(result.n_targets), micro_steps=result.micro_steps)
+        if skipped:
+            log.warning("step %d: non-finite gradient norm, update skipped", step)
+            metrics["update_skipped"] = 1.0
         if prepared.reward_mean is not None:
             metrics["reward_mean"] = prepared.reward_mean
         metrics["breaker_trips"] = float(sum(g.breaker_tripped for g in prepared.groups))
@@ -221,11 +269,13 @@ class OnlineTrainer:
             forward_tokens=float(prepared.forward_tokens),
             all_paths_forward_tokens=float(prepared.all_paths_forward_tokens),
         )
+        metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # JSON has no NaN: null would not decode
         completed = TrainingStepCompleted(
+            event_id=step_event_id(self.config.run_id, step, "completed"),
             run_id=self.config.run_id,
             step=step,
             weight_version=ckpt.weight_version if ckpt else "",
-            loss=result.loss if result else 0.0,
+            loss=result.loss if result and math.isfinite(result.loss) else 0.0,
             n_samples=len(prepared.samples),
             n_tokens=result.n_tokens if result else 0,
             execution_ids=prepared.trained,
@@ -237,6 +287,7 @@ class OnlineTrainer:
         published = None
         if ckpt is not None:
             published = WeightsPublished(
+                event_id=step_event_id(self.config.run_id, step, "weights"),
                 run_id=self.config.run_id, weight_version=ckpt.weight_version, step=step, uri=str(ckpt.path),
                 digest=ckpt.digest,
             )  # fmt: skip

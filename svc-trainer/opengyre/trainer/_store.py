@@ -129,6 +129,10 @@ class TrainerStore:
                 select(_W).where(_W.c.run_id == run_id).order_by(_W.c.step.desc(), _W.c.seq.desc()).limit(1)
             ).first()
 
+    def last_step_row(self, run_id: str = "default") -> Row[Any] | None:
+        with self.engine.connect() as c:
+            return c.execute(select(_S).where(_S.c.run_id == run_id).order_by(_S.c.step.desc()).limit(1)).first()
+
     def last_step(self, run_id: str = "default") -> int:
         with self.engine.connect() as c:
             v = c.execute(select(func.max(_S.c.step)).where(_S.c.run_id == run_id)).scalar()
