@@ -90,8 +90,10 @@ def test_same_weights_after_optimizer_steps(cfg) -> None:  # type: ignore[no-unt
         assert r[0].loss == pytest.approx(r[1].loss, rel=1e-4, abs=1e-6)
     wt, wm = tb.hf_state_dict(), mb.hf_state_dict()
     assert any(not torch.equal(wt[k], TorchBackend.from_config(cfg, seed=4).hf_state_dict()[k]) for k in wm)
+    # Adam divides by sqrt(v): where a gradient is near zero, float rounding between the two backends is
+    # amplified up to a fraction of lr, so the bound is relative to lr (1e-2), not to float precision.
     for k in wm:
-        torch.testing.assert_close(wm[k], wt[k], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(wm[k], wt[k], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
@@ -128,3 +130,19 @@ def test_packed_rows_give_the_padded_loss_and_gradients_on_both_backends(cfg, al
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7), name
         for k in ref_grads:
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["torch", "megatron"])
+def test_a_non_finite_gradient_skips_the_update(cfg, kind: str) -> None:  # type: ignore[no-untyped-def]
+    backend = build_backend(kind, cfg, seed=5)
+    learner = Learner(backend, GRPO(), lr=1e-2)
+    before = {k: v.clone() for k, v in backend.hf_state_dict().items()}
+    poisoned = batches()
+    poisoned[0].advantages[poisoned[0].mask] = float("nan")
+    result = learner.step(poisoned)
+    assert result.grad_norm != result.grad_norm  # NaN: reported, not hidden
+    after = backend.hf_state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)  # the weights are untouched
+    result = learner.step(batches())  # the next, healthy batch trains as usual
+    assert result.grad_norm > 0 and result.grad_norm == result.grad_norm
+    assert any(not torch.equal(backend.hf_state_dict()[k], before[k]) for k in before)

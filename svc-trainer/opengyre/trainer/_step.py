@@ -7,6 +7,7 @@ accumulate, so the clipping anchor ``old_logprobs`` is the current logprobs, det
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,8 +114,15 @@ class Learner:
         return self.backend.grad_norm()
 
     def apply(self) -> float:
-        """Clip, update, clear; returns the pre-clip gradient norm."""
+        """Clip, update, clear; returns the pre-clip gradient norm.
+
+        A non-finite norm (an overflow, a NaN logprob) skips the update: one bad batch must not poison the
+        weights and, through them, every later rollout. The caller sees the norm and can count the skip.
+        """
         norm = self.grad_norm()
+        if not math.isfinite(norm):
+            self.backend.zero_grad()
+            return norm
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
             scale = self.max_grad_norm / (norm + 1e-6)
             for p in self.backend.parameters():
