@@ -36,7 +36,12 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
-def train_tool_policy(directory: Path, *, turns: int = 2, steps: int = 150, seed: int = 0) -> Path:
+def train_tool_policy(directory: Path, *, turns: int = 2, max_steps: int = 600, seed: int = 0) -> Path:
+    """Train until greedy decoding emits the tool call with a clear margin at every position.
+
+    A fixed step count is not enough: CPUs with different vector units round differently, and a near-tie at
+    one position would make the engine decode something else. The margin makes the result hold everywhere.
+    """
     tok = load_tokenizer()
     model = build_model(model_config("tiny"), seed=seed)
     model.train()
@@ -53,14 +58,31 @@ def train_tool_policy(directory: Path, *, turns: int = 2, steps: int = 150, seed
     ids = torch.stack([torch.nn.functional.pad(x, (0, n - len(x)), value=256) for x, _ in seqs])
     labels = torch.stack([torch.nn.functional.pad(y, (0, n - len(y)), value=-100) for _, y in seqs])
     attn = (torch.arange(n) < torch.tensor([len(x) for x, _ in seqs]).unsqueeze(1)).long()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for _ in range(steps):
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        for step in range(max_steps):
+            out = model(input_ids=ids, attention_mask=attn, labels=labels)
+            if step % 10 == 0 and _margin(out.logits.detach(), labels) > MARGIN:
+                break
             opt.zero_grad()
-            loss.backward()
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # no loss spikes: they undo what was learnt
             opt.step()
+        else:
+            raise AssertionError(f"the tool policy did not learn the call in {max_steps} steps")
     model.eval()
     save_checkpoint(model, directory, "tool-policy")
     return directory
+
+
+MARGIN = 2.0  # logits: target over the runner-up at every labelled position
+
+
+def _margin(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The smallest lead of the target token over the best other token, over all labelled positions."""
+    pred, gold = logits[:, :-1], labels[:, 1:]
+    mask = gold != -100
+    tgt = pred.gather(-1, gold.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    other = pred.scatter(-1, gold.clamp(min=0).unsqueeze(-1), float("-inf")).amax(-1)
+    return float((tgt - other)[mask].min())

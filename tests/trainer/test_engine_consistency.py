@@ -51,5 +51,10 @@ async def test_engine_reloads_published_weights_and_agrees(tmp_path: Path, backe
     mb = pack_samples(samples[:1], 10_000)[0]
     with torch.no_grad():
         ours = backend.token_logprobs(mb)[0, : len(tokens) - 1]
-    # Exactly equal: same model code, same weights, no drift between what was trained and what is served.
-    assert torch.equal(torch.tensor(engine_lp, dtype=torch.float32), ours)
+    served = torch.tensor(engine_lp, dtype=torch.float32)
+    if backend_name == "torch":
+        # Exactly equal: same model code, same weights, no drift between what was trained and what is served.
+        assert torch.equal(served, ours)
+    else:
+        # Megatron's layers are other code over the same weights: equal up to float summation order.
+        torch.testing.assert_close(served, ours, rtol=0, atol=1e-5)

@@ -78,8 +78,9 @@ def test_streaming_with_a_satellite_equals_one_worker(satellite_backend: str) ->
     assert result.n_samples == ref_result.n_samples
     a, b = core_backend.hf_state_dict(), reference.hf_state_dict()
     for k in a:
-        # Adam's first update is ~lr * sign(grad): float-level gradient noise can move a weight by ~1e-6.
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+        # Adam's first update is ~lr * sign(grad): where a gradient is near zero, float-level noise (another
+        # summation order, another CPU's vector unit) moves a weight by up to a fraction of lr (1e-2).
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4)
 
 
 def reference_initial(cfg):  # type: ignore[no-untyped-def]
@@ -118,8 +119,8 @@ def test_a_satellite_joins_a_running_step_on_the_step_start_snapshot() -> None:
     assert result.micro_steps == len(mbs) == sum(buf.claims.values())
     assert result.loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
     got, want = core_backend.hf_state_dict(), ref_backend.hf_state_dict()
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+    for k in want:  # after Adam: a fraction of lr, as above
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError):
         step.join(Satellite("too-late", build_backend("torch", cfg), GSPO()))
 
