@@ -18,12 +18,18 @@ from ._assembly import arguments_object
 from ._tito import canon_message
 from ._trees import StoredCall
 
-__all__ = ["ATIF_VERSION", "conversations", "export_execution", "export_path"]
+__all__ = ["ATIF_VERSION", "context_of", "conversations", "export_execution", "export_path"]
 
 ATIF_VERSION = "ATIF-v1.7"
 AGENT = {"name": "opengyre-proxy", "version": "0.1.0"}
 
 Message = dict[str, Any]
+
+
+def context_of(e: ModelCallRecorded, contexts: Mapping[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """A call's conditioning context: inline in its event, or fetched from the object store (``contexts``)."""
+    resolved = contexts.get(e.call_id) if contexts else None
+    return resolved if resolved is not None else e.context or {}
 
 
 def conversations(
@@ -32,19 +38,13 @@ def conversations(
     """Each call's request messages, rebuilt from the context deltas (``contexts`` resolves out-of-band ones)."""
     by_id = {c.event.call_id: c.event for c in calls}
     out: dict[str, list[Message]] = {}
-
-    def ctx(e: ModelCallRecorded) -> dict[str, Any]:
-        if contexts is not None and e.call_id in contexts:
-            return contexts[e.call_id]
-        return e.context or {}
-
     for c in calls:  # log order: parents first
         e = c.event
-        context = ctx(e)
+        context = context_of(e, contexts)
         base: list[Message] = []
         if e.parent_call_id is not None and e.parent_call_id in out:
             p = by_id[e.parent_call_id]
-            resp = ctx(p).get("response")
+            resp = context_of(p, contexts).get("response")
             base = out[e.parent_call_id] + ([resp] if resp else [])
         out[e.call_id] = base[: int(context.get("base", 0))] + list(context.get("messages", []))
     return out
@@ -61,7 +61,7 @@ def export_path(
     by_id = {c.event.call_id: c.event for c in calls}
     convs = convs if convs is not None else conversations(calls, contexts)
     leaf_e = by_id[leaf]
-    leaf_ctx = (contexts or {}).get(leaf) or leaf_e.context or {}
+    leaf_ctx = context_of(leaf_e, contexts)
     conv = list(convs.get(leaf, []))
     if leaf_ctx.get("response"):
         conv.append(leaf_ctx["response"])
@@ -70,7 +70,7 @@ def export_path(
     for cid in tree.path(leaf):
         e = by_id[cid]
         i = len(convs.get(cid, []))
-        resp = ((contexts or {}).get(cid) or e.context or {}).get("response")
+        resp = context_of(e, contexts).get("response")
         if resp is not None and i < len(conv) and canon_message(conv[i]) == canon_message(resp):
             producer[i] = e
     steps: list[dict[str, Any]] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._atif import conversations
+from ._atif import context_of, conversations
 from ._chat import ChatCodec
 from ._tito import ExecutionTrajectory, Plan, _tools_key
 from ._trees import StoredCall
@@ -23,13 +23,12 @@ def restore_trajectory(
     calls: Sequence[StoredCall],
     contexts: Mapping[str, dict[str, Any]] | None = None,
 ) -> ExecutionTrajectory:
-    contexts = contexts or {}
     t = ExecutionTrajectory(execution_id, codec)
     convs = conversations(calls, contexts)
     tools_of: dict[str | None, list[dict[str, Any]] | None] = {None: None}
     for c in calls:
         e = c.event
-        ctx = contexts.get(e.call_id) or e.context or {}
+        ctx = context_of(e, contexts)
         tools = ctx["tools"] if "tools" in ctx else tools_of.get(e.parent_call_id)
         tools_of[e.call_id] = tools
         chat = "messages" in ctx and ctx.get("response") is not None
