@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple, NoReturn
 
@@ -67,8 +67,12 @@ async def _log_error(exc: Exception) -> None:
     log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
-async def _log_disconnected() -> None:
-    log.warning("NATS: disconnected; reconnecting")
+def _disconnected_logger(nc: FastHeaderClient) -> Callable[[], Awaitable[None]]:
+    async def disconnected() -> None:
+        if not nc.is_closed:  # nats-py calls this on our own close too: only a lost connection is news
+            log.warning("NATS: disconnected; reconnecting")
+
+    return disconnected
 
 
 async def _log_reconnected() -> None:
@@ -124,7 +128,7 @@ class EventLog:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     error_cb=_log_error,
-                    disconnected_cb=_log_disconnected,
+                    disconnected_cb=_disconnected_logger(nc),
                     reconnected_cb=_log_reconnected,
                 ),
                 timeout=timeout,
