@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -168,12 +168,19 @@ def _parse_one(engine: CpuEngine, body: dict[str, Any], i: int | None) -> _Parse
     )
 
 
+def _refused_status(finish: dict[str, Any]) -> int | None:
+    """The HTTP status of a request the engine refused (an abort with a 4xx/5xx code), else None."""
+    code = finish.get("status_code")
+    if finish.get("type") == "abort" and isinstance(code, int) and code >= 400:
+        return code
+    return None
+
+
 def build_app(engine: CpuEngine) -> ASGIApp:
     cfg = engine.config
 
-    async def run_once(p: _Parsed) -> tuple[Generation, dict[str, Any]]:
-        gen: Generation | None = None
-        async with contextlib.aclosing(
+    def generations(p: _Parsed) -> contextlib.aclosing[AsyncGenerator[Generation, None]]:
+        return contextlib.aclosing(
             engine.generate(
                 p.input_ids,
                 p.params,
@@ -182,10 +189,9 @@ def build_app(engine: CpuEngine) -> ASGIApp:
                 logprob_start_len=p.logprob_start_len,
                 top_logprobs_num=p.top_logprobs_num,
             )
-        ) as it:
-            async for g in it:
-                gen = g
-        assert gen is not None
+        )
+
+    def result(p: _Parsed, gen: Generation, start: int = 0) -> dict[str, Any]:
         out = _result(
             engine,
             gen,
@@ -193,10 +199,19 @@ def build_app(engine: CpuEngine) -> ASGIApp:
             return_logprob=p.return_logprob,
             logprob_start_len=p.logprob_start_len,
             return_prompt_ids=p.input_ids,
+            start=start,
         )
         if p.return_prompt_token_ids:
             out["prompt_token_ids"] = p.input_ids
-        return gen, out
+        return out
+
+    async def run_once(p: _Parsed) -> tuple[Generation, dict[str, Any]]:
+        gen: Generation | None = None
+        async with generations(p) as it:
+            async for g in it:
+                gen = g
+        assert gen is not None
+        return gen, result(p, gen)
 
     async def generate(request: Request) -> Response:
         body = await _json_body(request)
@@ -221,47 +236,28 @@ def build_app(engine: CpuEngine) -> ASGIApp:
         if not body.get("stream"):
             gen, out = await run_once(p1)
             fin = gen.finish or {}
-            if fin.get("type") == "abort" and isinstance(fin.get("status_code"), int) and fin["status_code"] >= 400:
-                return _native_error(str(fin.get("message", "aborted")), fin["status_code"])
+            if (status := _refused_status(fin)) is not None:
+                return _native_error(str(fin.get("message", "aborted")), status)
             return _Json(out)
         return StreamingResponse(stream(p1), media_type="text/event-stream")
 
     async def stream(p: _Parsed) -> AsyncIterator[bytes]:
         sent = 0
-        async with contextlib.aclosing(
-            engine.generate(
-                p.input_ids,
-                p.params,
-                rid=p.rid,
-                return_logprob=p.return_logprob,
-                logprob_start_len=p.logprob_start_len,
-                top_logprobs_num=p.top_logprobs_num,
-            )
-        ) as it:
+        async with generations(p) as it:
             async for g in it:
                 fin = g.finish or {}
-                if fin.get("type") == "abort" and isinstance(fin.get("status_code"), int) and fin["status_code"] >= 400:
+                if (status := _refused_status(fin)) is not None:
                     err = {
                         "message": fin.get("message", ""),
                         "type": "invalid_request_error",
-                        "code": fin["status_code"],
+                        "code": status,
                         "retryable": False,
                     }
                     yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
                     break
-                out = _result(
-                    engine,
-                    g,
-                    p.params,
-                    return_logprob=p.return_logprob,
-                    logprob_start_len=p.logprob_start_len,
-                    return_prompt_ids=p.input_ids,
-                    start=sent if cfg.incremental_streaming_output else 0,
-                )
+                out = result(p, g, start=sent if cfg.incremental_streaming_output else 0)
                 if cfg.incremental_streaming_output:
                     sent = len(g.output_ids)
-                if p.return_prompt_token_ids:
-                    out["prompt_token_ids"] = p.input_ids
                 yield b"data: " + _enc.encode(out) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
