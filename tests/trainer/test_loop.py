@@ -269,3 +269,27 @@ async def test_a_step_completed_but_never_published_is_announced_after_a_restart
     assert len(published) == 1  # the two recoveries carried one event id: stored once
     ws = event_log.decode(published[0])
     assert isinstance(ws, WeightsPublished) and Path(ws.uri) == ckpt.path
+
+
+async def test_a_step_with_non_finite_gradients_leaves_the_weights_and_says_so(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    from opengyre.events import TrainingStepCompleted
+
+    await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
+        trainer = OnlineTrainer(config(tmp_path, group_size=2), TrainerStore(engine), event_log)
+        with torch.no_grad():  # an overflowed weight: every gradient through it is NaN
+            next(iter(trainer.backend.parameters())).fill_(float("inf"))
+        before = {k: v.clone() for k, v in trainer.backend.hf_state_dict().items()}
+        report = await trainer.step_once()
+        await runner.wait_caught_up(60)
+    assert report is not None and report.result is not None
+    assert report.checkpoint is None and report.published is None  # nothing new to serve
+    after = trainer.backend.hf_state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    stored = [s async for s in event_log.read(1) if s.type_name == "training-step-completed"]
+    [event] = [event_log.decode(s) for s in stored]  # decodes: no NaN became a JSON null
+    assert isinstance(event, TrainingStepCompleted)
+    assert event.metrics["update_skipped"] == 1.0 and "grad_norm" not in event.metrics
+    assert sorted(event.execution_ids) == ["g1-e0", "g1-e1"]  # consumed once, not retried forever
