@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn, TypeVar, overload
 
 import msgspec
 import nats
@@ -33,10 +33,13 @@ from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
 from ._pull import PullBatcher
+from ._typed import TypeFilter
 
 __all__ = ["Appended", "EventLog", "StoredEvent"]
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
 
 
 class Appended(NamedTuple):
@@ -374,6 +377,69 @@ class EventLog:
             await puller.stop()
             with contextlib.suppress(Exception):
                 await self.js.delete_consumer(self.config.stream, info.name)
+
+    @overload
+    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncIterator[tuple[int, Event]]: ...
+    @overload
+    def events(
+        self, *types: type[E], start_seq: int = 1, end_seq: int | None = None
+    ) -> AsyncIterator[tuple[int, E]]: ...
+    async def events(
+        self, *types: type[Event], start_seq: int = 1, end_seq: int | None = None
+    ) -> AsyncIterator[tuple[int, Event]]:
+        """``(seq, event)`` of the given types (all when none) in a sequence range, decoded and upcast.
+
+        Only the subjects of those types' aggregates are read. What this service cannot decode is skipped
+        with a warning (see ``_typed``).
+        """
+        want = TypeFilter(self.config, types)
+        async for stored in self.read(start_seq, end_seq, subjects=want.subjects):
+            event = want.decode(self.decode, stored)
+            if event is not None:
+                yield stored.seq, event
+
+    @overload
+    def subscribe(self, *, start_seq: int | None = None) -> AsyncIterator[tuple[int, Event]]: ...
+    @overload
+    def subscribe(self, *types: type[E], start_seq: int | None = None) -> AsyncIterator[tuple[int, E]]: ...
+    async def subscribe(
+        self, *types: type[Event], start_seq: int | None = None, batch: int = 256
+    ) -> AsyncIterator[tuple[int, Event]]:
+        """Follow the log: ``(seq, event)`` of the given types (all when none) as they are appended, for ever.
+
+        From ``start_seq`` (default: the first event appended after the call). An ephemeral consumer that
+        acknowledges nothing; if the server loses it (a restart, a long disconnect), it is re-created after
+        the last position delivered, so nothing is skipped or repeated. Close the iterator
+        (``contextlib.aclosing``) to delete the consumer at once.
+        """
+        want = TypeFilter(self.config, types)
+        next_seq = start_seq if start_seq is not None else await self.last_seq() + 1
+        while True:
+            cfg = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(1, next_seq),
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=30.0,
+            )
+            if want.subjects is None or len(want.subjects) == 1:
+                cfg.filter_subject = want.subjects[0] if want.subjects else self.config.all_subjects
+            else:
+                cfg.filter_subjects = want.subjects
+            info = await self.js.add_consumer(self.config.stream, cfg)
+            puller = self.puller(info.name, batch=batch)
+            await puller.start()
+            try:
+                while not puller.errors:  # an error status: the consumer is gone, make a new one
+                    for stored in await self.to_stored_many(await puller.next_batch(timeout=1.0)):
+                        next_seq = stored.seq + 1
+                        event = want.decode(self.decode, stored)
+                        if event is not None:
+                            yield stored.seq, event
+                log.warning("event log subscription: %s; re-subscribing at seq %d", puller.errors[-1], next_seq)
+            finally:
+                await puller.stop()
+                with contextlib.suppress(Exception):
+                    await self.js.delete_consumer(self.config.stream, info.name)
 
     def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
         return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)

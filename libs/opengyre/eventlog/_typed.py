@@ -1,0 +1,45 @@
+"""Typed reads: decoded events of chosen types, over a sequence range (``events``) or live (``subscribe``).
+
+Both skip what this service cannot decode (unknown types, newer schema versions, malformed bodies) with a
+warning: a reader must never stop at an event some other service wrote. Projections, which must account
+for every event, use the runner instead (it dead-letters those with their reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
+
+from ..events import DecodeError, Event
+from ._config import LogConfig
+
+if TYPE_CHECKING:
+    from ._log import StoredEvent
+
+__all__ = ["TypeFilter"]
+
+log = logging.getLogger(__name__)
+
+
+class TypeFilter:
+    """Which events a typed read wants: their subjects (by aggregate) and their type names."""
+
+    def __init__(self, config: LogConfig, types: Sequence[type[Event]]) -> None:
+        for t in types:
+            if not (isinstance(t, type) and issubclass(t, Event)):
+                raise TypeError(f"{t!r} is not an event type")
+        self.names: Collection[str] = {t.type_name() for t in types}
+        self.subjects: list[str] | None = (
+            [config.aggregate_filter(a) for a in sorted({t.aggregate for t in types})] if types else None
+        )
+
+    def decode(self, decoder: Callable[[StoredEvent], Event], stored: StoredEvent) -> Event | None:
+        """The event, if it is one of the wanted types and decodes; None (with a warning) otherwise."""
+        if self.names and stored.type_name not in self.names:
+            return None
+        try:
+            return decoder(stored)
+        except DecodeError as exc:
+            log.warning("event log seq %d (%s) skipped: %s", stored.seq, stored.type_name or "no type", exc)
+            return None
