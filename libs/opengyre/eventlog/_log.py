@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple, NoReturn, TypeVar, overload
 
@@ -379,14 +379,14 @@ class EventLog:
                 await self.js.delete_consumer(self.config.stream, info.name)
 
     @overload
-    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncIterator[tuple[int, Event]]: ...
+    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
     @overload
     def events(
         self, *types: type[E], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncIterator[tuple[int, E]]: ...
+    ) -> AsyncGenerator[tuple[int, E], None]: ...
     async def events(
         self, *types: type[Event], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncIterator[tuple[int, Event]]:
+    ) -> AsyncGenerator[tuple[int, Event], None]:
         """``(seq, event)`` of the given types (all when none) in a sequence range, decoded and upcast.
 
         Only the subjects of those types' aggregates are read. What this service cannot decode is skipped
@@ -399,12 +399,12 @@ class EventLog:
                 yield stored.seq, event
 
     @overload
-    def subscribe(self, *, start_seq: int | None = None) -> AsyncIterator[tuple[int, Event]]: ...
+    def subscribe(self, *, start_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
     @overload
-    def subscribe(self, *types: type[E], start_seq: int | None = None) -> AsyncIterator[tuple[int, E]]: ...
+    def subscribe(self, *types: type[E], start_seq: int | None = None) -> AsyncGenerator[tuple[int, E], None]: ...
     async def subscribe(
         self, *types: type[Event], start_seq: int | None = None, batch: int = 256
-    ) -> AsyncIterator[tuple[int, Event]]:
+    ) -> AsyncGenerator[tuple[int, Event], None]:
         """Follow the log: ``(seq, event)`` of the given types (all when none) as they are appended, for ever.
 
         From ``start_seq`` (default: the first event appended after the call). An ephemeral consumer that

@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import logging
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
 from opengyre.eventlog import EventLog
-from opengyre.events import CellRegistered, CellRoleChanged, DecodeError
+from opengyre.events import CellRegistered, CellRoleChanged
 
 from ._pool import EnginePool
 
@@ -34,43 +32,24 @@ class CellWatcher:
         self._drains: set[asyncio.Task[int]] = set()
 
     async def start(self) -> None:
-        info = await self.log.js.add_consumer(
-            self.log.config.stream,
-            ConsumerConfig(
-                deliver_policy=DeliverPolicy.ALL,
-                ack_policy=AckPolicy.NONE,
-                filter_subject=self.log.config.aggregate_filter("cell"),
-                inactive_threshold=60.0,
-            ),
-        )
-        self._consumer = info.name
         self._task = asyncio.create_task(self._run(), name="proxy-cell-watcher")
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            self._task.cancel()  # closing the subscription deletes its consumer
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         for t in list(self._drains):
             t.cancel()
-        with contextlib.suppress(Exception):
-            await self.log.js.delete_consumer(self.log.config.stream, self._consumer)
 
     async def _run(self) -> None:
-        puller = self.log.puller(self._consumer, batch=256)
-        await puller.start()
-        try:
-            while True:
-                msgs = await puller.next_batch(timeout=1.0)
-                for stored in await self.log.to_stored_many(msgs):
-                    try:
-                        event = self.log.decode(stored)
-                    except DecodeError:
-                        continue  # a cell event of a newer or unknown shape: not ours to judge
-                    await self.apply(event)
-        finally:
-            await puller.stop()
+        # From the first event: a restarted proxy learns the current roles. Cell events of a newer or unknown
+        # shape are skipped by the subscription: not ours to judge.
+        cells = self.log.subscribe(CellRegistered, CellRoleChanged, start_seq=1)
+        async with contextlib.aclosing(cells) as events:
+            async for _, event in events:
+                await self.apply(event)
 
     async def apply(self, event: object) -> None:
         if isinstance(event, CellRegistered):
