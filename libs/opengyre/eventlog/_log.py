@@ -12,6 +12,7 @@ from typing import NamedTuple, NoReturn, TypeVar, overload
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -40,6 +41,16 @@ __all__ = ["Appended", "EventLog", "StoredEvent"]
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
+
+# What a server that is restarting or unreachable answers; a subscription waits these out.
+_TRANSIENT = (
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+)
 
 
 class Appended(NamedTuple):
@@ -425,21 +436,47 @@ class EventLog:
                 cfg.filter_subject = want.subjects[0] if want.subjects else self.config.all_subjects
             else:
                 cfg.filter_subjects = want.subjects
-            info = await self.js.add_consumer(self.config.stream, cfg)
-            puller = self.puller(info.name, batch=batch)
+            name = await self._add_consumer_retrying(cfg)
+            puller = self.puller(name, batch=batch)
             await puller.start()
             try:
-                while not puller.errors:  # an error status: the consumer is gone, make a new one
-                    for stored in await self.to_stored_many(await puller.next_batch(timeout=1.0)):
+                while True:
+                    try:
+                        stored_batch = await self.to_stored_many(await puller.next_batch(timeout=1.0))
+                    except _TRANSIENT as exc:  # a body out of band while the server is away
+                        reason = f"{type(exc).__name__}: {exc}"
+                        break
+                    for stored in stored_batch:
                         next_seq = stored.seq + 1
                         event = want.decode(self.decode, stored)
                         if event is not None:
                             yield stored.seq, event
-                log.warning("event log subscription: %s; re-subscribing at seq %d", puller.errors[-1], next_seq)
+                    if puller.errors:  # an error status: the consumer is gone, make a new one
+                        reason = puller.errors[-1]
+                        break
+                log.warning("event log subscription: %s; re-subscribing at seq %d", reason, next_seq)
             finally:
                 await puller.stop()
+                # Bounded: while the server is away a delete would wait out nats-py's 10 s; the consumer's
+                # inactivity limit removes it anyway.
                 with contextlib.suppress(Exception):
-                    await self.js.delete_consumer(self.config.stream, info.name)
+                    await asyncio.wait_for(self.js.delete_consumer(self.config.stream, name), 2.0)
+
+    async def _add_consumer_retrying(self, cfg: ConsumerConfig) -> str:
+        """Create an ephemeral consumer, waiting out a server that is away (capped backoff); its name."""
+        delay = 0.5
+        while True:
+            try:
+                # A short timeout: a request made while disconnected is sent on reconnect, and one that timed
+                # out may still create a consumer then (its inactivity limit removes it).
+                info = await self.js.add_consumer(self.config.stream, cfg, timeout=2.0)
+                return str(info.name)
+            except _TRANSIENT as exc:
+                log.warning(
+                    "event log subscription: no consumer yet (%s: %s); retry in %.1f s", type(exc).__name__, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
         return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)

@@ -45,11 +45,19 @@ class CellWatcher:
 
     async def _run(self) -> None:
         # From the first event: a restarted proxy learns the current roles. Cell events of a newer or unknown
-        # shape are skipped by the subscription: not ours to judge.
-        cells = self.log.subscribe(CellRegistered, CellRoleChanged, start_seq=1)
-        async with contextlib.aclosing(cells) as events:
-            async for _, event in events:
-                await self.apply(event)
+        # shape are skipped by the subscription: not ours to judge. The subscription waits out a server that
+        # is away; anything else it raises must not end the watcher, which would stop following cells.
+        next_seq = 1
+        while True:
+            try:
+                cells = self.log.subscribe(CellRegistered, CellRoleChanged, start_seq=next_seq)
+                async with contextlib.aclosing(cells) as events:
+                    async for seq, event in events:
+                        next_seq = seq + 1
+                        await self.apply(event)
+            except Exception:
+                log.exception("following cell events failed; resuming at seq %d", next_seq)
+                await asyncio.sleep(1.0)
 
     async def apply(self, event: object) -> None:
         if isinstance(event, CellRegistered):

@@ -65,7 +65,7 @@ async def test_subscribe_follows_appends_of_the_wanted_types_from_now_or_from_a_
     replay: list[tuple[int, Event]] = []
     live_task = asyncio.create_task(_collect(event_log.subscribe(ExecutionFinished), 2, live))
     replay_task = asyncio.create_task(_collect(event_log.subscribe(ExecutionFinished, start_seq=1), 3, replay))
-    await asyncio.sleep(0.3)  # both consumers exist before the appends below
+    await _consumers(event_log, 2)  # both subscriptions are in place before the appends below
     await _garbage(event_log)  # seq 3, 4: skipped, not fatal
     await event_log.append_many([_dispatched(1), _finished(1), _dispatched(2), _finished(2)])  # seq 5..8
     await asyncio.wait_for(asyncio.gather(live_task, replay_task), 30)
@@ -79,13 +79,54 @@ async def test_a_subscription_whose_consumer_is_lost_resumes_after_the_last_deli
     got: list[tuple[int, Event]] = []
     task = asyncio.create_task(_collect(event_log.subscribe(ExecutionDispatched, start_seq=1), 6, got))
     await event_log.append_many([_dispatched(i) for i in range(3)])
-    while len(got) < 3:
-        await asyncio.sleep(0.05)
+    await asyncio.wait_for(_until(lambda: len(got) == 3), 30)
     # What a server restart or a long disconnect does to an ephemeral consumer: it is gone.
-    names = [c.name for c in await event_log.js.consumers_info(event_log.config.stream)]
-    assert len(names) == 1
+    names = await _consumers(event_log, 1)
     await event_log.js.delete_consumer(event_log.config.stream, names[0])
     await event_log.append_many([_dispatched(i) for i in range(3, 6)])
     await asyncio.wait_for(task, 30)
     assert [seq for seq, _ in got] == [1, 2, 3, 4, 5, 6]  # nothing skipped, nothing twice
     assert [e.execution_id for _, e in got] == [f"e{i}" for i in range(6)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("away_s", [1.0, 4.5], ids=["short", "longer-than-a-request"])
+async def test_a_subscription_waits_out_a_restarted_server_and_misses_nothing(tmp_path, log_config, away_s) -> None:  # type: ignore[no-untyped-def]
+    from opengyre.runtime import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await EventLog.connect(server.url, log_config)
+    got: list[tuple[int, Event]] = []
+    task = asyncio.create_task(_collect(log.subscribe(ExecutionDispatched, start_seq=1), 6, got))
+    try:
+        await log.append_many([_dispatched(i) for i in range(3)])
+        await asyncio.wait_for(_until(lambda: len(got) == 3), 30)
+        server.stop()
+        await asyncio.sleep(away_s)  # the longer outage outlasts consumer-creation requests: they are retried
+        server = EmbeddedNats(tmp_path / "nats", port=server.port)  # the same store, the same address
+        server.start()
+        await asyncio.wait_for(_until(lambda: log.nc.is_connected), 30)
+        await log.append_many([_dispatched(i) for i in range(3, 6)])
+        await asyncio.wait_for(task, 60)
+        assert [seq for seq, _ in got] == [1, 2, 3, 4, 5, 6]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await log.close()
+        server.stop()
+
+
+async def _until(ready) -> None:  # type: ignore[no-untyped-def]
+    while not ready():
+        await asyncio.sleep(0.05)
+
+
+async def _consumers(log: EventLog, n: int) -> list[str]:
+    """The stream's consumers, once there are ``n`` of them."""
+    while True:
+        names = [c.name for c in await log.js.consumers_info(log.config.stream)]
+        if len(names) >= n:
+            assert len(names) == n, names
+            return names
+        await asyncio.sleep(0.05)
