@@ -410,9 +410,13 @@ class EventLog:
                 yield stored.seq, event
 
     @overload
-    def subscribe(self, *, start_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
+    def subscribe(
+        self, *, start_seq: int | None = None, batch: int = 256
+    ) -> AsyncGenerator[tuple[int, Event], None]: ...
     @overload
-    def subscribe(self, *types: type[E], start_seq: int | None = None) -> AsyncGenerator[tuple[int, E], None]: ...
+    def subscribe(
+        self, *types: type[E], start_seq: int | None = None, batch: int = 256
+    ) -> AsyncGenerator[tuple[int, E], None]: ...
     async def subscribe(
         self, *types: type[Event], start_seq: int | None = None, batch: int = 256
     ) -> AsyncGenerator[tuple[int, Event], None]:
