@@ -15,16 +15,8 @@ from opengyre.runtime import EmbeddedNats, run_service
 from opengyre.trainer.service import TrainerService
 from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
+from .._polling import await_until
 from ._events import group
-
-
-async def _until(pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await pred():
-        if loop.time() > end:
-            raise TimeoutError
-        await asyncio.sleep(0.1)
 
 
 async def test_trainer_service_end_to_end(
@@ -49,7 +41,7 @@ async def test_trainer_service_end_to_end(
                 st = await stub.GetStatus(common_pb2.StatusRequest())
                 return all(p.pending == 0 for p in st.projections) and bool(st.projections)
 
-            await _until(caught_up)
+            await await_until(caught_up, "the trainer caught up", polls=300, every=0.1)
             st = await stub.GetStatus(common_pb2.StatusRequest())
             assert "score" in st.capabilities and [p.name for p in st.projections] == ["trainer"]
 
@@ -91,7 +83,7 @@ async def test_trainer_service_end_to_end(
                 e = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="todo"))
                 return e.status == "timed-out"
 
-            await _until(scored)
+            await await_until(scored, "the execution was scored", polls=300, every=0.1)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.ScoreExecution(req)
             assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -129,7 +121,7 @@ async def test_service_trains_online_with_a_trainer_toml(
                 w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
                 return len(w.versions) == 1
 
-            await _until(published, 120)
+            await await_until(published, "weights were published", polls=1200, every=0.1)
             [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
             assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
             [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -19,6 +18,8 @@ from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import EventLog
 from opengyre.runtime import free_port
 from opengyre.v1 import common_pb2, synth_pb2_grpc
+
+from ..._polling import wait_until
 
 CLI = [sys.executable, "-m", "opengyre.cli"]
 
@@ -121,11 +122,12 @@ def test_ctrl_c_stops_the_stack_cleanly(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "stack.json").exists():
+
+        def up() -> bool:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "stack never came up"
-            time.sleep(0.2)
+            return (tmp_path / "stack.json").exists()
+
+        wait_until(up, "the stack came up")
         child = _stack(tmp_path)["services"]["synth"]["pid"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
@@ -155,10 +157,9 @@ def test_a_killed_service_is_restarted_and_its_projection_resumes(tmp_path: Path
         first = asyncio.run(_publish_and_wait(data, "a"))
         old = _stack(data)["services"]["synth"]
         os.kill(old["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while _stack(data)["services"]["synth"]["pid"] == old["pid"]:
-            assert time.monotonic() < deadline, "the supervisor did not restart the service"
-            time.sleep(0.2)
+        wait_until(
+            lambda: _stack(data)["services"]["synth"]["pid"] != old["pid"], "the supervisor restarted the service"
+        )
         new = _stack(data)["services"]["synth"]
         assert new["restarts"] == 1 and new["port"] == old["port"]
         second = asyncio.run(_publish_and_wait(data, "b"))  # waits on the restarted service's status

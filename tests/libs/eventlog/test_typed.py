@@ -10,6 +10,8 @@ import pytest
 from opengyre.eventlog import EventLog
 from opengyre.events import CellRegistered, Event, ExecutionDispatched, ExecutionFinished
 
+from ..._polling import await_until
+
 
 def _dispatched(i: int) -> ExecutionDispatched:
     return ExecutionDispatched(execution_id=f"e{i}", task_id="t", group_id="g")
@@ -79,7 +81,7 @@ async def test_a_subscription_whose_consumer_is_lost_resumes_after_the_last_deli
     got: list[tuple[int, Event]] = []
     task = asyncio.create_task(_collect(event_log.subscribe(ExecutionDispatched, start_seq=1), 6, got))
     await event_log.append_many([_dispatched(i) for i in range(3)])
-    await asyncio.wait_for(_until(lambda: len(got) == 3), 30)
+    await await_until(lambda: len(got) == 3, "three events delivered")
     # What a server restart or a long disconnect does to an ephemeral consumer: it is gone.
     names = await _consumers(event_log, 1)
     await event_log.js.delete_consumer(event_log.config.stream, names[0])
@@ -100,12 +102,12 @@ async def test_a_subscription_waits_out_a_restarted_server_and_misses_nothing(tm
     task = asyncio.create_task(_collect(log.subscribe(ExecutionDispatched, start_seq=1), 6, got))
     try:
         await log.append_many([_dispatched(i) for i in range(3)])
-        await asyncio.wait_for(_until(lambda: len(got) == 3), 30)
+        await await_until(lambda: len(got) == 3, "three events delivered")
         server.stop()
         await asyncio.sleep(away_s)  # the longer outage outlasts consumer-creation requests: they are retried
         server = EmbeddedNats(tmp_path / "nats", port=server.port)  # the same store, the same address
         server.start()
-        await asyncio.wait_for(_until(lambda: log.nc.is_connected), 30)
+        await await_until(lambda: log.nc.is_connected, "the client reconnected")
         await log.append_many([_dispatched(i) for i in range(3, 6)])
         await asyncio.wait_for(task, 60)
         assert [seq for seq, _ in got] == [1, 2, 3, 4, 5, 6]
@@ -115,11 +117,6 @@ async def test_a_subscription_waits_out_a_restarted_server_and_misses_nothing(tm
             await task
         await log.close()
         server.stop()
-
-
-async def _until(ready) -> None:  # type: ignore[no-untyped-def]
-    while not ready():
-        await asyncio.sleep(0.05)
 
 
 async def _consumers(log: EventLog, n: int) -> list[str]:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -15,6 +14,7 @@ from opengyre.eventlog import EventLog
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import Tracking, create_db_engine
 
+from ..._polling import wait_until
 from ._counting import counts, sample_events
 
 HERE = Path(__file__).parent
@@ -40,14 +40,6 @@ def _position(db_url: str) -> int:
         engine.dispose()
 
 
-def _wait(pred, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.05)
-
-
 async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
     nats_server: EmbeddedNats, event_log: EventLog, tmp_path: Path
 ) -> None:
@@ -59,13 +51,15 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
     try:
         # Kill it three times at growing positions, each time mid-stream.
         for target in (1500, 5000, 9000):
-            _wait(lambda t=target: _position(db_url) >= t)
+            wait_until(
+                lambda t=target: _position(db_url) >= t, f"the projector passed {target}", polls=2400, every=0.05
+            )
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
             assert _position(db_url) < len(events)
             proc = _spawn(nats_server, event_log, db_url)
-        _wait(lambda: _position(db_url) >= len(events))
+        wait_until(lambda: _position(db_url) >= len(events), "every event projected", polls=2400, every=0.05)
     finally:
         proc.terminate()
         proc.wait()
