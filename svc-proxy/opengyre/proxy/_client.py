@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from ._http1 import Http1Error, Http1Pool
+from ._http1 import Http1Error, Http1Pool, Http1Response
 
-__all__ = ["EngineClient", "EngineFailed", "EngineRejected", "EngineReply"]
+__all__ = ["EngineClient", "EngineFailed", "EngineRejected", "EngineReply", "sse_chunks"]
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
@@ -59,6 +59,28 @@ def _error_message(body: bytes) -> str:
             return str(err.get("message", err))
         return str(err)
     return str(obj)
+
+
+async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
+    """The JSON chunks of a server-sent-events body; an error chunk raises EngineRejected (4xx) or EngineFailed.
+
+    ``[DONE]`` is skipped and the body read on to its end, so the connection goes back to the pool.
+    """
+    async for line in r.lines():
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            continue
+        chunk = _dec.decode(data)
+        if isinstance(chunk, dict) and "error" in chunk:
+            err = chunk["error"]
+            msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            code = err.get("code") if isinstance(err, dict) else None
+            if isinstance(code, int) and 400 <= code < 500:
+                raise EngineRejected(code, str(msg))
+            raise EngineFailed(f"engine stream error: {msg}")
+        yield chunk
 
 
 class EngineClient:
@@ -118,20 +140,7 @@ class EngineClient:
                 if not payload.get("stream"):
                     yield self._apply(reply, _dec.decode(await r.read()), False)
                     return
-                async for line in r.lines():
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        continue  # read on to the end of the body, so the connection goes back to the pool
-                    chunk = _dec.decode(data)
-                    if isinstance(chunk, dict) and "error" in chunk:
-                        err = chunk["error"]
-                        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                        code = err.get("code") if isinstance(err, dict) else None
-                        if isinstance(code, int) and 400 <= code < 500:
-                            raise EngineRejected(code, str(msg))
-                        raise EngineFailed(f"engine stream error: {msg}")
+                async for chunk in sse_chunks(r):
                     yield self._apply(reply, chunk, incremental)
             finally:
                 r.close()  # a no-op once the body was read to the end (the connection is then pooled)

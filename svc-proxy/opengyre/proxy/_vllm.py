@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from ._client import EngineClient, EngineFailed, EngineRejected, EngineReply
+from ._client import EngineClient, EngineFailed, EngineReply, sse_chunks
 from ._http1 import Http1Error, Http1Response
 
 __all__ = ["VLLM_SCHEME", "VllmClient"]
@@ -25,7 +25,6 @@ __all__ = ["VLLM_SCHEME", "VllmClient"]
 VLLM_SCHEME = "vllm+"
 
 _enc = msgspec.json.Encoder()
-_dec = msgspec.json.Decoder()
 
 # SGLang sampling_params -> vLLM completions fields (the same meaning under another name, or the same name).
 _RENAME = {
@@ -108,20 +107,7 @@ class VllmClient(EngineClient):
         try:
             if r.status >= 400:
                 self._raise(r.status, await r.read())
-            async for line in r.lines():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    continue
-                chunk = _dec.decode(data)
-                if "error" in chunk:
-                    err = chunk["error"]
-                    code = err.get("code") if isinstance(err, dict) else None
-                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                    if isinstance(code, int) and 400 <= code < 500:
-                        raise EngineRejected(code, str(msg))
-                    raise EngineFailed(f"engine stream error: {msg}")
+            async for chunk in sse_chunks(r):
                 for choice in chunk.get("choices") or []:
                     ids = list(choice.get("token_ids") or [])
                     lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
@@ -152,10 +138,3 @@ class VllmClient(EngineClient):
             self._aborted.add(rid)
             r.close()
             await asyncio.sleep(0)
-
-    async def health(self) -> bool:
-        try:
-            r = await self.http.get(self.base_url + "/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 200
