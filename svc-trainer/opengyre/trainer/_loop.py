@@ -14,8 +14,10 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from sqlalchemy import Row
 
 from opengyre.eventlog import EventLog
 from opengyre.events import TrainingStepCompleted, WeightsPublished
@@ -85,13 +87,13 @@ def step_event_id(run_id: str, step: int, what: str) -> str:
     return f"trainer-{run_id}-s{step}-{what}"
 
 
-def unpublished_step(store: TrainerStore, config: TrainerConfig) -> WeightsPublished | None:
-    """The WeightsPublished a crash left unsent: the last step completed with a version that was never published,
-    and its checkpoint is whole on disk (it is written before the step's events)."""
+def unpublished_step(store: TrainerStore, config: TrainerConfig, latest: Row[Any] | None) -> WeightsPublished | None:
+    """The WeightsPublished a crash left unsent: the last step completed with a version that was never published
+    (``latest`` is the run's latest published weights), and its checkpoint is whole on disk (it is written
+    before the step's events)."""
     last = store.last_step_row(config.run_id)
     if last is None or not last.weight_version:
         return None
-    latest = store.latest_weights(config.run_id)
     if latest is not None and latest.weight_version == last.weight_version:
         return None
     path = checkpoint_path(config.checkpoint_dir, config.run_id, int(last.step)).resolve()
@@ -122,7 +124,7 @@ class OnlineTrainer:
         resume_dir = Path(latest.uri) if latest is not None else None
         # A crash between a step's TrainingStepCompleted (its executions are consumed) and its WeightsPublished
         # leaves trained weights on disk that nobody announced: resume from them and announce them (``recover``).
-        self._unpublished = unpublished_step(store, config)
+        self._unpublished = unpublished_step(store, config, latest)
         if self._unpublished is not None:
             self.resumed_from = self._unpublished.weight_version
             resume_dir = Path(self._unpublished.uri)
