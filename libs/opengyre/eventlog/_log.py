@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from ..events import Event, EventRegistry, default_registry
+from ..events import Event, EventRegistry, InvalidEvent, default_registry
 from ._acks import AckError, AckPipeline, PubAck
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
@@ -208,9 +209,12 @@ class EventLog:
     def subject_for(self, event: Event) -> str:
         return self.config.subject(event.aggregate, event.aggregate_id())
 
-    async def _prepare(self, event: Event, expected: int | None) -> tuple[str, bytes, dict[str, str]]:
+    async def _prepare(
+        self, event: Event, expected: int | None, body: bytes | None = None
+    ) -> tuple[str, bytes, dict[str, str]]:
         subject = self.subject_for(event)
-        body = self.registry.encode(event)
+        if body is None:
+            body = self.registry.encode(event)
         headers = {
             Header.MSG_ID: event.event_id,
             TYPE_HEADER: event.type_name(),
@@ -239,7 +243,8 @@ class EventLog:
         """Append one event. Retrying with the same event id stores it once (``duplicate`` is then True).
 
         ``expected_last_subject_seq`` is the stream sequence of the aggregate's last event (0: none yet);
-        a mismatch raises :class:`ConcurrencyError`.
+        a mismatch raises :class:`ConcurrencyError`. An event no store could keep (a NUL character in a
+        string) raises ``InvalidEvent`` and is not appended.
         """
         subject, body, headers = await self._prepare(event, expected_last_subject_seq)
         fut = await self._acks.publish(subject, body, headers)
@@ -251,11 +256,23 @@ class EventLog:
         return Appended(ack.seq, ack.duplicate)
 
     async def append_many(self, events: Iterable[Event], *, window: int = 2048) -> list[Appended]:
-        """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks)."""
-        out: list[Appended] = []
-        pending: list[tuple[str, asyncio.Future[PubAck]]] = []
+        """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks).
 
-        async def settle() -> None:
+        Each window is encoded before any of it is published, so an ``InvalidEvent`` appends nothing of
+        its window (a call of at most ``window`` events: nothing at all; its note says how many went before).
+        """
+        out: list[Appended] = []
+        it = iter(events)
+        while chunk := list(itertools.islice(it, window)):
+            try:
+                bodies = [self.registry.encode(e) for e in chunk]
+            except InvalidEvent as exc:
+                exc.add_note(f"{len(out)} events before its window of {len(chunk)} were appended")
+                raise
+            pending: list[tuple[str, asyncio.Future[PubAck]]] = []
+            for event, body in zip(chunk, bodies, strict=True):
+                subject, payload, headers = await self._prepare(event, None, body)
+                pending.append((subject, await self._acks.publish(subject, payload, headers)))
             for subject, fut in pending:
                 try:
                     ack = await asyncio.wait_for(fut, timeout=30)
@@ -263,14 +280,6 @@ class EventLog:
                     self._raise(subject, None, exc)
                     raise  # unreachable: _raise always raises
                 out.append(Appended(ack.seq, ack.duplicate))
-            pending.clear()
-
-        for event in events:
-            subject, body, headers = await self._prepare(event, None)
-            pending.append((subject, await self._acks.publish(subject, body, headers)))
-            if len(pending) >= window:
-                await settle()
-        await settle()
         return out
 
     # --- blobs --------------------------------------------------------------------------------------

@@ -8,12 +8,15 @@ from typing import Any
 import msgspec
 
 from ._base import Event
+from ._text import ESCAPED_NUL, nul_path
 
 __all__ = [
     "DecodeError",
     "EventRegistry",
+    "InvalidEvent",
     "MalformedEvent",
     "NewerSchemaVersion",
+    "NulCharacter",
     "UnknownEventType",
     "Upcaster",
     "default_registry",
@@ -38,6 +41,23 @@ class NewerSchemaVersion(DecodeError):
 
 class MalformedEvent(DecodeError):
     reason = "malformed"
+
+
+class NulCharacter(MalformedEvent):
+    """A string of the event holds U+0000, which PostgreSQL cannot store (SQLite can): refused on every store."""
+
+    reason = "nul-character"
+
+
+class InvalidEvent(ValueError):
+    """An event the log refuses to store (raised at encode, so the producer learns it, not a consumer)."""
+
+
+def _nul_message(event: Event, path: str) -> str:
+    return (
+        f"{event.type_name()} field {path} holds a NUL character (\\x00), which a PostgreSQL store cannot keep: "
+        "every store refuses it alike"
+    )
 
 
 class _Entry:
@@ -78,7 +98,13 @@ class EventRegistry:
         return type_name in self._entries
 
     def encode(self, event: Event) -> bytes:
-        return self._encoder.encode(event)
+        """The event's JSON body; raises :class:`InvalidEvent` for one no store could keep (a NUL in a string)."""
+        body = self._encoder.encode(event)
+        if ESCAPED_NUL in body:
+            path = nul_path(event)
+            if path is not None:
+                raise InvalidEvent(_nul_message(event, path))
+        return body
 
     def decode(self, type_name: str, version: int, body: bytes) -> Event:
         entry = self._entries.get(type_name)
@@ -89,19 +115,26 @@ class EventRegistry:
             raise NewerSchemaVersion(f"{type_name} v{version} is newer than the v{current} this service knows")
         try:
             if version == current:
-                return entry.decoder.decode(body)
-            raw = self._raw.decode(body)
-            for v in range(version, current):
-                fn = self._upcasters.get((type_name, v))
-                if fn is None:
-                    raise MalformedEvent(f"no upcaster for {type_name} v{v} -> v{v + 1}")
-                raw = fn(raw)
-            raw["type"] = type_name
-            return msgspec.convert(raw, entry.cls)
+                event = entry.decoder.decode(body)
+            else:
+                raw = self._raw.decode(body)
+                for v in range(version, current):
+                    fn = self._upcasters.get((type_name, v))
+                    if fn is None:
+                        raise MalformedEvent(f"no upcaster for {type_name} v{v} -> v{v + 1}")
+                    raw = fn(raw)
+                raw["type"] = type_name
+                event = msgspec.convert(raw, entry.cls)
         except msgspec.DecodeError as exc:
             raise MalformedEvent(f"{type_name} v{version}: {exc}") from exc
         except msgspec.ValidationError as exc:
             raise MalformedEvent(f"{type_name} v{version}: {exc}") from exc
+        # The body test is the cheap filter (see ``_text``); an upcaster is code, so its output is walked too.
+        if ESCAPED_NUL in body or version != current:
+            path = nul_path(event)
+            if path is not None:
+                raise NulCharacter(f"{type_name} v{version}: {_nul_message(event, path)}")
+        return event
 
 
 def default_registry() -> EventRegistry:

@@ -165,13 +165,18 @@ class FoldTransaction:
         return {
             "projection": self.projection.name,
             "stream_seq": s.seq,
-            "subject": s.subject[:255],
-            "event_type": s.type_name[:64],
-            "event_id": s.event_id[:64],
+            "subject": _text(s.subject)[:255],
+            "event_type": _text(s.type_name)[:64],
+            "event_id": _text(s.event_id)[:64],
             "reason": reason[:32],
-            "detail": detail[:4000],
+            "detail": _text(detail)[:4000],
             "payload": s.body,
         }
+
+
+def _text(value: str) -> str:
+    """Header values and messages as every store keeps them: PostgreSQL text refuses NUL (SQLite does not)."""
+    return value.replace("\x00", "\\x00")
 
 
 class _Missing(Exception):

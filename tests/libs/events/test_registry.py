@@ -11,8 +11,13 @@ from opengyre.events import (
     Event,
     EventRegistry,
     ExecutionFinished,
+    InvalidEvent,
     MalformedEvent,
     NewerSchemaVersion,
+    NulCharacter,
+    PatternUse,
+    SkillIngested,
+    TaskSynthesized,
     UnknownEventType,
     default_registry,
 )
@@ -100,3 +105,40 @@ def test_a_type_cannot_be_registered_twice_by_different_classes() -> None:
 
     with pytest.raises(ValueError, match="already registered"):
         reg.register(Other)
+
+
+NUL_EVENTS = [
+    SkillIngested(skill_id="s", name="n", description="before\x00after"),
+    SkillIngested(skill_id="s", name="n", description="d", metadata={"k": "v\x00"}),
+    SkillIngested(skill_id="s", name="n", description="d", metadata={"k\x00": "v"}),
+    TaskSynthesized(task_id="t", skill_id="s", patterns=[PatternUse(pattern_id="ok"), PatternUse(pattern_id="p\x00")]),
+    TaskSynthesized(task_id="t", skill_id="s", blueprint={"steps": [{"cmd": ["ls", "a\x00"]}]}),
+]
+
+
+@pytest.mark.parametrize("event", NUL_EVENTS, ids=lambda e: type(e).__name__)
+def test_a_nul_character_anywhere_is_refused_at_encode_and_at_decode(event: Event) -> None:
+    """PostgreSQL text cannot hold U+0000 and SQLite can: the schema refuses it so both stores agree."""
+    reg = default_registry()
+    with pytest.raises(InvalidEvent, match="NUL character"):
+        reg.encode(event)
+    body = msgspec.json.encode(event)  # what a producer that skips the registry would write
+    with pytest.raises(NulCharacter) as exc:
+        reg.decode(event.type_name(), 1, body)
+    assert exc.value.reason == "nul-character" and isinstance(exc.value, MalformedEvent)
+    assert "\x00" not in str(exc.value)  # the message itself must be storable as a dead letter's detail
+
+
+def test_an_escaped_backslash_before_u0000_is_text_not_nul() -> None:
+    reg = default_registry()
+    event = SkillIngested(skill_id="s", name="n", description="C:\\u0000 is a path, not a NUL")
+    body = reg.encode(event)
+    assert b"\\u0000" in body  # the cheap filter fires; the walk clears it
+    assert reg.decode("skill-ingested", 1, body) == event
+
+
+def test_an_upcaster_that_introduces_a_nul_is_caught(registry: EventRegistry) -> None:
+    v1 = b'{"type":"test-renamed","event_id":"e","occurred_at":"2026-01-01T00:00:00Z","item_id":"i","name":"x"}'
+    registry.register_upcaster("test-renamed", 2, lambda b: {**b, "tags": ["\x00"]})
+    with pytest.raises(NulCharacter, match=r"\.tags\[0\]"):
+        registry.decode("test-renamed", 1, v1)
