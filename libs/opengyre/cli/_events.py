@@ -8,6 +8,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -18,6 +19,8 @@ __all__ = ["register"]
 
 
 def _summary(s: StoredEvent, width: int = 90) -> str:
+    if s.unreadable:  # its body went out of band and that blob is missing or corrupt
+        return f"[red]<unreadable: {escape(s.unreadable_detail)}>[/]"
     try:
         body = json.loads(s.body)
     except ValueError:
@@ -109,8 +112,11 @@ def show(
                 log.decode(s)
                 status = "[green]decodes with this version of OpenGyre[/]"
             except Exception as exc:
-                status = f"[red]does not decode: {exc}[/]"
+                status = f"[red]does not decode ({getattr(exc, 'reason', 'error')}): {escape(str(exc))}[/]"
             console.print(status)
+            if s.unreadable:
+                console.print(f"[red]body unreadable: {escape(s.unreadable_detail)}[/]")
+                return
             try:
                 text = json.dumps(json.loads(s.body), indent=2)
             except ValueError:

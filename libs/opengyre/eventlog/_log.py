@@ -29,22 +29,24 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from ..events import Event, EventRegistry, InvalidEvent, default_registry
+from ..events import DecodeError, Event, EventRegistry, InvalidEvent, default_registry
 from ._acks import AckError, AckPipeline, PubAck
+from ._blobs import BlobReader, BlobUnreadable
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
 from ._pull import PullBatcher
 from ._typed import TypeFilter
 
-__all__ = ["Appended", "EventLog", "StoredEvent"]
+__all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
 
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
 
-# What a server that is restarting or unreachable answers; a subscription waits these out.
-_TRANSIENT = (
+# What a server that is restarting or unreachable answers: worth a retry, never a dead letter. A subscription
+# waits these out; so does a projection runner resolving an out-of-band body.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     TimeoutError,
     nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError,
@@ -59,8 +61,20 @@ class Appended(NamedTuple):
     duplicate: bool
 
 
+class UnreadableBody(DecodeError):
+    """The body went out of band and cannot be read back (``reason``: ``blob-missing`` or ``blob-corrupt``)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 class StoredEvent(msgspec.Struct, frozen=True):
-    """An event as the log holds it: position, routing, type header and the (blob-resolved) body."""
+    """An event as the log holds it: position, routing, type header and the (blob-resolved) body.
+
+    ``unreadable`` is set (a reason code, with ``unreadable_detail``) when the body went out of band and
+    that blob is missing or corrupt: the body is then empty and ``decode`` raises :class:`UnreadableBody`.
+    """
 
     seq: int
     subject: str
@@ -69,6 +83,14 @@ class StoredEvent(msgspec.Struct, frozen=True):
     event_id: str
     time: datetime | None
     body: bytes
+    unreadable: str = ""
+    unreadable_detail: str = ""
+
+    def decode(self, registry: EventRegistry) -> Event:
+        """The event; raises a ``DecodeError`` subclass (with a ``reason`` code) when it cannot be had."""
+        if self.unreadable:
+            raise UnreadableBody(self.unreadable, self.unreadable_detail)
+        return registry.decode(self.type_name, self.version, self.body)
 
 
 def _version_of(headers: dict[str, str]) -> int:
@@ -119,6 +141,7 @@ class EventLog:
         self.registry = registry
         self._acks = AckPipeline(nc)
         self._blobs: ObjectStore | None = None
+        self._blob_reader = BlobReader(self.js, config.blob_bucket)
 
     @classmethod
     async def connect(
@@ -301,23 +324,34 @@ class EventLog:
         return name
 
     async def get_blob(self, ref: str) -> bytes:
-        store = await self._blob_store()
-        res = await store.get(ref)
-        return bytes(res.data or b"")
+        """A blob's bytes. Raises ``BlobUnreadable`` when it is missing or corrupt (for good); a server that
+        does not answer raises nats-py's timeout or no-responders error (worth a retry)."""
+        return await self._blob_reader.read(ref)
+
+    async def _resolve(self, stored: StoredEvent, ref: str) -> StoredEvent:
+        """The stored event with its out-of-band body, or marked ``unreadable`` if that blob is gone for good."""
+        try:
+            body = await self._blob_reader.read(ref)
+        except BlobUnreadable as exc:
+            log.warning("event log seq %d: %s", stored.seq, exc)
+            return msgspec.structs.replace(stored, body=b"", unreadable=exc.reason, unreadable_detail=str(exc))
+        return msgspec.structs.replace(stored, body=body)
 
     # --- read ---------------------------------------------------------------------------------------
 
     async def to_stored(self, msg: Msg) -> StoredEvent:
+        """The stored event with its body resolved (see ``StoredEvent.unreadable``). A server that does not
+        answer while a blob is read raises (transient: retry); a missing or corrupt blob never does."""
         stored = self.to_stored_inline(msg)
-        if stored.body or not msg.headers or BLOB_HEADER not in msg.headers:
-            return stored
-        return msgspec.structs.replace(stored, body=await self.get_blob(msg.headers[BLOB_HEADER]))
+        ref = msg.headers.get(BLOB_HEADER) if msg.headers else None
+        return await self._resolve(stored, ref) if ref else stored
 
     async def to_stored_many(self, msgs: Sequence[Msg]) -> list[StoredEvent]:
         out = [self.to_stored_inline(m) for m in msgs]
         for i, m in enumerate(msgs):
-            if m.headers and BLOB_HEADER in m.headers:
-                out[i] = msgspec.structs.replace(out[i], body=await self.get_blob(m.headers[BLOB_HEADER]))
+            ref = m.headers.get(BLOB_HEADER) if m.headers else None
+            if ref:
+                out[i] = await self._resolve(out[i], ref)
         return out
 
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
@@ -336,7 +370,7 @@ class EventLog:
 
     def decode(self, stored: StoredEvent) -> Event:
         """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
-        return self.registry.decode(stored.type_name, stored.version, stored.body)
+        return stored.decode(self.registry)
 
     async def read(
         self,
@@ -456,7 +490,7 @@ class EventLog:
                 while True:
                     try:
                         stored_batch = await self.to_stored_many(await puller.next_batch(timeout=1.0))
-                    except _TRANSIENT as exc:  # a body out of band while the server is away
+                    except TRANSIENT_ERRORS as exc:  # a body out of band while the server is away
                         reason = f"{type(exc).__name__}: {exc}"
                         break
                     for stored in stored_batch:
@@ -484,7 +518,7 @@ class EventLog:
                 # out may still create a consumer then (its inactivity limit removes it).
                 info = await self.js.add_consumer(self.config.stream, cfg, timeout=2.0)
                 return str(info.name)
-            except _TRANSIENT as exc:
+            except TRANSIENT_ERRORS as exc:
                 log.warning(
                     "event log subscription: no consumer yet (%s: %s); retry in %.1f s", type(exc).__name__, exc, delay
                 )
@@ -497,16 +531,14 @@ class EventLog:
     async def get(self, seq: int) -> StoredEvent:
         raw = await self.js.get_msg(self.config.stream, seq)
         headers = dict(raw.headers or {})
-        body = raw.data or b""
-        ref = headers.get(BLOB_HEADER)
-        if ref:
-            body = await self.get_blob(ref)
-        return StoredEvent(
+        stored = StoredEvent(
             seq=int(raw.seq or seq),
             subject=raw.subject or "",
             type_name=headers.get(TYPE_HEADER, ""),
             version=_version_of(headers),
             event_id=headers.get(Header.MSG_ID, ""),
             time=None,
-            body=body,
+            body=raw.data or b"",
         )
+        ref = headers.get(BLOB_HEADER)
+        return await self._resolve(stored, ref) if ref else stored

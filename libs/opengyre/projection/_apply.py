@@ -116,7 +116,7 @@ class FoldTransaction:
                 if self.registry.knows(s.type_name) and not self.projection.handles(s.type_name):
                     out.skipped += 1
                     continue
-                event = self.registry.decode(s.type_name, s.version, s.body)
+                event = s.decode(self.registry)  # a missing or corrupt blob raises here: "blob-missing", ...
             except (DecodeError, _Missing) as exc:
                 dead_rows.append(self._dead(s, getattr(exc, "reason", "malformed"), str(exc)))
                 continue

@@ -5,20 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 from sqlalchemy import Engine
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from ..eventlog import EventLog, StoredEvent
+from ..eventlog import TRANSIENT_ERRORS, EventLog, StoredEvent
 from ._apply import BatchOutcome, FoldTransaction, TransientError
 from ._base import Projection
 
 __all__ = ["ProjectionRunner", "ProjectionStatus", "consumer_name"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def consumer_name(projection: Projection) -> str:
@@ -58,6 +63,7 @@ class ProjectionRunner:
         self.retry_delay = retry_delay
         self.consumer = consumer_name(projection)
         self.applied_total = 0
+        self.retries = 0  # batches retried in place after a transient error (store locked, log away)
         self._caught_up = asyncio.Event()
 
     def _filters(self) -> list[str]:
@@ -167,24 +173,61 @@ class ProjectionRunner:
         finally:
             await puller.stop()
 
+    async def _retrying(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        transient: tuple[type[Exception], ...],
+        msgs: list[Msg],
+        stop: asyncio.Event | None,
+    ) -> T | None:
+        """``fn()``, retried in place on a transient error: a nak would let later events overtake the batch
+        and a fold must see its aggregate's events in order. None when ``stop`` is set meanwhile (nothing
+        acknowledged: the next start re-creates the consumer at the position)."""
+
+        async def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("projection %s: %s, retrying: %s", self.projection.name, what, exc)
+            self.retries += 1
+            for m in msgs:
+                with contextlib.suppress(Exception):
+                    await m.in_progress()  # keep ack_wait from redelivering while we retry
+
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(transient),
+                wait=wait_exponential(multiplier=self.retry_delay, max=10.0),
+                stop=lambda _state: stop is not None and stop.is_set(),
+                before_sleep=before_sleep,
+                reraise=True,
+            ):
+                with attempt:
+                    return await fn()
+        except transient:
+            if stop is not None and stop.is_set():
+                return None
+            raise
+        raise AssertionError("unreachable: AsyncRetrying returns or raises")
+
     async def handle(self, msgs: list[Msg], stop: asyncio.Event | None = None) -> BatchOutcome | None:
-        """Fold one batch, then ack it. A transient store error retries the same batch in place: a nak
-        would let later events overtake it and a fold must see its aggregate's events in order."""
-        stored: list[StoredEvent] = await self.log.to_stored_many(msgs)
-        delay = self.retry_delay
-        while True:
-            try:
-                outcome = await asyncio.to_thread(self.fold.fold, stored)
-                break
-            except TransientError as exc:
-                log.warning("projection %s: transient store error, retrying: %s", self.projection.name, exc)
-                if stop is not None and stop.is_set():
-                    return None  # unacknowledged: the next start re-creates the consumer at the position
-                for m in msgs:
-                    with contextlib.suppress(Exception):
-                        await m.in_progress()  # keep ack_wait from redelivering while we retry
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        """Fold one batch, then ack it. A transient error (the store locked, the log's object store away
+        while an out-of-band body is read) retries the batch in place; a missing or corrupt blob is a
+        dead letter like any other poison message."""
+        stored: list[StoredEvent] | None = await self._retrying(
+            "the log does not answer while reading an out-of-band body",
+            lambda: self.log.to_stored_many(msgs),
+            TRANSIENT_ERRORS,
+            msgs,
+            stop,
+        )
+        if stored is None:
+            return None
+        batch = stored
+        outcome = await self._retrying(
+            "transient store error", lambda: asyncio.to_thread(self.fold.fold, batch), (TransientError,), msgs, stop
+        )
+        if outcome is None:
+            return None
         # Ack only after the commit. Poison messages were dead-lettered in that same commit: term them.
         for m, s in zip(msgs, stored, strict=True):
             if s.seq in outcome.dead:

@@ -1,19 +1,23 @@
 """Poison messages a producer's bug or a damaged store can leave in the log: each is a dead letter with its
-reason, on every store alike, and the events behind it apply."""
+reason, on every store alike, and the events behind it apply; a log that is only away is waited out."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import msgspec
 import pytest
 from sqlalchemy import Engine, func, select
 
-from opengyre.eventlog import EventLog
-from opengyre.events import Event, InvalidEvent, SkillIngested
+from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
+from opengyre.events import Event, ExecutionDispatched, InvalidEvent, ModelCallRecorded, SkillIngested
 from opengyre.projection import ProjectionRunner
-from opengyre.runtime import load_service
-from opengyre.store import DeadLetter, Tracking
+from opengyre.runtime import EmbeddedNats, load_service
+from opengyre.store import DeadLetter, Tracking, create_db_engine, migrate
+
+from ..._polling import await_until
+from ._counting import CountingProjection, counts, metadata
 
 
 async def _run_until_caught_up(runner: ProjectionRunner) -> None:
@@ -66,3 +70,92 @@ async def test_a_nul_character_is_a_dead_letter_on_every_store_and_is_refused_at
         tracked = c.execute(select(func.count()).select_from(Tracking)).scalar()
     assert names == ["s0", "s2", "s3", "s4", "s5"]  # acknowledged 6, applied 5, dead 1
     assert tracked == 6
+
+
+def _big(i: int) -> ModelCallRecorded:
+    # ~600 kB of JSON: over the 512 kB inline limit, so its body goes to the object store.
+    return ModelCallRecorded(
+        execution_id="a", call_id=f"c{i}", prompt_delta_ids=list(range(100_000)), output_ids=[1], output_logprobs=[-0.1]
+    )
+
+
+async def _corrupt(log: EventLog, seq: int) -> None:
+    """Remove the chunks of the blob behind ``seq``, keeping its metadata: a damaged object store."""
+    raw = await log.js.get_msg(log.config.stream, seq)
+    assert raw.headers is not None
+    ref = raw.headers[BLOB_HEADER]
+    store = await log.js.object_store(log.config.blob_bucket)
+    info = await store.get_info(ref)
+    await log.js.purge_stream(f"OBJ_{log.config.blob_bucket}", subject=f"$O.{log.config.blob_bucket}.C.{info.nuid}")
+
+
+async def test_a_missing_or_corrupt_blob_is_a_dead_letter_and_the_events_behind_it_apply(
+    event_log: EventLog, engine: Engine
+) -> None:
+    """Before: ObjectNotFoundError ended the runner (and the service) on the missing one; the corrupt one hung."""
+    metadata.create_all(engine)
+    dispatched = ExecutionDispatched(execution_id="a", task_id="t", group_id="g")
+    await event_log.append(dispatched)  # 1
+    ghost = ExecutionDispatched(execution_id="a", task_id="t", group_id="g")
+    await _publish_raw(event_log, ghost, b"", **{BLOB_HEADER: f"event-{uuid.uuid4().hex}"})  # 2: no such blob
+    await event_log.append(_big(3))  # 3: its chunks go below
+    await event_log.append(_big(4))  # 4: a good one out of band
+    await event_log.append_many(
+        [ExecutionDispatched(execution_id="a", task_id="t", group_id=f"g{i}") for i in range(5)]
+    )
+    await _corrupt(event_log, 3)
+    runner = ProjectionRunner(CountingProjection(), event_log, engine)
+    await _run_until_caught_up(runner)
+    assert _dead(engine) == [(2, "blob-missing"), (3, "blob-corrupt")]
+    with engine.connect() as c:
+        n = c.execute(select(counts.c.n).where(counts.c.aggregate_id == "a")).scalar()
+        tracked = c.execute(select(func.count()).select_from(Tracking)).scalar()
+    assert (n, tracked) == (7, 9)  # acknowledged 9 = applied 7 + dead 2
+
+    # Typed reads skip them with a warning; a live subscription goes on past them.
+    seqs = [seq async for seq, _ in event_log.events()]
+    assert seqs == [1, 4, 5, 6, 7, 8, 9]
+    live: list[int] = []
+    async for seq, _ in event_log.subscribe(start_seq=1):
+        live.append(seq)
+        if seq == 9:
+            break
+    assert live == seqs
+    stored = await event_log.get(2)
+    assert (stored.unreadable, stored.body) == ("blob-missing", b"")
+
+
+async def test_a_blob_read_while_the_log_is_away_is_retried_never_dead_lettered(
+    tmp_path, log_config: LogConfig
+) -> None:  # type: ignore[no-untyped-def]
+    """The message is in hand, then the server goes: a transient error, not a missing blob."""
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    migrate(engine)
+    metadata.create_all(engine)
+    log = await EventLog.connect(server.url, log_config)
+    stop = asyncio.Event()
+    try:
+        await log.append(_big(1))
+        runner = ProjectionRunner(CountingProjection(), log, engine, retry_delay=0.2)
+        await runner.ensure_consumer()
+        puller = log.puller(runner.consumer)
+        await puller.start()
+        msgs = await puller.next_batch(timeout=5)
+        await puller.stop()
+        assert len(msgs) == 1
+        server.stop()
+        handling = asyncio.create_task(runner.handle(msgs, stop))
+        await await_until(lambda: runner.retries >= 1 or handling.done(), "a retry while the server is away")
+        assert not handling.done(), handling.exception()
+        server = EmbeddedNats(tmp_path / "nats", port=server.port)
+        server.start()
+        outcome = await asyncio.wait_for(handling, 120)
+        assert outcome is not None and (outcome.applied, outcome.dead) == (1, {})
+        assert _dead(engine) == []
+    finally:
+        stop.set()
+        await log.close()
+        server.stop()
+        engine.dispose()

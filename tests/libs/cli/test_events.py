@@ -1,0 +1,56 @@
+"""`events tail`, `events show`, `replay` and `projections rebuild` on a log holding a poison blob message."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from opengyre.cli import app
+from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
+from opengyre.events import SkillIngested
+from opengyre.runtime import EmbeddedNats
+from opengyre.store import create_db_engine, migrate
+
+
+async def _log_with_a_missing_blob(url: str, config: LogConfig) -> None:
+    log = await EventLog.connect(url, config)
+    try:
+        await log.append(SkillIngested(skill_id="s1", name="one", description="d"))
+        ghost = SkillIngested(skill_id="s2", name="two", description="d")
+        headers = {"Og-Type": ghost.type_name(), "Nats-Msg-Id": ghost.event_id, BLOB_HEADER: f"event-{uuid.uuid4()}"}
+        await log.js.publish(config.subject("skill", "s2"), b"", headers=headers)
+        await log.append(SkillIngested(skill_id="s3", name="three", description="d"))
+    finally:
+        await log.close()
+
+
+def test_the_cli_shows_a_message_whose_blob_is_missing_as_unreadable(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """Before: `events tail`, `events show` and `replay` ended in ObjectNotFoundError tracebacks."""
+    tag = uuid.uuid4().hex[:10]
+    config = LogConfig(stream=f"T{tag}", prefix=f"t{tag}.ev")
+    asyncio.run(_log_with_a_missing_blob(nats_server.url, config))
+    env = {"OPENGYRE_STREAM": config.stream, "OPENGYRE_SUBJECT_PREFIX": config.prefix, "COLUMNS": "250"}
+    common = ["--data-dir", str(tmp_path), "--nats-url", nats_server.url]
+    cli = CliRunner()
+
+    tail = cli.invoke(app, ["events", "tail", *common], env=env)
+    assert tail.exit_code == 0, tail.output
+    assert "unreadable: blob-missing" in tail.output and 'name="three"' in tail.output
+
+    show = cli.invoke(app, ["events", "show", "2", *common], env=env)
+    assert show.exit_code == 0, show.output
+    assert "does not decode (blob-missing)" in show.output and "body unreadable" in show.output
+
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'opengyre.db'}")
+    migrate(engine)
+    engine.dispose()
+    rebuilt = cli.invoke(app, ["projections", "rebuild", "tasks", *common], env=env)
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert "rebuilt tasks from 3 events" in rebuilt.output
+    replay = cli.invoke(app, ["replay", "-p", "tasks", *common], env=env)
+    assert replay.exit_code == 0, replay.output
+    assert "replayed tasks to the end of the log: 3 events" in replay.output
+    assert "matches the live projection" in replay.output
