@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import Settings
@@ -111,7 +112,7 @@ def replay(
 
 
 def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, db_url: DbUrlOpt = None) -> None:
-    """Every projection with its position, lag and dead letters."""
+    """Every projection with its position, lag and dead letters, and why it refuses the log's stream if it does."""
     settings = settings_from(data_dir, nats_url, db_url)
 
     async def main() -> None:
@@ -119,8 +120,9 @@ def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, d
         async with log_session(settings) as log:
             await asyncio.to_thread(migrate, engine)
             t = Table()
-            for col in ("projection", "position", "stream last", "pending", "tracked", "dead letters"):
+            for col in ("projection", "position", "stream last", "pending", "tracked", "dead letters", "state"):
                 t.add_column(col)
+            refusing: list[str] = []
             for proj in all_projections().values():
                 runner = ProjectionRunner(proj, log, engine)
                 try:
@@ -132,12 +134,19 @@ def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, d
                         str(st.pending),
                         str(st.tracked),
                         str(st.dead_letters),
+                        "[red]REFUSES THE STREAM[/]" if st.error else "folding",
                     )
+                    if st.error:
+                        refusing.append(st.error)
                 except Exception:
                     pos = await asyncio.to_thread(FoldTransaction(proj, engine, log.registry).position)
-                    t.add_row(proj.name, str(pos), str(await log.last_seq()), "no consumer", "", "")
+                    t.add_row(proj.name, str(pos), str(await log.last_seq()), "no consumer", "", "", "")
             console.print(t)
         engine.dispose()
+        for why in refusing:
+            console.print(f"[bold red]error:[/] {escape(why)}")
+        if refusing:
+            raise typer.Exit(1)
 
     asyncio.run(main())
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import grpc
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import Settings
@@ -182,13 +183,22 @@ def status(data_dir: DataDirOpt = None) -> None:
     t = Table(title=f"stack on {settings.data_dir} (NATS {data['nats_url']})")
     for col in ("service", "port", "state", "projections (position / pending / dead)", "not implemented yet"):
         t.add_column(col)
+    refusing: list[str] = []
     for name, port, st in rows:
         if isinstance(st, grpc.aio.AioRpcError):
             t.add_row(name, str(port), f"[red]{st.code().name}[/]", "", "")
             continue
-        projs = ", ".join(f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" for p in st.projections)  # type: ignore[attr-defined]
+        projs = ", ".join(
+            f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" + (" [red]REFUSES THE STREAM[/]" if p.error else "")
+            for p in st.projections  # type: ignore[attr-defined]
+        )
+        refusing += [p.error for p in st.projections if p.error]  # type: ignore[attr-defined]
         t.add_row(name, str(port), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")  # type: ignore[attr-defined]
     console.print(t)
+    for why in refusing:
+        console.print(f"[bold red]error:[/] {escape(why)}")
+    if refusing:
+        raise typer.Exit(1)
 
 
 def service_run(

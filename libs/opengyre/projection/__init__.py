@@ -4,6 +4,7 @@ from ._apply import BatchOutcome, FoldTransaction, TransientError
 from ._base import Projection, Rejected
 from ._rebuild import dump_rows, rebuild, replay_into
 from ._runner import ProjectionRunner, ProjectionStatus, consumer_name
+from ._stream import StreamMismatch
 
 __all__ = [
     "BatchOutcome",
@@ -12,6 +13,7 @@ __all__ = [
     "ProjectionRunner",
     "ProjectionStatus",
     "Rejected",
+    "StreamMismatch",
     "TransientError",
     "consumer_name",
     "dump_rows",

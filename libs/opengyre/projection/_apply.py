@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from ..eventlog import StoredEvent
 from ..events import DecodeError, Event, EventRegistry
-from ..store import DeadLetter, Tracking
+from ..store import DeadLetter, TrackedStream, Tracking
 from ._base import Projection, Rejected
 
-__all__ = ["BatchOutcome", "FoldTransaction", "TransientError", "is_transient"]
+__all__ = ["BatchOutcome", "FoldTransaction", "StreamRecord", "TransientError", "is_transient"]
 
 _IN_CHUNK = 500  # stay under SQLite's bound-parameter limit
 
@@ -28,6 +28,16 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OperationalError):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """What a projection recorded of the stream it folds (see ``_stream``)."""
+
+    stream: str
+    created: str
+    last_seq: int
+    last_event_id: str
 
 
 @dataclass
@@ -62,14 +72,39 @@ class FoldTransaction:
             dead = conn.execute(select(func.count()).where(DeadLetter.projection == name)).scalar()
         return int(tracked or 0), int(dead or 0)
 
+    def tracked_stream(self) -> StreamRecord | None:
+        """The stream the tracking rows count in, with the last event tracked; None before the first bind."""
+        t = TrackedStream
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(t.stream, t.created, t.last_seq, t.last_event_id).where(t.projection == self.projection.name)
+            ).first()
+        return None if row is None else StreamRecord(str(row[0]), str(row[1]), int(row[2]), str(row[3]))
+
+    def bind_stream(self, record: StreamRecord) -> None:
+        """Record the stream the tracking rows count in (once; a rebuild's ``reset`` clears it)."""
+        row = {
+            "projection": self.projection.name,
+            "stream": record.stream,
+            "created": record.created,
+            "last_seq": record.last_seq,
+            "last_event_id": _text(record.last_event_id)[:64],
+        }
+        try:
+            with self.engine.begin() as tx:
+                tx.execute(insert(TrackedStream).values(**row))
+        except IntegrityError:
+            pass  # another runner of this projection bound it first; the caller checks what is recorded
+
     def reset(self) -> None:
-        """Delete the view rows, tracking rows and dead letters of this projection (for a rebuild)."""
+        """Delete the view rows, tracking rows, dead letters and stream of this projection (for a rebuild)."""
         name = self.projection.name
         with self.engine.begin() as tx:
             for table in self.projection.tables:
                 tx.execute(delete(table))
             tx.execute(delete(Tracking).where(Tracking.projection == name))
             tx.execute(delete(DeadLetter).where(DeadLetter.projection == name))
+            tx.execute(delete(TrackedStream).where(TrackedStream.projection == name))
 
     def _done(self, tx: Connection, seqs: Sequence[int]) -> set[int]:
         name = self.projection.name
@@ -125,6 +160,13 @@ class FoldTransaction:
             self._apply(tx, batch, todo, dead_rows, out)
         if tracked:
             tx.execute(insert(Tracking), [{"projection": name, "stream_seq": q} for q in tracked])
+            top = max(tracked)
+            top_id = next(s.event_id for s in batch if s.seq == top)
+            tx.execute(
+                update(TrackedStream)
+                .where(TrackedStream.projection == name, TrackedStream.last_seq < top)
+                .values(last_seq=top, last_event_id=_text(top_id)[:64])
+            )
         if dead_rows:
             tx.execute(insert(DeadLetter), dead_rows)
             for row in dead_rows:

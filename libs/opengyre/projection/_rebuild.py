@@ -12,6 +12,7 @@ from ..eventlog import EventLog
 from ._apply import FoldTransaction
 from ._base import Projection
 from ._runner import ProjectionRunner
+from ._stream import StreamMismatch, check_stream
 
 __all__ = ["dump_rows", "rebuild", "replay_into"]
 
@@ -19,8 +20,15 @@ __all__ = ["dump_rows", "rebuild", "replay_into"]
 async def replay_into(
     projection: Projection, log: EventLog, engine: Engine, *, until_seq: int | None = None, batch: int = 4096
 ) -> int:
-    """Fold the log's events ``1..until_seq`` into ``engine`` (which must be migrated and empty for it)."""
+    """Fold the log's events ``1..until_seq`` into ``engine`` (which must be migrated and empty for it).
+
+    Goes on from the projection's position there; raises :class:`StreamMismatch` if that position counts in
+    another stream than the log's (see ``_stream``).
+    """
     fold = FoldTransaction(projection, engine, log.registry)
+    _, why = await check_stream(fold, log)
+    if why is not None:
+        raise StreamMismatch(why)
     n = 0
     start = await asyncio.to_thread(fold.position) + 1
     filters = None
@@ -36,7 +44,8 @@ async def replay_into(
 async def rebuild(projection: Projection, log: EventLog, engine: Engine) -> int:
     """Drop the projection's rows and replay the whole log; its durable consumer then resumes after.
 
-    Stop the projection's live runner first: a rebuild owns the projection while it runs.
+    Stop the projection's live runner first: a rebuild owns the projection while it runs. This is also how a
+    projection that refuses the log's stream (re-created, or ending before its position) is made to fold it.
     """
     runner = ProjectionRunner(projection, log, engine)
     await runner.delete_consumer()

@@ -18,6 +18,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from ..eventlog import TRANSIENT_ERRORS, EventLog, StoredEvent
 from ._apply import BatchOutcome, FoldTransaction, TransientError
 from ._base import Projection
+from ._stream import StreamMismatch, check_stream
 
 __all__ = ["ProjectionRunner", "ProjectionStatus", "consumer_name"]
 
@@ -38,10 +39,13 @@ class ProjectionStatus:
     pending: int  # messages the consumer has not yet had acknowledged
     tracked: int
     dead_letters: int
+    # Why the projection refuses to fold the log's stream (another stream, or one that ends before its
+    # position): it stays where it is until rebuilt. None while it folds.
+    error: str | None = None
 
     @property
     def caught_up(self) -> bool:
-        return self.pending == 0
+        return self.pending == 0 and self.error is None
 
 
 class ProjectionRunner:
@@ -64,6 +68,7 @@ class ProjectionRunner:
         self.consumer = consumer_name(projection)
         self.applied_total = 0
         self.retries = 0  # batches retried in place after a transient error (store locked, log away)
+        self.error: str | None = None  # set by ``run`` when it refuses the log's stream (see ``_stream``)
         self._caught_up = asyncio.Event()
 
     def _filters(self) -> list[str]:
@@ -78,7 +83,12 @@ class ProjectionRunner:
         The tracking rows, not the consumer, are the truth about what was applied: re-creating the consumer
         on start means messages a killed process held unacknowledged come back at once instead of after
         ``ack_wait``, and the consumer always has today's config (an existing durable is never updated).
+
+        Raises :class:`StreamMismatch` when the log's stream is not the one the tracking rows count in.
         """
+        _, why = await check_stream(self.fold, self.log)
+        if why is not None:
+            raise StreamMismatch(why)
         js, stream = self.log.js, self.log.config.stream
         if reset:
             await self.delete_consumer()
@@ -125,9 +135,10 @@ class ProjectionRunner:
             await self.log.js.delete_consumer(self.log.config.stream, self.consumer)
 
     async def status(self) -> ProjectionStatus:
+        now, why = await check_stream(self.fold, self.log, bind=False)
         position = await asyncio.to_thread(self.fold.position)
         tracked, dead = await asyncio.to_thread(self.fold.counts)
-        last = await self.log.last_seq()
+        last = now.last_seq
         try:
             info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
             pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
@@ -140,6 +151,7 @@ class ProjectionRunner:
             pending=pending,
             tracked=tracked,
             dead_letters=dead,
+            error=why or self.error,
         )
 
     async def wait_caught_up(self, timeout: float = 30.0) -> None:
@@ -150,6 +162,8 @@ class ProjectionRunner:
         # second creator racing that delete can leave nats-server refusing the name (10012) for a while.
         while True:
             st = await self.status()
+            if st.error is not None:
+                raise StreamMismatch(st.error)
             if st.caught_up:
                 return
             if loop.time() > deadline:
@@ -157,8 +171,24 @@ class ProjectionRunner:
             await asyncio.sleep(0.05)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Fold the log until ``stop``. Refusing the log's stream (see ``_stream``) does not end it: it logs
+        the error, reports it in ``status`` and waits for ``stop``, so the service stays up to say why."""
         stop = stop or asyncio.Event()
-        await self.ensure_consumer(reset=True)
+        if await self._consumer(reset=True):
+            await self._follow(stop)
+        if self.error is not None:
+            await stop.wait()
+
+    async def _consumer(self, *, reset: bool = False) -> bool:
+        try:
+            await self.ensure_consumer(reset=reset)
+        except StreamMismatch as exc:
+            self.error = str(exc)
+            log.error("projection %s refuses to fold: %s", self.projection.name, exc)
+            return False
+        return True
+
+    async def _follow(self, stop: asyncio.Event) -> None:
         puller = self.log.puller(self.consumer, batch=self.batch)
         await puller.start()
         try:
@@ -169,7 +199,8 @@ class ProjectionRunner:
                 elif puller.errors:
                     err = puller.errors.pop()
                     log.warning("projection %s: pull error %s; re-creating consumer", self.projection.name, err)
-                    await self.ensure_consumer()
+                    if not await self._consumer():
+                        return
         finally:
             await puller.stop()
 

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from ..config import Settings
 from ..eventlog import EventLog
-from ..projection import Projection, ProjectionRunner
+from ..projection import Projection, ProjectionRunner, StreamMismatch
 from ..store import create_db_engine, migrate
 from ..v1 import common_pb2
 from ._grpc import GrpcServer
@@ -68,6 +68,7 @@ class ServiceContext:
                     pending=st.pending,
                     tracked=st.tracked,
                     dead_letters=st.dead_letters,
+                    error=st.error or "",
                 )
             )
         return msg
@@ -138,7 +139,8 @@ async def run_service(
         ctx = ServiceContext(settings=settings, log=event_log, engine=engine)
         for projection in service.projections():
             runner = ProjectionRunner(projection, event_log, engine)
-            await runner.ensure_consumer()
+            with contextlib.suppress(StreamMismatch):  # ``run`` reports it and keeps the service up to say so
+                await runner.ensure_consumer()
             ctx.runners[projection.name] = runner
             tasks.append(asyncio.create_task(runner.run(stop), name=f"projection-{projection.name}"))
         await service.start(ctx)

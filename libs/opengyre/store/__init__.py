@@ -2,13 +2,14 @@
 
 from ._engine import STREAM_SEQ, Base, create_db_engine, sqlite_url
 from ._migrate import MIGRATION_PACKAGES, alembic_config, migrate
-from ._tables import DeadLetter, Tracking
+from ._tables import DeadLetter, TrackedStream, Tracking
 
 __all__ = [
     "MIGRATION_PACKAGES",
     "STREAM_SEQ",
     "Base",
     "DeadLetter",
+    "TrackedStream",
     "Tracking",
     "alembic_config",
     "create_db_engine",

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ._engine import STREAM_SEQ, Base
 
-__all__ = ["DeadLetter", "Tracking"]
+__all__ = ["DeadLetter", "TrackedStream", "Tracking"]
 
 
 class Tracking(Base):
@@ -17,6 +17,25 @@ class Tracking(Base):
 
     projection: Mapped[str] = mapped_column(String(64), primary_key=True)
     stream_seq: Mapped[int] = mapped_column(STREAM_SEQ, primary_key=True)
+
+
+class TrackedStream(Base):
+    """The stream a projection's tracking rows count in: a sequence means nothing in another stream.
+
+    A stream deleted and re-created under the same name starts again at 1 with another creation time; the
+    runner compares both (and the last event tracked) and refuses to fold a stream that is not this one until
+    the projection is rebuilt.
+    """
+
+    __tablename__ = "og_tracked_streams"
+
+    projection: Mapped[str] = mapped_column(String(64), primary_key=True)
+    stream: Mapped[str] = mapped_column(String(64))
+    created: Mapped[str] = mapped_column(String(64))  # the server's creation time of the stream, ISO 8601
+    # The last event tracked, by sequence and event id: a store put back to an earlier copy and appended to
+    # again holds another event at that sequence (0, "": nothing tracked since the stream was recorded).
+    last_seq: Mapped[int] = mapped_column(STREAM_SEQ)
+    last_event_id: Mapped[str] = mapped_column(String(64))
 
 
 class DeadLetter(Base):

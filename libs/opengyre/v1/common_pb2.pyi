@@ -47,6 +47,7 @@ class ProjectionStatus(_message.Message):
     PENDING_FIELD_NUMBER: _builtins.int
     TRACKED_FIELD_NUMBER: _builtins.int
     DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     position: _builtins.int
     """highest stream sequence applied"""
@@ -58,6 +59,8 @@ class ProjectionStatus(_message.Message):
     """events applied or skipped so far"""
     dead_letters: _builtins.int
     """events recorded as undecodable or rejected"""
+    error: _builtins.str
+    """why it refuses to fold the log's stream ("" while it folds); rebuild it"""
     def __init__(
         self,
         *,
@@ -67,10 +70,11 @@ class ProjectionStatus(_message.Message):
         pending: _builtins.int = ...,
         tracked: _builtins.int = ...,
         dead_letters: _builtins.int = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letters", b"dead_letters", "name", b"name", "pending", b"pending", "position", b"position", "stream_last_seq", b"stream_last_seq", "tracked", b"tracked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letters", b"dead_letters", "error", b"error", "name", b"name", "pending", b"pending", "position", b"position", "stream_last_seq", b"stream_last_seq", "tracked", b"tracked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

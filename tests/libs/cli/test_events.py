@@ -54,3 +54,8 @@ def test_the_cli_shows_a_message_whose_blob_is_missing_as_unreadable(nats_server
     assert replay.exit_code == 0, replay.output
     assert "replayed tasks to the end of the log: 3 events" in replay.output
     assert "matches the live projection" in replay.output
+    listed = cli.invoke(app, ["projections", "list", *common], env=env)
+    assert listed.exit_code == 0, listed.output
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in listed.output.splitlines() if "│" in line]
+    tasks = next(r for r in rows if r[0] == "tasks")
+    assert tasks[1:] == ["3", "3", "0", "3", "1", "folding"]  # position, stream last, pending, tracked, dead

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,12 +13,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from typer.testing import CliRunner
 
+from opengyre.cli import app
 from opengyre.config import Settings
 from opengyre.eventlog import LogConfig, LogUnavailable
 from opengyre.events import SkillIngested
 from opengyre.runtime import EmbeddedNats, free_port, load_service, run_service
 from opengyre.v1 import common_pb2, synth_pb2_grpc
+
+from ..._polling import await_until
 
 
 @pytest.fixture
@@ -78,3 +84,62 @@ async def test_a_service_without_a_log_fails_with_a_clear_message(tmp_path: Path
         await run_service(load_service("synth"), replace(settings, nats_url=None), asyncio.Event(), port=0)
     with pytest.raises(KeyError, match="unknown service 'warp'"):
         load_service("warp")
+
+
+async def test_a_projection_refusing_a_recreated_stream_says_so_in_status_and_the_cli(
+    synth: tuple[int, Settings], nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The service stays up (a restart would refuse again) and every status surface names the error."""
+    port, settings = synth
+    from opengyre.eventlog import EventLog
+
+    log = await EventLog.connect(nats_server.url, settings.log)
+    try:
+        await log.append_many([SkillIngested(skill_id=f"s{i}", name=f"skill-{i}", description="d") for i in range(3)])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = synth_pb2_grpc.SynthServiceStub(ch)
+
+            async def position() -> int:
+                return int((await stub.GetStatus(common_pb2.StatusRequest())).projections[0].position)
+
+            async def folded() -> bool:
+                return await position() == 3
+
+            await await_until(folded, "synth folds the first stream")
+            await log.js.delete_stream(settings.log.stream)
+            await log.ensure_stream()
+            await log.append_many([SkillIngested(skill_id=f"n{i}", name=f"new-{i}", description="d") for i in range(5)])
+
+            async def error() -> str:
+                return str((await stub.GetStatus(common_pb2.StatusRequest())).projections[0].error)
+
+            await await_until(error, "GetStatus reports the refusal")
+            assert "deleted and re-created" in await error()
+            assert await position() == 3  # nothing of the new stream folded onto the old positions
+            health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await log.close()
+
+    # `opengyre status` of a stack whose synth is this one: the error is printed and the exit code says so.
+    data = tmp_path / "stack"
+    data.mkdir()
+    (data / "stack.json").write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": "127.0.0.1",
+                "nats_url": nats_server.url,
+                "services": {"synth": {"port": port}},
+            }
+        )
+    )
+    env = {"COLUMNS": "250", "OPENGYRE_STREAM": settings.log.stream, "OPENGYRE_SUBJECT_PREFIX": settings.log.prefix}
+    res = await asyncio.to_thread(CliRunner().invoke, app, ["status", "--data-dir", str(data)], env=env)
+    assert res.exit_code == 1, res.output
+    assert "REFUSES THE STREAM" in res.output and "error: projection tasks folded stream" in res.output
+    # `opengyre projections list` against the same store says it too.
+    args = ["projections", "list", "--data-dir", str(data), "--nats-url", nats_server.url]
+    res = await asyncio.to_thread(CliRunner().invoke, app, [*args, "--db-url", settings.database_url], env=env)
+    assert res.exit_code == 1, res.output
+    assert "REFUSES THE STREAM" in res.output and "error: projection tasks folded stream" in res.output
