@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -25,7 +26,19 @@ class GrpcServer:
         self._names: list[str] = [health.SERVICE_NAME]
 
     def register(self, full_names: Iterable[str]) -> None:
-        self._names.extend(full_names)
+        """Services to report in health and reflection; each must be described in the default descriptor
+        pool (its ``_pb2`` module imported), or reflection would list it and fail to describe it."""
+        names = list(full_names)
+        pool = descriptor_pool.Default()
+        for name in names:
+            try:
+                pool.FindServiceByName(name)
+            except KeyError:
+                raise RuntimeError(
+                    f"gRPC service {name} has no descriptor loaded, so reflection could not describe it: "
+                    "import its _pb2 module (name it from the descriptor: X_pb2.DESCRIPTOR.services_by_name)"
+                ) from None
+        self._names.extend(names)
 
     async def start(self) -> None:
         reflection.enable_server_reflection([*self._names, reflection.SERVICE_NAME], self.server)

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from opengyre.runtime import Service, ServiceContext
-from opengyre.v1 import bench_pb2_grpc, common_pb2
+from opengyre.v1 import bench_pb2, bench_pb2_grpc, common_pb2
 
 __all__ = ["BenchService"]
 
@@ -37,4 +37,6 @@ class BenchService(Service):
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         bench_pb2_grpc.add_BenchServiceServicer_to_server(_Servicer(self, ctx), server)
-        return ("opengyre.v1.BenchService",)
+        # Named from its descriptor: that imports bench_pb2, which reflection needs to describe the service
+        # (bench_pb2_grpc alone does not import it, since the service's messages all live in common.proto).
+        return (bench_pb2.DESCRIPTOR.services_by_name["BenchService"].full_name,)

@@ -9,7 +9,7 @@ import grpc
 
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
-from opengyre.v1 import common_pb2, synth_pb2_grpc
+from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 
 from ._tasks import TasksProjection
 
@@ -45,4 +45,6 @@ class SynthService(Service):
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         synth_pb2_grpc.add_SynthServiceServicer_to_server(_Servicer(self, ctx), server)
-        return ("opengyre.v1.SynthService",)
+        # Named from its descriptor: that imports synth_pb2, which reflection needs to describe the service
+        # (synth_pb2_grpc alone does not import it, since the service's messages all live in common.proto).
+        return (synth_pb2.DESCRIPTOR.services_by_name["SynthService"].full_name,)
