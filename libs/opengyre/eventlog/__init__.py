@@ -4,11 +4,13 @@ from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
+from ._server import MIN_SERVER_VERSION, require_server_version
 
 __all__ = [
     "BLOB_CORRUPT",
     "BLOB_HEADER",
     "BLOB_MISSING",
+    "MIN_SERVER_VERSION",
     "TRANSIENT_ERRORS",
     "TYPE_HEADER",
     "VERSION_HEADER",
@@ -21,4 +23,5 @@ __all__ = [
     "LogUnavailable",
     "StoredEvent",
     "UnreadableBody",
+    "require_server_version",
 ]

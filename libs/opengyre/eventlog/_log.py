@@ -36,6 +36,7 @@ from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
 from ._pull import PullBatcher
+from ._server import require_server_version
 from ._typed import TypeFilter
 
 __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
@@ -116,6 +117,15 @@ async def _log_reconnected() -> None:
     log.warning("NATS: reconnected")
 
 
+def _server_version(nc: Client) -> str:
+    """The connected server's version as ``major.minor.patch`` ("unknown" if it sent none that parses)."""
+    try:
+        v = nc.connected_server_version
+        return f"{v.major}.{v.minor}.{v.patch}"
+    except (ValueError, TypeError):
+        return "unknown"
+
+
 def _ack_position(msg: Msg) -> tuple[int, int]:
     """Stream sequence and timestamp (ns) from a JetStream reply subject, without building nats-py's Metadata.
 
@@ -153,7 +163,8 @@ class EventLog:
         timeout: float = 3.0,
         create: bool = True,
     ) -> EventLog:
-        """Connect, check JetStream, and (with ``create``) make sure the stream exists. Fails fast."""
+        """Connect, check the server's version and JetStream, and (with ``create``) make sure the stream exists.
+        Fails fast, with :class:`LogUnavailable`."""
         nc = FastHeaderClient()
         try:
             # Reconnect forever once connected (a restarted server or a network blip must not end a service),
@@ -177,6 +188,11 @@ class EventLog:
             raise LogUnavailable(
                 f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
             ) from exc
+        try:
+            require_server_version(_server_version(nc), url)
+        except LogUnavailable:
+            await nc.close()
+            raise
         log = cls(nc, config or LogConfig(), registry or default_registry())
         try:
             await log.js.account_info()

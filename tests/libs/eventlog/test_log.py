@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from opengyre.eventlog import BLOB_HEADER, ConcurrencyError, EventLog, LogConfig, LogUnavailable
+from opengyre.eventlog import (
+    BLOB_HEADER,
+    MIN_SERVER_VERSION,
+    ConcurrencyError,
+    EventLog,
+    LogConfig,
+    LogUnavailable,
+    require_server_version,
+)
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.runtime import free_port, nats_server_binary, wait_for_port
 
@@ -108,6 +117,46 @@ async def test_a_server_without_jetstream_is_refused(tmp_path: Path) -> None:
         assert wait_for_port(port)
         with pytest.raises(LogUnavailable, match="no JetStream"):
             await EventLog.connect(f"nats://127.0.0.1:{port}", LogConfig(stream="NOJS"))
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("2.10.0", True), ("2.15.1", True), ("3.0.0", True), ("2.9.10", False), ("1.4.1", False), ("unknown", False)],
+)
+def test_the_server_version_is_checked_against_what_the_log_needs(version: str, ok: bool) -> None:
+    if ok:
+        require_server_version(version, "nats://h:4222")
+        return
+    with pytest.raises(LogUnavailable, match=rf"nats://h:4222 .*{version!s}.*needs nats-server >= 2\.10\.0"):
+        require_server_version(version, "nats://h:4222")
+
+
+def _old_nats_server() -> Path:
+    """A nats-server binary older than 2.10 (Debian ships 2.9 as /usr/sbin/nats-server); skip visibly without."""
+    for d in ("/usr/sbin", "/usr/bin", "/usr/local/bin"):
+        path = Path(d) / "nats-server"
+        if not path.is_file():
+            continue
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10).stdout
+        m = re.search(r"v(\d+)\.(\d+)\.(\d+)", out)
+        if m and tuple(int(g) for g in m.groups()) < MIN_SERVER_VERSION:
+            return path
+    pytest.skip("no nats-server older than 2.10 on this machine to check the refusal against a real one")
+
+
+async def test_a_nats_server_older_than_2_10_is_refused_with_both_versions(tmp_path: Path) -> None:
+    """Before: a 2.9 server was accepted, and it silently ignores a consumer's filter_subjects."""
+    binary = _old_nats_server()
+    port = free_port()
+    args = [str(binary), "-js", "-sd", str(tmp_path), "-a", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for_port(port)
+        with pytest.raises(LogUnavailable, match=r"is nats-server 2\.9\.\d+; OpenGyre needs nats-server >= 2\.10\.0"):
+            await EventLog.connect(f"nats://127.0.0.1:{port}", LogConfig(stream="OLD"))
     finally:
         proc.terminate()
         proc.wait()
