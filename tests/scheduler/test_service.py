@@ -13,13 +13,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats, free_port
 from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.actuators import ExternalActuator, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
-from opengyre.scheduler.service import SchedulerService
+from opengyre.scheduler.service import SchedulerService, proxy_address
 from opengyre.scheduler.worker import run_worker
 from opengyre.v1 import scheduler_pb2 as pb
 
@@ -329,3 +330,12 @@ async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
         stop.set()
         assert await worker == 2
     assert sorted(x for _, ids in trained for x in ids) == ["x0", "x0", "x1"]  # x0's micro-step was redone
+
+
+@pytest.mark.parametrize(("host", "dial"), [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("10.1.2.3", "10.1.2.3")])
+def test_the_default_proxy_address_is_one_to_dial_not_a_wildcard_bind(host: str, dial: str) -> None:
+    """A stack bound to 0.0.0.0 (containers) listens on every interface; the proxy is dialled on loopback,
+    or at OPENGYRE_SCHEDULER_PROXY_ADDR (docker-compose.yml sets the proxy's service address)."""
+    settings = Settings(host=host)
+    assert proxy_address(settings, {}) == f"{dial}:{settings.ports['proxy']}"
+    assert proxy_address(settings, {"OPENGYRE_SCHEDULER_PROXY_ADDR": "proxy:50053"}) == "proxy:50053"

@@ -5,7 +5,8 @@ Configuration (environment):
   OPENGYRE_SCHEDULER_AUTO            0: the policy only advises (default); 1: its role changes are carried out
   OPENGYRE_SCHEDULER_ACTUATOR        external (default) | local | sglang-megatron
   OPENGYRE_SCHEDULER_TRAINER_CMD     sglang-megatron: the trainer launcher, an argv template
-  OPENGYRE_SCHEDULER_PROXY_ADDR      the proxy's gRPC, which confirms drains (the stack's proxy; "none": no proxy)
+  OPENGYRE_SCHEDULER_PROXY_ADDR      the proxy's gRPC host:port, which confirms drains (default: the stack's proxy on
+                                     this host; "none": no proxy). In containers, the proxy's service address.
   OPENGYRE_SCHEDULER_MAX_LAG, _GROUPS_PER_STEP, _GROUP_SIZE, _STEPS   the RL loop (1, 32, 16, unbounded)
 """
 
@@ -16,11 +17,12 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
 
+from opengyre.config import Settings
 from opengyre.events import CellRegistered, CellRole
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
@@ -41,7 +43,7 @@ from .actuators import (
 )
 from .policies import POLICIES, make_policy
 
-__all__ = ["SchedulerService"]
+__all__ = ["SchedulerService", "local_address", "proxy_address"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -164,12 +166,24 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def local_address(host: str, port: int) -> str:
+    """Where a process on this machine reaches a server bound to ``host``: a wildcard bind (0.0.0.0, ::) is
+    an address to listen on, not one to dial."""
+    dial = "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+    return f"{dial}:{port}"
+
+
+def proxy_address(settings: Settings, env: Mapping[str, str]) -> str:
+    """The proxy's gRPC address: ``OPENGYRE_SCHEDULER_PROXY_ADDR``, else the stack's proxy on this machine."""
+    return env.get("OPENGYRE_SCHEDULER_PROXY_ADDR") or local_address(settings.host, settings.ports["proxy"])
+
+
 def _actuator_from_env(ctx: ServiceContext) -> Actuator:
     env = os.environ
     kind = env.get("OPENGYRE_SCHEDULER_ACTUATOR", "external")
-    addr = f"{ctx.settings.host}:{ctx.settings.ports['scheduler']}"
+    addr = local_address(ctx.settings.host, ctx.settings.ports["scheduler"])
     workdir = ctx.settings.data_dir / "cells"
-    proxy = env.get("OPENGYRE_SCHEDULER_PROXY_ADDR", f"{ctx.settings.host}:{ctx.settings.ports['proxy']}")
+    proxy = proxy_address(ctx.settings, env)
     drainer = None if proxy == "none" else ProxyDrainer(proxy)
     if kind == "local":
         return LocalActuator(workdir, scheduler_addr=addr, drainer=drainer)
