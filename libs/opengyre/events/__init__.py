@@ -36,6 +36,7 @@ from ._registry import (
     Upcaster,
     default_registry,
 )
+from ._text import RawText
 
 __all__ = [
     "BenchRunCompleted",
@@ -57,6 +58,7 @@ __all__ = [
     "NewerSchemaVersion",
     "NulCharacter",
     "PatternUse",
+    "RawText",
     "SkillIngested",
     "TaskHardened",
     "TaskSynthesized",

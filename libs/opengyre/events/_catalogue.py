@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from ._base import Event
+from ._text import RawText
 
 __all__ = [
     "BenchRunCompleted",
@@ -150,7 +151,7 @@ class ToolCallPayload(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     name: str
-    arguments: str
+    arguments: RawText  # the model's bytes, NUL included: stored serialized only (see ``_text``)
 
 
 class CallTimings(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,7 +44,8 @@ class MalformedEvent(DecodeError):
 
 
 class NulCharacter(MalformedEvent):
-    """A string of the event holds U+0000, which PostgreSQL cannot store (SQLite can): refused on every store."""
+    """A text field of the event holds U+0000, which PostgreSQL cannot store (SQLite can): refused on every
+    store. Opaque payloads (``Any``) and ``RawText`` fields are not checked (see ``_text``)."""
 
     reason = "nul-character"
 

@@ -13,11 +13,13 @@ from opengyre.events import (
     ExecutionFinished,
     InvalidEvent,
     MalformedEvent,
+    ModelCallRecorded,
     NewerSchemaVersion,
     NulCharacter,
     PatternUse,
     SkillIngested,
     TaskSynthesized,
+    ToolCallPayload,
     UnknownEventType,
     default_registry,
 )
@@ -112,7 +114,15 @@ NUL_EVENTS = [
     SkillIngested(skill_id="s", name="n", description="d", metadata={"k": "v\x00"}),
     SkillIngested(skill_id="s", name="n", description="d", metadata={"k\x00": "v"}),
     TaskSynthesized(task_id="t", skill_id="s", patterns=[PatternUse(pattern_id="ok"), PatternUse(pattern_id="p\x00")]),
-    TaskSynthesized(task_id="t", skill_id="s", blueprint={"steps": [{"cmd": ["ls", "a\x00"]}]}),
+    ExecutionFinished(execution_id="e", status="completed", detail="exit\x00"),
+    ModelCallRecorded(
+        execution_id="e",
+        call_id="c",
+        prompt_delta_ids=[],
+        output_ids=[],
+        output_logprobs=[],
+        tool_calls=[ToolCallPayload(id="t1", name="ls\x00", arguments="{}")],
+    ),
 ]
 
 
@@ -127,6 +137,23 @@ def test_a_nul_character_anywhere_is_refused_at_encode_and_at_decode(event: Even
         reg.decode(event.type_name(), 1, body)
     assert exc.value.reason == "nul-character" and isinstance(exc.value, MalformedEvent)
     assert "\x00" not in str(exc.value)  # the message itself must be storable as a dead letter's detail
+
+
+def test_foreign_bytes_in_opaque_payloads_and_raw_text_are_kept_exactly() -> None:
+    """A model may emit byte 0: its output (the context's response, tool-call arguments) is recorded as is."""
+    reg = default_registry()
+    call = ModelCallRecorded(
+        execution_id="e",
+        call_id="c",
+        prompt_delta_ids=[1],
+        output_ids=[0],
+        output_logprobs=[-1.0],
+        tool_calls=[ToolCallPayload(id="t1", name="run", arguments='{"x": "\x00"}')],
+        context={"base": 0, "messages": [{"role": "tool", "content": "bin\x00ary"}], "response": {"content": "\x00"}},
+    )
+    task = TaskSynthesized(task_id="t", skill_id="s", blueprint={"steps": [{"cmd": ["ls", "a\x00"]}]})
+    for event in (call, task):
+        assert reg.decode(event.type_name(), 1, reg.encode(event)) == event
 
 
 def test_an_escaped_backslash_before_u0000_is_text_not_nul() -> None:

@@ -10,10 +10,18 @@ import msgspec
 import pytest
 from sqlalchemy import Engine, func, select
 
+from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
-from opengyre.events import Event, ExecutionDispatched, InvalidEvent, ModelCallRecorded, SkillIngested
+from opengyre.events import (
+    Event,
+    ExecutionDispatched,
+    InvalidEvent,
+    ModelCallRecorded,
+    SkillIngested,
+    ToolCallPayload,
+)
 from opengyre.projection import ProjectionRunner
-from opengyre.runtime import EmbeddedNats, load_service
+from opengyre.runtime import EmbeddedNats, all_projections, load_service
 from opengyre.store import DeadLetter, Tracking, create_db_engine, migrate
 
 from ..._polling import await_until
@@ -159,3 +167,29 @@ async def test_a_blob_read_while_the_log_is_away_is_retried_never_dead_lettered(
         await log.close()
         server.stop()
         engine.dispose()
+
+
+async def test_model_output_holding_nul_is_recorded_and_folded_alike_on_every_store(
+    event_log: EventLog, any_engine: Engine
+) -> None:
+    """A model may emit byte 0. Its output (the context's response, tool-call arguments) is not a text field
+    the schema checks: it is appended, and every projection stores it serialized, so no store refuses it."""
+    burst = scripted_burst(2, "nul")
+    i = next(i for i, e in enumerate(burst) if isinstance(e, ModelCallRecorded))
+    call = burst[i]
+    assert isinstance(call, ModelCallRecorded)
+    burst[i] = msgspec.structs.replace(
+        call,
+        tool_calls=[ToolCallPayload(id="t1", name="run", arguments='{"x": "\x00"}')],
+        context={"base": 0, "messages": [{"role": "user", "content": "hi"}], "response": {"content": "a\x00b"}},
+    )
+    await event_log.append_many(burst)
+    for p in all_projections().values():
+        await _run_until_caught_up(ProjectionRunner(p, event_log, any_engine))
+    dead = _dead(any_engine)  # the burst has poison of its own (calls before their dispatch), none of this kind
+    assert not [d for d in dead if d[1] in ("nul-character", "apply-failed")], dead
+    calls = all_projections()["trajectories"].tables
+    table = next(t for t in calls if "context" in t.c)
+    with any_engine.connect() as c:
+        stored = c.execute(select(table.c.context, table.c.tool_calls).where(table.c.call_id == call.call_id)).one()
+    assert "a\\u0000b" in stored[0] and "\\u0000" in stored[1]
