@@ -16,6 +16,11 @@ class SandboxLimits:
     network: bool = False  # False: a private network namespace where the OS allows one
     max_processes: int | None = None  # RLIMIT_NPROC (counts the whole user's processes, so off by default)
     limiter: str = "auto"  # "prlimit", "ulimit" (a POSIX shell's builtin), or "auto" (prlimit where installed)
+    # Resident memory of all the command's processes together: past it the sandbox kills them all (SIGKILL)
+    # and says so (``memory_exceeded``), as a cgroup's memory.max would. Polled every ``memory_poll_s`` from
+    # /proc; None: no such limit (each process is still bound by ``memory_mb``).
+    group_memory_mb: int | None = None
+    memory_poll_s: float = 0.05
 
     def validate(self) -> None:
         if self.timeout_s <= 0:
@@ -24,6 +29,8 @@ class SandboxLimits:
             raise ValueError("memory_mb must be >= 16")
         if self.limiter not in ("auto", "prlimit", "ulimit"):
             raise ValueError("limiter must be auto, prlimit or ulimit")
+        if self.group_memory_mb is not None and (self.group_memory_mb < 16 or not self.memory_poll_s > 0):
+            raise ValueError("group_memory_mb must be >= 16 and memory_poll_s > 0")
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,11 @@ class SandboxResult:
     timed_out: bool
     duration_s: float
     network_isolated: bool  # whether the command really ran without network
+    # The sandbox killed the command's processes because together they held more than ``group_memory_mb``.
+    memory_exceeded: bool = False
+    # The signal that ended the command itself when no limit of the sandbox did (9: a SIGKILL from outside the
+    # sandbox, such as the system's OOM killer); None when it exited, timed out or exceeded its memory.
+    signal: int | None = None
 
     @property
     def ok(self) -> bool:

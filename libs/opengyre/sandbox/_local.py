@@ -62,12 +62,34 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _group_rss(session: int) -> int:
+    """Resident bytes of every process in ``session`` (the command's: it runs in a session of its own)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # After "pid (comm) ": state ppid pgrp session ... rss is field 24 (index 21 from state).
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[3]) == session:
+            total += int(fields[21]) * page
+    return total
+
+
 def _collect(
-    proc: subprocess.Popen[bytes], stdin: bytes | None, timeout_s: float, keep: int
-) -> tuple[bytes, bytes, bool]:
-    """``communicate`` (both pipes to their end and the exit, within ``timeout_s``; on timeout the group is killed),
-    keeping only the first ``keep`` bytes of each stream as they come: a command that prints without end cannot
-    fill this process's memory. Returns (stdout, stderr, timed out)."""
+    proc: subprocess.Popen[bytes], stdin: bytes | None, limits: SandboxLimits
+) -> tuple[bytes, bytes, bool, bool]:
+    """``communicate`` (both pipes to their end and the exit, within the timeout; on timeout the group is killed),
+    keeping only the first ``max_output_bytes`` of each stream as they come: a command that prints without end
+    cannot fill this process's memory. With ``group_memory_mb`` the command's processes are watched and killed
+    together past it. Returns (stdout, stderr, timed out, memory exceeded)."""
+    timeout_s, keep = limits.timeout_s, limits.max_output_bytes
+    budget = limits.group_memory_mb * 1024 * 1024 if limits.group_memory_mb is not None else None
     deadline = time.monotonic() + timeout_s
     out, err = bytearray(), bytearray()
     assert proc.stdout is not None and proc.stderr is not None
@@ -79,21 +101,26 @@ def _collect(
         workers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
     for w in workers:
         w.start()
-    timed_out = False
-    for w in workers:
-        w.join(max(deadline - time.monotonic(), 0.0))
-        timed_out = timed_out or w.is_alive()
-    if not timed_out:
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
+    timed_out = exceeded = False
+    while not timed_out and not exceeded:
+        left = deadline - time.monotonic()
+        alive = [w for w in workers if w.is_alive()]
+        if not alive:
+            try:
+                proc.wait(left if budget is None else min(max(left, 0.0), limits.memory_poll_s))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        elif left > 0:
+            alive[0].join(left if budget is None else min(left, limits.memory_poll_s))
+        timed_out = time.monotonic() >= deadline and (proc.poll() is None or any(w.is_alive() for w in workers))
+        exceeded = budget is not None and proc.poll() is None and _group_rss(proc.pid) > budget
+    if timed_out or exceeded:
         _kill_group(proc)
         proc.wait()
         for w in workers:
             w.join()
-    return bytes(out), bytes(err), timed_out
+    return bytes(out), bytes(err), timed_out, exceeded
 
 
 def _drain(stream: IO[bytes], keep: int, sink: bytearray) -> None:
@@ -180,6 +207,8 @@ class LocalSandbox:
     ) -> SandboxResult:
         lim = limits or self.limits
         lim.validate()
+        if lim.group_memory_mb is not None and not os.path.isdir("/proc"):
+            raise SandboxError("sandbox unavailable: group_memory_mb needs /proc to watch the command's memory")
         isolation = [] if lim.network else no_network_prefix()
         prefix = _limit_prefix(lim) + isolation
         workdir = self.root / cwd if cwd is not None and not Path(cwd).is_absolute() else Path(cwd or self.root)
@@ -202,10 +231,10 @@ class LocalSandbox:
         except OSError as exc:
             raise SandboxError(f"sandbox failed to start {argv[0]!r}: {exc}") from exc
         try:
-            out, err, timed_out = _collect(proc, stdin, lim.timeout_s, lim.max_output_bytes)
+            out, err, timed_out, exceeded = _collect(proc, stdin, lim)
         finally:
             _kill_group(proc)  # what it left running (a server started in the background) must not outlive it
-        code = 124 if timed_out else _exit_code(proc.returncode)
+        code = 124 if timed_out else 137 if exceeded else _exit_code(proc.returncode)
         return SandboxResult(
             exit_code=code,
             stdout=out.decode("utf-8", errors="replace"),
@@ -213,6 +242,8 @@ class LocalSandbox:
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
             network_isolated=bool(isolation),
+            memory_exceeded=exceeded,
+            signal=-proc.returncode if proc.returncode < 0 and not (timed_out or exceeded) else None,
         )
 
 

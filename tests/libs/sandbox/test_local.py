@@ -65,6 +65,22 @@ def test_signal_kill_is_137() -> None:
     with LocalSandbox() as sb:
         r = sb.run(["bash", "-c", "kill -9 $$"])
     assert r.exit_code == 137 and not r.timed_out
+    assert r.signal == 9 and not r.memory_exceeded  # a SIGKILL the sandbox did not send, and it says so
+
+
+# Two processes of 40 MB each (touched, so resident): under a per-process limit, over a group limit of 64 MB.
+HOG = "x = b'a' * (40 << 20); import time; time.sleep(60)"
+
+
+def test_group_memory_limit_kills_all_the_commands_processes() -> None:
+    limits = SandboxLimits(timeout_s=60.0, memory_mb=512, group_memory_mb=64)
+    with LocalSandbox(limits) as sb:
+        r = sb.run(["bash", "-c", f'{sys.executable} -c "{HOG}" & {sys.executable} -c "{HOG}"; echo never'])
+    assert r.memory_exceeded and r.exit_code == 137 and r.signal is None
+    assert not r.timed_out and "never" not in r.stdout
+    with LocalSandbox(SandboxLimits(timeout_s=60.0, group_memory_mb=64)) as sb:
+        small = sb.run([sys.executable, "-c", "x = b'a' * (8 << 20); print('ok')"])
+    assert small.ok and small.stdout.strip() == "ok" and not small.memory_exceeded
 
 
 @pytest.mark.parametrize("limiter", ["prlimit", "ulimit"])
