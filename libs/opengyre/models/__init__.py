@@ -2,12 +2,14 @@
 
 from ._llama import (
     MODEL_PRESETS,
+    CheckpointError,
     build_model,
     checkpoint_info,
     load_checkpoint,
     load_weights,
     model_config,
     save_checkpoint,
+    target_logprobs,
     token_logprobs,
 )
 from ._tokenizer import TOKENIZER_DIR, load_tokenizer
@@ -15,6 +17,7 @@ from ._tokenizer import TOKENIZER_DIR, load_tokenizer
 __all__ = [
     "MODEL_PRESETS",
     "TOKENIZER_DIR",
+    "CheckpointError",
     "build_model",
     "checkpoint_info",
     "load_checkpoint",
@@ -22,5 +25,6 @@ __all__ = [
     "load_weights",
     "model_config",
     "save_checkpoint",
+    "target_logprobs",
     "token_logprobs",
 ]

@@ -135,15 +135,44 @@ def checkpoint_info(directory: Path) -> dict[str, str] | None:
     return {"weight_version": str(info.get("weight_version", "")), "sha256": str(info.get("sha256", ""))}
 
 
-def load_weights(model: LlamaForCausalLM, directory: Path) -> str:
-    """Load a checkpoint's weights into ``model`` in place; returns its weight version."""
+class CheckpointError(ValueError):
+    """A checkpoint that must not be loaded: unreadable, corrupt (its weights do not hash to its digest), without
+    a digest where one is required, or not the model's shape. The model is left as it was."""
+
+
+def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | None = None) -> str:
+    """Load a checkpoint's weights into ``model`` in place; returns its weight version.
+
+    ``verify``: check the weights against the sha256 in the checkpoint's metadata before touching the model
+    (True: a digest is required; None: when the metadata has one, as a Hugging Face folder has none; False:
+    never). Nothing is copied into the model unless every tensor is there, of the right shape, and verified:
+    a refused checkpoint leaves the model serving what it served."""
     directory = Path(directory)
-    state = load_file(str(directory / CHECKPOINT_FILE))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
-        raise ValueError(f"checkpoint {directory} does not fit the model: missing={missing} unexpected={unexpected}")
-    meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
-    return str(meta.get("weight_version", directory.name))
+    try:
+        state = load_file(str(directory / CHECKPOINT_FILE))
+        meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
+    except (OSError, ValueError) as exc:  # a missing or truncated file, a header or metadata that does not parse
+        raise CheckpointError(f"checkpoint {directory} cannot be read: {exc}") from exc
+    expected = str(meta.get("sha256", "")) if isinstance(meta, dict) else ""
+    if verify and not expected:
+        raise CheckpointError(f"checkpoint {directory} has no sha256 in {META_FILE}: nothing to verify it against")
+    if verify is not False and expected:
+        got = _digest(state)
+        if got != expected:
+            raise CheckpointError(
+                f"checkpoint {directory} is corrupt: its weights hash to {got[:16]}..., its {META_FILE} says "
+                f"{expected[:16]}..."
+            )
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith("rotary_emb.inv_freq")]
+    unexpected = [k for k in state if k not in own]
+    wrong = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            f"checkpoint {directory} does not fit the model: missing={missing} unexpected={unexpected} shape={wrong}"
+        )
+    model.load_state_dict(state, strict=False)
+    return str(meta.get("weight_version", directory.name)) if isinstance(meta, dict) else directory.name
 
 
 def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
@@ -155,18 +184,37 @@ def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
     return model, version
 
 
+def target_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    *,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) under ``softmax(logits / temperature)`` per position, and the distribution's entropy.
+
+    ``logits`` [B, T, V] (any float type; computed in float32), ``targets`` [B, T], ``temperature`` [B, T] (None:
+    1). The division is the engine's (``sample_next``: logits / temperature, then log_softmax), so the trainer's
+    logprobs are the behaviour logprobs the engine records for the same weights and temperature."""
+    x = logits.float()
+    if temperature is not None:
+        x = x / temperature.to(x.dtype).unsqueeze(-1)
+    lsm = torch.log_softmax(x, dim=-1)
+    lp = lsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return lp, (-(lsm.exp() * lsm).sum(-1) if entropy else None)
+
+
 def token_logprobs(
     model: LlamaForCausalLM,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32).
+    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32), at ``temperature`` [B, T-1] (None: 1).
 
     ``position_ids`` restarting at 0 inside a row mark packed sequences: attention stays within each one."""
-    logits = (
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        .logits[:, :-1]
-        .float()
-    )
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits[:, :-1]
+    return target_logprobs(logits, input_ids[:, 1:], temperature)[0]

@@ -257,3 +257,28 @@ async def test_pause_holds_requests_until_continue(engine_a: EngineServer) -> No
         r = await task
         assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] in ("length", "stop")
         assert (await c.post(engine_a.url + "/pause_generation", json={"mode": "sideways"})).status_code == 400
+
+
+async def test_a_corrupt_checkpoint_is_refused_and_the_engine_keeps_serving(
+    engine_a: EngineServer, tmp_path: Path
+) -> None:
+    save_checkpoint(build_model(model_config("tiny"), seed=7), tmp_path / "ckpt", "step-7")
+    data = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(data[:-1] + bytes([data[-1] ^ 0x40]))  # one bit
+    bare = tmp_path / "bare"  # a checkpoint without its digest: nothing to verify it against
+    save_checkpoint(build_model(model_config("tiny"), seed=8), bare, "step-8")
+    (bare / "opengyre.json").unlink()
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5, "temperature": 0}, "return_logprob": True}
+    async with httpx.AsyncClient(timeout=60) as c:
+        before = (await c.post(engine_a.url + "/generate", json=body)).json()
+        corrupt = await c.post(engine_a.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "ckpt")})
+        unverified = await c.post(engine_a.url + "/update_weights_from_disk", json={"model_path": str(bare)})
+        info = (await c.get(engine_a.url + "/model_info")).json()
+        after = (await c.post(engine_a.url + "/generate", json=body)).json()
+    assert corrupt.status_code == 400 and corrupt.json()["success"] is False
+    assert "is corrupt" in corrupt.json()["message"]
+    assert unverified.status_code == 400 and "no sha256" in unverified.json()["message"]
+    # Nothing was loaded: the same version, the same weights (the same greedy tokens and logprobs).
+    assert info["weight_version"] == after["meta_info"]["weight_version"] == "default"
+    assert after["output_ids"] == before["output_ids"]
+    assert after["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]

@@ -180,10 +180,13 @@ class CpuEngine:
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False
     ) -> str:
-        """Hot-reload a safetensors checkpoint between two steps; returns the new weight version."""
+        """Hot-reload a safetensors checkpoint between two steps; returns the new weight version.
+
+        The weights are verified against the checkpoint's digest first: a corrupt or unverifiable checkpoint is
+        refused (``CheckpointError``) and the engine keeps serving what it served, under the same version."""
 
         def load() -> str:
-            version = load_weights(self.model, Path(model_path))
+            version = load_weights(self.model, Path(model_path), verify=True)
             self.scheduler.weight_version = weight_version or version
             self.scheduler.prefix_cache.clear()  # cached keys and values came from the old weights
             self.model_path = model_path
