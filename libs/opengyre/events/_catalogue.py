@@ -109,7 +109,11 @@ class TaskHardened(Event, frozen=True, kw_only=True, tag="task-hardened"):
 
 ExecutionStatus = Literal["completed", "timed-out", "evaluator-failed", "infra-failed"]
 # Infrastructure failures are masked, never trained as negatives; "evaluator" means no valid score.
-FailureClass = Literal["oom", "timeout", "sandbox", "network", "engine", "evaluator", "other"]
+# "agent-timeout" / "agent-oom": the agent's own code hung or exhausted the sandbox's memory while graded: the
+# agent's failure, scored 0 and trained (not infrastructure).
+FailureClass = Literal[
+    "oom", "timeout", "sandbox", "network", "engine", "evaluator", "other", "agent-timeout", "agent-oom"
+]
 TrajectoryRole = Literal["main", "main-summary", "sub-agent", "sub-agent-summary"]
 CellRole = Literal["idle", "rollout", "draining", "switching", "training-core", "training-satellite"]
 
@@ -211,6 +215,10 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     branch: str = ""
     # Per-token weight versions when they changed during the call (empty: every token is ``weight_version``).
     weight_versions: list[WeightSpan] = msgspec.field(default_factory=list)
+    # The temperature the engine divided the logits by before computing ``output_logprobs`` (1.0 for a greedy
+    # call: SGLang computes its logprobs from the raw logits). None: unknown (an older recorder, an engine whose
+    # logprobs are not at the sampling temperature); a trainer must not assume one.
+    temperature: float | None = None
 
 
 class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):

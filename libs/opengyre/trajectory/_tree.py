@@ -34,6 +34,9 @@ class Node:
     weight_version: str = "default"
     # (version, start, end) over output indexes when weights changed during the call; empty: all weight_version.
     weight_spans: tuple[tuple[str, int, int], ...] = ()
+    # The temperature the engine divided the logits by before the recorded logprobs; None: unknown.
+    temperature: float | None = None
+    finish_reason: str = ""  # "length": the engine cut the output at its token limit
 
     @classmethod
     def from_event(cls, e: ModelCallRecorded) -> Node:
@@ -47,6 +50,8 @@ class Node:
             role=e.role,
             weight_version=e.weight_version,
             weight_spans=tuple((w.version, w.start, w.end) for w in e.weight_versions),
+            temperature=e.temperature,
+            finish_reason=e.finish_reason,
         )
 
     def version_of(self, index: int) -> str:
@@ -69,6 +74,8 @@ class PathSequence:
     behaviour_logprobs: tuple[float, ...]  # the engine's logprob where generated, 0.0 elsewhere
     owners: tuple[Owner, ...]
     weight_versions: tuple[str, ...] = field(default=())
+    # The sampling temperature of each generated token's call (None where unknown), 1.0 for context.
+    temperatures: tuple[float | None, ...] = field(default=())
 
 
 class TrajectoryTree:
@@ -188,6 +195,7 @@ class TrajectoryTree:
         generated = tuple(o is not None for o in owners)
         logprobs = tuple(0.0 if o is None else float(self._nodes[o[0]].output_logprobs[o[1]]) for o in owners)
         versions = tuple("" if o is None else self._nodes[o[0]].version_of(o[1]) for o in owners)
+        temperatures = tuple(1.0 if o is None else self._nodes[o[0]].temperature for o in owners)
         return PathSequence(
             leaf=leaf,
             role=self._nodes[leaf].role,
@@ -197,6 +205,7 @@ class TrajectoryTree:
             behaviour_logprobs=logprobs,
             owners=owners,
             weight_versions=versions,
+            temperatures=temperatures,
         )
 
     def stored_token_count(self) -> int:
