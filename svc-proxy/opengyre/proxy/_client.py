@@ -84,6 +84,9 @@ async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
 
 
 class EngineClient:
+    # The logprobs it returns are of the raw logits (not at the sampling temperature): see ``_temperature``.
+    raw_logprobs = False
+
     def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._own = http is None

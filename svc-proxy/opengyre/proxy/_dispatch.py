@@ -47,6 +47,7 @@ class Dispatch:
         self.max_attempts = max_attempts
         self.outcome = Outcome(prompt_tokens=len(prompt_ids))
         self.engines: list[str] = []
+        self.raw_logprobs = False  # an engine that answered returns raw-logit logprobs (see ``_temperature``)
         self.attempts = 0
         self.t0 = time.perf_counter()
         self.queued_ms = 0.0
@@ -100,6 +101,7 @@ class Dispatch:
             while h is not None:
                 self.attempts += 1
                 self.engines.append(h.engine_id)
+                self.raw_logprobs = self.raw_logprobs or h.client.raw_logprobs
                 rid = self._rid_now
                 sp = dict(self.sampling)
                 sp["max_new_tokens"] = max_new - len(out.output_ids)

@@ -47,6 +47,7 @@ from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import Recorder
 from ._request import GenRequest
+from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
 
 __all__ = ["Gateway", "GatewayConfig"]
@@ -311,6 +312,7 @@ class Gateway:
 
     def _sampling(self, req: GenRequest, room: int) -> dict[str, Any]:
         sp = dict(req.sampling)
+        sp.setdefault("temperature", DEFAULT_TEMPERATURE)  # the dialects' default, never the engine's own
         sp["max_new_tokens"] = min(req.max_tokens or self.config.default_max_tokens, room)
         if req.stop:
             sp["stop"] = list(req.stop)
@@ -343,6 +345,7 @@ class Gateway:
             self.stats.drift += 1
         self.stats.calls += 1
         self.stats.rerouted += dispatch.attempts - 1
+        temperature = logprob_temperature(dispatch.sampling, raw_logprobs=dispatch.raw_logprobs)
         self.recorder.record(
             ModelCallRecorded(
                 execution_id=eid,
@@ -368,6 +371,7 @@ class Gateway:
                 weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in out.weight_spans]
                 if len({v for v, _, _ in out.weight_spans}) > 1
                 else [],
+                temperature=temperature,
             )
         )
 

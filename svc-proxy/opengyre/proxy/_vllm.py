@@ -78,6 +78,8 @@ def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
 
 
 class VllmClient(EngineClient):
+    raw_logprobs = True  # vLLM's default --logprobs-mode raw_logprobs
+
     def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_url.removeprefix(VLLM_SCHEME), api_key=api_key, http=http)
         self.model: str | None = None
