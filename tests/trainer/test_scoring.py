@@ -12,9 +12,11 @@ import pytest
 
 from opengyre.sandbox import SandboxLimits
 from opengyre.trainer import (
+    ExecutionOutcome,
     HarborVerifier,
     RewardFileEmptyError,
     RewardFileNotFoundError,
+    classify_outcome,
     read_reward,
     score_execution,
 )
@@ -86,7 +88,8 @@ def test_grader_timeout_from_task_toml(tmp_path: Path) -> None:
         tmp_path, "#!/bin/bash\nsleep 30\necho 1 > /logs/verifier/reward.txt\n", "[verifier]\ntimeout_sec = 1.0\n"
     )
     ev = HarborVerifier().evaluate(task, workspace(tmp_path, {}))
-    assert ev.score is None and ev.failure_class == "timeout" and ev.exit_code == 124
+    # the grader's limits bound the code under test: running past them scores the workspace 0
+    assert ev.score == 0.0 and ev.failure_class == "agent-timeout" and ev.exit_code == 124
 
 
 def test_verifier_env_from_task_toml(tmp_path: Path) -> None:
@@ -132,8 +135,62 @@ def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
     task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     fin = score_execution("ex", HarborVerifier(), task, workspace(tmp_path, {}), exit_code=137, output="Killed")
     assert fin.status == "infra-failed" and fin.failure_class == "oom" and fin.score is None
-    net = score_execution("ex", HarborVerifier(), task, tmp_path / "ws", exit_code=1, output="Could not resolve host")
+    # A network failure is what the runtime reports, not what the agent printed.
+    net = score_execution("ex", HarborVerifier(), task, tmp_path / "ws", exit_code=1, failure="network")
     assert net.status == "completed" and net.score == 1.0 and net.failure_class == "network"  # transient
+    said = score_execution("ex", HarborVerifier(), task, tmp_path / "ws", exit_code=1, output="Could not resolve host")
+    assert said.status == "completed" and said.score == 1.0 and said.failure_class is None
+    with pytest.raises(ValueError):
+        score_execution("ex", HarborVerifier(), task, tmp_path / "ws", failure="agent-timeout")  # not the runtime's
+
+
+# A grader that runs the agent's solution and gives 1 if it prints the answer (Harbor-style: test.sh owns the run).
+RUN_SOLUTION = """#!/bin/bash
+out=$(python3 /app/solve.py)
+[ "$out" = 42 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def test_a_solution_that_loops_forever_scores_zero_as_the_agents_failure(tmp_path: Path) -> None:
+    task = make_task(tmp_path, RUN_SOLUTION, "[verifier]\ntimeout_sec = 1.0\n")
+    ws = workspace(tmp_path, {"solve.py": "while True:\n    pass\n"})
+    fin = score_execution("ex", HarborVerifier(), task, ws)
+    assert (fin.status, fin.score, fin.failure_class) == ("completed", 0.0, "agent-timeout")
+    assert classify_outcome(ExecutionOutcome("ex", "g", fin.status, fin.score, fin.failure_class))[0] == "ok"
+
+
+def test_a_solution_that_allocates_until_killed_scores_zero_as_the_agents_failure(tmp_path: Path) -> None:
+    task = make_task(tmp_path, RUN_SOLUTION, "[verifier]\ntimeout_sec = 60.0\n")
+    ws = workspace(tmp_path, {"solve.py": "hog = []\nwhile True:\n    hog.append(b'x' * (4 << 20))\n"})
+    verifier = HarborVerifier(SandboxLimits(timeout_s=60.0, memory_mb=1024, group_memory_mb=64))
+    fin = score_execution("ex", verifier, task, ws)
+    assert (fin.status, fin.score, fin.failure_class) == ("completed", 0.0, "agent-oom")
+    assert classify_outcome(ExecutionOutcome("ex", "g", fin.status, fin.score, fin.failure_class))[0] == "ok"
+
+
+def test_printing_memoryerror_is_not_infrastructure(tmp_path: Path) -> None:
+    # The agent's process printed "MemoryError" and exited 1: graded, the print changes nothing.
+    task = make_task(tmp_path, GRADE_FRACTION)
+    ws = workspace(tmp_path, {"a.txt": "42\n"})
+    fin = score_execution("ex", HarborVerifier(), task, ws, exit_code=1, output="Traceback ...\nMemoryError\n")
+    assert (fin.status, fin.score, fin.failure_class) == ("completed", 0.5, None)
+    # Its solution does the same under the grader: the grader's verdict is the score.
+    printing = make_task(tmp_path / "p", RUN_SOLUTION)
+    ws2 = workspace(tmp_path / "p", {"solve.py": "import sys\nprint('MemoryError')\nsys.exit(1)\n"})
+    fin2 = score_execution("ex", HarborVerifier(), printing, ws2)
+    assert (fin2.status, fin2.score, fin2.failure_class) == ("completed", 0.0, None)
+
+
+def test_a_grader_crash_is_still_excluded_and_an_outside_kill_masked(tmp_path: Path) -> None:
+    crash = make_task(tmp_path, "#!/bin/bash\nkill -SEGV $$\n")
+    fin = score_execution("ex", HarborVerifier(), crash, workspace(tmp_path, {}))
+    assert (fin.status, fin.score, fin.failure_class) == ("evaluator-failed", None, "evaluator")
+    assert classify_outcome(ExecutionOutcome("ex", "g", fin.status, fin.score, fin.failure_class))[0] == "excluded"
+    # SIGKILL that the sandbox did not send (the system's OOM killer): infrastructure, masked.
+    killed = make_task(tmp_path / "k", "#!/bin/bash\nkill -9 $$\n")
+    fin2 = score_execution("ex", HarborVerifier(), killed, workspace(tmp_path / "k", {}))
+    assert (fin2.status, fin2.score, fin2.failure_class) == ("infra-failed", None, "oom")
+    assert classify_outcome(ExecutionOutcome("ex", "g", fin2.status, fin2.score, fin2.failure_class))[0] == "masked"
 
 
 def test_read_reward_errors(tmp_path: Path) -> None:

@@ -293,6 +293,7 @@ class PreviewSamplesReply(_message.Message):
     ALL_PATHS_FORWARD_TOKENS_FIELD_NUMBER: _builtins.int
     tree_nodes: _builtins.int
     tree_leaves: _builtins.int
+    """path ends: the leaves, and nodes a child forked inside (their output is on no leaf path)"""
     generated_tokens: _builtins.int
     """distinct policy tokens in the tree"""
     target_tokens: _builtins.int
@@ -492,6 +493,7 @@ class ScoreExecutionRequest(_message.Message):
     HAS_EXIT_CODE_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     task_dir: _builtins.str
     """a Harbor task directory (tests/test.sh)"""
@@ -501,9 +503,11 @@ class ScoreExecutionRequest(_message.Message):
     """the execution hit its time limit: graded like any other"""
     has_exit_code: _builtins.bool
     exit_code: _builtins.int
-    """how the agent process ended (137 OOM, ...)"""
+    """how the agent process ended (137: SIGKILLed from outside, 124: its time limit)"""
     output: _builtins.str
-    """its output tail, for failure classification"""
+    """its output tail, kept as detail (never classified: the agent controls it)"""
+    failure_class: _builtins.str
+    """a failure the runtime observed itself: oom, sandbox, engine, timeout, network"""
     def __init__(
         self,
         *,
@@ -514,10 +518,11 @@ class ScoreExecutionRequest(_message.Message):
         has_exit_code: _builtins.bool = ...,
         exit_code: _builtins.int = ...,
         output: _builtins.str = ...,
+        failure_class: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "has_exit_code", b"has_exit_code", "output", b"output", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "failure_class", b"failure_class", "has_exit_code", b"has_exit_code", "output", b"output", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,14 @@ The Harbor convention: ``tests/test.sh`` runs against the workspace and writes `
 ``RewardFileNotFoundError``, an empty one ``RewardFileEmptyError``: both mean *no valid score*, which is not a
 zero. The local process sandbox cannot mount ``/logs``, ``/tests`` and ``/app``, so the verifier copies the
 tests and the workspace into the sandbox and rewrites those absolute paths in the test files to the copies.
+
+The grader runs the agent's code, and its limits bound that code: a grader that runs past its time limit, or
+whose processes together exceed the sandbox's memory, scores the workspace 0 (``agent-timeout``,
+``agent-oom``): the solution under test hung or ran out of memory, and a policy must not learn that hanging
+escapes a negative. Tasks are validated with their reference solution through the same verifier, so the
+grader itself is known to finish on a good workspace. The grader's own failures stay failures without a score:
+no reward file or a crash (``evaluator``, excluded), the sandbox not starting (``sandbox``), the grader killed
+by a SIGKILL the sandbox did not send (``oom``: the system's OOM killer), both masked as infrastructure.
 """
 
 from __future__ import annotations
@@ -20,8 +28,6 @@ from pathlib import Path
 
 from opengyre.events import FailureClass
 from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
-
-from ._failures import classify_failure
 
 __all__ = [
     "Evaluation",
@@ -95,7 +101,8 @@ class HarborVerifier(Evaluator):
     """Runs a Harbor task's ``tests/test.sh`` in the local process sandbox."""
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
-        self.limits = limits or SandboxLimits(timeout_s=600.0)
+        # The processes of a grading together get twice one process's address space, in resident memory.
+        self.limits = limits or SandboxLimits(timeout_s=600.0, group_memory_mb=4096)
         self.limits.validate()  # the verifier's own limits are checked here: later, only a task's can be wrong
 
     def _task_limits(self, task_dir: Path) -> tuple[SandboxLimits, dict[str, str]]:
@@ -127,9 +134,15 @@ class HarborVerifier(Evaluator):
                 (sb.root / "logs" / "agent").mkdir()
                 _rewrite_paths(sb.root / "tests", sb.root)
                 result = sb.run(["bash", str(sb.root / "tests" / "test.sh")], cwd="app", env=env)
-                if result.timed_out or result.exit_code == 137:
-                    cls = classify_failure(result.exit_code, result.output) or "timeout"
-                    return Evaluation(None, cls, result.exit_code, _tail(result.output))
+                if result.timed_out:
+                    why = f"agent-timeout: grading ran past its {limits.timeout_s:g} s: the solution under test hung"
+                    return Evaluation(0.0, "agent-timeout", result.exit_code, f"{why}; {_tail(result.output)}")
+                if result.memory_exceeded:
+                    why = f"agent-oom: grading exceeded {limits.group_memory_mb} MB: the solution exhausted memory"
+                    return Evaluation(0.0, "agent-oom", result.exit_code, f"{why}; {_tail(result.output)}")
+                if result.signal == 9:  # a SIGKILL the sandbox did not send: the system's OOM killer
+                    why = "oom: the grader was killed by SIGKILL from outside the sandbox"
+                    return Evaluation(None, "oom", result.exit_code, f"{why}; {_tail(result.output)}")
                 try:
                     metrics = read_reward(sb.root / "logs" / "verifier")
                 except ValueError as exc:  # RewardFileError, a JSON or number that does not parse

@@ -1,43 +1,40 @@
-"""Failure classes: infrastructure noise is told apart from model capability before anything is trained.
+"""Failure classes: infrastructure noise told apart from model capability before anything is trained.
 
-Exit 137 is a SIGKILL (the OOM killer or a memory limit), 124 is ``timeout(1)``'s code; sandbox start-up and
-network errors are matched in the output. Infrastructure failures are masked, never trained as negatives.
+Classified by *where* the failure happened, from exit statuses and signals the system observes itself, never
+from text the agent controls (an agent's program can print "MemoryError" or "Could not resolve host"; reading
+that as infrastructure would let it turn its failures into masked samples):
+
+- the agent's process killed by SIGKILL (exit 137) from outside: the OOM killer or the orchestrator, infra;
+- the agent's process ended by ``timeout(1)`` (exit 124): the execution's time ran out, graded as is;
+- the grader's sandbox failing to start or copy: infra (``sandbox``);
+- the grader running past its time limit, or its processes exceeding the sandbox's memory: the agent's code
+  under test hung or exhausted memory (``agent-timeout``, ``agent-oom``), scored 0;
+- the grader killed by a SIGKILL the sandbox did not send: the system's OOM killer, infra (``oom``);
+- failures the runtime reports itself (a network outage, an engine fault, an infrastructure-side tool timeout)
+  arrive as a class from it, not from the agent's output.
 """
 
 from __future__ import annotations
 
-import re
-
 from opengyre.events import FailureClass
 
-__all__ = ["INFRA_CLASSES", "TRANSIENT_CLASSES", "classify_failure"]
+__all__ = ["AGENT_CLASSES", "INFRA_CLASSES", "REPORTABLE_CLASSES", "TRANSIENT_CLASSES", "classify_failure"]
 
 # No valid learning signal at all: the execution is replaced by nothing (masked).
 INFRA_CLASSES: frozenset[FailureClass] = frozenset({"oom", "sandbox", "engine"})
-# Recoverable hiccups (a tool call timed out, the network stalled): filtered, behind a circuit breaker.
+# Recoverable hiccups (an infrastructure-side tool call timed out, the network stalled): filtered, behind a
+# circuit breaker.
 TRANSIENT_CLASSES: frozenset[FailureClass] = frozenset({"timeout", "network"})
-
-_NETWORK = re.compile(
-    r"(connection (refused|reset|timed out)|temporary failure in name resolution|network is unreachable|"
-    r"could not resolve host|name or service not known|no route to host)",
-    re.IGNORECASE,
-)
-_SANDBOX = re.compile(
-    r"(sandbox (unavailable|failed|error)|failed to start (container|sandbox)|env(ironment)? (init|reset) failed|"
-    r"no such container|cannot connect to the docker daemon)",
-    re.IGNORECASE,
-)
-_OOM = re.compile(r"(out of memory|oom-?kill|cannot allocate memory|memoryerror)", re.IGNORECASE)
+# The agent's own code hung or exhausted memory while graded: a real failure, scored 0 and trained.
+AGENT_CLASSES: frozenset[FailureClass] = frozenset({"agent-timeout", "agent-oom"})
+# What the runtime that ran the agent may report it observed (``score_execution(failure=...)``).
+REPORTABLE_CLASSES: frozenset[FailureClass] = INFRA_CLASSES | TRANSIENT_CLASSES
 
 
-def classify_failure(exit_code: int | None, output: str = "") -> FailureClass | None:
-    """The failure class of a process outcome, or None when nothing points at infrastructure."""
-    if exit_code == 137 or _OOM.search(output):
-        return "oom"
-    if exit_code == 124:
-        return "timeout"
-    if _SANDBOX.search(output):
-        return "sandbox"
-    if _NETWORK.search(output):
-        return "network"
-    return None
+def classify_failure(exit_code: int | None) -> FailureClass | None:
+    """The failure class of how the agent's process ended, or None when nothing points at infrastructure.
+
+    137 is a SIGKILL the agent's process did not send itself in any normal run (the OOM killer, an orchestrator
+    reclaiming the machine). 124 is the execution's own time limit (``timeout(1)``): not a failure class, the
+    execution is graded as timed out."""
+    return "oom" if exit_code == 137 else None

@@ -17,6 +17,7 @@ from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 from ._admission import AdmissionPolicy
 from ._cost import sample_cost
 from ._evaluator import HarborVerifier
+from ._failures import REPORTABLE_CLASSES
 from ._sampling import PathSampler
 from ._scoring import score_execution
 from ._store import TrainerStore
@@ -187,6 +188,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         assert row is not None
         if row["status"] != "running":
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"{request.execution_id} already finished")
+        failure = request.failure_class or None
+        if failure is not None and failure not in REPORTABLE_CLASSES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"failure_class must be one of {', '.join(sorted(REPORTABLE_CLASSES))}, got {failure!r}",
+            )
         fin: ExecutionFinished = await asyncio.to_thread(
             score_execution,
             request.execution_id,
@@ -196,6 +203,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             timed_out=request.timed_out,
             exit_code=request.exit_code if request.has_exit_code else None,
             output=request.output,
+            failure=failure,  # type: ignore[arg-type]  # checked against REPORTABLE_CLASSES above
         )
         appended = await self._ctx.log.append(fin)
         return trainer_pb2.ScoreExecutionReply(

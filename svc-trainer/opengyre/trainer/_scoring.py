@@ -1,18 +1,19 @@
 """From the end of an execution to its ``ExecutionFinished`` event.
 
 Reward never comes from duration, trajectory length or termination status: a timed-out execution is graded
-like a completed one (partial work gets its real score). An execution that died of infrastructure (OOM, a
-sandbox or network failure) is not graded at all: it is recorded as such and masked downstream.
+like a completed one (partial work gets its real score). An execution that died of infrastructure (its process
+SIGKILLed from outside, or a failure the runtime reports: the sandbox, the engine) is not graded at all: it is
+recorded as such and masked downstream. What the agent printed never decides a class (see ``_failures``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from opengyre.events import ExecutionFinished
+from opengyre.events import ExecutionFinished, FailureClass
 
 from ._evaluator import Evaluator
-from ._failures import INFRA_CLASSES, TRANSIENT_CLASSES, classify_failure
+from ._failures import AGENT_CLASSES, INFRA_CLASSES, REPORTABLE_CLASSES, TRANSIENT_CLASSES, classify_failure
 
 __all__ = ["score_execution"]
 
@@ -26,9 +27,15 @@ def score_execution(
     timed_out: bool = False,
     exit_code: int | None = None,
     output: str = "",
+    failure: FailureClass | None = None,
 ) -> ExecutionFinished:
-    """Grade one finished execution. ``exit_code``/``output`` describe how the agent process ended."""
-    cls = None if timed_out else classify_failure(exit_code, output)
+    """Grade one finished execution. ``exit_code`` is how the agent process ended (124, ``timeout(1)``'s code, is
+    the execution's time limit); ``failure`` a failure the runtime that ran it observed itself (network, sandbox,
+    engine, an infrastructure-side timeout); ``output`` its output tail, kept as detail only."""
+    if failure is not None and failure not in REPORTABLE_CLASSES:
+        raise ValueError(f"a runtime reports one of {sorted(REPORTABLE_CLASSES)}, not {failure!r}")
+    timed_out = timed_out or exit_code == 124
+    cls = failure or (None if timed_out else classify_failure(exit_code))
     if cls in INFRA_CLASSES:
         return ExecutionFinished(
             execution_id=execution_id,
@@ -41,17 +48,20 @@ def score_execution(
     if not ev.valid:
         return ExecutionFinished(
             execution_id=execution_id,
-            status="evaluator-failed",
+            # The grader's own failure: infrastructure (masked) or the evaluator (excluded), never the agent's.
+            status="infra-failed" if ev.failure_class in INFRA_CLASSES else "evaluator-failed",
             failure_class=ev.failure_class or "evaluator",
             exit_code=ev.exit_code,
             detail=ev.detail[-2000:],
         )
+    # The agent's code hung or ran out of memory while graded (scored 0), or a transient hiccup of the run
+    # that admission may filter; otherwise no class.
+    agent = ev.failure_class if ev.failure_class in AGENT_CLASSES else None
     return ExecutionFinished(
         execution_id=execution_id,
         status="timed-out" if timed_out else "completed",
         score=ev.score,
-        # A transient hiccup (a tool timeout, a network stall) travels along: admission may filter it.
-        failure_class=cls if cls in TRANSIENT_CLASSES else None,
+        failure_class=agent or (cls if cls in TRANSIENT_CLASSES else None),
         exit_code=exit_code,
-        detail=ev.detail,
+        detail=ev.detail[-2000:],
     )

@@ -196,15 +196,29 @@ def score_command(
     workspace: Annotated[Path, typer.Option(help="The execution's preserved workspace")],
     timed_out: Annotated[bool, typer.Option(help="The execution hit its time limit (it is still graded)")] = False,
     exit_code: Annotated[int | None, typer.Option(help="How the agent process ended")] = None,
+    failure: Annotated[
+        str | None, typer.Option(help="A failure the runtime observed itself: oom, sandbox, engine, timeout, network")
+    ] = None,
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
     dry_run: Annotated[bool, typer.Option(help="Print the outcome without recording it")] = False,
 ) -> None:
     """Grade a finished execution on its preserved workspace and record ExecutionFinished."""
     from ._evaluator import HarborVerifier
+    from ._failures import REPORTABLE_CLASSES
     from ._scoring import score_execution
 
-    fin = score_execution(execution_id, HarborVerifier(), task, workspace, timed_out=timed_out, exit_code=exit_code)
+    if failure is not None and failure not in REPORTABLE_CLASSES:
+        raise typer.BadParameter(f"--failure must be one of {', '.join(sorted(REPORTABLE_CLASSES))}")
+    fin = score_execution(
+        execution_id,
+        HarborVerifier(),
+        task,
+        workspace,
+        timed_out=timed_out,
+        exit_code=exit_code,
+        failure=failure,  # type: ignore[arg-type]  # checked against REPORTABLE_CLASSES above
+    )
     console.print(
         f"{execution_id}: {fin.status} score={fin.score} failure={fin.failure_class or '-'} {fin.detail[:200]}"
     )
