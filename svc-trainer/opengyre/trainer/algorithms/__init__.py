@@ -6,7 +6,7 @@ from .._advantages import group_advantages
 from ._base import Algorithm, LossInputs, LossOutput, masked_sum, per_sequence
 from ._grpo import GRPO
 from ._gspo import GSPO
-from ._importance import token_tis
+from ._importance import behaviour_ratio, mis_keep, mismatch_metrics, token_tis
 from ._kl import k3
 from ._sft import SFT
 
@@ -18,10 +18,13 @@ __all__ = [
     "Algorithm",
     "LossInputs",
     "LossOutput",
+    "behaviour_ratio",
     "get_algorithm",
     "group_advantages",
     "k3",
     "masked_sum",
+    "mis_keep",
+    "mismatch_metrics",
     "per_sequence",
     "token_tis",
 ]
