@@ -34,6 +34,7 @@ def samples(rows: int, seq: int, seed: int) -> list[TrainingSample]:
                 behaviour_logprobs=tuple(-rng.random() * 3 if m else 0.0 for m in targets),
                 advantage=rng.uniform(-1, 1),
                 token_weight=1.0 / (rows * sum(targets)),
+                temperatures=(1.0,) * seq,
             )
         )
     return out

@@ -30,6 +30,7 @@ def calls(execution_id: str, seed: int, version: str = "default") -> list[ModelC
             output_logprobs=[-rng.uniform(0.5, 6.0) for _ in range(no)],
             role=role,  # type: ignore[arg-type]
             weight_version=version,
+            temperature=1.0,
         )
 
     return [

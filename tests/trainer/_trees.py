@@ -16,7 +16,7 @@ def node(
     version: str = "default",
 ) -> Node:
     lps = tuple(-0.1 * (i + 1) for i in range(len(out)))
-    return Node(call_id, parent, prefix_len, tuple(delta), tuple(out), lps, role, version)
+    return Node(call_id, parent, prefix_len, tuple(delta), tuple(out), lps, role, version, temperature=1.0)
 
 
 def branching_tree(execution_id: str = "x") -> TrajectoryTree:

@@ -46,6 +46,6 @@ async def test_sft_then_rl_then_inspect(
     steps = og("train", "steps", *common)
     assert steps.returncode == 0 and "default-s1" in steps.stdout, steps.stdout + steps.stderr
     preview = og("train", "preview", "g-e0", *common, "--max-paths", "2")
-    assert preview.returncode == 0 and "2/3 paths" in preview.stdout, preview.stdout + preview.stderr
+    assert preview.returncode == 0 and "2/4 paths" in preview.stdout, preview.stdout + preview.stderr
     missing = og("train", "preview", "nope", *common)
     assert missing.returncode != 0 and "no recorded calls" in missing.stdout

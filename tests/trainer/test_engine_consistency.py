@@ -4,6 +4,7 @@ tokens equal the trainer's, bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.trainer import Learner, PathSampler, execution_samples, pack_samples, reload_engines, write_checkpoint
 from opengyre.trainer.algorithms import GRPO
 from opengyre.trainer.backends import build_backend
+from opengyre.trajectory import Node, TrajectoryTree
 
 from .test_backends import random_tree
 
@@ -58,3 +60,35 @@ async def test_engine_reloads_published_weights_and_agrees(tmp_path: Path, backe
     else:
         # Megatron's layers are other code over the same weights: equal up to float summation order.
         torch.testing.assert_close(served, ours, rtol=0, atol=1e-5)
+
+
+async def test_engine_logprobs_at_temperature_07_equal_the_trainers(tmp_path: Path) -> None:
+    """The engine records logprobs after temperature; the trainer computes them at the call's temperature too."""
+    backend = build_backend("torch", model_config("tiny"), seed=11)
+    ckpt = write_checkpoint(backend, tmp_path, "run", 1)
+    prompt = list(range(40, 64))
+    async with EngineServer(EngineConfig(preset="tiny", seed=0)) as srv:
+        [reload] = await reload_engines([srv.url], ckpt)
+        assert reload.success, reload.message
+        async with httpx.AsyncClient(timeout=60) as client:
+            r = await client.post(
+                srv.url + "/generate",
+                json={
+                    "input_ids": prompt,
+                    "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 3},
+                },
+            )
+        r.raise_for_status()
+    out = r.json()["meta_info"]["output_token_logprobs"]
+    ids, lps = [int(e[1]) for e in out], [float(e[0]) for e in out]
+    tree = TrajectoryTree("e", [Node("c", None, 0, tuple(prompt), tuple(ids), tuple(lps), temperature=0.7)])
+    [mb] = pack_samples(execution_samples("e", PathSampler(1).sample(tree, random.Random(0)), 1.0), 10_000)
+    assert mb.n_targets == len(ids)
+    engine = torch.tensor(lps, dtype=torch.float32)
+    with torch.no_grad():
+        ours = backend.token_logprobs(mb)[mb.mask]
+        at_one = backend.token_logprobs(dataclasses.replace(mb, temperatures=None))[mb.mask]
+    # Decoding runs with a KV cache, the trainer over the whole sequence: equal up to float summation order.
+    torch.testing.assert_close(ours, engine, rtol=0, atol=1e-5)
+    assert float((at_one - engine).abs().max()) > 0.05  # at T = 1 both the ratio and the gradient were biased

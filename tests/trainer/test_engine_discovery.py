@@ -8,10 +8,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import msgspec
 from sqlalchemy import Engine, select
 
 from opengyre.eventlog import EventLog
-from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.events import CellRegistered, CellRoleChanged, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
@@ -105,3 +106,70 @@ async def test_an_engine_answering_odd_json_is_reported_not_raised(tmp_path: Pat
         server.server_close()
         thread.join()
     assert reload.url == url and not reload.success
+
+
+def _from(events: list, engine_id: str) -> list:  # type: ignore[type-arg]
+    """The events with every recorded call stamped as served by ``engine_id``."""
+    return [msgspec.structs.replace(e, engine_id=engine_id) if isinstance(e, ModelCallRecorded) else e for e in events]
+
+
+async def test_calls_from_an_engine_that_failed_to_load_are_not_trained(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    runner = ProjectionRunner(TrainerProjection(), event_log, engine)
+    async with (
+        EngineServer(EngineConfig(preset="tiny")) as ok,
+        EngineServer(EngineConfig(preset="small")) as other,  # another model: it refuses the trainer's weights
+        folding(runner),
+    ):
+        await event_log.append_many(
+            [
+                CellRegistered(cell_id="c-ok", role="rollout", engine_url=ok.url),
+                CellRegistered(cell_id="c-bad", role="rollout", engine_url=other.url),
+                *_from(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]), "c-ok"),
+            ]
+        )
+        await runner.wait_caught_up(60)
+        cfg = TrainerConfig(
+            model="tiny", algorithm="grpo", group_size=2, lr=1e-3, checkpoint_dir=tmp_path, engine_reload_attempts=3
+        )
+        trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
+        first = await trainer.step_once()
+        assert first is not None
+        refused = {r.url: r for r in first.reloads}[other.url]
+        assert not refused.success and refused.refused and refused.attempts == 1  # a refusal is not retried
+        state = trainer.engines[other.url]
+        assert state.failed_version == "default-s1" and state.serving == "default"
+        assert trainer.engines[ok.url].serving == "default-s1"
+        # After the failure: one group served by the engine that failed, one by the one that loaded.
+        await event_log.append_many(
+            [
+                *_from(group("g2", [("completed", 1.0, None), ("completed", 0.0, None)], seed=2), "c-bad"),
+                *_from(group("g3", [("completed", 0.0, None), ("completed", 1.0, None)], seed=3), "c-ok,c-bad"),
+                *_from(group("g4", [("completed", 0.5, None), ("completed", 1.0, None)], seed=4), "c-ok"),
+            ]
+        )
+        await runner.wait_caught_up(60)
+        trainer.config.groups_per_step = 3
+        second = await trainer.step_once()
+    assert second is not None
+    assert second.completed.dropped == {
+        "g2-e0": "excluded:engine-load-failed:c-bad",
+        "g2-e1": "excluded:engine-load-failed:c-bad",
+        "g3-e0": "excluded:engine-load-failed:c-bad",  # rerouted through it
+        "g3-e1": "excluded:engine-load-failed:c-bad",
+    }
+    assert sorted(second.completed.execution_ids) == ["g4-e0", "g4-e1"]
+    m = second.completed.metrics
+    assert (m["engines"], m["engines_current"], m["engines_failed"]) == (2.0, 1.0, 1.0)
+
+
+async def test_a_reload_that_does_not_get_through_is_retried(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    ckpt = PublishedCheckpoint("v1", 1, tmp_path, "")
+    [r] = await reload_engines([url], ckpt, attempts=3, backoff_s=0.01)
+    assert not r.success and not r.refused and r.attempts == 3

@@ -19,6 +19,7 @@ from opengyre.trainer import (
     TrainerProjection,
     TrainerStore,
     export_checkpoint,
+    loss_normaliser,
     pack_samples,
 )
 from opengyre.trainer.backends import build_backend
@@ -65,11 +66,15 @@ async def test_failures_never_reach_the_loss_and_nothing_trains_twice(
         "g1-e6": "excluded:corrupt-trajectory:execution g1-e6 has no recorded calls",
     }
     assert {s.execution_id for s in report.prepared.samples} == {"g1-e0", "g1-e1", "g1-e2"}
-    assert sum(s.token_weight * s.n_targets for s in report.prepared.samples) == pytest.approx(1.0)
+    # execution-mean: each execution's targets weigh 1 in all, the step divides by the 3 trained executions
+    assert sum(s.token_weight * s.n_targets for s in report.prepared.samples) == pytest.approx(3.0)
+    assert loss_normaliser(report.prepared.samples, "execution-mean") == 3.0
     assert report.completed.metrics["reward_mean"] == pytest.approx(0.5)
-    # the live cost of bounded sampling: 3 trained executions x 3 leaves each, J = 5 draws them all here
+    # the live cost of bounded sampling: 3 trained executions x 4 path ends each (3 leaves, and c1, whose output
+    # the summary c3 forked inside), J = 5 draws them all here: every generated token is a target once
     m = report.completed.metrics
-    assert (m["paths"], m["leaves"]) == (9.0, 9.0) and m["forward_tokens"] == m["all_paths_forward_tokens"] > 0
+    assert (m["paths"], m["leaves"]) == (12.0, 12.0) and m["forward_tokens"] == m["all_paths_forward_tokens"] > 0
+    assert m["targets"] == m["generated_tokens"] == 3 * 30
     assert report.published is not None and report.checkpoint is not None
     assert report.published.weight_version == "default-s1" and Path(report.published.uri).is_dir()
     assert store.ready_groups(6) == []
@@ -116,7 +121,7 @@ async def test_staleness_from_version_stamps_and_corrupt_trajectories(
     for name in ("s1", "s2"):  # the run's published checkpoints: a new trainer resumes from the latest
         export_checkpoint(build_backend("torch", model_config("tiny"), seed=7), tmp_path / name, f"default-{name}")
     store = TrainerStore(engine)
-    trainer = OnlineTrainer(config(tmp_path, group_size=3), store, event_log)
+    trainer = OnlineTrainer(config(tmp_path, group_size=3, max_staleness=2), store, event_log)
     assert trainer.resumed_from == "default-s2"
     resumed = load_checkpoint(tmp_path / "s2")[0].state_dict()
     assert all(torch.equal(v, resumed[k]) for k, v in trainer.backend.hf_state_dict().items())
@@ -132,7 +137,7 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
 ) -> None:
     import asyncio
 
-    from opengyre.trainer import Learner
+    from opengyre.trainer import Learner, MiniBatch
     from opengyre.trainer.algorithms import GRPO
 
     runner = ProjectionRunner(TrainerProjection(), event_log, engine)
@@ -141,7 +146,7 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     try:
         await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
         await runner.wait_caught_up(60)
-        cfg = config(tmp_path, group_size=2, groups_per_step=2, streaming=True, satellites=1)
+        cfg = config(tmp_path, group_size=2, groups_per_step=2, streaming=True, satellites=1, mini_batches=1)
         trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
         initial = trainer.backend.hf_state_dict()
         step = asyncio.create_task(trainer.step_once(poll_s=0.05))
@@ -154,16 +159,16 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
         await fold
     assert report is not None and report.result is not None
     assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1", "g2-e0", "g2-e1"]
-    # each group carries half of the step's loss, whatever its number of paths
-    by_group = {"g1": 0.0, "g2": 0.0}
+    # each execution weighs the same, whatever its number of paths (the batch step's rule): 1 each, over 4
+    by_execution = dict.fromkeys(report.completed.execution_ids, 0.0)
     for s in report.prepared.samples:
-        by_group[s.execution_id[:2]] += s.token_weight * s.n_targets
-    assert by_group == {"g1": pytest.approx(0.5), "g2": pytest.approx(0.5)}
+        by_execution[s.execution_id] += s.token_weight * s.n_targets
+    assert by_execution == dict.fromkeys(by_execution, pytest.approx(1.0))
     assert report.result.micro_steps >= 2  # at least one micro-batch per group, claimed by core or satellite
     assert trainer.satellites[0].joined_digest  # the satellite joined the step with the core's weights
     # the same update as one worker over the same samples from the same weights
     ref_backend = build_backend("torch", model_config("tiny"), initial)
-    ref = Learner(ref_backend, GRPO(), lr=1e-3).step(pack_samples(report.prepared.samples, 128))
+    ref = Learner(ref_backend, GRPO(), lr=1e-3).step([MiniBatch(pack_samples(report.prepared.samples, 128), 4.0)])
     assert report.result.loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
     got, want = trainer.backend.hf_state_dict(), ref_backend.hf_state_dict()
     for k in want:
@@ -193,7 +198,8 @@ async def test_kl_to_the_starting_policy_is_wired_in(event_log: EventLog, engine
         await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
         await event_log.append_many(group("g2", [("completed", 0.2, None), ("completed", 0.9, None)], seed=2))
         await runner.wait_caught_up(60)
-        cfg = config(tmp_path, group_size=2, algorithm_params={"kl_beta": 0.5})
+        # one update per step: the first step's KL is measured before the policy moves
+        cfg = config(tmp_path, group_size=2, algorithm_params={"kl_beta": 0.5}, mini_batches=1)
         trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
         assert trainer.learner.reference is not None and trainer.learner.reference.parameters() == []
         first = await trainer.step_once()
@@ -204,13 +210,19 @@ async def test_kl_to_the_starting_policy_is_wired_in(event_log: EventLog, engine
 
 
 async def test_long_negative_executions_are_masked(event_log: EventLog, engine: Engine, tmp_path: Path) -> None:
-    await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
+    await event_log.append_many(
+        group("g1", [("completed", 1.0, None), ("completed", 0.0, None), ("completed", 0.5, None)])
+    )
     await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
-    cfg = config(tmp_path, group_size=2, max_negative_tokens=10)  # each tree generated 30 tokens
+    cfg = config(tmp_path, group_size=3, max_negative_tokens=10)  # each tree generated 30 tokens
     report = await OnlineTrainer(cfg, TrainerStore(engine), event_log).step_once()
     assert report is not None
-    assert report.completed.execution_ids == ["g1-e0"]
+    # g1-e1 is below the group's mean: masked; the baseline is then over the two members trained
+    assert report.completed.execution_ids == ["g1-e0", "g1-e2"]
     assert report.completed.dropped == {"g1-e1": "masked:long-negative:30"}
+    advantages = {s.execution_id: s.advantage for s in report.prepared.samples}
+    assert advantages["g1-e0"] > 0 > advantages["g1-e2"]
+    assert advantages["g1-e0"] + advantages["g1-e2"] == pytest.approx(0.0)
 
 
 async def test_a_token_past_the_vocabulary_is_a_corrupt_trajectory_not_a_failed_step(
@@ -291,5 +303,6 @@ async def test_a_step_with_non_finite_gradients_leaves_the_weights_and_says_so(
     stored = [s async for s in event_log.read(1) if s.type_name == "training-step-completed"]
     [event] = [event_log.decode(s) for s in stored]  # decodes: no NaN became a JSON null
     assert isinstance(event, TrainingStepCompleted)
-    assert event.metrics["update_skipped"] == 1.0 and "grad_norm" not in event.metrics
+    # two executions: two mini-batches, each update skipped
+    assert event.metrics["update_skipped"] == 2.0 and "grad_norm" not in event.metrics
     assert sorted(event.execution_ids) == ["g1-e0", "g1-e1"]  # consumed once, not retried forever

@@ -19,6 +19,7 @@ def sample(n: int, eid: str = "e", **kw: object) -> TrainingSample:
         behaviour_logprobs=tuple(-0.1 * i if i >= n // 2 else 0.0 for i in range(n)),
         advantage=0.5,
         token_weight=0.01,
+        temperatures=(1.0,) * n,
     )
     base.update(kw)
     return TrainingSample(**base)  # type: ignore[arg-type]

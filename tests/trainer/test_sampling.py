@@ -7,7 +7,9 @@ from collections import Counter
 
 import pytest
 
-from opengyre.trainer import PathSampler, execution_samples
+from opengyre.trainer import PathSampler, execution_samples, sample_cost
+from opengyre.trainer._sampling import path_ends
+from opengyre.trajectory import TrajectoryTree
 
 from ._trees import branching_tree, node, positions
 
@@ -106,3 +108,19 @@ def test_bounds_and_once_only_on_synthetic_agentic_trees(seed: int) -> None:
         if j is None:
             generated = {(c, i) for c, n in t.nodes.items() for i in range(len(n.output_ids))}
             assert set(owners) == generated
+
+
+def test_a_child_forked_inside_its_parents_output_leaves_no_token_untrainable() -> None:
+    # r generated 10 11 12 13; c was prompted with r's prompt and only 10 11 of that output (a rewrite that cut
+    # it), then generated 20 21. No leaf's path holds 12 13: r's own path must be a candidate.
+    t = TrajectoryTree("ex")
+    t.add(node("r", None, 0, [1, 2, 3], [10, 11, 12, 13]))
+    t.add(node("c", "r", 5, [4], [20, 21]))
+    assert t.leaves() == ["c"] and path_ends(t) == ["r", "c"]
+    for seed in range(5):
+        drawn = PathSampler(None).sample(t, random.Random(seed))
+        owners = Counter(d.path.owners[i] for d in drawn for i in positions(d.targets))
+        generated = {(c, i) for c, n in t.nodes.items() for i in range(len(n.output_ids))}
+        assert set(owners) == generated and set(owners.values()) == {1}
+    cost = sample_cost(t, PathSampler(1).sample(t, random.Random(0)))
+    assert cost.generated_tokens == 6 and cost.target_tokens < 6  # a bounded draw says what it left out

@@ -63,7 +63,9 @@ async def test_trainer_service_end_to_end(
             assert len(prev.paths) == 1 and prev.paths[0].role == "main"
             full = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-1))
             assert full.target_tokens == full.generated_tokens  # every generated token once
-            assert len(full.paths) == full.tree_leaves == 3 and full.forward_tokens == full.all_paths_forward_tokens
+            # 3 leaves and c1, which the summary forked inside: 4 path ends, every generated token on one
+            assert len(full.paths) == full.tree_leaves == 4 and full.forward_tokens == full.all_paths_forward_tokens
+            assert full.generated_tokens == 30
             assert prev.forward_tokens < full.forward_tokens and prev.target_tokens < full.target_tokens
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-3))

@@ -137,6 +137,7 @@ def test_merged_parts_of_a_step_average_staleness_over_tokens() -> None:
             advantage=1.0,
             token_weight=0.1,
             weight_versions=("", *[version] * n),
+            temperatures=(1.0,) * (n + 1),
         )
 
     steps, step = {"v1": 1, "v5": 5}, 7

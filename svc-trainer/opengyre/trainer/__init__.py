@@ -16,6 +16,8 @@ if TYPE_CHECKING:
         AdmissionPolicy,
         ExecutionOutcome,
         GroupAdmission,
+        GroupInput,
+        StepAdmission,
         classify_outcome,
     )
     from ._config import (
@@ -35,13 +37,18 @@ if TYPE_CHECKING:
         read_reward,
     )
     from ._failures import (
+        AGENT_CLASSES,
         INFRA_CLASSES,
+        REPORTABLE_CLASSES,
         TRANSIENT_CLASSES,
         classify_failure,
     )
     from ._loop import (
         OnlineTrainer,
         StepReport,
+    )
+    from ._minibatch import (
+        plan_minibatches,
     )
     from ._packing import (
         PAD_ID,
@@ -66,15 +73,21 @@ if TYPE_CHECKING:
         write_checkpoint,
     )
     from ._samples import (
+        LOSS_AGGREGATIONS,
         SampleError,
         TrainingSample,
         execution_samples,
+        execution_weight,
+        loss_normaliser,
     )
     from ._sampling import (
         ROLE_PRIORITY,
         PathSampler,
         SampledPath,
         unmasked_trainable,
+    )
+    from ._schedule import (
+        lr_at,
     )
     from ._scoring import (
         score_execution,
@@ -92,6 +105,8 @@ if TYPE_CHECKING:
     from ._step import (
         Learner,
         MicroResult,
+        MiniBatch,
+        Proximal,
         StepResult,
     )
     from ._store import (
@@ -111,6 +126,17 @@ if TYPE_CHECKING:
     )
 
 _WHERE: dict[str, str] = {
+    "AGENT_CLASSES": "._failures",
+    "REPORTABLE_CLASSES": "._failures",
+    "GroupInput": "._admission",
+    "StepAdmission": "._admission",
+    "MiniBatch": "._step",
+    "Proximal": "._step",
+    "plan_minibatches": "._minibatch",
+    "loss_normaliser": "._samples",
+    "execution_weight": "._samples",
+    "LOSS_AGGREGATIONS": "._samples",
+    "lr_at": "._schedule",
     "TreeShape": "._synthetic",
     "agentic_tree": "._synthetic",
     "Admission": "._admission",
@@ -174,8 +200,11 @@ _WHERE: dict[str, str] = {
 }
 
 __all__ = [
+    "AGENT_CLASSES",
     "INFRA_CLASSES",
+    "LOSS_AGGREGATIONS",
     "PAD_ID",
+    "REPORTABLE_CLASSES",
     "ROLE_PRIORITY",
     "TRANSIENT_CLASSES",
     "Admission",
@@ -185,14 +214,17 @@ __all__ = [
     "Evaluator",
     "ExecutionOutcome",
     "GroupAdmission",
+    "GroupInput",
     "HarborVerifier",
     "Learner",
     "MicroBatch",
     "MicroResult",
     "MicroStepBuffer",
+    "MiniBatch",
     "OnlineTrainer",
     "PathSampler",
     "PreparedStep",
+    "Proximal",
     "PublishedCheckpoint",
     "ReadyGroup",
     "RewardFileEmptyError",
@@ -203,6 +235,7 @@ __all__ = [
     "SampledPath",
     "Satellite",
     "Staleness",
+    "StepAdmission",
     "StepReport",
     "StepResult",
     "StreamingStep",
@@ -217,10 +250,14 @@ __all__ = [
     "classify_outcome",
     "engine_versions",
     "execution_samples",
+    "execution_weight",
     "export_checkpoint",
     "golden_from_task",
     "golden_tree",
+    "loss_normaliser",
+    "lr_at",
     "pack_samples",
+    "plan_minibatches",
     "prepare_step",
     "read_reward",
     "reload_engines",

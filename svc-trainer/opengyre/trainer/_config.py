@@ -22,20 +22,45 @@ class TrainerConfig:
     groups_per_step: int = 1
     micro_batch_tokens: int = 4096
     packed: bool = False  # several samples per row (block-diagonal attention); pays with varlen attention kernels
+    # PPO: the step's executions split into this many mini-batches, one optimizer update each, ``ppo_epochs``
+    # times over; every update clips against the step-start (proximal) logprobs (decoupled PPO).
+    mini_batches: int = 4
+    ppo_epochs: int = 1
+    # The loss weighting rule (see ``_samples``): execution-mean | token-mean | constant (Dr. GRPO, with
+    # ``loss_norm_tokens`` the constant length).
+    loss_aggregation: str = "execution-mean"
+    loss_norm_tokens: int | None = None
     lr: float = 1e-5
+    lr_warmup_steps: int = 0  # linear warmup from 0 over these steps
+    lr_schedule: str = "constant"  # after warmup: constant | linear | cosine, down to lr * lr_min_ratio
+    lr_decay_steps: int | None = None  # the step the decay reaches its floor (needed by linear and cosine)
+    lr_min_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0
-    breaker_ratio: float = 0.5
+    breaker_ratio: float = 0.5  # of the step's samples: once this share is dropped, transient ones are kept
     normalize_std: bool = True
-    max_staleness: int | None = None  # executions staler than this are filtered (None: keep all)
+    # Executions staler than this are filtered (None: keep all). 1 is the scheduler's default bound (phi = 1,
+    # QwenGyre's operating point): a rollout may run one step ahead of the weights it was sampled with.
+    max_staleness: int | None = 1
     positive_only: bool = False  # train on positive-advantage executions only (an early-stage curriculum)
     max_negative_tokens: int | None = None  # mask failures longer than this many generated tokens
+    # DAPO: mask executions with a call cut at the engine's length limit; soft overlong punishment of the reward
+    # over the last ``overlong_buffer_tokens`` before ``overlong_max_tokens`` generated tokens.
+    overlong_filter: bool = False
+    overlong_max_tokens: int | None = None
+    overlong_buffer_tokens: int = 0
+    # DAPO dynamic sampling: a step waits for ``groups_per_step`` groups with a learning signal (groups without
+    # one are consumed with it), looking at most at ``dynamic_sampling_max_groups`` ready groups.
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_groups: int = 0  # 0: 10 x groups_per_step
     seed: int = 0
     checkpoint_dir: Path = Path(".opengyre/checkpoints")
     init_checkpoint: Path | None = None  # start from these weights (e.g. an SFT warm start)
     engines: list[str] = field(default_factory=list)  # engine base URLs to hot-reload after each step
     discover_engines: bool = True  # also reload the engines of cells in the rollout role (from cell events)
     engine_sync_s: float = 10.0  # while idle, bring engines serving an older version up to date this often
+    engine_reload_attempts: int = 3  # a failed reload is retried this many times (with backoff) right away
+    metrics_port: int | None = None  # serve Prometheus /metrics of the steps on this port (0: any free port)
     # Streaming: start a step as soon as one group is ready and feed micro-batches while the others arrive;
     # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads.
     streaming: bool = False
@@ -59,6 +84,32 @@ class TrainerConfig:
             raise ValueError("group_size, groups_per_step must be >= 1 and micro_batch_tokens >= 2")
         if self.lr <= 0:
             raise ValueError("lr must be > 0")
+        if self.mini_batches < 1 or self.ppo_epochs < 1:
+            raise ValueError("mini_batches and ppo_epochs must be >= 1")
+        if self.streaming and self.mini_batches != 1:
+            raise ValueError(
+                "a streaming step updates once all its data is in: set mini_batches = 1 (ppo_epochs may be > 1)"
+            )
+        from ._samples import LOSS_AGGREGATIONS
+
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}")
+        if self.loss_aggregation == "constant" and (self.loss_norm_tokens is None or self.loss_norm_tokens < 1):
+            raise ValueError("loss_aggregation = constant needs loss_norm_tokens >= 1 (Dr. GRPO's constant length)")
+        if self.lr_warmup_steps < 0 or not 0.0 <= self.lr_min_ratio <= 1.0:
+            raise ValueError("lr_warmup_steps must be >= 0 and lr_min_ratio in [0, 1]")
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
+        if self.lr_schedule != "constant" and (
+            self.lr_decay_steps is None or self.lr_decay_steps <= self.lr_warmup_steps
+        ):
+            raise ValueError("a decaying lr_schedule needs lr_decay_steps > lr_warmup_steps")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0 or None")
+        if self.overlong_max_tokens is not None and not 0 <= self.overlong_buffer_tokens <= self.overlong_max_tokens:
+            raise ValueError("overlong_buffer_tokens must be in [0, overlong_max_tokens]")
+        if self.dynamic_sampling_max_groups < 0 or self.engine_reload_attempts < 1:
+            raise ValueError("dynamic_sampling_max_groups must be >= 0 and engine_reload_attempts >= 1")
         if self.tp < 1 or self.pp < 1 or (self.tp * self.pp > 1 and self.backend != "megatron"):
             raise ValueError("tp and pp must be >= 1, and above 1 only with the megatron backend")
         if self.satellites < 0 or (self.satellites and not self.streaming):

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from opengyre.trajectory import TrajectoryTree
 
-from ._sampling import SampledPath, trainable_owners
+from ._sampling import SampledPath, path_ends, trainable_owners
 
 __all__ = ["SampleCost", "sample_cost"]
 
 
 @dataclass(frozen=True)
 class SampleCost:
-    leaves: int
+    leaves: int  # path ends: leaves, and nodes a child forked inside
     paths: int  # drawn
     generated_tokens: int  # distinct trainable policy tokens in the tree
     target_tokens: int  # targets in the drawn paths (each shared token once)
@@ -23,7 +23,7 @@ class SampleCost:
 
 
 def sample_cost(tree: TrajectoryTree, drawn: Sequence[SampledPath]) -> SampleCost:
-    all_paths = [tree.path_sequence(leaf) for leaf in tree.leaves()]
+    all_paths = [tree.path_sequence(end) for end in path_ends(tree)]
     generated = {o for p in all_paths for _, o in trainable_owners(p)}
     return SampleCost(
         leaves=len(all_paths),

@@ -63,7 +63,7 @@ def optimizer_file(rank: int) -> str:
 
 def follow(config: TrainerConfig) -> int:
     """The loop of a rank other than 0; returns the number of steps it took part in."""
-    from ._loop import build_learner, make_backend
+    from ._loop import build_learner, make_backend, restore_rng, rng_state
 
     rank, _ = rank_and_size()
     kind, resume = hear()
@@ -74,15 +74,18 @@ def follow(config: TrainerConfig) -> int:
     if resume and (Path(resume) / optimizer_file(rank)).exists():
         state = torch.load(Path(resume) / optimizer_file(rank), weights_only=True)
         learner.optimizer.load_state_dict(state["optimizer"])
+        restore_rng(state.get("rng"))
     steps = 0
     while True:
         kind, arg = hear()
         if kind == "step":
-            learner.step(arg)
+            minibatches, epochs, lr = arg
+            learner.set_lr(lr)
+            learner.step(minibatches, epochs)
             steps += 1
         elif kind == "checkpoint":
             backend.hf_state_dict()  # the collective gather rank 0's export runs at the same time
-            state = {"backend": backend.name, "optimizer": learner.optimizer.state_dict()}
+            state = {"backend": backend.name, "optimizer": learner.optimizer.state_dict(), "rng": rng_state()}
             torch.save(state, Path(arg) / optimizer_file(rank))
         elif kind == "stop":
             return steps

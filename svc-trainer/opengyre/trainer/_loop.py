@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from opengyre.models import checkpoint_info, load_checkpoint, model_config
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
 from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
+from ._metrics import StepMetrics
+from ._minibatch import plan_minibatches
 from ._packing import MicroBatch, pack_samples
 from ._prepare import PreparedStep, prepare_step
 from ._publish import (
@@ -34,19 +37,37 @@ from ._publish import (
     checkpoint_path,
     engine_versions,
     reload_engines,
+    weight_version,
     write_checkpoint,
 )
-from ._samples import TrainingSample
+from ._samples import LossAggregation, TrainingSample, loss_normaliser
 from ._sampling import PathSampler
-from ._step import Learner, StepResult
+from ._schedule import lr_at
+from ._step import Learner, MiniBatch, StepResult
 from ._store import ReadyGroup, TrainerStore
 from ._streaming import MicroStepBuffer, Satellite, streaming_step
 from .algorithms import get_algorithm
 from .backends import Backend, build_backend
 
-__all__ = ["OnlineTrainer", "StepReport", "build_learner", "make_backend"]
+__all__ = ["EngineState", "OnlineTrainer", "StepReport", "build_learner", "make_backend"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineState:
+    """What the trainer knows of one engine: the version it serves, and a load it failed.
+
+    An engine that failed to load a version is in a state the trainer cannot vouch for (an engine without the
+    CPU engine's verify-before-load may be half loaded): the calls it took part in after the failure are not
+    trained, until it loads a version again. Calls are matched to engines through the scheduler's cells (the
+    proxy names a cell's engine by the cell id)."""
+
+    url: str
+    serving: str | None = None  # the version it said it serves (its reload answer, or /model_info)
+    failed_version: str | None = None
+    failed_after_seq: int | None = None  # the log's end when the failure was seen
+    message: str = ""
 
 
 @dataclass
@@ -80,6 +101,19 @@ def build_learner(config: TrainerConfig, backend: Backend, reference: Backend | 
         reference=reference,
         data_parallel=data_parallel_for(backend, config),
     )
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's random generators (torch's, Python's): anything drawing from them continues after a resume
+    exactly as it would have (the trainer's own draws are seeded by run, step and execution)."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def restore_rng(state: dict[str, Any] | None) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
 
 
 def step_event_id(run_id: str, step: int, what: str) -> str:
@@ -151,11 +185,15 @@ class OnlineTrainer:
             state = torch.load(resume_dir / optimizer_file(0), weights_only=True)
             if state.get("backend") == self.backend.name:
                 self.learner.optimizer.load_state_dict(state["optimizer"])
+            restore_rng(state.get("rng"))
         self.policy = AdmissionPolicy(
             group_size=config.group_size,
             breaker_ratio=config.breaker_ratio,
             normalize_std=config.normalize_std,
             positive_only=config.positive_only,
+            max_negative_tokens=config.max_negative_tokens,
+            overlong_max_tokens=config.overlong_max_tokens,
+            overlong_buffer_tokens=config.overlong_buffer_tokens,
         )
         self.sampler = PathSampler(config.max_paths)
         self.satellites = [
@@ -165,6 +203,8 @@ class OnlineTrainer:
         self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
         self.step_no = store.last_step(config.run_id)
         self._pending: set[str] = set()  # consumed by our steps, not yet folded by the projection
+        self.engines: dict[str, EngineState] = {}
+        self.metrics = StepMetrics()
 
     def ready(self) -> list[ReadyGroup]:
         groups = self.store.ready_groups(self.config.group_size)
@@ -174,46 +214,105 @@ class OnlineTrainer:
         self._pending.clear()  # the projection has caught up with everything we consumed
         return fresh
 
-    def prepare(self, groups: list[ReadyGroup], step_share: float = 1.0) -> PreparedStep:
+    @property
+    def aggregation(self) -> LossAggregation:
+        return self.config.loss_aggregation  # type: ignore[return-value]  # validated by TrainerConfig
+
+    def untrusted(self, execution_ids: list[str]) -> dict[str, str]:
+        """Executions with a call from an engine after it failed to load a version: execution -> reason."""
+        by_url = self.store.engine_ids()
+        since = {
+            cell: st.failed_after_seq
+            for url, st in self.engines.items()
+            if st.failed_after_seq is not None
+            for cell in by_url.get(url, [])
+        }
+        failed = self.store.served_after(execution_ids, since)
+        return {e: f"engine-load-failed:{engine}" for e, engine in failed.items()}
+
+    def prepare(self, groups: list[ReadyGroup], prior: tuple[int, int] = (0, 0)) -> PreparedStep:
         ids = [o.execution_id for g in groups for o in g.outcomes]
         return prepare_step(
             self.step_no + 1,
             groups,
-            step_share=step_share,
             policy=self.policy,
             sampler=self.sampler,
             load_tree=self.store.tree,
             corrupt=self.store.corrupt(ids),
+            untrusted=self.untrusted(ids),
             version_steps=self.store.version_steps(self.config.run_id),
             seed=self.config.seed,
             max_staleness=self.config.max_staleness,
-            max_negative_tokens=self.config.max_negative_tokens,
             vocab_size=int(self.backend.config.vocab_size),
+            aggregation=self.aggregation,
+            overlong_filter=self.config.overlong_filter,
+            prior=prior,
         )
 
+    def lr(self, step: int) -> float:
+        c = self.config
+        return lr_at(
+            step, c.lr, warmup=c.lr_warmup_steps, schedule=c.lr_schedule, decay_steps=c.lr_decay_steps,
+            min_ratio=c.lr_min_ratio,
+        )  # fmt: skip
+
+    def pick(self, groups: list[ReadyGroup]) -> list[ReadyGroup] | None:
+        """The step's groups from the ready ones (oldest first), or None to wait for more.
+
+        With dynamic sampling (DAPO) the step waits until ``groups_per_step`` of them have a learning signal;
+        the groups without one that came before are consumed with it (recorded as no-signal). It looks at most
+        at ``dynamic_sampling_max_groups`` groups, then trains on what it has."""
+        want = self.config.groups_per_step
+        if not self.config.dynamic_sampling:
+            return groups[:want] if len(groups) >= want else None
+        cap = self.config.dynamic_sampling_max_groups or 10 * want
+        chosen: list[ReadyGroup] = []
+        signal = 0
+        for g in groups[:cap]:
+            chosen.append(g)
+            adm = self.policy.admit(g.group_id, g.outcomes, g.size or None)
+            signal += bool(adm.trained())
+            if signal == want:
+                return chosen
+        return chosen if len(chosen) >= cap else None
+
+    def plan(self, samples: list[TrainingSample], step: int) -> list[MiniBatch]:
+        c = self.config
+        return plan_minibatches(
+            samples, mini_batches=c.mini_batches, aggregation=self.aggregation, norm_tokens=c.loss_norm_tokens,
+            micro_batch_tokens=c.micro_batch_tokens, packed=c.packed, seed=c.seed, step=step,
+        )  # fmt: skip
+
     async def _batch_step(self) -> tuple[PreparedStep, StepResult | None] | None:
-        groups = await asyncio.to_thread(self.ready)
-        if len(groups) < self.config.groups_per_step:
+        chosen = self.pick(await asyncio.to_thread(self.ready))
+        if chosen is None:
             return None
-        prepared = await asyncio.to_thread(self.prepare, groups[: self.config.groups_per_step])
+        prepared = await asyncio.to_thread(self.prepare, chosen)
         if not prepared.samples:
             return prepared, None
-        mbs = self._pack(prepared.samples)
+        minibatches = self.plan(prepared.samples, prepared.step)
+        lr = self.lr(prepared.step)
         if self.world > 1:
-            tell("step", mbs)  # every rank runs the same micro-batches through its shard of the model
-        return prepared, await asyncio.to_thread(self.learner.step, mbs)
+            # every rank runs the same updates over the same micro-batches through its shard of the model
+            tell("step", (minibatches, self.config.ppo_epochs, lr))
+        self.learner.set_lr(lr)
+        return prepared, await asyncio.to_thread(self.learner.step, minibatches, self.config.ppo_epochs)
 
     async def _streaming_step(self, poll_s: float) -> tuple[PreparedStep, StepResult | None] | None:
         """Start on the first ready group; micro-batches stream to the core (and satellites) while the
-        remaining groups of the step finish. Weights stay fixed until every micro-batch is in."""
+        remaining groups of the step finish. Weights stay fixed until every micro-batch is in; the loss
+        normaliser of the whole step divides the gradients before the update (the batch step's rule)."""
         first = await asyncio.to_thread(self.ready)
         if not first:
             return None
-        per_group = 1.0 / self.config.groups_per_step
         buffer = MicroStepBuffer()
-        worker = asyncio.create_task(asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites))
+        self.learner.set_lr(self.lr(self.step_no + 1))
+        worker = asyncio.create_task(
+            asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites, epochs=self.config.ppo_epochs)
+        )
         prepared: PreparedStep | None = None
         used: set[str] = set()
+        normaliser = 1.0
         try:
             while len(used) < self.config.groups_per_step:
                 fresh = [g for g in await asyncio.to_thread(self.ready) if g.group_id not in used]
@@ -224,15 +323,18 @@ class OnlineTrainer:
                     continue
                 group = fresh[0]
                 used.add(group.group_id)
-                part = await asyncio.to_thread(self.prepare, [group], per_group)
+                prior = (prepared.step_samples, prepared.step_dropped) if prepared is not None else (0, 0)
+                part = await asyncio.to_thread(self.prepare, [group], prior)
                 for mb in self._pack(part.samples):
                     buffer.put(mb)
                 if prepared is None:
                     prepared = part
                 else:
                     prepared.merge(part)
+            if prepared is not None and prepared.samples:
+                normaliser = loss_normaliser(prepared.samples, self.aggregation, self.config.loss_norm_tokens)
         finally:
-            buffer.close()
+            buffer.close(normaliser)
             result = await worker
         assert prepared is not None
         return prepared, (result if result.micro_steps else None)
@@ -253,23 +355,33 @@ class OnlineTrainer:
         prepared, result = out
         step = prepared.step
         ckpt: PublishedCheckpoint | None = None
-        skipped = result is not None and not math.isfinite(result.grad_norm)  # Learner.apply left the weights
+        skipped = result is not None and result.updates == 0  # every update had a non-finite gradient norm
         if result is not None and not skipped:
             ckpt = await asyncio.to_thread(self._checkpoint, step)
         metrics = dict(result.metrics) if result else {}
         if result is not None:
-            metrics.update(grad_norm=result.grad_norm, targets=float(result.n_targets), micro_steps=result.micro_steps)
-        if skipped:
-            log.warning("step %d: non-finite gradient norm, update skipped", step)
-            metrics["update_skipped"] = 1.0
+            metrics.update(
+                grad_norm=result.grad_norm, targets=float(result.n_targets), micro_steps=result.micro_steps,
+                updates=float(result.updates), lr=self.learner.optimizer.param_groups[0]["lr"],
+            )  # fmt: skip
+            if result.skipped_updates:
+                log.warning(
+                    "step %d: %d update(s) with a non-finite gradient norm skipped", step, result.skipped_updates
+                )
+                metrics["update_skipped"] = float(result.skipped_updates)
         if prepared.reward_mean is not None:
             metrics["reward_mean"] = prepared.reward_mean
-        metrics["breaker_trips"] = float(sum(g.breaker_tripped for g in prepared.groups))
+        # The step's circuit breaker: whether it tripped, what it kept, the share of the step dropped.
+        metrics.update(self.engine_metrics())  # as the step started: after the previous step's reloads
+        metrics["breaker_trips"] = float(prepared.breaker_tripped)
+        metrics["breaker_kept"] = float(prepared.breaker_kept)
+        metrics["dropped_fraction"] = prepared.step_dropped / prepared.step_samples if prepared.step_samples else 0.0
         metrics.update(
             paths=float(prepared.paths),
             leaves=float(prepared.leaves),
             forward_tokens=float(prepared.forward_tokens),
             all_paths_forward_tokens=float(prepared.all_paths_forward_tokens),
+            generated_tokens=float(prepared.generated_tokens),
         )
         metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # JSON has no NaN: null would not decode
         completed = TrainingStepCompleted(
@@ -297,14 +409,39 @@ class OnlineTrainer:
             await self.log.append(completed)
             if published is not None:
                 await self.log.append(published)
+        self.metrics.observe(completed)
         self._pending |= set(prepared.trained) | set(prepared.dropped)
         self.step_no = step
         urls = await asyncio.to_thread(self.engine_urls)
-        reloads = await reload_engines(urls, ckpt) if ckpt and urls else []
-        for r in reloads:
-            if not r.success:
-                log.warning("engine %s did not reload %s: %s", r.url, ckpt.weight_version if ckpt else "", r.message)
+        reloads: list[EngineReload] = []
+        if ckpt and urls:
+            reloads = await reload_engines(urls, ckpt, attempts=self.config.engine_reload_attempts)
+            await self._track(reloads, ckpt.weight_version)
         return StepReport(prepared, result, ckpt, completed, published, reloads)
+
+    async def _track(self, reloads: list[EngineReload], version: str) -> None:
+        """Which engine serves which version; a failed load marks the engine's later calls untrusted."""
+        failed = [r for r in reloads if not r.success]
+        served = await engine_versions([r.url for r in failed]) if failed else {}
+        end = await self.log.last_seq() if failed and self.log is not None else 0
+        for r in reloads:
+            st = self.engines.setdefault(r.url, EngineState(r.url))
+            if r.success:
+                st.serving, st.failed_version, st.failed_after_seq, st.message = version, None, None, ""
+                continue
+            log.warning("engine %s did not load %s (%d attempts): %s", r.url, version, r.attempts, r.message)
+            st.serving, st.failed_version, st.message = served.get(r.url), version, r.message
+            if st.failed_after_seq is None:
+                st.failed_after_seq = end
+
+    def engine_metrics(self) -> dict[str, float]:
+        latest = weight_version(self.config.run_id, self.step_no) if self.step_no else None
+        states = list(self.engines.values())
+        return {
+            "engines": float(len(states)),
+            "engines_current": float(sum(1 for s in states if latest is not None and s.serving == latest)),
+            "engines_failed": float(sum(1 for s in states if s.failed_version is not None)),
+        }
 
     def _pack(self, samples: list[TrainingSample]) -> list[MicroBatch]:
         return pack_samples(samples, self.config.micro_batch_tokens, packed=self.config.packed) if samples else []
@@ -315,13 +452,21 @@ class OnlineTrainer:
             path.mkdir(parents=True, exist_ok=True)
             tell("checkpoint", str(path))  # the weight export below gathers from every rank
         ckpt = write_checkpoint(self.backend, self.config.checkpoint_dir, self.config.run_id, step)
-        # Optimizer moments beside the weights: a restart resumes the run exactly (same backend only).
-        state = {"backend": self.backend.name, "optimizer": self.learner.optimizer.state_dict()}
+        # Optimizer moments and RNG state beside the weights: a restart resumes the run exactly (same backend only).
+        state = {"backend": self.backend.name, "optimizer": self.learner.optimizer.state_dict(), "rng": rng_state()}
         torch.save(state, ckpt.path / optimizer_file(0))
         return ckpt
 
+    def serve_metrics(self, port: int | None = None) -> int:
+        """Serve Prometheus ``/metrics`` on ``port`` (default: the config's ``metrics_port``); returns the port."""
+        chosen = self.config.metrics_port if port is None else port
+        if chosen is None:
+            raise ValueError("no metrics_port configured")
+        return self.metrics.serve(chosen)
+
     def close(self) -> None:
-        """Release the followers of a model-parallel run (they return from ``follow``)."""
+        """Release the followers of a model-parallel run (they return from ``follow``) and the metrics server."""
+        self.metrics.close()
         if self.world > 1:
             tell("stop")
             self.world = 1
@@ -338,9 +483,15 @@ class OnlineTrainer:
         if latest is None or not urls:
             return []
         served = await engine_versions(urls)
+        for u, v in served.items():
+            self.engines.setdefault(u, EngineState(u)).serving = v
         stale = [u for u, v in served.items() if v is not None and v != latest.weight_version]
         ckpt = PublishedCheckpoint(latest.weight_version, latest.step, Path(latest.uri), latest.digest)
-        return await reload_engines(stale, ckpt) if stale else []
+        if not stale:
+            return []
+        reloads = await reload_engines(stale, ckpt, attempts=self.config.engine_reload_attempts)
+        await self._track(reloads, ckpt.weight_version)
+        return reloads
 
     async def run(self, stop: asyncio.Event, *, max_steps: int | None = None, poll_s: float = 0.5) -> int:
         self.stop = stop

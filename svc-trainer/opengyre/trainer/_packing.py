@@ -31,6 +31,8 @@ class MicroBatch:
     lengths: torch.Tensor  # [B] real tokens per row
     execution_ids: tuple[str, ...]
     position_ids: torch.Tensor | None = None  # [B, T] for packed rows (restarting per sample); None: 0..T-1
+    # [B, T-1]: the sampling temperature of each column's predicted token (1 off-target); None: 1 everywhere
+    temperatures: torch.Tensor | None = None
 
     def segments(self) -> torch.Tensor:
         """[B, T] sample index of every position (each padding run counts as one more sample)."""
@@ -81,6 +83,7 @@ def _to_batch(rows: Sequence[Sequence[TrainingSample]], *, packed: bool) -> Micr
     beh = torch.zeros((b, t - 1), dtype=torch.float32)
     w = torch.zeros((b, t - 1), dtype=torch.float32)
     adv = torch.zeros((b, t - 1), dtype=torch.float32)
+    temp = torch.ones((b, t - 1), dtype=torch.float32)
     lengths = []
     for i, row in enumerate(rows):
         at = 0
@@ -94,6 +97,11 @@ def _to_batch(rows: Sequence[Sequence[TrainingSample]], *, packed: bool) -> Micr
             beh[i, at : at + n - 1] = torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32)
             w[i, at : at + n - 1] = torch.where(tg, torch.tensor(s.token_weight, dtype=torch.float32), 0.0)
             adv[i, at : at + n - 1] = s.advantage
+            # Off-target columns (context, tokens another path trains) are never read: 1 keeps them finite.
+            temp[i, at : at + n - 1] = torch.tensor(
+                [t if (t is not None and m) else 1.0 for t, m in zip(s.temperatures[1:], s.targets[1:], strict=True)],
+                dtype=torch.float32,
+            )
             at += n
         pos[i, at:] = torch.arange(t - at)  # the padding run is one more (ignored) sample
         lengths.append(at)
@@ -106,6 +114,7 @@ def _to_batch(rows: Sequence[Sequence[TrainingSample]], *, packed: bool) -> Micr
         lengths=torch.tensor(lengths, dtype=torch.long),
         execution_ids=tuple(s.execution_id for row in rows for s in row),
         position_ids=pos if packed else None,
+        temperatures=temp,
     )
 
 

@@ -1,8 +1,10 @@
-"""From ready groups to one step's samples: admission, corruption checks, bounded sampling, weights.
+"""From ready groups to one step's samples: checks, admission, bounded sampling, weights.
 
 Everything a step consumes is accounted for: trained executions, and dropped ones with the reason
 (``masked:...``, ``excluded:...``, ``filtered:...``, ``no-signal:...``), so nothing is silently lost or
-trained twice.
+trained twice. The order matters: every execution that could train is first checked (its trajectory, its
+tokens, its temperature, its staleness) and sampled; then admission decides over the whole step (the breaker
+counts every drop) and computes each group's baseline over the members that are actually trained.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from dataclasses import dataclass, field
 
 from opengyre.trajectory import TrajectoryError, TrajectoryTree
 
-from ._admission import AdmissionPolicy, GroupAdmission
+from ._admission import AdmissionPolicy, Decision, GroupAdmission, GroupInput, classify_outcome
 from ._cost import SampleCost, sample_cost
-from ._samples import SampleError, TrainingSample, execution_samples
-from ._sampling import PathSampler, SampledPath
+from ._samples import LossAggregation, SampleError, TrainingSample, execution_samples, execution_weight
+from ._sampling import PathSampler
 from ._staleness import staleness
 from ._store import ReadyGroup
 
@@ -39,6 +41,12 @@ class PreparedStep:
     leaves: int = 0
     forward_tokens: int = 0
     all_paths_forward_tokens: int = 0
+    generated_tokens: int = 0  # tokens the trained executions generated (``targets`` of them were trained)
+    # The step's circuit breaker: its samples, how many were dropped, and the transient ones it kept.
+    step_samples: int = 0
+    step_dropped: int = 0
+    breaker_tripped: bool = False
+    breaker_kept: int = 0
 
     def merge(self, other: PreparedStep) -> None:
         """Fold another part of the same step in (streaming prepares one group at a time)."""
@@ -56,10 +64,23 @@ class PreparedStep:
         self.leaves += other.leaves
         self.forward_tokens += other.forward_tokens
         self.all_paths_forward_tokens += other.all_paths_forward_tokens
+        self.generated_tokens += other.generated_tokens
+        self.step_samples += other.step_samples
+        self.step_dropped += other.step_dropped
+        self.breaker_tripped = self.breaker_tripped or other.breaker_tripped
+        self.breaker_kept += other.breaker_kept
 
     @property
     def reward_mean(self) -> float | None:
         return sum(self.rewards.values()) / len(self.rewards) if self.rewards else None
+
+
+@dataclass
+class _Checked:
+    paths: int
+    samples: list[TrainingSample]
+    cost: SampleCost
+    generated: int
 
 
 def prepare_step(
@@ -71,86 +92,110 @@ def prepare_step(
     load_tree: Callable[[str], TrajectoryTree],
     corrupt: Mapping[str, str],
     version_steps: Mapping[str, int],
+    untrusted: Mapping[str, str] | None = None,
     seed: int = 0,
     max_staleness: int | None = None,
-    step_share: float = 1.0,
-    max_negative_tokens: int | None = None,
     vocab_size: int | None = None,
+    aggregation: LossAggregation = "execution-mean",
+    overlong_filter: bool = False,
+    prior: tuple[int, int] = (0, 0),
 ) -> PreparedStep:
-    """``step_share``: the part of the step's loss these groups carry (1 when they are the whole step; a
-    streaming step prepares group by group, each with ``1 / groups_per_step``). ``max_negative_tokens``: mask
-    negative-advantage executions that generated more tokens than this (a few extremely long failures would
-    otherwise dominate the update). ``vocab_size``: the model's; a trajectory holding a token id past it is
-    corrupt (the projection cannot know the model, and the embedding would fail the whole step)."""
+    """``vocab_size``: the model's; a trajectory holding a token id past it is corrupt (the projection cannot
+    know the model, and the embedding would fail the whole step). ``overlong_filter``: mask executions with a
+    call the engine cut at its length limit (DAPO's overlong filtering). ``prior``: (samples, dropped) of the
+    step's groups prepared before these (a streaming step prepares group by group). Token weights follow
+    ``aggregation`` unnormalised; ``loss_normaliser`` divides each update (see ``_samples``). ``untrusted``:
+    executions the trainer cannot vouch for (a call from an engine after it failed to load), with why."""
+    untrusted = untrusted or {}
     out = PreparedStep(step=step)
-    drawn: dict[str, tuple[list[SampledPath], float]] = {}
-    costs: dict[str, SampleCost] = {}
+    dropped: dict[str, tuple[Decision, str]] = {}
+    checked: dict[str, _Checked] = {}
     for g in groups:
-        adm = policy.admit(g.group_id, g.outcomes, g.size or None)
-        out.groups.append(adm)
+        for o in g.outcomes:
+            if classify_outcome(o)[0] in ("ok", "transient"):
+                if o.execution_id in untrusted:
+                    dropped[o.execution_id] = ("excluded", untrusted[o.execution_id])
+                    continue
+                verdict = _check(
+                    o.execution_id, step, sampler, load_tree, corrupt, seed, vocab_size, overlong_filter, aggregation
+                )
+                if isinstance(verdict, tuple):
+                    dropped[o.execution_id] = verdict
+                else:
+                    checked[o.execution_id] = verdict
+    if max_staleness is not None:
+        lags = staleness([s for c in checked.values() for s in c.samples], version_steps, step).per_execution
+        for eid, lag in lags.items():
+            if lag > max_staleness:
+                dropped[eid] = ("filtered", f"stale:{lag}")
+                del checked[eid]
+    admitted = policy.admit_step(
+        [GroupInput(g.group_id, g.outcomes, g.size or None) for g in groups],
+        dropped,
+        {e: c.generated for e, c in checked.items()},
+        prior=prior,
+    )
+    out.groups = list(admitted.groups)
+    out.step_samples, out.step_dropped = admitted.samples, admitted.dropped
+    out.breaker_tripped, out.breaker_kept = admitted.breaker_tripped, admitted.breaker_kept
+    for adm in admitted.groups:
         for a in adm.admissions:
             if a.decision != "train":
                 out.dropped[a.execution_id] = f"{a.decision}:{a.reason}"
                 continue
-            if a.execution_id in corrupt:
-                out.dropped[a.execution_id] = f"excluded:rejected:{corrupt[a.execution_id]}"
-                continue
-            try:
-                tree = load_tree(a.execution_id)
-            except TrajectoryError as exc:
-                out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:{str(exc)[:40]}"
-                continue
-            if vocab_size is not None and (top := _largest_token(tree)) >= vocab_size:
-                out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:token {top} past the vocabulary"
-                continue
-            if max_negative_tokens is not None and a.advantage < 0:
-                generated = sum(len(n.output_ids) for n in tree.nodes.values())
-                if generated > max_negative_tokens:
-                    out.dropped[a.execution_id] = f"masked:long-negative:{generated}"
-                    continue
-            # A per-execution stream: the draw does not depend on which other executions share the step.
-            rng = random.Random(f"{seed}:{step}:{a.execution_id}")
-            paths = sampler.sample(tree, rng)
-            if not any(p.n_targets for p in paths):
-                out.dropped[a.execution_id] = "excluded:no-generated-tokens"
-                continue
-            drawn[a.execution_id] = (paths, a.advantage)
-            costs[a.execution_id] = sample_cost(tree, paths)
+            c = checked[a.execution_id]
+            out.samples += [dataclasses.replace(s, advantage=a.advantage) for s in c.samples]
+            out.trained.append(a.execution_id)
             if a.score is not None:
                 out.rewards[a.execution_id] = a.score
-    built: dict[str, list[TrainingSample]] = {}
-    for eid, (paths, adv) in drawn.items():
-        try:
-            built[eid] = execution_samples(eid, paths, adv, 1.0)
-        except SampleError as exc:
-            out.dropped[eid] = f"excluded:corrupt-sample:{str(exc)[:40]}"
-            out.rewards.pop(eid, None)
-    # Each execution that made it carries the same share: the step's token weights sum to ``step_share``.
-    share = step_share / len(built) if built else 0.0
-    for eid, samples in built.items():
-        out.samples += [_rescale(x, share) for x in samples]
-        out.trained.append(eid)
+            out.paths += c.cost.paths
+            out.leaves += c.cost.leaves
+            out.forward_tokens += c.cost.forward_tokens
+            out.all_paths_forward_tokens += c.cost.all_paths_forward_tokens
+            out.generated_tokens += c.generated
     st = staleness(out.samples, version_steps, step)
-    if max_staleness is not None:
-        stale = {e for e, lag in st.per_execution.items() if lag > max_staleness}
-        if stale:
-            for e in stale:
-                out.dropped[e] = f"filtered:stale:{st.per_execution[e]}"
-                out.rewards.pop(e, None)
-            out.trained = [e for e in out.trained if e not in stale]
-            kept = [s for s in out.samples if s.execution_id not in stale]
-            # Re-share the loss among the executions left, so the step's weights still sum to 1.
-            scale = (len(out.trained) + len(stale)) / len(out.trained) if out.trained else 0.0
-            out.samples = [_rescale(s, scale) for s in kept]
-            st = staleness(out.samples, version_steps, step)
     out.staleness_mean, out.staleness_max = st.mean, st.max
-    for eid in out.trained:
-        c = costs[eid]
-        out.paths += c.paths
-        out.leaves += c.leaves
-        out.forward_tokens += c.forward_tokens
-        out.all_paths_forward_tokens += c.all_paths_forward_tokens
     return out
+
+
+def _check(
+    eid: str,
+    step: int,
+    sampler: PathSampler,
+    load_tree: Callable[[str], TrajectoryTree],
+    corrupt: Mapping[str, str],
+    seed: int,
+    vocab_size: int | None,
+    overlong_filter: bool,
+    aggregation: LossAggregation,
+) -> _Checked | tuple[Decision, str]:
+    """An execution's samples (advantage still 0), or why it cannot train."""
+    if eid in corrupt:
+        return "excluded", f"rejected:{corrupt[eid]}"
+    try:
+        tree = load_tree(eid)
+    except TrajectoryError as exc:
+        return "excluded", f"corrupt-trajectory:{str(exc)[:40]}"
+    if vocab_size is not None and (top := _largest_token(tree)) >= vocab_size:
+        return "excluded", f"corrupt-trajectory:token {top} past the vocabulary"
+    nodes = tree.nodes.values()
+    if any(n.output_ids and n.temperature is None for n in nodes):
+        # The logprobs the engine recorded are at the sampling temperature; without it the trainer's cannot
+        # be made comparable, and assuming 1 would bias both the importance ratio and the gradient.
+        return "excluded", "unknown-temperature"
+    if overlong_filter and any(n.finish_reason == "length" for n in nodes):
+        return "masked", "overlong"
+    # A per-execution stream: the draw does not depend on which other executions share the step.
+    paths = sampler.sample(tree, random.Random(f"{seed}:{step}:{eid}"))
+    n_targets = sum(p.n_targets for p in paths)
+    if not n_targets:
+        return "excluded", "no-generated-tokens"
+    try:
+        samples = execution_samples(eid, paths, 0.0, execution_weight(aggregation, n_targets))
+    except SampleError as exc:
+        return "excluded", f"corrupt-sample:{str(exc)[:40]}"
+    generated = sum(len(n.output_ids) for n in nodes)
+    return _Checked(len(paths), samples, sample_cost(tree, paths), generated)
 
 
 def _stamped_targets(samples: Sequence[TrainingSample]) -> int:
@@ -160,7 +205,3 @@ def _stamped_targets(samples: Sequence[TrainingSample]) -> int:
 
 def _largest_token(tree: TrajectoryTree) -> int:
     return max((max((*n.prompt_delta_ids, *n.output_ids), default=0) for n in tree.nodes.values()), default=0)
-
-
-def _rescale(s: TrainingSample, scale: float) -> TrainingSample:
-    return dataclasses.replace(s, token_weight=s.token_weight * scale)

@@ -156,6 +156,9 @@ class TrainerProjection(Projection):
                 output_logprobs=encode_floats(e.output_logprobs),
                 seq=seq,
                 weight_spans=encode_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
+                temperature=e.temperature,
+                finish_reason=e.finish_reason[:32],
+                engine_id=e.engine_id[:255],
             )
         )
         tx.execute(

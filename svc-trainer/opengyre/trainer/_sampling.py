@@ -4,6 +4,11 @@ Roles are visited in priority order (main > main-summary > sub-agent > sub-agent
 leaf is drawn with probability proportional to its *unmasked trainable tokens*: policy-generated tokens no
 earlier draw has used. After a draw the whole path is masked, so a prefix shared by several branches is a
 training target exactly once and later draws only add what is new to them.
+
+Paths end at the tree's leaves and also at every node a child forked *inside* (a retry or rewrite that
+kept only part of the parent's output): the rest of that output is in no leaf's path, so the node's own path
+is a candidate too (``path_ends``). Every generated token is then on some path; what a bounded draw leaves out
+is counted (``SampleCost.generated_tokens`` against ``target_tokens``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 from opengyre.events import TrajectoryRole
 from opengyre.trajectory import PathSequence, TrajectoryTree
 
-__all__ = ["ROLE_PRIORITY", "PathSampler", "SampledPath", "trainable_owners", "unmasked_trainable"]
+__all__ = ["ROLE_PRIORITY", "PathSampler", "SampledPath", "path_ends", "trainable_owners", "unmasked_trainable"]
 
 ROLE_PRIORITY: tuple[TrajectoryRole, ...] = ("main", "main-summary", "sub-agent", "sub-agent-summary")
 
@@ -41,6 +46,17 @@ def trainable_owners(path: PathSequence) -> list[tuple[int, Owner]]:
     return [(t, o) for t, o in enumerate(path.owners) if o is not None and t >= 1]
 
 
+def path_ends(tree: TrajectoryTree) -> list[str]:
+    """The nodes a root-to-node path may end at, in insertion order: the leaves, and every node whose tokens no
+    child's prefix covers to the end (a child forked inside its output)."""
+    out = []
+    for c in tree.nodes:
+        kids = tree.children(c)
+        if not kids or max(tree.node(k).prefix_len for k in kids) < tree.length(c):
+            out.append(c)
+    return out
+
+
 def unmasked_trainable(path: PathSequence, used: set[Owner]) -> int:
     return sum(1 for _, o in trainable_owners(path) if o not in used)
 
@@ -58,14 +74,14 @@ class PathSampler:
         """The current weight of every leaf of ``role`` (its unmasked trainable tokens), in leaf order."""
         return {
             leaf: unmasked_trainable(tree.path_sequence(leaf), used)
-            for leaf in tree.leaves()
+            for leaf in path_ends(tree)
             if tree.node(leaf).role == role
         }
 
     def sample(self, tree: TrajectoryTree, rng: random.Random) -> list[SampledPath]:
         out: list[SampledPath] = []
         used: set[Owner] = set()
-        paths = {leaf: tree.path_sequence(leaf) for leaf in tree.leaves()}
+        paths = {leaf: tree.path_sequence(leaf) for leaf in path_ends(tree)}
         # Leaves whose role is missing from the priority list come last, in leaf order.
         order = [*self.roles, *sorted({p.role for p in paths.values()} - set(self.roles))]
         for role in order:

@@ -59,6 +59,7 @@ def golden_tree(execution_id: str, messages: Sequence[Mapping[str, Any]], tokeni
                 output_ids=output,
                 output_logprobs=(0.0,) * len(output),
                 role=str(m.get("trajectory_role", "main")),  # type: ignore[arg-type]
+                temperature=1.0,  # nothing was sampled: the NLL is of the model's own distribution
             )
         )
         parent, parent_tokens = call_id, tree.tokens(call_id)

@@ -83,6 +83,8 @@ class TrainerStore:
                     role=r.role,
                     weight_version=r.weight_version,
                     weight_spans=decode_spans(r.weight_spans),
+                    temperature=r.temperature,
+                    finish_reason=r.finish_reason,
                 )
             )
         if not calls:
@@ -112,6 +114,33 @@ class TrainerStore:
     def weights(self, run_id: str = "default") -> list[Row[Any]]:
         with self.engine.connect() as c:
             return list(c.execute(select(_W).where(_W.c.run_id == run_id).order_by(_W.c.step, _W.c.seq)).all())
+
+    def served_after(self, execution_ids: list[str], since: dict[str, int]) -> dict[str, str]:
+        """Executions with a call that an engine in ``since`` (engine id -> log position) took part in after that
+        position: execution -> the engine. A rerouted call names every engine it ran on."""
+        if not since or not execution_ids:
+            return {}
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(_C.c.execution_id, _C.c.engine_id, _C.c.seq)
+                .where(_C.c.execution_id.in_(execution_ids))
+                .order_by(_C.c.seq)
+            ).all()
+        out: dict[str, str] = {}
+        for r in rows:
+            for engine in str(r.engine_id).split(","):
+                if engine in since and r.seq > since[engine] and r.execution_id not in out:
+                    out[r.execution_id] = engine
+        return out
+
+    def engine_ids(self) -> dict[str, list[str]]:
+        """Engine URL -> the cells (the proxy's engine ids for cell engines) that announced it."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(_N.c.cell_id, _N.c.engine_url).where(_N.c.engine_url.is_not(None))).all()
+        out: dict[str, list[str]] = {}
+        for r in rows:
+            out.setdefault(str(r.engine_url), []).append(str(r.cell_id))
+        return out
 
     def rollout_engines(self) -> list[str]:
         """Engine URLs of the cells now in the rollout role (they serve the policy and must follow it)."""

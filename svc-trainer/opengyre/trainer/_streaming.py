@@ -3,7 +3,12 @@
 The packing buffer hands out micro-batches one at a time; every worker claims atomically and works at its
 own pace (fast ones do more), so all finish close together. A satellite joins a running step with a
 snapshot of the core's weights; the weights are fixed while gradients accumulate, so the snapshot is exact
-and the satellites' gradients simply add to the core's before the single optimizer update.
+and the satellites' gradients simply add to the core's before the step's first update. Each worker computes
+the proximal (step-start) logprobs of what it claims before its backward pass: the weights still are the
+step-start ones. The producer closes the buffer with the loss normaliser of everything it put in (the same
+rule as a batch step, known only once the last group is in): the gradients are divided by it before the
+update, so a streamed step and a batch step over the same data give the same gradient. Further PPO epochs
+replay the stored micro-batches on the core with their proximal logprobs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._packing import MicroBatch
-from ._step import Learner, MicroResult, StepResult, accumulate
+from ._step import Learner, MicroResult, Proximal, StepResult, accumulate, proximal
 from .algorithms import Algorithm
 from .backends import Backend
 
@@ -33,6 +38,7 @@ class MicroStepBuffer:
         self._closed = False
         self.claims: dict[str, int] = {}
         self.produced = 0
+        self.normaliser = 1.0  # what the summed loss of everything put in is divided by (set by ``close``)
 
     def put(self, mb: MicroBatch) -> None:
         with self._cv:
@@ -42,8 +48,12 @@ class MicroStepBuffer:
             self.produced += 1
             self._cv.notify()
 
-    def close(self) -> None:
+    def close(self, normaliser: float = 1.0) -> None:
+        """No more micro-batches; ``normaliser`` is the step's loss normaliser over all of them."""
+        if not (normaliser > 0 and normaliser < float("inf")):
+            raise ValueError(f"a loss normaliser must be a positive number, got {normaliser}")
         with self._cv:
+            self.normaliser = normaliser
             self._closed = True
             self._cv.notify_all()
 
@@ -75,7 +85,7 @@ class Satellite:
     algorithm: Algorithm
     reference: Backend | None = None  # the frozen reference policy, when the algorithm has a KL term
     joined_digest: str = ""
-    results: list[MicroResult] = field(default_factory=list)
+    results: list[tuple[MicroBatch, Proximal, MicroResult]] = field(default_factory=list)
 
     def join(self, snapshot: Mapping[str, torch.Tensor]) -> None:
         self.backend.load_hf_state_dict(snapshot)
@@ -84,9 +94,10 @@ class Satellite:
         self.results = []
 
     def work(self, buffer: MicroStepBuffer) -> None:
-        # No optimizer of its own: the core applies the one update with everyone's gradients.
+        # No optimizer of its own: the core applies the update with everyone's gradients.
         while (mb := buffer.claim(self.name)) is not None:
-            self.results.append(accumulate(self.backend, self.algorithm, mb, self.reference))
+            prox = proximal(self.backend, mb)
+            self.results.append((mb, prox, accumulate(self.backend, self.algorithm, mb, prox, self.reference)))
 
 
 class StreamingStep:
@@ -98,10 +109,13 @@ class StreamingStep:
     gradients and applies the single update.
     """
 
-    def __init__(self, core: Learner, buffer: MicroStepBuffer, *, core_name: str = "core") -> None:
+    def __init__(self, core: Learner, buffer: MicroStepBuffer, *, core_name: str = "core", epochs: int = 1) -> None:
+        if epochs < 1:
+            raise ValueError("epochs must be >= 1")
         self.core = core
         self.buffer = buffer
         self.core_name = core_name
+        self.epochs = epochs
         self.snapshot = core.backend.hf_state_dict()
         self.digest = snapshot_digest(self.snapshot)
         core.backend.zero_grad()
@@ -131,8 +145,15 @@ class StreamingStep:
 
     def finish(self) -> StepResult:
         result = StepResult()
+        done: list[tuple[MicroBatch, Proximal]] = []
+        loss = 0.0
         while (mb := self.buffer.claim(self.core_name)) is not None:
-            result.add(self.core.accumulate(mb))
+            prox = self.core.proximal(mb)
+            r = self.core.accumulate(mb, prox)
+            result.add_proximal(prox)
+            result.add(r)
+            loss += r.loss
+            done.append((mb, prox))
         with self._lock:
             self._finished = True
             threads, satellites = list(self._threads), list(self._satellites)
@@ -145,19 +166,37 @@ class StreamingStep:
                 raise RuntimeError(f"satellite {sat.name} joined with different weights")
             if sat.results:
                 self.core.backend.add_hf_grads(sat.backend.hf_grads())
-            for r in sat.results:
+            for mb, prox, r in sat.results:
+                result.add_proximal(prox)
                 result.add(r)
-        result.grad_norm = self.core.apply()
-        result.finish()
+                loss += r.loss
+                done.append((mb, prox))
+        normaliser = self.buffer.normaliser
+        result.loss = loss / normaliser
+        result.note_update(self.core.apply(normaliser))
+        for _ in range(1, self.epochs):  # later epochs: the core alone, anchored at the step-start logprobs
+            loss = 0.0
+            for mb, prox in done:
+                r = self.core.accumulate(mb, prox)
+                result.add(r, first_epoch=False)
+                loss += r.loss
+            result.loss += loss / normaliser
+            result.note_update(self.core.apply(normaliser))
+        result.finish(self.epochs)
         return result
 
 
 def streaming_step(
-    core: Learner, buffer: MicroStepBuffer, satellites: Sequence[Satellite] = (), *, core_name: str = "core"
+    core: Learner,
+    buffer: MicroStepBuffer,
+    satellites: Sequence[Satellite] = (),
+    *,
+    core_name: str = "core",
+    epochs: int = 1,
 ) -> StepResult:
-    """One update from everything put into ``buffer`` until it is closed (by the producer, on any thread),
-    with ``satellites`` joining from the start."""
-    step = StreamingStep(core, buffer, core_name=core_name)
+    """One step from everything put into ``buffer`` until it is closed (by the producer, on any thread), with
+    ``satellites`` joining from the start; ``epochs`` updates over the same micro-batches."""
+    step = StreamingStep(core, buffer, core_name=core_name, epochs=epochs)
     for sat in satellites:
         step.join(sat)
     return step.finish()

@@ -47,7 +47,7 @@ def agentic_tree(execution_id: str, rng: random.Random, shape: TreeShape = TreeS
         out = out if out is not None else toks(shape.output)
         prefix = len(t.tokens(parent)) if parent is not None else 0
         lps = tuple(-rng.expovariate(1.5) for _ in out)
-        t.add(Node(cid, parent, prefix, delta, out, lps, role))
+        t.add(Node(cid, parent, prefix, delta, out, lps, role, temperature=1.0))
         return cid
 
     def chain(role: TrajectoryRole, turns: int, retry_p: float, first_prompt: tuple[int, ...]) -> str:

@@ -54,6 +54,10 @@ class CallRow(Base):
     seq: Mapped[int] = mapped_column(STREAM_SEQ)
     # JSON [[version, start, end], ...] when the weights changed during the call ("" when they did not)
     weight_spans: Mapped[str] = mapped_column(Text, server_default="")
+    # The sampling temperature of the recorded logprobs (None: unknown, never trained) and why the call ended.
+    temperature: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finish_reason: Mapped[str] = mapped_column(String(32), server_default="")
+    engine_id: Mapped[str] = mapped_column(String(255), server_default="")  # the proxy's engines, ","-joined
 
 
 class StepRow(Base):

@@ -134,6 +134,8 @@ def run_command(
                 tasks.append(asyncio.create_task(runner.run(stop)))
             trainer = OnlineTrainer(cfg, TrainerStore(eng), log)
             console.print(f"training run [bold]{run_id}[/] from step {trainer.step_no + 1} ({backend}, {algorithm})")
+            if cfg.metrics_port is not None:
+                console.print(f"/metrics on port {trainer.serve_metrics()}")
             try:
                 await trainer.run(stop, max_steps=steps or None)
             finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -17,6 +18,9 @@ from ._config import TrainerConfig
 from ._grpc import TrainerServicer
 from ._projection import TrainerProjection
 from ._store import TrainerStore
+
+if TYPE_CHECKING:
+    from ._loop import OnlineTrainer
 
 __all__ = ["CONFIG_FILE", "TrainerService"]
 
@@ -50,6 +54,7 @@ class TrainerService(Service):
     def __init__(self) -> None:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[int] | None = None
+        self._trainer: OnlineTrainer | None = None
 
     def projections(self) -> Sequence[Projection]:
         return [TrainerProjection()]
@@ -67,6 +72,9 @@ class TrainerService(Service):
         from ._loop import OnlineTrainer  # torch: only when this process trains
 
         trainer = await asyncio.to_thread(OnlineTrainer, config, TrainerStore(ctx.engine), ctx.log)
+        if config.metrics_port is not None:
+            log.info("trainer: /metrics on port %d", trainer.serve_metrics())
+        self._trainer = trainer
         self._stop.clear()
         self._task = asyncio.create_task(trainer.run(self._stop), name="trainer-loop")
         self._task.add_done_callback(_report_crash)
@@ -77,3 +85,6 @@ class TrainerService(Service):
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._trainer is not None:
+            self._trainer.close()
+            self._trainer = None

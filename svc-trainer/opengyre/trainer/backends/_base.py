@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -18,7 +19,16 @@ from transformers import LlamaConfig
 from .._packing import MicroBatch
 from ..algorithms import LossOutput
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "TokenStats"]
+
+
+@dataclass
+class TokenStats:
+    """The policy on a micro-batch, without gradient: per prediction column, the target's logprob and the
+    entropy of the (temperature-scaled) distribution it was drawn from. Both [B, T-1], float32."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
 
 
 class Backend(ABC):
@@ -28,6 +38,11 @@ class Backend(ABC):
     @abstractmethod
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """log p(x_{t+1} | x_<=t) for every row, shape [B, T-1], float32, differentiable."""
+
+    @abstractmethod
+    def forward_stats(self, mb: MicroBatch) -> TokenStats | None:
+        """Logprobs and entropies at the current weights, no gradient (the step-start proximal pass). None on a
+        pipeline stage that holds no logits (only the last stage computes the loss)."""
 
     @abstractmethod
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -25,7 +25,7 @@ from transformers import LlamaConfig
 
 from .._packing import MicroBatch
 from ..algorithms import LossOutput
-from ._base import Backend
+from ._base import Backend, TokenStats
 from ._mcore_weights import from_stage, hf_to_mcore, mcore_to_hf, shard_dim, stage_layers, to_stage, unshard
 
 __all__ = ["MegatronBackend", "ensure_distributed"]
@@ -192,14 +192,53 @@ class MegatronBackend(Backend):
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self.pp != 1:
             raise RuntimeError("with pipeline parallelism only forward_backward runs the model (stages exchange)")
-        return self._logprobs(self._forward(mb), mb.input_ids)
+        return self._logprobs(self._forward(mb), mb)
 
-    def _logprobs(self, logits_all: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def _scaled(self, logits_all: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         logits = logits_all[:, :-1].float()
+        if mb.temperatures is not None:  # the engine's scaling: logits / temperature (see target_logprobs)
+            logits = logits / mb.temperatures.to(logits.dtype).unsqueeze(-1)
+        return logits
+
+    def _logprobs(self, logits_all: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        logits = self._scaled(logits_all, mb)
+        targets = mb.input_ids[:, 1:]
         if self.tp == 1:
-            return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        nll: torch.Tensor = vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+            return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        nll: torch.Tensor = vocab_parallel_cross_entropy(logits.contiguous(), targets.contiguous())
         return -nll
+
+    def _entropy(self, logits_all: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        logits = self._scaled(logits_all, mb)
+        if self.tp == 1:
+            lsm = torch.log_softmax(logits, dim=-1)
+            return -(lsm.exp() * lsm).sum(-1)
+        # Vocab-sharded logits: H = log Z - sum(p * x), with the max, Z and sum(e^x * x) reduced over the shards.
+        group = parallel_state.get_tensor_model_parallel_group()
+        top = logits.max(-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        e = torch.exp(logits - top.unsqueeze(-1))
+        z, ex = e.sum(-1), (e * logits).sum(-1)
+        dist.all_reduce(z, group=group)
+        dist.all_reduce(ex, group=group)
+        return top + torch.log(z) - ex / z
+
+    def forward_stats(self, mb: MicroBatch) -> TokenStats | None:
+        with torch.no_grad():
+            if self.pp == 1:
+                out = self._forward(mb)
+                return TokenStats(self._logprobs(out, mb), self._entropy(out, mb))
+            # Forward only, through the stages: activations go forward, nothing comes back.
+            b, t = mb.input_ids.shape
+            if not self.first_stage:
+                inp = torch.empty(t, b, self.config.hidden_size, dtype=torch.float32)
+                dist.recv(inp, src=parallel_state.get_pipeline_model_parallel_prev_rank())
+                self.model.set_input_tensor(inp)
+            out = self._forward(mb)
+            if not self.last_stage:
+                dist.send(out.contiguous(), dst=parallel_state.get_pipeline_model_parallel_next_rank())
+                return None
+            return TokenStats(self._logprobs(out, mb), self._entropy(out, mb))
 
     def forward_backward(self, mb: MicroBatch, loss_fn: Callable[[torch.Tensor], LossOutput]) -> LossOutput:
         if self.pp == 1:
@@ -217,7 +256,7 @@ class MegatronBackend(Backend):
         out = self._forward(mb)
         result: tuple[float, dict[str, float]] | None = None
         if self.last_stage:
-            loss_out = loss_fn(self._logprobs(out, ids))
+            loss_out = loss_fn(self._logprobs(out, mb))
             loss_out.loss.backward()  # type: ignore[no-untyped-call]
             result = (float(loss_out.loss.detach()), loss_out.metrics)
         else:

@@ -8,10 +8,10 @@ from typing import ClassVar
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from opengyre.models import build_model, token_logprobs
+from opengyre.models import build_model, target_logprobs, token_logprobs
 
 from .._packing import MicroBatch
-from ._base import Backend
+from ._base import Backend, TokenStats
 
 __all__ = ["TorchBackend"]
 
@@ -31,7 +31,14 @@ class TorchBackend(Backend):
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         # No attention mask: padded rows need only causal attention (padding comes last); for packed rows the
         # restarting position ids make the model build a block-diagonal causal mask (one block per sample).
-        return token_logprobs(self.model, mb.input_ids, position_ids=mb.position_ids)
+        return token_logprobs(self.model, mb.input_ids, position_ids=mb.position_ids, temperature=mb.temperatures)
+
+    def forward_stats(self, mb: MicroBatch) -> TokenStats:
+        with torch.no_grad():
+            logits = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
+            lp, ent = target_logprobs(logits[:, :-1], mb.input_ids[:, 1:], mb.temperatures, entropy=True)
+        assert ent is not None
+        return TokenStats(lp, ent)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
