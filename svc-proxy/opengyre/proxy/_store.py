@@ -92,6 +92,7 @@ class CallRow(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     weight_versions: Mapped[str] = mapped_column(Text, server_default="[]")  # [[version, start, end], ...]
+    temperature: Mapped[float | None] = mapped_column(Float, nullable=True)  # of the logprobs; None: unknown
 
 
 class ExecutionRow(Base):
@@ -178,6 +179,7 @@ class TrajectoryProjection(Projection):
                 attempts=e.attempts,
                 occurred_at=e.occurred_at,
                 weight_versions=json.dumps([[w.version, w.start, w.end] for w in e.weight_versions]),
+                temperature=e.temperature,
             )
         )
         stored = len(e.prompt_delta_ids) + len(e.output_ids)

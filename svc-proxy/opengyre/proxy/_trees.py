@@ -80,6 +80,7 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
         attempts=r.attempts,
         branch=r.branch,
         weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in json.loads(r.weight_versions)],
+        temperature=r.temperature,
     )
 
 
