@@ -77,7 +77,6 @@ class PreparedStep:
 
 @dataclass
 class _Checked:
-    paths: int
     samples: list[TrainingSample]
     cost: SampleCost
     generated: int
@@ -195,7 +194,7 @@ def _check(
     except SampleError as exc:
         return "excluded", f"corrupt-sample:{str(exc)[:40]}"
     generated = sum(len(n.output_ids) for n in nodes)
-    return _Checked(len(paths), samples, sample_cost(tree, paths), generated)
+    return _Checked(samples, sample_cost(tree, paths), generated)
 
 
 def _stamped_targets(samples: Sequence[TrainingSample]) -> int:

@@ -54,9 +54,10 @@ def mismatch_metrics(trainer: torch.Tensor, behaviour: torch.Tensor, mask: torch
     (``exp(r) - r - 1``, ``r = log pi_trainer - log pi_behaviour``; unbiased and >= 0); ``mismatch_abs_diff``:
     the mean absolute logprob difference. Staleness adds the policy's own drift to both."""
     n = max(int(mask.sum()), 1)
-    zero = torch.zeros_like(trainer)
-    r = torch.where(mask, trainer - behaviour, zero).clamp(-20.0, 20.0)
-    k3 = torch.exp(r) - r - 1.0
+    zero = torch.zeros_like(trainer, dtype=torch.float64)
+    # In float64: for the tiny differences of a bit-exact engine, float32 rounding makes exp(r) - r - 1 negative.
+    r = torch.where(mask, trainer.double() - behaviour.double(), zero).clamp(-20.0, 20.0)
+    k3 = torch.expm1(r) - r
     return {
         "mismatch_kl": float(torch.where(mask, k3, zero).sum()) / n,
         "mismatch_abs_diff": float(torch.where(mask, r.abs(), zero).sum()) / n,
