@@ -9,13 +9,20 @@ checkpoint and hot-reloads the engine over ``/update_weights_from_disk``.
 Task: single-digit addition ("7+5=" -> "12"). Reward 1 for the exact sum, partial credit for a number close to
 it, 0 otherwise. SFT on golden answers first (a warm start that leaves room), then RL.
 
-    .venv/bin/python svc-trainer/bench/learning_curve.py [--model tiny] [--out docs/trainer-learning-curve.png]
+``--control``: after the SFT warm start, RL runs twice from the same weights: the treatment (``--rl-lr``) and a
+control with a learning rate of ~0 (1e-12), through the same pipeline, with the same seeded evaluation; what the
+treatment gains over the control is what RL learned, not evaluation noise or drift of the pipeline. Every RL
+step prints its rollout reward, clip fraction and engine-trainer KL (``mismatch_kl``, where the trainer reports it).
+
+    .venv/bin/python svc-trainer/bench/learning_curve.py [--model tiny] [--control] [--out docs/trainer-learning-curve.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import random
 import re
 import shutil
@@ -120,7 +127,7 @@ class Rollouts:
             "return_logprob": True,
             "sampling_params": {
                 "max_new_tokens": 4,
-                "temperature": 1.0,
+                "temperature": 1.0,  # evaluation always samples at 1, seeded: the same draws for every policy
                 "stop_token_ids": [IM_END],
                 "sampling_seed": seed,
             },
@@ -144,6 +151,7 @@ async def harness(
     members: list[tuple[str, str, tuple[int, int]]],
     tasks: dict[tuple[int, int], Path] | None,
     workspaces: Path,
+    temperature: float = 1.0,
 ) -> list[ExecutionFinished]:
     """One OpenAI chat call per execution through the proxy (its per-execution key); the reply is written to the
     execution's workspace and graded by the task's Harbor verifier in the local sandbox (or, with ``tasks``
@@ -156,7 +164,7 @@ async def harness(
         r = await client.post(
             f"{gateway.base_url(eid)}/chat/completions",
             headers={"Authorization": f"Bearer {gateway.issue_key(eid)}"},
-            json={"model": "opengyre-tiny", "messages": convo(a, b)[:1], "max_tokens": 4, "temperature": 1.0},
+            json={"model": "opengyre-tiny", "messages": convo(a, b)[:1], "max_tokens": 4, "temperature": temperature},
         )
         r.raise_for_status()
         text = r.json()["choices"][0]["message"]["content"] or ""
@@ -183,26 +191,28 @@ async def main() -> None:
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-samples", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
+    ap.add_argument("--control", action="store_true", help="also run RL with lr ~0 from the same SFT weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/trainer-learning-curve.png"))
     ap.add_argument(
         "--grader", choices=("harbor", "python"), default="harbor", help="Harbor verifier in the sandbox, or inline"
     )
+    ap.add_argument("--replot", type=Path, help="draw --out again from the figures a run saved (<out>.json)")
     args = ap.parse_args()
+    if args.replot is not None:
+        saved = json.loads(args.replot.read_text())
+        plot([tuple(x) for x in saved["curve"]], saved["train"], args, saved["elapsed"])
+        return
     rng = random.Random(args.seed)
     tok = load_tokenizer()
     work = Path(tempfile.mkdtemp(prefix="og-curve-"))
     tasks = make_tasks(work / "tasks") if args.grader == "harbor" else None
     nats = EmbeddedNats(work / "nats")
     url = nats.start()
-    log = await EventLog.connect(url, LogConfig(stream="CURVE", prefix="curve.ev", blob_bucket="CURVEB"))
-    db = create_db_engine(sqlite_url(work))
-    migrate(db)
     stop = asyncio.Event()
-    runner = ProjectionRunner(TrainerProjection(), log, db)
-    fold = asyncio.create_task(runner.run(stop))
     curve: list[tuple[str, int, float]] = []  # (phase, step, eval reward)
-    train_curve: list[tuple[int, float]] = []  # RL step -> mean rollout reward of the step
+    train: dict[str, list[dict[str, float]]] = {}  # run -> per RL step: reward, clip fraction, KL, grad norm
     t_start = time.perf_counter()
     try:
         async with EngineServer(EngineConfig(preset=args.model, seed=args.seed)) as engine:
@@ -229,89 +239,150 @@ async def main() -> None:
                 await asyncio.to_thread(sft.step, pack_samples(sft_samples(trees), 8192))
             export_checkpoint(backend, work / "sft-final", "sft-final")
 
-            # --- online RL through the event log ----------------------------------------------------------
-            cfg = TrainerConfig(
-                run_id="curve",
-                model=args.model,
-                algorithm="grpo",
-                group_size=args.group_size,
-                groups_per_step=args.groups_per_step,
-                lr=args.rl_lr,
-                micro_batch_tokens=8192,
-                init_checkpoint=work / "sft-final",
-                checkpoint_dir=work / "ckpt",
-                engines=[engine.url],
-                seed=args.seed,
-            )
-            trainer = OnlineTrainer(cfg, TrainerStore(db), log)
-            gateway = Gateway(GatewayConfig(), event_log=log)
-            await gateway.start()
-            await gateway.pool.add("e0", engine.url)
-            n = 0
-            for step in range(1, args.rl_steps + 1):
-                prompts = [rng.choice(PAIRS) for _ in range(args.groups_per_step)]
-                members = []
-                for g, p in enumerate(prompts):
-                    for _ in range(args.group_size):
-                        n += 1
-                        members.append((f"x{n}", f"s{step}-g{g}", p))
-                await log.append_many(
-                    [
-                        ExecutionDispatched(
-                            execution_id=eid, task_id=f"add-{p[0]}-{p[1]}", group_id=gid, group_size=args.group_size
-                        )
-                        for eid, gid, p in members
-                    ]
+            # --- online RL through the event log: the treatment, then the control ---------------------------
+            runs = [("rl", args.rl_lr)] + ([("control", 1e-12)] if args.control else [])
+            for run, lr in runs:
+                # Each run has its own log and store: the control never sees the treatment's executions.
+                log = await EventLog.connect(
+                    url, LogConfig(stream=f"CURVE{run.upper()}", prefix=f"curve{run}.ev", blob_bucket=f"CURVEB{run}")
                 )
-                # The harness side: each execution asks the proxy (OpenAI chat), which records the call; then the
-                # execution is graded and its outcome recorded.
-                finished = await harness(gateway, members, tasks, work / "ws")
-                await gateway.recorder.flush()
-                await log.append_many(finished)
-                results = [f.score or 0.0 for f in finished]
-                await runner.wait_caught_up(60)
-                report = await trainer.step_once()
-                # No reload when no group had a reward spread (nothing to learn from): the weights did not change.
-                assert report is not None and all(x.success for x in report.reloads)
-                train_curve.append((step, statistics.mean(results)))
-                gn = report.completed.metrics.get("grad_norm", 0.0)
-                msg = f"rl step {step:4d}: rollout reward {train_curve[-1][1]:.3f}, grad norm {gn:.4f}"
-                if step % args.eval_every == 0:
-                    curve.append(("rl", args.sft_steps + step, await evaluate()))
-                    msg += f", eval reward {curve[-1][2]:.3f}"
-                print(msg, flush=True)
-            await gateway.stop()
+                (work / run).mkdir()
+                db = create_db_engine(sqlite_url(work / run))
+                migrate(db)
+                runner = ProjectionRunner(TrainerProjection(), log, db)
+                fold = asyncio.create_task(runner.run(stop))
+                cfg = TrainerConfig(
+                    run_id=run,
+                    model=args.model,
+                    algorithm="grpo",
+                    group_size=args.group_size,
+                    groups_per_step=args.groups_per_step,
+                    lr=lr,
+                    micro_batch_tokens=8192,
+                    init_checkpoint=work / "sft-final",
+                    checkpoint_dir=work / "ckpt",
+                    engines=[engine.url],
+                    seed=args.seed,
+                )
+                trainer = OnlineTrainer(cfg, TrainerStore(db), log)
+                [rl] = await reload_engines([engine.url], ck_of(work, args, run))
+                assert rl.success, rl.message
+                gateway = Gateway(GatewayConfig(), event_log=log)
+                await gateway.start()
+                await gateway.pool.add("e0", engine.url)
+                run_rng = random.Random(args.seed + 1)  # the same prompts for the treatment and the control
+                steps: list[dict[str, float]] = []
+                for step in range(1, args.rl_steps + 1):
+                    prompts = [run_rng.choice(PAIRS) for _ in range(args.groups_per_step)]
+                    members = [
+                        (f"{run}-x{step}-{g}-{i}", f"{run}-s{step}-g{g}", p)
+                        for g, p in enumerate(prompts)
+                        for i in range(args.group_size)
+                    ]
+                    await log.append_many(
+                        [
+                            ExecutionDispatched(
+                                execution_id=eid, task_id=f"add-{p[0]}-{p[1]}", group_id=gid,
+                                group_size=args.group_size, weight_version=trainer_version(trainer),
+                            )
+                            for eid, gid, p in members
+                        ]
+                    )  # fmt: skip
+                    # The harness side: each execution asks the proxy (OpenAI chat), which records the call; then
+                    # the execution is graded and its outcome recorded.
+                    finished = await harness(gateway, members, tasks, work / "ws" / run, args.temperature)
+                    await gateway.recorder.flush()
+                    await log.append_many(finished)
+                    results = [f.score or 0.0 for f in finished]
+                    await runner.wait_caught_up(60)
+                    report = await trainer.step_once()
+                    # No reload when no group had a reward spread (nothing to learn from): the weights did not change.
+                    assert report is not None and all(x.success for x in report.reloads)
+                    m = report.completed.metrics
+                    steps.append(
+                        {
+                            "reward": statistics.mean(results),
+                            "clip_fraction": m.get("clip_fraction", float("nan")),
+                            "kl": m.get("mismatch_kl", float("nan")),
+                            "grad_norm": m.get("grad_norm", 0.0),
+                        }
+                    )
+                    msg = (
+                        f"{run} step {step:4d}: rollout reward {steps[-1]['reward']:.3f}, clip fraction "
+                        f"{steps[-1]['clip_fraction']:.4f}, engine-trainer KL {steps[-1]['kl']:.2e}, "
+                        f"grad norm {steps[-1]['grad_norm']:.4f}"
+                    )
+                    if step % args.eval_every == 0:
+                        curve.append((run, args.sft_steps + step, await evaluate()))
+                        msg += f", eval reward {curve[-1][2]:.3f}"
+                    print(msg, flush=True)
+                train[run] = steps
+                await gateway.stop()
+                stop.set()
+                await fold
+                stop.clear()
+                await log.close()
     finally:
         stop.set()
-        await fold
-        await log.close()
         nats.stop()
         shutil.rmtree(work, ignore_errors=True)  # tasks, workspaces, the log, a checkpoint per step
     elapsed = time.perf_counter() - t_start
-    plot(curve, train_curve, args, elapsed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    data = {"curve": curve, "train": train, "elapsed": elapsed}
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    plot(curve, train, args, elapsed)
 
 
-def plot(curve: list[tuple[str, int, float]], train: list[tuple[int, float]], args: Any, elapsed: float) -> None:
+def ck_of(work: Path, args: Any, run: str) -> Any:
+    """The SFT weights every RL run starts from, as a checkpoint the engine loads (version ``<run>-s0``)."""
+    from opengyre.models import load_checkpoint
+
+    model, _ = load_checkpoint(work / "sft-final")
+    backend = build_backend("torch", model.config, model.state_dict())
+    return write_checkpoint(backend, work / "ckpt", run, 0)
+
+
+def trainer_version(trainer: OnlineTrainer) -> str:
+    return trainer.resumed_from or f"{trainer.config.run_id}-s{trainer.step_no}"
+
+
+def plot(curve: list[Any], train: dict[str, list[dict[str, float]]], args: Any, elapsed: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    kx = bx.twinx()  # the KL on a log scale beside the clip fraction
     sft = [(s, r) for p, s, r in curve if p == "sft"]
-    rl = [(s, r) for p, s, r in curve if p == "rl"]
     ax.plot(*zip(*sft, strict=True), "o-", color="tab:blue", label="eval reward, SFT")
-    ax.plot(*zip(*([sft[-1], *rl]), strict=True), "o-", color="tab:red", label="eval reward, RL (GRPO)")
-    ax.plot(
-        [args.sft_steps + s for s, _ in train], [r for _, r in train], color="tab:red", alpha=0.35,
-        label="rollout reward per RL step",
-    )  # fmt: skip
+    colours = {"rl": "tab:red", "control": "tab:gray"}
+    names = {"rl": f"RL (GRPO, lr {args.rl_lr:g})", "control": "control (lr ~0)"}
+    for run, steps in train.items():
+        pts = [(s, r) for p, s, r in curve if p == run]
+        ax.plot(*zip(*([sft[-1], *pts]), strict=True), "o-", color=colours[run], label=f"eval reward, {names[run]}")
+        xs = [args.sft_steps + i + 1 for i in range(len(steps))]
+        ax.plot(xs, [x["reward"] for x in steps], color=colours[run], alpha=0.3, label=f"rollout reward, {run}")
+        bx.plot(xs, [x["clip_fraction"] for x in steps], color=colours[run], label=f"clip fraction, {run}")
+        kl = [x["kl"] for x in steps]
+        if not all(math.isnan(v) for v in kl):  # a trainer that does not report it (before the change) draws none
+            # exactly 0 (a bit-exact engine) is drawn at the axis floor
+            kx.plot(xs, [max(v, 1e-18) for v in kl], ":", color=colours[run], label=f"KL(engine || trainer), {run}")
     ax.axvline(args.sft_steps, color="gray", ls="--", lw=1)
-    ax.set_xlabel("optimizer step (SFT, then RL)")
+    bx.set_xlabel("optimizer step (SFT), then RL step")
     ax.set_ylabel("mean reward")
+    bx.set_ylabel("clip fraction (solid)")
+    clips = [x["clip_fraction"] for st in train.values() for x in st if not math.isnan(x["clip_fraction"])]
+    bx.set_ylim(0, max(0.05, max(clips, default=0.0) * 1.2))
+    kx.set_yscale("log")
+    kx.set_ylim(1e-18, 1e-1)
+    kx.set_ylabel("KL(engine || trainer) (dotted)")
     ax.set_title(f"single-digit addition, {args.model} model, CPU ({elapsed / 60:.1f} min)")
     ax.set_ylim(0, 1)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
+    bx.legend(loc="upper left", fontsize=8)
+    if kx.get_legend_handles_labels()[0]:
+        kx.legend(loc="upper right", fontsize=8)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
@@ -320,6 +391,9 @@ def plot(curve: list[tuple[str, int, float]], train: list[tuple[int, float]], ar
     print("| --- | --- | --- |")
     for p, s, r in curve:
         print(f"| {p} | {s} | {r:.3f} |")
+    for run, steps in train.items():
+        print(f"{run}: clip fraction per step", " ".join(f"{x['clip_fraction']:.3f}" for x in steps))
+        print(f"{run}: engine-trainer KL per step", " ".join(f"{x['kl']:.1e}" for x in steps))
 
 
 if __name__ == "__main__":
