@@ -35,7 +35,7 @@ from opengyre.scheduler.sim import (
     simulate,
 )
 
-NO_CAP = 1_000_000  # a staleness cap that never binds
+NO_CAP = 1_000  # a staleness cap that never binds
 PAPER = {"elastic_vs_async": (1.42, 1.53), "elastic_vs_colocate": (1.36, 1.47), "a3_saving": 0.116, "e2_slower": 0.022}
 
 
@@ -146,7 +146,7 @@ def main() -> None:
         cfg = replace(base, seed=seed)
         el = run(cfg, "elastic")
         ours = run(cfg, "elastic-carry")  # defaults: 3/4 of a batch of slack, no sample staler than phi = 1
-        assert ours.completed and el.completed
+        assert not ours.trained.leaves_work_untrained
         ratios["carry"].append(el.hours / ours.hours)
         print(f"seed {seed}: elastic phi=1 {el.hours:.1f} h staleness {el.staleness_mean:.3f} (max {el.staleness_max})"
               f" | ours (+24 groups, cap 1) {ours.hours:.1f} h staleness {ours.staleness_mean:.3f} (max "
@@ -162,7 +162,7 @@ def main() -> None:
         el, co = run(cfg, "elastic"), run(cfg, "colocate")
         asy, k = best_async(cfg, "async")
         ours = run(cfg, "elastic-carry")
-        assert el.completed and ours.completed
+        assert not ours.trained.leaves_work_untrained
         rich.append({"phi": lag, "elastic": el.summary(), "colocate": co.summary(), "async": asy.summary(),
                      "async_split": k, "ours": ours.summary()})  # fmt: skip
         print(f"{lag:3d}  {el.bound.work_h:7.1f}  {el.hours:9.1f} ({el.staleness_mean:.2f})   {co.hours:10.1f}"

@@ -3,35 +3,31 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from .sim import PolicyRun, SimConfig
+
 __all__ = ["sim_app"]
 
 sim_app = typer.Typer(help="Discrete-event simulator: the real policies on a simulated clock.", no_args_is_help=True)
-# The comparison table has ten columns: never narrower than 120 (a pipe or a test runner reports 80).
-console = Console(width=max(Console().width, 120))
+# The comparison table has thirteen columns: never narrower than 170 (a pipe or a test runner reports 80).
+console = Console(width=max(Console().width, 170))
 
 PolicyOpt = Annotated[
     list[str] | None,
-    typer.Option("--policy", "-p", help="elastic, colocate, async, async-streaming, elastic-carry; repeatable"),
-]
-
-
-def _params(spec: str) -> tuple[str, dict[str, int]]:
-    """``async:train_cells=3`` -> ("async", {"train_cells": 3})."""
-    name, _, rest = spec.partition(":")
-    params: dict[str, int] = {}
-    for kv in filter(None, rest.split(",")):
-        k, _, v = kv.partition("=")
-        params[k.strip()] = int(v)
-    return name, params
+    typer.Option(
+        "--policy", "-p",
+        help="elastic, colocate, colocate-resident, async, async-streaming, elastic-carry, with name=value "
+        "parameters (async:train_cells=3); async without train_cells runs at its best split; repeatable",
+    ),
+]  # fmt: skip
 
 
 @sim_app.command("run")
@@ -54,10 +50,11 @@ def run(
     plot: Annotated[Path | None, typer.Option(help="write the utilisation plot (PNG) here")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the results as JSON here")] = None,
 ) -> None:
-    """Simulate policies on the calibrated NL2RepoBench-122B workload and compare them."""
+    """Simulate policies on the calibrated NL2RepoBench-122B workload and compare them at equal trained work."""
     from ._policy import LoopConfig
     from .policies import make_policy
-    from .sim import NL2REPO_122B, ClusterConfig, CostConfig, SimConfig, plot_utilisation, simulate
+    from .sim import NL2REPO_122B, ClusterConfig, CostConfig, SimConfig, SimulationStalled, plot_utilisation, run_spec
+    from .sim._compare import parse_spec, summary
     from .sim._workload import DurationModel
 
     specs = policy or ["elastic", "colocate", "async", "async-streaming", "elastic-carry"]
@@ -65,65 +62,95 @@ def run(
     if group_size != workload.group_size:
         workload = DurationModel(workload.name, workload.scale_h, workload.shape, workload.sigma_task,
                                  workload.timeout_s, group_size)  # fmt: skip
-    cfg = SimConfig(
-        loop=LoopConfig(
-            steps=steps,
-            groups_per_step=groups_per_step,
-            group_size=group_size,
-            max_lag=max_lag,
-            micro_splits=micro_splits,
-        ),
-        cluster=ClusterConfig(
-            cells,
-            nodes_per_cell,
-            gpus_per_node,
-            slots_per_cell,
-            resident_cells,
-            tuple(int(g) for g in cell_gpus.split(",") if g.strip()),
-        ),
-        costs=CostConfig(micro_step_s=micro_step_s, step_overhead_s=step_overhead_s),
-        workload=workload,
-        seed=seed,
-    )
     try:
+        cfg = SimConfig(
+            loop=LoopConfig(
+                steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_lag=max_lag,
+                micro_splits=micro_splits,
+            ),
+            cluster=ClusterConfig(
+                cells=cells, nodes_per_cell=nodes_per_cell, gpus_per_node=gpus_per_node, slots_per_cell=slots_per_cell,
+                resident_cells=resident_cells, cell_gpus=tuple(int(g) for g in cell_gpus.split(",") if g.strip()),
+            ),
+            costs=CostConfig(micro_step_s=micro_step_s, step_overhead_s=step_overhead_s),
+            workload=workload,
+            seed=seed,
+        )  # fmt: skip
         cfg.validate()
-        policies = [make_policy(n, **p) for n, p in map(_params, specs)]
+        for spec in specs:  # unknown names and parameters fail before anything runs
+            name, params = parse_spec(spec)
+            make_policy(name, **params).validate(cfg.loop)
     except (KeyError, ValueError) as exc:
         console.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from exc
-    results = []
+    runs = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("simulating", total=len(policies))
-        for p in policies:
-            bar.update(task, description=f"simulating {p.name}")
-            t0 = time.perf_counter()
-            r = simulate(cfg, p)
-            r.totals["wall_s"] = time.perf_counter() - t0
-            results.append(r)
+        task = bar.add_task("simulating", total=len(specs))
+        for spec in specs:
+            bar.update(task, description=f"simulating {spec}")
+            try:
+                runs.append(run_spec(cfg, spec))
+            except SimulationStalled as exc:
+                bar.stop()
+                console.print(f"[bold red]error:[/] {exc}")
+                console.print("A run that cannot finish has no time to compare: no ratios are printed.")
+                raise typer.Exit(1) from exc
             bar.advance(task)
-    base = next((r.hours for r in results if r.policy == "elastic"), results[0].hours)
-    table = Table(title=f"{steps} steps x {groups_per_step * group_size} executions, {cfg.cluster.total_gpus} GPUs, "
-                        f"phi={max_lag}, workload {workload.name}")  # fmt: skip
-    table.add_column("policy", no_wrap=True, min_width=max(len(r.policy) for r in results))
-    for col in ("hours", "×elastic", "busy", "stale", "max", "ideal h", "×ideal", "switch", "sim s"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(
-            r.policy if r.completed else f"{r.policy} [red](stalled at step {len(r.steps)})[/]", f"{r.hours:.2f}",
-            f"{r.hours / base:.3f}", f"{r.utilisation:.1%}", f"{r.staleness_mean:.3f}",
-            str(r.staleness_max), f"{r.bound.hours:.2f}", f"{r.hours / r.bound.hours:.3f}", str(r.switches),
-            f"{r.totals['wall_s']:.2f}",
-        )  # fmt: skip
-    console.print(table)
-    b = results[0].bound
-    console.print(f"ideal bound: GPU-work/GPUs {b.work_h:.2f} h, longest chain {b.chain_h:.2f} h")
+    _report(cfg, runs, workload.name)
+    results = [r.result for r in runs]
     if plot is not None:
         plot_utilisation(results, plot, title=f"{workload.name}, {steps} steps")
         console.print(f"plot: {plot}")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps([r.summary() for r in results], indent=2))
+        json_out.write_text(json.dumps([summary(r) for r in runs], indent=2))
         console.print(f"json: {json_out}")
+
+
+def _report(cfg: SimConfig, runs: list[PolicyRun], workload: str) -> None:
+    from .sim import comparable
+
+    base = next((r for r in runs if r.result.policy == "elastic"), runs[0])
+    loop = cfg.loop
+    table = Table(
+        title=f"{loop.steps} steps x {loop.executions_per_step} executions, {cfg.cluster.total_gpus} GPUs, "
+        f"phi={loop.max_lag}, workload {workload}; ratios against {base.label} at equal trained work"
+    )
+    table.add_column("policy", no_wrap=True, min_width=max(len(r.label) for r in runs))
+    cols = ("hours", f"×{base.result.policy}", "trained", "lost GPU-h", ">4h", "p90 q h", "stale", "max",
+            "×ideal", "moves", "switch", "sim s")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="right")
+    unequal: list[str] = []
+    for run in runs:
+        r, t = run.result, run.result.trained
+        same = comparable(r, base.result)
+        if not same:
+            unequal.append(run.label)
+        table.add_row(
+            run.label, f"{r.hours:.2f}", f"{r.hours / base.result.hours:.3f}" if same else "n/a",
+            f"{t.groups}/{t.dispatched_groups}", f"{t.lost_gpu_h:.0f}", f"{t.share_queries_over_4h:.1%}",
+            f"{t.p90_query_h:.2f}", f"{r.staleness_mean:.3f}", str(r.staleness_max),
+            f"{r.hours / r.bound.hours:.3f}", str(r.moves), str(r.switches), f"{run.wall_s:.2f}",
+        )  # fmt: skip
+    console.print(table)
+    for label in unequal:
+        run = next(r for r in runs if r.label == label)
+        t = run.result.trained
+        console.print(
+            f"[yellow]{label}[/] trained other groups than {base.label} ({t.untrained_finished_groups} finished "
+            f"and {t.untrained_unfinished_groups} unfinished groups never trained, {t.lost_gpu_h:.0f} GPU-h lost, "
+            f"{t.share_queries_over_4h:.1%} of its trained queries over 4 h): its time is not comparable."
+        )
+    b = min((r.result.bound for r in runs if comparable(r.result, base.result)), key=lambda b: b.hours)
+    console.print(
+        f"ideal bound (the same trained work, any policy with staleness <= {b.max_staleness}): GPU-work/GPUs "
+        f"{b.work_h:.2f} h, longest chain {b.chain_h:.2f} h"
+    )
+    for run in runs:
+        if run.searched:
+            console.print(f"{run.result.policy}: best fixed split {run.split} training cells of {cfg.cluster.cells}"
+                          f" (tried {', '.join(map(str, run.searched))})")  # fmt: skip
 
 
 @sim_app.command("calibrate")

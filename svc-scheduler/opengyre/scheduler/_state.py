@@ -96,7 +96,10 @@ class SchedulerState:
     _capacity: int = 0
     _ready_groups: dict[str, None] = field(default_factory=dict)  # complete, unconsumed, in completion order
     _ready_samples: int = 0
+    _ready_log: list[str] = field(default_factory=list)  # every group as it became ready, in that order
     ready_rev: int = 0  # bumped whenever the ready buffer changes, so the packing buffer rescans only then
+    # Groups not yet trained on (running, complete or partial), by the policy version that generated them.
+    untrained_by_version: dict[int, int] = field(default_factory=dict)
 
     # --- queries -------------------------------------------------------------------------------------
 
@@ -120,6 +123,14 @@ class SchedulerState:
         """Complete groups not yet trained on, oldest completion first (the packing buffer's input)."""
         return [self.groups[g] for g in self._ready_groups]
 
+    def ready_since(self, position: int) -> list[GroupState]:
+        """Groups that became ready at or after ``position`` of the ready log and still are, in that order."""
+        return [self.groups[g] for g in self._ready_log[position:] if g in self._ready_groups]
+
+    @property
+    def ready_log_length(self) -> int:
+        return len(self._ready_log)
+
     @property
     def ready_samples(self) -> int:
         return self._ready_samples
@@ -132,7 +143,12 @@ class SchedulerState:
         """Recompute the incremental aggregates after the state was filled from stored rows (``load_state``)."""
         self._capacity = sum(c.capacity for c in self.cells.values() if c.role in ROLLOUT_ROLES)
         self._ready_groups = dict.fromkeys(ready_in_order)
+        self._ready_log = list(ready_in_order)
         self._ready_samples = sum(self.groups[g].finished for g in ready_in_order)
+        self.untrained_by_version = {}
+        for g in self.groups.values():
+            if g.consumed_step is None:
+                self.untrained_by_version[g.version_step] = self.untrained_by_version.get(g.version_step, 0) + 1
 
     def staleness_mean(self) -> float:
         n = sum(self.staleness_hist.values())
@@ -161,6 +177,7 @@ class SchedulerState:
             "rollout_capacity": self.rollout_capacity,
             "ready_samples": self.ready_samples,
             "staleness": sorted(self.staleness_hist.items()),
+            "untrained_by_version": sorted(self.untrained_by_version.items()),
         }
 
     # --- the fold ------------------------------------------------------------------------------------
@@ -190,6 +207,7 @@ class SchedulerState:
         g = self.groups.get(e.group_id)
         if g is None:
             g = self.groups[e.group_id] = GroupState(e.group_id, e.step, vstep, e.group_size)
+            self.untrained_by_version[vstep] = self.untrained_by_version.get(vstep, 0) + 1
         elif e.group_id in self._ready_groups:
             # A late member makes a complete group incomplete again: it leaves the ready buffer.
             del self._ready_groups[e.group_id]
@@ -213,6 +231,7 @@ class SchedulerState:
         g.last_finished_at = as_seconds(e.occurred_at)
         if g.complete and g.consumed_step is None:
             self._ready_groups[g.group_id] = None
+            self._ready_log.append(g.group_id)
             self._ready_samples += g.finished
             self.ready_rev += 1
 
@@ -264,6 +283,11 @@ class SchedulerState:
             if g.consumed_step is None:
                 g.consumed_step = e.step
                 self.consumed_groups += 1
+                left = self.untrained_by_version[g.version_step] - 1
+                if left:
+                    self.untrained_by_version[g.version_step] = left
+                else:
+                    del self.untrained_by_version[g.version_step]
                 if gid in self._ready_groups:
                     del self._ready_groups[gid]
                     self._ready_samples -= g.finished

@@ -8,8 +8,6 @@ import heapq
 from collections import deque
 from datetime import UTC, datetime, timedelta
 
-import numpy as np
-
 from opengyre.events import (
     CellRegistered,
     CellRoleChanged,
@@ -26,16 +24,27 @@ from .._rules import TRAINING_ROLES
 from .._state import SchedulerState
 from ._config import SimConfig
 from ._result import Segment, SimResult, StepRecord, ideal_bound
+from ._slots import Slots
+from ._workload import GroupDurations
 
-__all__ = ["EPOCH", "Simulator", "simulate"]
+__all__ = ["EPOCH", "SimulationStalled", "Simulator", "simulate"]
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 _EXEC, _SWITCH, _MICRO, _STEP = 0, 1, 2, 3
 
 
+class SimulationStalled(RuntimeError):
+    """The run cannot finish: nothing is left to happen (or the policy only discards work). Never a ratio."""
+
+    def __init__(self, policy: str, step: int, steps: int, at_s: float, reason: str) -> None:
+        super().__init__(f"{policy} stalled at step {step} of {steps} (t = {at_s / 3600:.2f} h): {reason}")
+        self.policy, self.step, self.steps, self.at_s, self.reason = policy, step, steps, at_s, reason
+
+
 class Simulator:
     def __init__(self, config: SimConfig, policy: Policy) -> None:
         config.validate()
+        policy.validate(config.loop)
         self.cfg = config
         self.policy = policy
         self.loop = config.loop
@@ -47,26 +56,35 @@ class Simulator:
         self.decisions: list[tuple[int, float, Decision]] = []  # (seq seen, time, decision) when recording
         self._heap: list[tuple[float, int, int, str, object]] = []
         self._tie = 0
-        rng = np.random.default_rng(config.seed)
         # Common random numbers: the k-th group dispatched lasts the same under every policy (for the batch loop,
-        # group g of batch b is the ((b-1)*G + g)-th). Room for policies that start more groups than the loop
-        # trains (carry-over keeps extra groups in flight; a staleness cap drops some).
-        self._pool = 3 * self.loop.steps * self.loop.groups_per_step
-        self._durations = config.workload.sample(rng, self._pool)
+        # group g of batch b is the ((b-1)*G + g)-th), drawn lazily: a policy may dispatch more than it trains.
+        self._source = GroupDurations(config.workload, config.seed)
+        # Room for what the run trains several times over, plus whatever fills every slot at once.
+        self._max_groups = int(config.max_dispatch_factor * self.loop.steps * self.loop.groups_per_step) + (
+            config.cluster.total_slots // self.loop.group_size
+        )
         self._next_group = 0
         self._queue: deque[str] = deque()
-        self._started = 0
-        self._dur: dict[str, float] = {}
-        self._members: dict[str, list[str]] = {}
+        self._slots = Slots()
+        self._dur: dict[str, float] = {}  # running or queued execution -> its duration, without moves
+        self._t0: dict[str, float] = {}  # running execution -> start
+        self._end: dict[str, float] = {}  # running execution -> when it finishes (moves push this back)
+        self._token: dict[str, int] = {}  # running execution -> the finish event that still counts
+        self._delay: dict[str, float] = {}  # running execution -> move costs so far
+        self._gidx: dict[str, int] = {}  # group -> its index in the duration stream
+        self._gslot: dict[str, float] = {}  # group -> slot-seconds its finished members held
+        self._trained: list[int] = []  # indices of trained groups, in training order
         self._micro: dict[str, tuple[MicroStep, int]] = {}  # cell -> (claimed micro-step, token)
-        self._token = 0
+        self._micro_token = 0
         self._micro_done: dict[str, int] = {}  # cell -> micro-steps completed (faster cells should do more)
         self._step_pending = False
         self._segments: list[Segment] = []
         self._last_t = 0.0
         self._steps: list[StepRecord] = []
         self.refusals: list[str] = []
-        self.reroutes = 0
+        self.moves = 0
+        self.move_slot_s = 0.0  # slot-seconds added by moves
+        self.move_gpu_s = 0.0
         self.switches = 0
         self._ref_gpus = config.costs.reference_gpus
 
@@ -77,6 +95,19 @@ class Simulator:
         self.state.apply(event, self.seq)
         if self.cfg.record_events:
             self.events.append(event)
+        if isinstance(event, CellRoleChanged | CellRegistered):
+            self._follow_role(event)
+
+    def _follow_role(self, event: CellRoleChanged | CellRegistered) -> None:
+        """A cell arriving in rollout takes executions; one leaving moves its executions (the proxy's drain)."""
+        cell = self.state.cells[event.cell_id]
+        if isinstance(event, CellRegistered) or event.to_role == "rollout":
+            if cell.role == "rollout":
+                self._slots.open(cell.cell_id, cell.order, cell.capacity, cell.gpus)
+            return
+        if event.from_role == "rollout":
+            for xid in self._slots.close(cell.cell_id):
+                self._move(xid)
 
     def _at(self) -> datetime:
         return EPOCH + timedelta(seconds=self.t)
@@ -99,7 +130,9 @@ class Simulator:
                 )
             )  # fmt: skip
         self._settle()
-        while self._heap and self.state.trained_step < self.loop.steps:
+        while self.state.trained_step < self.loop.steps:
+            if not self._heap:
+                raise self._stalled(self._why_idle())
             now = self._heap[0][0]
             self._account(now)
             self.t = now
@@ -108,23 +141,64 @@ class Simulator:
                 self._handle(kind, key, payload)
             self._settle()
         self._account(self.t)
+        trained = self._source.groups(self._trained)
         return SimResult.build(
             policy=self.policy.name, config=self.cfg, state=self.state, steps=self._steps,
             segments=self._segments, refusals=self.refusals,
-            bound=ideal_bound(
-                self.cfg,
-                self._durations[: self.loop.steps * self.loop.groups_per_step].reshape(
-                    self.loop.steps, self.loop.groups_per_step, self.loop.group_size
-                ),
-                batch_chain=self.policy.packing == "batch",
-            ),
-            reroutes=self.reroutes, switches=self.switches, events=self.seq, microsteps_by_cell=self._micro_done,
+            bound=ideal_bound(self.cfg, trained, max_staleness=self.policy.staleness_bound(self.loop)),
+            trained=trained, trained_groups=self._trained, lost=self._lost(),
+            moves=self.moves, move_slot_s=self.move_slot_s, move_gpu_s=self.move_gpu_s,
+            switches=self.switches, events=self.seq, microsteps_by_cell=self._micro_done,
         )  # fmt: skip
+
+    def _stalled(self, reason: str) -> SimulationStalled:
+        return SimulationStalled(self.policy.name, self.state.trained_step, self.loop.steps, self.t, reason)
+
+    def _why_idle(self) -> str:
+        st = self.state
+        roles: dict[str, int] = {}
+        for c in st.cells.values():
+            roles[c.role] = roles.get(c.role, 0) + 1
+        parts = [
+            "no event is pending",
+            f"{self._slots.busy} executions running, {len(self._queue)} queued",
+            f"{st.ready_group_count} complete groups not trained, {self.packer.available} micro-steps waiting",
+            "cells " + ", ".join(f"{n} {r}" for r, n in sorted(roles.items())),
+        ]
+        if not any(c.role in TRAINING_ROLES for c in st.cells.values()):
+            parts.append("no cell is in training, so nothing can be trained")
+        elif not self._slots.busy and not self._queue and st.ready_group_count == 0:
+            parts.append("the policy dispatches nothing more")
+        if self.refusals:
+            parts.append(f"last refusal: {self.refusals[-1]}")
+        return "; ".join(parts)
+
+    def _lost(self) -> tuple[int, int, float]:
+        """Groups dispatched but never trained: (finished ones, unfinished ones, their slot-seconds so far)."""
+        finished = running = 0
+        slot_s = 0.0
+        for gid, g in self.state.groups.items():
+            if g.consumed_step is not None:
+                continue
+            slot_s += self._gslot.get(gid, 0.0)
+            if g.complete:
+                finished += 1
+            else:
+                running += 1
+        slot_s += sum(self.t - t0 for t0 in self._t0.values())
+        return finished, running, slot_s
 
     def _handle(self, kind: int, key: str, payload: object) -> None:
         if kind == _EXEC:
-            self._started -= 1
+            if self._token.get(key) != payload:
+                return  # the execution moved: a later finish event replaced this one
+            del self._token[key], self._end[key]
+            t0 = self._t0.pop(key)
+            self._delay.pop(key, None)
             dur = self._dur.pop(key)
+            self._slots.remove(key)
+            gid = key.rsplit("-", 1)[0]
+            self._gslot[gid] = self._gslot.get(gid, 0.0) + self.t - t0
             timed_out = dur >= self.cfg.workload.timeout_s
             self._emit(
                 ExecutionFinished(
@@ -169,23 +243,27 @@ class Simulator:
         step = req.step
         if step <= self.state.dispatched_step or req.groups < 1:
             return False
-        if self._next_group + req.groups > self._pool:
-            self.refusals.append(f"t={self.t:.0f}s dispatch {req}: the simulated workload has no more groups")
-            return False
+        if self._next_group + req.groups > self._max_groups:
+            raise self._stalled(
+                f"the policy dispatched {self._next_group} groups and asks for {req.groups} more, over "
+                f"{self.cfg.max_dispatch_factor:g} x the {self.loop.steps * self.loop.groups_per_step} the run "
+                "trains plus a cluster-full: it discards work faster than it trains"
+            )
         version = f"v{self.state.trained_step}"
         timeout = self.cfg.workload.timeout_s
         at = self._at()
+        gs = self.loop.group_size
         for g in range(req.groups):
             gid = f"s{step}-g{g}"
-            members = self._members[gid] = []
-            for k in range(self.loop.group_size):
+            self._gidx[gid] = self._next_group
+            durations = self._source.group(self._next_group)
+            for k in range(gs):
                 xid = f"{gid}-e{k}"
-                members.append(xid)
-                self._dur[xid] = float(self._durations[self._next_group, k])
+                self._dur[xid] = float(durations[k])
                 self._emit(
                     ExecutionDispatched(
                         execution_id=xid, task_id=f"task-s{step}-g{g}", group_id=gid, step=step,
-                        weight_version=version, timeout_s=timeout, group_size=self.loop.group_size, occurred_at=at,
+                        weight_version=version, timeout_s=timeout, group_size=gs, occurred_at=at,
                     )
                 )  # fmt: skip
                 self._queue.append(xid)
@@ -193,11 +271,32 @@ class Simulator:
         return True
 
     def _start_queued(self) -> None:
-        cap = self.state.rollout_capacity
-        while self._queue and self._started < cap:
+        while self._queue and self._slots.place(self._queue[0]) is not None:
             xid = self._queue.popleft()
-            self._started += 1
-            self._schedule(self.t + self._dur[xid], _EXEC, xid)
+            self._t0[xid] = self.t
+            self._finish_at(xid, self.t + self._dur[xid])
+
+    def _finish_at(self, xid: str, at: float) -> None:
+        self._micro_token += 1
+        self._end[xid] = at
+        self._token[xid] = self._micro_token
+        self._schedule(at, _EXEC, xid, self._micro_token)
+
+    def _move(self, xid: str) -> None:
+        """The proxy re-issues a running execution's call on the least-loaded engine left; it pays the move."""
+        cell = self._slots.place(xid)
+        if cell is None:  # the watermark rule guarantees room for every live execution
+            raise RuntimeError(f"no rollout slot for moved execution {xid}: the watermark rule did not hold")
+        delay = self._delay.get(xid, 0.0)
+        progress = (self.t - self._t0[xid] - delay) / max(self._dur[xid], 1e-9)
+        per_slot = self._slots.gpus_per_slot(cell)
+        cost = self.cfg.costs.move.seconds(progress, per_slot)
+        self.moves += 1
+        if cost > 0:
+            self._delay[xid] = delay + cost
+            self.move_slot_s += cost
+            self.move_gpu_s += cost * per_slot
+            self._finish_at(xid, self._end[xid] + cost)
 
     # --- the actuator, simulated -----------------------------------------------------------------------
 
@@ -217,11 +316,7 @@ class Simulator:
         at = self._at()
         self.switches += 1
         if req.target == "training":
-            for frm, to in steps[:-1]:
-                if to == "switching" and frm == "draining":
-                    # The proxy rerouted the cell's share of live executions; the rule guaranteed room for them.
-                    share = cell.capacity / max(self.state.rollout_capacity + cell.capacity, 1)
-                    self.reroutes += round(self._started * share)
+            for frm, to in steps[:-1]:  # leaving rollout moves the cell's executions (``_follow_role``)
                 self._emit(CellRoleChanged(cell_id=req.cell_id, from_role=frm, to_role=to, reason=req.reason,
                                            occurred_at=at))  # fmt: skip
             self._schedule(self.t + self.cfg.costs.to_training_s, _SWITCH, req.cell_id, "training")
@@ -270,15 +365,19 @@ class Simulator:
             m = self.packer.claim(c.cell_id)
             if m is None:
                 return
-            self._token += 1
-            self._micro[c.cell_id] = (m, self._token)
+            self._micro_token += 1
+            self._micro[c.cell_id] = (m, self._micro_token)
             took = self.cfg.costs.micro_step_s * self._ref_gpus / max(c.gpus, 1) * len(m.group_ids)
             took /= self.loop.micro_groups * m.parts
-            self._schedule(self.t + took, _MICRO, c.cell_id, self._token)
+            self._schedule(self.t + took, _MICRO, c.cell_id, self._micro_token)
 
     def _step_done(self, step: int) -> None:
         groups = self.packer.groups()
-        ids = [x for g in groups for x in self._members[g]]
+        gs = self.loop.group_size
+        ids = [f"{g}-e{k}" for g in groups for k in range(gs)]
+        for g in groups:
+            self._trained.append(self._gidx[g])
+            self._gslot.pop(g, None)
         before = dict(self.state.staleness_hist)
         self._emit(
             TrainingStepCompleted(
@@ -311,8 +410,7 @@ class Simulator:
                 switching += c.gpus
             else:
                 idle += c.gpus
-        cap = self.state.rollout_capacity
-        busy = roll * (min(self._started, cap) / cap) if cap else 0.0
+        busy = self._slots.busy_gpus
         self._segments.append(Segment(self._last_t, until, busy, roll - busy, train_busy, train_idle, switching + idle))
         self._last_t = until
 
