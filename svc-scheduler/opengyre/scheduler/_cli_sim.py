@@ -46,6 +46,13 @@ def run(
     cell_gpus: Annotated[str, typer.Option(help="GPUs of the first cells when they differ, e.g. 64,64,16")] = "",
     micro_step_s: Annotated[float, typer.Option(help="one micro-step on one cell, seconds")] = 600.0,
     step_overhead_s: Annotated[float, typer.Option(help="optimizer step + weight publish")] = 60.0,
+    move: Annotated[
+        str,
+        typer.Option(
+            help="cost of moving a running execution off a cell leaving rollout: re-prefill (the "
+            "proxy's default), kv-migration (the KVMigrator hook) or free"
+        ),
+    ] = "re-prefill",
     seed: Annotated[int, typer.Option()] = 0,
     plot: Annotated[Path | None, typer.Option(help="write the utilisation plot (PNG) here")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the results as JSON here")] = None,
@@ -53,7 +60,17 @@ def run(
     """Simulate policies on the calibrated NL2RepoBench-122B workload and compare them at equal trained work."""
     from ._policy import LoopConfig
     from .policies import make_policy
-    from .sim import NL2REPO_122B, ClusterConfig, CostConfig, SimConfig, SimulationStalled, plot_utilisation, run_spec
+    from .sim import (
+        NL2REPO_122B,
+        QWEN36_122B,
+        ClusterConfig,
+        CostConfig,
+        MoveCost,
+        SimConfig,
+        SimulationStalled,
+        plot_utilisation,
+        run_spec,
+    )
     from .sim._compare import parse_spec, summary
     from .sim._workload import DurationModel
 
@@ -72,7 +89,10 @@ def run(
                 cells=cells, nodes_per_cell=nodes_per_cell, gpus_per_node=gpus_per_node, slots_per_cell=slots_per_cell,
                 resident_cells=resident_cells, cell_gpus=tuple(int(g) for g in cell_gpus.split(",") if g.strip()),
             ),
-            costs=CostConfig(micro_step_s=micro_step_s, step_overhead_s=step_overhead_s),
+            costs=CostConfig(
+                micro_step_s=micro_step_s, step_overhead_s=step_overhead_s,
+                move=MoveCost(move, QWEN36_122B),  # type: ignore[arg-type]  # validated below
+            ),
             workload=workload,
             seed=seed,
         )  # fmt: skip
@@ -114,11 +134,12 @@ def _report(cfg: SimConfig, runs: list[PolicyRun], workload: str) -> None:
     loop = cfg.loop
     table = Table(
         title=f"{loop.steps} steps x {loop.executions_per_step} executions, {cfg.cluster.total_gpus} GPUs, "
-        f"phi={loop.max_lag}, workload {workload}; ratios against {base.label} at equal trained work"
+        f"phi={loop.max_lag}, workload {workload}, moves {cfg.costs.move.mode}; ratios against {base.label} at "
+        "equal trained work"
     )
     table.add_column("policy", no_wrap=True, min_width=max(len(r.label) for r in runs))
     cols = ("hours", f"×{base.result.policy}", "trained", "lost GPU-h", ">4h", "p90 q h", "stale", "max",
-            "×ideal", "moves", "switch", "sim s")  # fmt: skip
+            "×ideal", "moves", "move GPU-h", "switch", "sim s")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     unequal: list[str] = []
@@ -131,7 +152,8 @@ def _report(cfg: SimConfig, runs: list[PolicyRun], workload: str) -> None:
             run.label, f"{r.hours:.2f}", f"{r.hours / base.result.hours:.3f}" if same else "n/a",
             f"{t.groups}/{t.dispatched_groups}", f"{t.lost_gpu_h:.0f}", f"{t.share_queries_over_4h:.1%}",
             f"{t.p90_query_h:.2f}", f"{r.staleness_mean:.3f}", str(r.staleness_max),
-            f"{r.hours / r.bound.hours:.3f}", str(r.moves), str(r.switches), f"{run.wall_s:.2f}",
+            f"{r.hours / r.bound.hours:.3f}", str(r.moves), f"{r.move_gpu_h:.0f}", str(r.switches),
+            f"{run.wall_s:.2f}",
         )  # fmt: skip
     console.print(table)
     for label in unequal:

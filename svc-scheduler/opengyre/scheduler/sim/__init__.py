@@ -4,6 +4,7 @@ from ._compare import SPLIT_POLICIES, PolicyRun, best_split, comparable, parse_s
 from ._config import ClusterConfig, CostConfig, SimConfig
 from ._costs import GpuFacts, ModelFacts, MoveCost, MoveMode
 from ._engine import EPOCH, SimulationStalled, Simulator, simulate
+from ._facts import QWEN36_122B
 from ._plot import plot_utilisation
 from ._result import IdealBound, Segment, SimResult, StepRecord, TrainedWork, ideal_bound
 from ._workload import (
@@ -21,6 +22,7 @@ from ._workload import (
 __all__ = [
     "EPOCH",
     "NL2REPO_122B",
+    "QWEN36_122B",
     "SPLIT_POLICIES",
     "Calibration",
     "ClusterConfig",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .._policy import LoopConfig
 from ._costs import MoveCost
+from ._facts import QWEN36_122B
 from ._workload import NL2REPO_122B, Durations
 
 __all__ = ["ClusterConfig", "CostConfig", "SimConfig"]
@@ -54,8 +55,9 @@ class CostConfig:
     step_overhead_s: float = 60.0  # optimizer step and weight publication after the last micro-step
     to_training_s: float = 8.52  # QwenGyre's measured switch costs
     to_rollout_s: float = 3.46
-    # A running execution moved off a cell that leaves rollout: free, re-prefilled, or its KV cache migrated.
-    move: MoveCost = field(default_factory=MoveCost)
+    # A running execution moved off a cell that leaves rollout pays a re-prefill of its context on the new
+    # engine (the proxy's default), a KV-cache migration, or nothing ("free").
+    move: MoveCost = field(default_factory=lambda: MoveCost("re-prefill", QWEN36_122B))
 
     def validate(self) -> None:
         if min(self.micro_step_s, self.reference_gpus) <= 0 or min(self.step_overhead_s, self.to_training_s,
