@@ -6,7 +6,9 @@ from ._costs import GpuFacts, ModelFacts, MoveCost, MoveMode
 from ._engine import EPOCH, SimulationStalled, Simulator, simulate
 from ._facts import QWEN36_122B
 from ._plot import plot_utilisation
-from ._result import IdealBound, Segment, SimResult, StepRecord, TrainedWork, ideal_bound
+from ._queue import EventQueue
+from ._result import IdealBound, SimResult, StepRecord, TrainedWork, Usage, ideal_bound
+from ._slots import Slots
 from ._workload import (
     NL2REPO_122B,
     Calibration,
@@ -30,6 +32,7 @@ __all__ = [
     "DurationModel",
     "Durations",
     "EmpiricalDurations",
+    "EventQueue",
     "GpuFacts",
     "GroupDurations",
     "IdealBound",
@@ -37,13 +40,14 @@ __all__ = [
     "MoveCost",
     "MoveMode",
     "PolicyRun",
-    "Segment",
     "SimConfig",
     "SimResult",
     "SimulationStalled",
     "Simulator",
+    "Slots",
     "StepRecord",
     "TrainedWork",
+    "Usage",
     "WorkloadStats",
     "best_split",
     "calibrate",

@@ -11,23 +11,78 @@ import numpy as np
 from .._state import SchedulerState
 from ._config import SimConfig
 
-__all__ = ["IdealBound", "Segment", "SimResult", "StepRecord", "TrainedWork", "ideal_bound"]
+__all__ = ["IdealBound", "SimResult", "StepRecord", "TrainedWork", "Usage", "ideal_bound"]
 
 HOUR = 3600.0
-_SHARES = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")  # Segment's GPU fields
+# GPUs by activity: slots held, rollout idle, micro-steps running, training cells waiting, switching or idle.
+_SHARES = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """GPUs by activity over ``[t0, t1)``, constant in between."""
+class Usage:
+    """GPUs by activity over time, from the moments they change (a long run has tens of millions of instants,
+    so nothing is done per instant): five series (slots held, rollout cells, micro-steps running, training
+    cells, the rest) each a step function given by its jumps. Per fine bin of ``bin_s`` it keeps the jumps'
+    sum and their time-weighted sum, which give the exact integral at every bin edge."""
 
-    t0: float
-    t1: float
-    rollout_busy: float
-    rollout_idle: float
-    training_busy: float
-    training_idle: float
-    other: float  # switching, draining, idle cells
+    SERIES = 5
+
+    def __init__(self, bin_s: float = 60.0) -> None:
+        self.bin_s = bin_s
+        self._sum: list[list[float]] = [[] for _ in range(self.SERIES)]  # per series, per bin: sum of jumps
+        self._tsum: list[list[float]] = [[] for _ in range(self.SERIES)]  # ... and of jump x time
+
+    def jump(self, series: int, t: float, delta: float) -> None:
+        """Series ``series`` changes by ``delta`` GPUs at time ``t``."""
+        b = int(t // self.bin_s)
+        sums, tsums = self._sum[series], self._tsum[series]
+        if b >= len(sums):
+            grow = b + 1 - len(sums)
+            sums.extend([0.0] * grow)
+            tsums.extend([0.0] * grow)
+        sums[b] += delta
+        tsums[b] += delta * t
+
+    def _integrals(self, edges: np.ndarray) -> np.ndarray:
+        """GPU-seconds of each series over [0, e) for every edge e (exact at bin edges and at the end)."""
+        n = max(len(x) for x in self._sum)
+        out = np.zeros((len(edges), self.SERIES))
+        for k in range(self.SERIES):
+            s = np.zeros(n)
+            ts = np.zeros(n)
+            s[: len(self._sum[k])] = self._sum[k]
+            ts[: len(self._tsum[k])] = self._tsum[k]
+            # The jumps of the bins below ceil(e / bin_s): at a bin edge exactly those before e; at the run's end
+            # (no jump after it) all of them.
+            cs = np.concatenate([[0.0], np.cumsum(s)])
+            cts = np.concatenate([[0.0], np.cumsum(ts)])
+            idx = np.clip(np.ceil(edges / self.bin_s).astype(int), 0, n)
+            out[:, k] = edges * cs[idx] - cts[idx]
+        return out
+
+    def _shares(self, ints: np.ndarray) -> np.ndarray:
+        """(slots held, rollout idle, micro-steps, training idle, other) from the five series' integrals."""
+        busy, roll, tbusy, train, other = (ints[..., k] for k in range(self.SERIES))
+        return np.stack([busy, roll - busy, tbusy, train - tbusy, other], axis=-1)
+
+    def totals(self, end: float) -> list[float]:
+        """GPU-seconds per activity over ``[0, end)`` (``_SHARES`` order); every jump happened by ``end``."""
+        if end <= 0 or not any(self._sum):
+            return [0.0] * len(_SHARES)
+        return [float(v) for v in self._shares(self._integrals(np.array([end])))[0]]
+
+    def timeline(self, end: float, n: int, gpus: int) -> dict[str, list[float]]:
+        """Share of all GPUs per activity in ``n`` equal bins over ``[0, end)`` (time-weighted means)."""
+        if end <= 0 or not any(self._sum):
+            return {"t_h": [], **{k: [] for k in _SHARES}}
+        nb = max(len(x) for x in self._sum)
+        fine = np.arange(nb + 1) * self.bin_s
+        at_fine = self._shares(self._integrals(fine))
+        coarse = np.linspace(0.0, end, n + 1)
+        at = np.stack([np.interp(coarse, fine, at_fine[:, k]) for k in range(len(_SHARES))], axis=1)
+        width = end / n
+        per = np.diff(at, axis=0) / (width * gpus)
+        shares = {k: list(per[:, j]) for j, k in enumerate(_SHARES)}
+        return {"t_h": [(i + 0.5) * width / HOUR for i in range(n)], **shares}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +221,7 @@ class SimResult:
         config: SimConfig,
         state: SchedulerState,
         steps: list[StepRecord],
-        segments: list[Segment],
+        usage: Usage,
         bound: IdealBound,
         refusals: list[str],
         trained: np.ndarray,
@@ -182,7 +237,7 @@ class SimResult:
         end = steps[-1].at_s if steps else 0.0
         cl = config.cluster
         gpus = cl.total_gpus
-        totals = {k: sum((s.t1 - s.t0) * getattr(s, k) for s in segments) / HOUR for k in _SHARES}
+        totals = {k: v / HOUR for k, v in zip(_SHARES, usage.totals(end), strict=True)}
         busy = totals["rollout_busy"] + totals["training_busy"]
         return cls(
             policy=policy,
@@ -192,7 +247,7 @@ class SimResult:
             staleness_max=state.staleness_max(),
             utilisation=busy / (gpus * end / HOUR) if end else 0.0,
             bound=bound,
-            timeline=_bins(segments, end, config.timeline_bins, gpus),
+            timeline=usage.timeline(end, config.timeline_bins, gpus),
             refusals=refusals,
             moves=moves,
             move_slot_h=move_slot_s / HOUR,
@@ -227,24 +282,3 @@ class SimResult:
             "events": self.events,
             "trained": self.trained.summary(),
         }
-
-
-def _bins(segments: list[Segment], end: float, n: int, gpus: int) -> dict[str, list[float]]:
-    """Share of all GPUs per activity in ``n`` equal time bins (time-weighted means)."""
-    keys = _SHARES
-    out = {k: np.zeros(n) for k in keys}
-    if end <= 0 or not segments:
-        return {"t_h": [], **{k: [] for k in keys}}
-    width = end / n
-    for s in segments:
-        t0, t1 = s.t0, min(s.t1, end)
-        while t0 < t1:
-            i = min(int(t0 // width), n - 1)
-            edge = min(t1, (i + 1) * width)
-            for k in keys:
-                out[k][i] += (edge - t0) * getattr(s, k)
-            if edge <= t0:
-                break
-            t0 = edge
-    scale = 1.0 / (width * gpus)
-    return {"t_h": [(i + 0.5) * width / HOUR for i in range(n)], **{k: list(out[k] * scale) for k in keys}}
