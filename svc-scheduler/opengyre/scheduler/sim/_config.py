@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from .._policy import LoopConfig
 from ._costs import MoveCost
-from ._facts import QWEN36_122B
-from ._workload import NL2REPO_122B, Durations
+from ._facts import NL2REPO_122B, QWEN36_122B
+from ._workload import Durations
 
 __all__ = ["ClusterConfig", "CostConfig", "SimConfig"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["GpuFacts", "ModelFacts", "MoveCost", "MoveMode"]
+__all__ = ["MOVE_MODES", "GpuFacts", "ModelFacts", "MoveCost", "MoveMode"]
 
 MoveMode = Literal["free", "re-prefill", "kv-migration"]
 MOVE_MODES: tuple[MoveMode, ...] = ("free", "re-prefill", "kv-migration")

@@ -17,7 +17,6 @@ from typing import Protocol
 import numpy as np
 
 __all__ = [
-    "NL2REPO_122B",
     "Calibration",
     "DurationModel",
     "Durations",
@@ -256,10 +255,3 @@ def calibrate(
         share_complete_queries_over or 0.0,
     )  # fmt: skip
     return Calibration(target, stats_of(_durations(model(p), z, e), timeout_s, over_h), model(p))
-
-
-# QwenGyre on Qwen3.6-122B, NL2RepoBench: mean rollout 1.93 h, mean query 2.96 h, 9.51% of queries over 4 h.
-# The timeout is not published; 6 h is assumed (the 2.4T runs' durations crowd under their limit, the
-# 122B's do not). The parameters are ``calibrate("nl2repo-122b", mean_execution_h=1.93, mean_query_h=2.96,
-# share_queries_over=0.0951)``, rounded; tests/scheduler re-derives and checks them.
-NL2REPO_122B = DurationModel("nl2repo-122b", scale_h=2.1529, shape=3.5068, sigma_task=0.2248, timeout_s=6 * HOUR)
