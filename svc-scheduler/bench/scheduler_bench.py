@@ -280,6 +280,23 @@ def main() -> None:
                 f"  {label:42s} elastic {e_h:6.1f} h  colocate / elastic {c_h / e_h:.3f}  async / elastic "
                 f"{a_h / e_h:.3f} (split {split})"
             )
+        print("\n2.4T: how hard durations crowd the timeout (the one statistic refitted per timeout), against phi:")
+        for hours in (8.0, 6.0, 5.5, 5.0, 4.5):
+            fit = calibrate(f"nl2repo-2.4t-{hours:g}h", share_complete_queries_over=0.611, timeout_s=hours * 3600,
+                            fixed={"shape": NL2REPO_122B.shape, "sigma_task": NL2REPO_122B.sigma_task},
+                            start=(3.0, NL2REPO_122B.shape, NL2REPO_122B.sigma_task))  # fmt: skip
+            row: list[str] = []
+            for lag in (lag24, lag24 + 1):
+                ct = replace(setup(w24, move="kv-migration", max_lag=lag).config, workload=fit.model)
+                t_el = simulate(ct, make_policy("elastic")).hours
+                t_co = simulate(ct, make_policy("colocate")).hours
+                t_as = run_spec(ct, "async")
+                row.append(f"phi={lag}: colocate / elastic {t_co / t_el:.3f}, async / elastic "
+                             f"{t_as.result.hours / t_el:.3f} (split {t_as.split})")  # fmt: skip
+                big.append({"timeout_h": hours, "phi": lag, "elastic": t_el, "colocate": t_co,
+                            "async": t_as.result.hours})  # fmt: skip
+            print(f"  timeout {hours:g} h ({fit.fitted.share_queries_timed_out:.0%} of queries reach it): "
+                  + "; ".join(row), flush=True)  # fmt: skip
         out["large"] = big
 
     if "grid" in todo:
