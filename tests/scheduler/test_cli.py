@@ -29,8 +29,25 @@ def test_sim_run_compares_policies_and_writes_json_and_a_plot(tmp_path: Path) ->
     assert r.exit_code == 0, r.output
     assert "elastic" in r.output and "async" in r.output and "ideal bound" in r.output
     rows = json.loads(out.read_text())
-    assert [x["policy"] for x in rows] == ["elastic", "async"] and all(x["completed"] for x in rows)
+    assert [x["policy"] for x in rows] == ["elastic", "async"]
+    assert all(x["trained"]["groups"] == x["trained"]["dispatched_groups"] == 3 * 2 for x in rows)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sim_run_compares_against_async_at_its_best_split_and_says_which(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["--steps", "3", "--groups-per-step", "4", "--cells", "4", "--nodes-per-cell", "1", "--slots-per-cell", "8"]
+    r = runner.invoke(app, ["sim", "run", *args, "-p", "elastic", "-p", "async", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    split = rows[1]["split"]
+    assert f"async: best fixed split {split} training cells of 4 (tried 1, 2, 3)" in r.output
+    each = {}
+    for k in (1, 2, 3):
+        one = runner.invoke(app, ["sim", "run", *args, "-p", f"async:train_cells={k}", "--json", str(out)])
+        each[k] = json.loads(out.read_text())[0]["hours"]
+        assert one.exit_code == 0
+    assert rows[1]["hours"] == min(each.values()) and each[split] == rows[1]["hours"]
 
 
 def test_sim_run_refuses_an_unknown_policy() -> None:

@@ -117,10 +117,9 @@ def protocol(state: SchedulerState, cell_id: str, target: Target) -> list[tuple[
 
 def arrival_role(state: SchedulerState) -> CellRole:
     """The training role of a cell finishing its switch: core if no cell holds the authoritative state yet."""
-    has_core = any(c.role == "training-core" for c in state.cells.values())
-    return "training-satellite" if has_core else "training-core"
+    return "training-satellite" if state.core_count else "training-core"
 
 
 def core_heir(state: SchedulerState) -> CellState | None:
     """The satellite that takes the authoritative state over when the core leaves (the first in order)."""
-    return next((c for c in state.training_cells() if c.role == "training-satellite"), None)
+    return state.first_satellite()

@@ -16,7 +16,7 @@ from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
 
 if TYPE_CHECKING:
-    from ._packing import PackingBuffer
+    from ._packing import PackingBuffer, StaleMode
 
 __all__ = [
     "Decision",
@@ -109,15 +109,26 @@ class Policy(ABC):
     # Streaming: micro-steps are handed out as groups complete; otherwise only once the step's batch is whole.
     streaming: ClassVar[bool] = True
 
+    def validate(self, loop: LoopConfig) -> None:  # noqa: B027 (most policies accept every loop)
+        """Raise ValueError when this policy's parameters cannot serve ``loop``."""
+
     def staleness_cap(self, loop: LoopConfig) -> int | None:
-        """Groups staler than this are never packed (None: the dispatch bound alone limits staleness)."""
+        """fifo packing: no sample trained staler than this (None: the dispatch bound alone limits staleness)."""
         return None
+
+    def stale_mode(self) -> StaleMode:
+        """fifo packing with a cap: a group due by the cap is waited for ("wait") or given up ("drop")."""
+        return "wait"
+
+    def staleness_bound(self, loop: LoopConfig) -> int | None:
+        """The most versions stale any sample this policy trains can be (None: no bound)."""
+        return loop.max_lag if self.packing == "batch" else self.staleness_cap(loop)
 
     def packing_buffer(self, loop: LoopConfig) -> PackingBuffer:
         """The packing buffer this policy's training reads from (the simulator and the live service alike)."""
         from ._packing import PackingBuffer
 
-        return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap(loop))
+        return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap(loop), self.stale_mode())
 
     @abstractmethod
     def decide(self, view: View) -> Decision:
@@ -144,5 +155,6 @@ def heading_to_rollout(c: CellState) -> bool:
 
 
 def ready_microsteps(view: View) -> int:
-    """Micro-steps the packing buffer could hand out from complete groups not yet trained on."""
-    return view.state.ready_group_count // view.loop.micro_groups * view.loop.micro_splits
+    """Micro-steps the packing buffer could hand out from complete groups not yet trained on (a step's last
+    micro-step may hold fewer than ``micro_groups`` groups, so a partial one counts)."""
+    return -(-view.state.ready_group_count // view.loop.micro_groups) * view.loop.micro_splits

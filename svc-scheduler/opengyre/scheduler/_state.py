@@ -4,6 +4,8 @@ staleness. The simulator folds its own events through it; the live service loads
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -96,7 +98,28 @@ class SchedulerState:
     _capacity: int = 0
     _ready_groups: dict[str, None] = field(default_factory=dict)  # complete, unconsumed, in completion order
     _ready_samples: int = 0
+    _ready_log: list[str] = field(default_factory=list)  # every group as it became ready, in that order
     ready_rev: int = 0  # bumped whenever the ready buffer changes, so the packing buffer rescans only then
+    # Groups not yet trained on (running, complete or partial), by the policy version that generated them.
+    untrained_by_version: dict[int, int] = field(default_factory=dict)
+    # Forget a finished execution once a step trained it (nothing later depends on it: the live controller's
+    # ``load_state(full=False)`` leaves such rows out the same way). A long simulation has millions.
+    prune_trained: bool = False
+    # Indexes by role, kept with every change, so a policy's questions cost O(log cells), not a scan:
+    # cells by registration order; the sorted orders of rollout cells outside the resident pool, of
+    # training cells and of satellites; counts and capacities of cells on their way.
+    _order: list[CellState] = field(default_factory=list)
+    _pool: list[CellState] = field(default_factory=list)  # cells outside the resident pool, in order
+    _pool_rank: dict[str, int] = field(default_factory=dict)
+    _rollout_pool: list[int] = field(default_factory=list)
+    _training: list[int] = field(default_factory=list)
+    _satellites: list[int] = field(default_factory=list)
+    _cores: int = 0
+    _to_training: int = 0
+    _to_rollout_capacity: int = 0
+    _pool_moving: int = 0
+    _pool_rollout_capacity: int = 0
+    _gpus_by_role: dict[str, int] = field(default_factory=dict)
 
     # --- queries -------------------------------------------------------------------------------------
 
@@ -111,14 +134,78 @@ class SchedulerState:
         return self._capacity
 
     def cells_in_order(self) -> list[CellState]:
-        return sorted(self.cells.values(), key=lambda c: c.order)
+        return list(self._order)
 
     def training_cells(self) -> list[CellState]:
-        return [c for c in self.cells_in_order() if c.role in TRAINING_ROLES]
+        """Cells in a training role, in registration order."""
+        return [self._order[i] for i in self._training]
+
+    def training_cells_reversed(self) -> Iterator[CellState]:
+        """Cells in a training role, the last registered first (the prefix shrinks from its end)."""
+        return (self._order[i] for i in reversed(self._training))
+
+    def first_rollout_pool_cell(self) -> CellState | None:
+        """The first cell in registration order that is in rollout and outside the resident pool."""
+        return self._order[self._rollout_pool[0]] if self._rollout_pool else None
+
+    def rollout_pool_cells(self) -> Iterator[CellState]:
+        """Cells in rollout outside the resident pool, in registration order."""
+        return (self._order[i] for i in self._rollout_pool)
+
+    def first_satellite(self) -> CellState | None:
+        return self._order[self._satellites[0]] if self._satellites else None
+
+    @property
+    def pool(self) -> list[CellState]:
+        """Cells outside the resident pool (the ones that may train), in registration order. Do not modify."""
+        return self._pool
+
+    def pool_rank(self, cell: CellState) -> int:
+        """The cell's position among the cells outside the resident pool."""
+        return self._pool_rank[cell.cell_id]
+
+    @property
+    def training_count(self) -> int:
+        return len(self._training)
+
+    @property
+    def core_count(self) -> int:
+        return self._cores
+
+    @property
+    def heading_to_training_count(self) -> int:
+        """Cells draining, or switching from rollout or idle towards training."""
+        return self._to_training
+
+    @property
+    def heading_to_rollout_capacity(self) -> int:
+        """Capacity of the cells switching back from training to rollout."""
+        return self._to_rollout_capacity
+
+    @property
+    def pool_moving_count(self) -> int:
+        """Cells outside the resident pool that are draining or switching."""
+        return self._pool_moving
+
+    @property
+    def pool_rollout_capacity(self) -> int:
+        """Capacity of the cells in rollout outside the resident pool."""
+        return self._pool_rollout_capacity
+
+    def gpus_in(self, role: CellRole) -> int:
+        return self._gpus_by_role.get(role, 0)
 
     def ready_groups(self) -> list[GroupState]:
         """Complete groups not yet trained on, oldest completion first (the packing buffer's input)."""
         return [self.groups[g] for g in self._ready_groups]
+
+    def ready_since(self, position: int) -> list[GroupState]:
+        """Groups that became ready at or after ``position`` of the ready log and still are, in that order."""
+        return [self.groups[g] for g in self._ready_log[position:] if g in self._ready_groups]
+
+    @property
+    def ready_log_length(self) -> int:
+        return len(self._ready_log)
 
     @property
     def ready_samples(self) -> int:
@@ -130,9 +217,21 @@ class SchedulerState:
 
     def restore_derived(self, *, ready_in_order: list[str]) -> None:
         """Recompute the incremental aggregates after the state was filled from stored rows (``load_state``)."""
-        self._capacity = sum(c.capacity for c in self.cells.values() if c.role in ROLLOUT_ROLES)
+        self._capacity = self._cores = self._to_training = self._to_rollout_capacity = 0
+        self._pool_moving = self._pool_rollout_capacity = 0
+        self._rollout_pool, self._training, self._satellites, self._gpus_by_role = [], [], [], {}
+        self._order = sorted(self.cells.values(), key=lambda c: c.order)
+        self._pool = [c for c in self._order if not c.resident]
+        self._pool_rank = {c.cell_id: i for i, c in enumerate(self._pool)}
+        for c in self._order:
+            self._index(c, 1)
         self._ready_groups = dict.fromkeys(ready_in_order)
+        self._ready_log = list(ready_in_order)
         self._ready_samples = sum(self.groups[g].finished for g in ready_in_order)
+        self.untrained_by_version = {}
+        for g in self.groups.values():
+            if g.consumed_step is None:
+                self.untrained_by_version[g.version_step] = self.untrained_by_version.get(g.version_step, 0) + 1
 
     def staleness_mean(self) -> float:
         n = sum(self.staleness_hist.values())
@@ -161,58 +260,91 @@ class SchedulerState:
             "rollout_capacity": self.rollout_capacity,
             "ready_samples": self.ready_samples,
             "staleness": sorted(self.staleness_hist.items()),
+            "untrained_by_version": sorted(self.untrained_by_version.items()),
         }
 
     # --- the fold ------------------------------------------------------------------------------------
 
     def apply(self, event: Event, seq: int = 0) -> None:
-        if isinstance(event, ExecutionDispatched):
-            self._dispatched(event)
-        elif isinstance(event, ExecutionFinished):
-            self._finished(event)
-        elif isinstance(event, CellRegistered):
-            self._registered(event, seq)
-        elif isinstance(event, CellRoleChanged):
-            self._role_changed(event, seq)
-        elif isinstance(event, TrainingStepCompleted):
-            self._step_completed(event)
-        else:
+        fold = _FOLDS.get(type(event))
+        if fold is None:
             return
-        self.last_seq = max(self.last_seq, seq)
+        fold(self, event, seq)
+        if seq > self.last_seq:
+            self.last_seq = seq
 
-    def _dispatched(self, e: ExecutionDispatched) -> None:
-        if e.execution_id in self.running or e.execution_id in self.finished:
-            raise Rejected(f"execution {e.execution_id} was already dispatched")
-        vstep = version_step(e.weight_version, self.versions)
-        self.running[e.execution_id] = RunningExecution(
-            e.execution_id, e.group_id, e.step, vstep, as_seconds(e.occurred_at), e.timeout_s
+    def _index(self, c: CellState, sign: int) -> None:
+        """Add (sign 1) or remove (-1) the cell's contribution to every index, for its role now."""
+        role = c.role
+        self._gpus_by_role[role] = self._gpus_by_role.get(role, 0) + sign * c.gpus
+        if role in ROLLOUT_ROLES:
+            self._capacity += sign * c.capacity
+            if not c.resident:
+                self._pool_rollout_capacity += sign * c.capacity
+                _sorted_update(self._rollout_pool, c.order, sign)
+        elif role in TRAINING_ROLES:
+            _sorted_update(self._training, c.order, sign)
+            if role == "training-satellite":
+                _sorted_update(self._satellites, c.order, sign)
+            else:
+                self._cores += sign
+        elif role == "draining" or role == "switching":
+            if not c.resident:
+                self._pool_moving += sign
+            if role == "switching" and c.switch_from in TRAINING_ROLES:
+                self._to_rollout_capacity += sign * c.capacity
+            else:
+                self._to_training += sign
+
+    def _dispatched(self, e: ExecutionDispatched, seq: int = 0) -> None:
+        self.dispatch_execution(
+            e.execution_id, e.group_id, e.step, e.weight_version, as_seconds(e.occurred_at), e.timeout_s, e.group_size
         )
-        g = self.groups.get(e.group_id)
+
+    def dispatch_execution(
+        self, execution_id: str, group_id: str, step: int, weight_version: str, at_s: float, timeout_s: float,
+        group_size: int,
+    ) -> None:  # fmt: skip
+        """The fold of ``execution-dispatched`` (``apply`` calls it; the simulator too, without building the
+        event when it does not record them)."""
+        if execution_id in self.running or execution_id in self.finished:
+            raise Rejected(f"execution {execution_id} was already dispatched")
+        vstep = version_step(weight_version, self.versions)
+        self.running[execution_id] = RunningExecution(execution_id, group_id, step, vstep, at_s, timeout_s)
+        g = self.groups.get(group_id)
         if g is None:
-            g = self.groups[e.group_id] = GroupState(e.group_id, e.step, vstep, e.group_size)
-        elif e.group_id in self._ready_groups:
+            g = self.groups[group_id] = GroupState(group_id, step, vstep, group_size)
+            self.untrained_by_version[vstep] = self.untrained_by_version.get(vstep, 0) + 1
+        elif group_id in self._ready_groups:
             # A late member makes a complete group incomplete again: it leaves the ready buffer.
-            del self._ready_groups[e.group_id]
+            del self._ready_groups[group_id]
             self._ready_samples -= g.finished
         g.dispatched += 1
-        g.size = max(g.size, e.group_size)
+        if group_size > g.size:
+            g.size = group_size
         self.dispatched_total += 1
-        self.dispatched_step = max(self.dispatched_step, e.step)
+        if step > self.dispatched_step:
+            self.dispatched_step = step
 
-    def _finished(self, e: ExecutionFinished) -> None:
-        r = self.running.pop(e.execution_id, None)
+    def _finished(self, e: ExecutionFinished, seq: int = 0) -> None:
+        self.finish_execution(e.execution_id, e.score is not None, as_seconds(e.occurred_at))
+
+    def finish_execution(self, execution_id: str, valid: bool, at_s: float) -> None:
+        """The fold of ``execution-finished`` (``valid``: it has a score)."""
+        r = self.running.pop(execution_id, None)
         if r is None:
-            if e.execution_id in self.finished:
-                raise Rejected(f"execution {e.execution_id} already finished")
-            raise Rejected(f"execution {e.execution_id} finished but was never dispatched")
-        self.finished[e.execution_id] = (r.group_id, r.version_step, None)
+            if execution_id in self.finished:
+                raise Rejected(f"execution {execution_id} already finished")
+            raise Rejected(f"execution {execution_id} finished but was never dispatched")
+        self.finished[execution_id] = (r.group_id, r.version_step, None)
         self.finished_total += 1
         g = self.groups[r.group_id]
         g.finished += 1
-        g.valid += e.score is not None
-        g.last_finished_at = as_seconds(e.occurred_at)
-        if g.complete and g.consumed_step is None:
+        g.valid += valid
+        g.last_finished_at = at_s
+        if g.finished == g.dispatched and g.finished >= max(g.size, 1) and g.consumed_step is None:  # g.complete
             self._ready_groups[g.group_id] = None
+            self._ready_log.append(g.group_id)
             self._ready_samples += g.finished
             self.ready_rev += 1
 
@@ -226,8 +358,11 @@ class SchedulerState:
             as_seconds(e.occurred_at),
         )  # fmt: skip
         self.cells[e.cell_id] = cell
-        if cell.role in ROLLOUT_ROLES:
-            self._capacity += cell.capacity
+        self._order.append(cell)
+        if not cell.resident:
+            self._pool_rank[cell.cell_id] = len(self._pool)
+            self._pool.append(cell)
+        self._index(cell, 1)
 
     def _role_changed(self, e: CellRoleChanged, seq: int) -> None:
         cell = self.cells.get(e.cell_id)
@@ -235,18 +370,16 @@ class SchedulerState:
         assert cell is not None
         if e.to_role in TRAINING_ROLES and cell.resident:
             raise Rejected(f"cell {e.cell_id} belongs to the resident rollout pool and never trains")
-        if cell.role in ROLLOUT_ROLES:
-            self._capacity -= cell.capacity
-        if e.to_role in ROLLOUT_ROLES:
-            self._capacity += cell.capacity
+        self._index(cell, -1)
         cell.switch_from = cell.role if e.to_role == "switching" else None
         cell.role = e.to_role
+        self._index(cell, 1)
         cell.role_seq = seq
         cell.role_since = as_seconds(e.occurred_at)
         if e.engine_url is not None:
             cell.engine_url = e.engine_url
 
-    def _step_completed(self, e: TrainingStepCompleted) -> None:
+    def _step_completed(self, e: TrainingStepCompleted, seq: int = 0) -> None:
         if e.step <= self.trained_step:
             raise Rejected(f"training step {e.step} is not after step {self.trained_step}")
         if e.weight_version in self.versions:
@@ -256,7 +389,10 @@ class SchedulerState:
             if known is None or known[2] is not None:
                 continue  # still running, never seen, or already trained on: not a sample this step consumes
             gid, vstep, _ = known
-            self.finished[xid] = (gid, vstep, e.step)
+            if self.prune_trained:
+                del self.finished[xid]
+            else:
+                self.finished[xid] = (gid, vstep, e.step)
             d = sample_staleness(e.step, vstep)
             self.staleness_hist[d] = self.staleness_hist.get(d, 0) + 1
             self.consumed_samples += 1
@@ -264,9 +400,30 @@ class SchedulerState:
             if g.consumed_step is None:
                 g.consumed_step = e.step
                 self.consumed_groups += 1
+                left = self.untrained_by_version[g.version_step] - 1
+                if left:
+                    self.untrained_by_version[g.version_step] = left
+                else:
+                    del self.untrained_by_version[g.version_step]
                 if gid in self._ready_groups:
                     del self._ready_groups[gid]
                     self._ready_samples -= g.finished
         self.trained_step = e.step
         self.versions[e.weight_version] = e.step
         self.ready_rev += 1
+
+
+def _sorted_update(xs: list[int], x: int, sign: int) -> None:
+    if sign > 0:
+        insort(xs, x)
+    else:
+        del xs[bisect_left(xs, x)]
+
+
+_FOLDS: dict[type[Event], Callable[[SchedulerState, Any, int], None]] = {
+    ExecutionDispatched: SchedulerState._dispatched,
+    ExecutionFinished: SchedulerState._finished,
+    CellRegistered: SchedulerState._registered,
+    CellRoleChanged: SchedulerState._role_changed,
+    TrainingStepCompleted: SchedulerState._step_completed,
+}

@@ -244,6 +244,7 @@ class SchedulerService(Service):
             steps=_env_int("OPENGYRE_SCHEDULER_STEPS", 1_000_000),
         )
         loop.validate()
+        policy.validate(loop)
         actuator = self._actuator or _actuator_from_env(ctx)
         auto = self._auto if self._auto is not None else env.get("OPENGYRE_SCHEDULER_AUTO", "0") == "1"
         runner = ctx.runners.get(SchedulerProjection.name)

@@ -19,16 +19,20 @@ class AsyncPolicy(Policy):
     train_cells: int = 2
 
     def decide(self, view: View) -> Decision:
-        pool = [c for c in view.state.cells_in_order() if not c.resident]
+        st = view.state
+        pool = st.pool
         # At least one cell keeps rolling out (with a resident pool, every elastic cell may train).
-        k = min(self.train_cells, len(pool) - (0 if len(pool) < len(view.state.cells) else 1))
-        want = {c.cell_id for c in pool[:k]}
-        roles = tuple(
-            RoleRequest(c.cell_id, "training", f"fixed training pool of {self.train_cells}")
-            for c in pool
-            if c.cell_id in want and c.role == "rollout"
-        )
-        return Decision(roles, dispatchable(view))
+        k = min(self.train_cells, len(pool) - (0 if len(pool) < len(st.cells) else 1))
+        first = st.first_rollout_pool_cell()
+        if first is None or st.pool_rank(first) >= k:
+            return Decision((), dispatchable(view))  # the first k cells of the pool all left rollout
+        why = f"fixed training pool of {self.train_cells}"
+        roles: list[RoleRequest] = []
+        for c in st.rollout_pool_cells():
+            if st.pool_rank(c) >= k:
+                break
+            roles.append(RoleRequest(c.cell_id, "training", why))
+        return Decision(tuple(roles), dispatchable(view))
 
 
 @dataclass

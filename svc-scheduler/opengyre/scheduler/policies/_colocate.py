@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .._policy import Decision, Policy, RoleRequest, View, dispatchable
-from .._rules import ROLLOUT_ROLES, TRAINING_ROLES
 
 __all__ = ["ColocatePolicy", "ColocateResidentPolicy"]
 
@@ -25,20 +24,18 @@ class ColocatePolicy(Policy):
 
     def decide(self, view: View) -> Decision:
         st = view.state
-        pool = [c for c in st.cells_in_order() if not c.resident]
-        if any(c.role in ("draining", "switching") for c in pool):
+        if st.pool_moving_count:
             return Decision()  # a pool switch is in progress
-        training = [c for c in pool if c.role in TRAINING_ROLES]
-        if training:
+        if st.training_count:  # residents never train: every training cell is in the pool
             if st.ready_samples == 0:  # everything produced so far is trained
                 why = "burst trained; back to rollout"
-                return Decision(tuple(RoleRequest(c.cell_id, "rollout", why) for c in reversed(training)))
+                return Decision(tuple(RoleRequest(c.cell_id, "rollout", why) for c in st.training_cells_reversed()))
             return Decision()
-        leaving = sum(c.capacity for c in pool if c.role in ROLLOUT_ROLES)
+        leaving = st.pool_rollout_capacity
         if st.ready_samples > 0 and st.watermark <= st.rollout_capacity - leaving:
             why = "the burst's unfinished executions fit on the resident pool" if leaving < st.rollout_capacity else (
                 "every execution of the burst finished")  # fmt: skip
-            return Decision(tuple(RoleRequest(c.cell_id, "training", why) for c in pool if c.role in ROLLOUT_ROLES))
+            return Decision(tuple(RoleRequest(c.cell_id, "training", why) for c in st.rollout_pool_cells()))
         if st.ready_samples == 0:
             return Decision((), dispatchable(view))  # a new burst: every step the staleness bound admits
         return Decision()

@@ -6,19 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._policy import (
-    Decision,
-    DispatchRequest,
-    Packing,
-    Policy,
-    RoleRequest,
-    View,
-    dispatchable,
-    heading_to_rollout,
-    heading_to_training,
-    ready_microsteps,
-)
-from .._rules import TRAINING_ROLES, watermark_allows
+from .._policy import Decision, DispatchRequest, Packing, Policy, RoleRequest, View, dispatchable, ready_microsteps
+from .._rules import watermark_allows
 
 __all__ = ["ElasticPolicy"]
 
@@ -35,30 +24,28 @@ class ElasticPolicy(Policy):
     def decide(self, view: View) -> Decision:
         st, loop = view.state, view.loop
         dispatch = self.dispatch(view)
-        cells = st.cells_in_order()
         # Rollouts about to be dispatched are demand already: bring cells back before the burst queues.
-        demand = st.watermark + sum(d.groups for d in dispatch) * loop.group_size
-        supply = st.rollout_capacity + sum(c.capacity for c in cells if heading_to_rollout(c))
+        demand = st.watermark + (sum(d.groups for d in dispatch) * loop.group_size if dispatch else 0)
+        supply = st.rollout_capacity + st.heading_to_rollout_capacity
         if demand > supply:
             back: list[RoleRequest] = []
-            for c in reversed(cells):  # the prefix shrinks from its end; the core leaves last
+            for c in st.training_cells_reversed():  # the prefix shrinks from its end; the core leaves last
                 if supply >= demand:
                     break
-                if c.role in TRAINING_ROLES:
-                    back.append(RoleRequest(c.cell_id, "rollout", f"burst needs capacity: w={demand} > CR={supply}"))
-                    supply += c.capacity
+                back.append(RoleRequest(c.cell_id, "rollout", f"burst needs capacity: w={demand} > CR={supply}"))
+                supply += c.capacity
             return Decision(tuple(back), dispatch)
-        if any(heading_to_training(c) for c in cells):
+        if st.heading_to_training_count:
             return Decision((), dispatch)  # one cell at a time
-        nxt = next((c for c in cells if c.role == "rollout" and not c.resident), None)
+        nxt = st.first_rollout_pool_cell()
         if nxt is None:
             return Decision((), dispatch)
-        n_training = sum(1 for c in cells if c.role in TRAINING_ROLES)
         if not watermark_allows(demand, st.rollout_capacity, nxt.capacity):
             return Decision((), dispatch)
-        if ready_microsteps(view) < self.ready_per_cell * (n_training + 1):
+        ready = ready_microsteps(view)
+        if ready < self.ready_per_cell * (st.training_count + 1):
             return Decision((), dispatch)
-        why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready_microsteps(view)}"
+        why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready}"
         return Decision((RoleRequest(nxt.cell_id, "training", why),), dispatch)
 
     def dispatch(self, view: View) -> tuple[DispatchRequest, ...]:

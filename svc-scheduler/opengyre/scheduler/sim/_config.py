@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._policy import LoopConfig
-from ._workload import NL2REPO_122B, DurationModel
+from ._costs import MoveCost
+from ._facts import NL2REPO_122B, QWEN36_122B
+from ._workload import Durations
 
 __all__ = ["ClusterConfig", "CostConfig", "SimConfig"]
 
@@ -53,6 +55,15 @@ class CostConfig:
     step_overhead_s: float = 60.0  # optimizer step and weight publication after the last micro-step
     to_training_s: float = 8.52  # QwenGyre's measured switch costs
     to_rollout_s: float = 3.46
+    # A running execution moved off a cell that leaves rollout pays a re-prefill of its context on the new
+    # engine (the proxy's default), a KV-cache migration, or nothing ("free").
+    move: MoveCost = field(default_factory=lambda: MoveCost("re-prefill", QWEN36_122B))
+
+    def validate(self) -> None:
+        if min(self.micro_step_s, self.reference_gpus) <= 0 or min(self.step_overhead_s, self.to_training_s,
+                                                                   self.to_rollout_s) < 0:  # fmt: skip
+            raise ValueError(f"invalid costs: {self}")
+        self.move.validate()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +71,18 @@ class SimConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     costs: CostConfig = field(default_factory=CostConfig)
-    workload: DurationModel = NL2REPO_122B
+    workload: Durations = NL2REPO_122B
     seed: int = 0
     record_events: bool = False  # keep every event (for replay and the simulator-equals-live test)
     timeline_bins: int = 240
+    # A policy that dispatches more than this many times the groups the run trains (plus the groups that fill
+    # every slot once) is stopped as stalled:
+    # it discards work faster than it trains (the simulator draws durations lazily, so nothing else stops it).
+    max_dispatch_factor: float = 4.0
 
     def validate(self) -> None:
         self.loop.validate()
         self.cluster.validate()
+        self.costs.validate()
         if self.workload.group_size != self.loop.group_size:
             raise ValueError("workload group size and loop group size differ")

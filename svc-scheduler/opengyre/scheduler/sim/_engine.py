@@ -4,11 +4,10 @@ folds the log, so a recorded run can be replayed into the SQL projection and the
 
 from __future__ import annotations
 
-import heapq
+import uuid
+from bisect import bisect_left, insort
 from collections import deque
 from datetime import UTC, datetime, timedelta
-
-import numpy as np
 
 from opengyre.events import (
     CellRegistered,
@@ -23,67 +22,144 @@ from .._commands import CommandRefused, arrival_role, check_role_request, core_h
 from .._packing import MicroStep
 from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
-from .._state import SchedulerState
+from .._state import SchedulerState, as_seconds
 from ._config import SimConfig
-from ._result import Segment, SimResult, StepRecord, ideal_bound
+from ._queue import EventQueue
+from ._result import SimResult, StepRecord, Usage, ideal_bound
+from ._slots import Slots
+from ._workload import GroupDurations
 
-__all__ = ["EPOCH", "Simulator", "simulate"]
+__all__ = ["EPOCH", "SimulationStalled", "Simulator", "simulate"]
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 _EXEC, _SWITCH, _MICRO, _STEP = 0, 1, 2, 3
+# GPU series the utilisation accounting follows (see ``Usage``).
+_BUSY, _ROLLOUT, _TRAIN_BUSY, _TRAINING, _OTHER = range(5)
+
+
+def _category(role: str) -> int:
+    return _ROLLOUT if role == "rollout" else _TRAINING if role in TRAINING_ROLES else _OTHER
+
+
+class _Exec:
+    """One dispatched execution as the simulator tracks it (queued, then running on a cell)."""
+
+    __slots__ = ("delay", "dur", "end", "gid", "t0", "token", "xid")
+
+    def __init__(self, xid: str, gid: str, dur: float) -> None:
+        self.xid, self.gid, self.dur = xid, gid, dur
+        self.t0 = self.end = self.delay = 0.0
+        self.token = 0
+
+
+class SimulationStalled(RuntimeError):
+    """The run cannot finish: nothing is left to happen (or the policy only discards work). Never a ratio."""
+
+    def __init__(self, policy: str, step: int, steps: int, at_s: float, reason: str) -> None:
+        super().__init__(f"{policy} stalled at step {step} of {steps} (t = {at_s / 3600:.2f} h): {reason}")
+        self.policy, self.step, self.steps, self.at_s, self.reason = policy, step, steps, at_s, reason
 
 
 class Simulator:
     def __init__(self, config: SimConfig, policy: Policy) -> None:
         config.validate()
+        policy.validate(config.loop)
         self.cfg = config
         self.policy = policy
         self.loop = config.loop
-        self.state = SchedulerState()
+        self.state = SchedulerState(prune_trained=not config.record_events)
         self.packer = policy.packing_buffer(config.loop)
         self.t = 0.0
         self.seq = 0
         self.events: list[Event] = []
         self.decisions: list[tuple[int, float, Decision]] = []  # (seq seen, time, decision) when recording
-        self._heap: list[tuple[float, int, int, str, object]] = []
+        self._heap = EventQueue()
         self._tie = 0
-        rng = np.random.default_rng(config.seed)
         # Common random numbers: the k-th group dispatched lasts the same under every policy (for the batch loop,
-        # group g of batch b is the ((b-1)*G + g)-th). Room for policies that start more groups than the loop
-        # trains (carry-over keeps extra groups in flight; a staleness cap drops some).
-        self._pool = 3 * self.loop.steps * self.loop.groups_per_step
-        self._durations = config.workload.sample(rng, self._pool)
+        # group g of batch b is the ((b-1)*G + g)-th), drawn lazily: a policy may dispatch more than it trains.
+        self._source = GroupDurations(config.workload, config.seed)
+        # Room for what the run trains several times over, plus whatever fills every slot at once.
+        self._max_groups = int(config.max_dispatch_factor * self.loop.steps * self.loop.groups_per_step) + (
+            config.cluster.total_slots // self.loop.group_size
+        )
         self._next_group = 0
-        self._queue: deque[str] = deque()
-        self._started = 0
-        self._dur: dict[str, float] = {}
-        self._members: dict[str, list[str]] = {}
+        self._queue: deque[_Exec] = deque()
+        self._slots = Slots()
+        self._runs: dict[str, _Exec] = {}  # running executions
+        self._gidx: dict[str, int] = {}  # group -> its index in the duration stream
+        self._gslot: dict[str, float] = {}  # group -> slot-seconds its finished members held
+        self._trained: list[int] = []  # indices of trained groups, in training order
         self._micro: dict[str, tuple[MicroStep, int]] = {}  # cell -> (claimed micro-step, token)
-        self._token = 0
+        self._idle: list[tuple[int, int, str]] = []  # training cells without a micro-step: (-gpus, order, id)
+        self._micro_token = 0
         self._micro_done: dict[str, int] = {}  # cell -> micro-steps completed (faster cells should do more)
         self._step_pending = False
-        self._segments: list[Segment] = []
-        self._last_t = 0.0
+        self._usage = Usage()
+        self._id_prefix = uuid.uuid4().hex[:16]  # event ids: unique per run, no uuid per event
+        self._at_t, self._at_v, self._at_s = -1.0, EPOCH, 0.0
         self._steps: list[StepRecord] = []
         self.refusals: list[str] = []
-        self.reroutes = 0
+        self.moves = 0
+        self.move_slot_s = 0.0  # slot-seconds added by moves
+        self.move_gpu_s = 0.0
         self.switches = 0
         self._ref_gpus = config.costs.reference_gpus
 
     # --- plumbing ------------------------------------------------------------------------------------
+
+    def _eid(self) -> str:
+        """The id of the next event emitted."""
+        return f"{self._id_prefix}{self.seq + 1:016x}"
 
     def _emit(self, event: Event) -> None:
         self.seq += 1
         self.state.apply(event, self.seq)
         if self.cfg.record_events:
             self.events.append(event)
+        if isinstance(event, CellRoleChanged | CellRegistered):
+            self._follow_role(event)
+
+    def _follow_role(self, event: CellRoleChanged | CellRegistered) -> None:
+        """A cell arriving in rollout takes executions; one leaving moves its executions (the proxy's drain).
+        A cell arriving in training waits for micro-steps; one leaving training no longer does."""
+        cell = self.state.cells[event.cell_id]
+        if isinstance(event, CellRegistered):
+            self._usage.jump(_category(event.role), self.t, cell.gpus)
+        elif (old := _category(event.from_role)) != (new := _category(event.to_role)):
+            self._usage.jump(old, self.t, -cell.gpus)
+            self._usage.jump(new, self.t, cell.gpus)
+        if isinstance(event, CellRegistered) or event.to_role == "rollout":
+            if cell.role == "rollout":
+                self._slots.open(cell.cell_id, cell.order, cell.capacity, cell.gpus)
+            return
+        if event.from_role == "rollout":
+            moved = self._slots.close(cell.cell_id)
+            self._usage.jump(_BUSY, self.t, -len(moved) * cell.gpus / max(cell.capacity, 1))
+            for xid in moved:
+                self._move(xid)
+        was, now = event.from_role in TRAINING_ROLES, event.to_role in TRAINING_ROLES
+        if now and not was:
+            insort(self._idle, (-cell.gpus, cell.order, cell.cell_id))
+        elif was and not now:
+            key = (-cell.gpus, cell.order, cell.cell_id)
+            i = bisect_left(self._idle, key)
+            if i < len(self._idle) and self._idle[i] == key:
+                del self._idle[i]
 
     def _at(self) -> datetime:
-        return EPOCH + timedelta(seconds=self.t)
+        if self.t != self._at_t:
+            self._at_t, self._at_v = self.t, EPOCH + timedelta(seconds=self.t)
+            self._at_s = as_seconds(self._at_v)
+        return self._at_v
+
+    def _at_seconds(self) -> float:
+        """``as_seconds(self._at())``: what the fold records for an event now."""
+        self._at()
+        return self._at_s
 
     def _schedule(self, at: float, kind: int, key: str, payload: object = None) -> None:
         self._tie += 1
-        heapq.heappush(self._heap, (at, self._tie, kind, key, payload))
+        self._heap.push((at, self._tie, kind, key, payload))
 
     # --- the run -------------------------------------------------------------------------------------
 
@@ -95,50 +171,105 @@ class Simulator:
                 CellRegistered(
                     cell_id=f"{'pool' if resident else 'cell'}{i}", node=f"nodes{i * cl.nodes_per_cell}",
                     gpus=cl.gpus_of(i), capacity=cl.slots_per_cell, role="rollout", resident=resident,
-                    occurred_at=self._at(),
+                    event_id=self._eid(), occurred_at=self._at(),
                 )
             )  # fmt: skip
         self._settle()
-        while self._heap and self.state.trained_step < self.loop.steps:
-            now = self._heap[0][0]
-            self._account(now)
+        heap, state, steps = self._heap, self.state, self.loop.steps
+        pop, peek = heap.pop, heap.peek_time
+        finish, handle, settle = self._finish, self._handle, self._settle
+        while state.trained_step < steps:
+            if not heap:
+                raise self._stalled(self._why_idle())
+            now = peek()
             self.t = now
-            while self._heap and self._heap[0][0] == now:
-                _, _, kind, key, payload = heapq.heappop(self._heap)
-                self._handle(kind, key, payload)
-            self._settle()
-        self._account(self.t)
+            while heap and peek() == now:
+                _, _, kind, key, payload = pop()
+                if kind == _EXEC:  # most events: keep their path short
+                    finish(key, payload)
+                else:
+                    handle(kind, key, payload)
+            settle()
+        trained = self._source.groups(self._trained)
         return SimResult.build(
             policy=self.policy.name, config=self.cfg, state=self.state, steps=self._steps,
-            segments=self._segments, refusals=self.refusals,
-            bound=ideal_bound(
-                self.cfg,
-                self._durations[: self.loop.steps * self.loop.groups_per_step].reshape(
-                    self.loop.steps, self.loop.groups_per_step, self.loop.group_size
-                ),
-                batch_chain=self.policy.packing == "batch",
-            ),
-            reroutes=self.reroutes, switches=self.switches, events=self.seq, microsteps_by_cell=self._micro_done,
+            usage=self._usage, refusals=self.refusals,
+            bound=ideal_bound(self.cfg, trained, max_staleness=self.policy.staleness_bound(self.loop)),
+            trained=trained, trained_groups=self._trained, lost=self._lost(),
+            moves=self.moves, move_slot_s=self.move_slot_s, move_gpu_s=self.move_gpu_s,
+            switches=self.switches, events=self.seq, microsteps_by_cell=self._micro_done,
         )  # fmt: skip
 
-    def _handle(self, kind: int, key: str, payload: object) -> None:
-        if kind == _EXEC:
-            self._started -= 1
-            dur = self._dur.pop(key)
-            timed_out = dur >= self.cfg.workload.timeout_s
+    def _stalled(self, reason: str) -> SimulationStalled:
+        return SimulationStalled(self.policy.name, self.state.trained_step, self.loop.steps, self.t, reason)
+
+    def _why_idle(self) -> str:
+        st = self.state
+        roles: dict[str, int] = {}
+        for c in st.cells.values():
+            roles[c.role] = roles.get(c.role, 0) + 1
+        parts = [
+            "no event is pending",
+            f"{self._slots.busy} executions running, {len(self._queue)} queued",
+            f"{st.ready_group_count} complete groups not trained, {self.packer.available} micro-steps waiting",
+            "cells " + ", ".join(f"{n} {r}" for r, n in sorted(roles.items())),
+        ]
+        if not any(c.role in TRAINING_ROLES for c in st.cells.values()):
+            parts.append("no cell is in training, so nothing can be trained")
+        elif not self._slots.busy and not self._queue and st.ready_group_count == 0:
+            parts.append("the policy dispatches nothing more")
+        if self.refusals:
+            parts.append(f"last refusal: {self.refusals[-1]}")
+        return "; ".join(parts)
+
+    def _lost(self) -> tuple[int, int, float]:
+        """Groups dispatched but never trained: (finished ones, unfinished ones, their slot-seconds so far)."""
+        finished = running = 0
+        slot_s = 0.0
+        for gid, g in self.state.groups.items():
+            if g.consumed_step is not None:
+                continue
+            slot_s += self._gslot.get(gid, 0.0)
+            if g.complete:
+                finished += 1
+            else:
+                running += 1
+        slot_s += sum(self.t - x.t0 for x in self._runs.values())
+        return finished, running, slot_s
+
+    def _finish(self, key: str, token: object) -> None:
+        x = self._runs.get(key)
+        if x is None or x.token != token:
+            return  # the execution moved: a later finish event replaced this one
+        del self._runs[key]
+        t = self.t
+        self._usage.jump(_BUSY, t, -self._slots.remove(key))
+        self._gslot[x.gid] = self._gslot.get(x.gid, 0.0) + t - x.t0
+        if self.cfg.record_events:
+            timed_out = x.dur >= self.cfg.workload.timeout_s
             self._emit(
                 ExecutionFinished(
-                    execution_id=key, status="timed-out" if timed_out else "completed", score=0.0 if timed_out else 1.0,
-                    occurred_at=self._at(),
+                    execution_id=key, status="timed-out" if timed_out else "completed",
+                    score=0.0 if timed_out else 1.0, event_id=self._eid(), occurred_at=self._at(),
                 )
             )  # fmt: skip
-        elif kind == _SWITCH:
+        else:  # the same fold, without building the event nobody keeps (a long run has millions)
+            self.seq += 1
+            st = self.state
+            st.finish_execution(key, True, self._at_seconds())
+            st.last_seq = self.seq
+
+    def _handle(self, kind: int, key: str, payload: object) -> None:
+        if kind == _SWITCH:
             self._switch_done(key, str(payload))
         elif kind == _MICRO:
             held = self._micro.get(key)
             if held is None or held[1] != payload:
                 return  # the cell left training; the micro-step went back to the buffer
             del self._micro[key]
+            cell = self.state.cells[key]
+            self._usage.jump(_TRAIN_BUSY, self.t, -cell.gpus)
+            insort(self._idle, (-cell.gpus, cell.order, key))
             self._micro_done[key] = self._micro_done.get(key, 0) + 1
             if self.packer.complete(held[0]):
                 self._step_pending = True
@@ -149,9 +280,12 @@ class Simulator:
     def _settle(self) -> None:
         """Let the policy act on this instant until it has nothing more to say, then fill slots and trainers."""
         for _ in range(16):
-            self._start_queued()
+            if self._queue:
+                self._start_queued()
             d = self.policy.decide(View(self.state, self.t, self.loop))
-            if self.cfg.record_events and d:
+            if not d:
+                break  # the common case: nothing to do now
+            if self.cfg.record_events:
                 self.decisions.append((self.seq, self.t, d))
             changed = False
             for r in d.roles:  # roles first: a fixed split or a drain is judged on the watermark before the burst
@@ -160,7 +294,8 @@ class Simulator:
                 changed |= self._dispatch(req)
             if not changed:
                 break
-        self._start_queued()
+        if self._queue:
+            self._start_queued()
         self._train()
 
     # --- rollout -------------------------------------------------------------------------------------
@@ -169,35 +304,74 @@ class Simulator:
         step = req.step
         if step <= self.state.dispatched_step or req.groups < 1:
             return False
-        if self._next_group + req.groups > self._pool:
-            self.refusals.append(f"t={self.t:.0f}s dispatch {req}: the simulated workload has no more groups")
-            return False
+        if self._next_group + req.groups > self._max_groups:
+            raise self._stalled(
+                f"the policy dispatched {self._next_group} groups and asks for {req.groups} more, over "
+                f"{self.cfg.max_dispatch_factor:g} x the {self.loop.steps * self.loop.groups_per_step} the run "
+                "trains plus a cluster-full: it discards work faster than it trains"
+            )
         version = f"v{self.state.trained_step}"
         timeout = self.cfg.workload.timeout_s
         at = self._at()
+        at_s = self._at_s
+        gs = self.loop.group_size
+        record = self.cfg.record_events
+        st = self.state
         for g in range(req.groups):
             gid = f"s{step}-g{g}"
-            members = self._members[gid] = []
-            for k in range(self.loop.group_size):
+            self._gidx[gid] = self._next_group
+            for k, dur in enumerate(self._source.group(self._next_group).tolist()):
                 xid = f"{gid}-e{k}"
-                members.append(xid)
-                self._dur[xid] = float(self._durations[self._next_group, k])
-                self._emit(
-                    ExecutionDispatched(
-                        execution_id=xid, task_id=f"task-s{step}-g{g}", group_id=gid, step=step,
-                        weight_version=version, timeout_s=timeout, group_size=self.loop.group_size, occurred_at=at,
-                    )
-                )  # fmt: skip
-                self._queue.append(xid)
+                if record:
+                    self._emit(
+                        ExecutionDispatched(
+                            execution_id=xid, task_id=f"task-s{step}-g{g}", group_id=gid, step=step,
+                            weight_version=version, timeout_s=timeout, group_size=gs, event_id=self._eid(),
+                            occurred_at=at,
+                        )
+                    )  # fmt: skip
+                else:  # the same fold, without building the event
+                    self.seq += 1
+                    st.dispatch_execution(xid, gid, step, version, at_s, timeout, gs)
+                self._queue.append(_Exec(xid, gid, dur))
             self._next_group += 1
+        st.last_seq = self.seq
         return True
 
     def _start_queued(self) -> None:
-        cap = self.state.rollout_capacity
-        while self._queue and self._started < cap:
-            xid = self._queue.popleft()
-            self._started += 1
-            self._schedule(self.t + self._dur[xid], _EXEC, xid)
+        queue, slots = self._queue, self._slots
+        while queue:
+            x = queue[0]
+            cell = slots.place(x.xid)
+            if cell is None:
+                return
+            queue.popleft()
+            self._usage.jump(_BUSY, self.t, slots.gpus_per_slot(cell))
+            x.t0 = self.t
+            self._runs[x.xid] = x
+            self._finish_at(x, self.t + x.dur)
+
+    def _finish_at(self, x: _Exec, at: float) -> None:
+        self._micro_token += 1
+        x.end, x.token = at, self._micro_token
+        self._schedule(at, _EXEC, x.xid, self._micro_token)
+
+    def _move(self, xid: str) -> None:
+        """The proxy re-issues a running execution's call on the least-loaded engine left; it pays the move."""
+        x = self._runs[xid]
+        cell = self._slots.place(xid)
+        if cell is None:  # the watermark rule guarantees room for every live execution
+            raise RuntimeError(f"no rollout slot for moved execution {xid}: the watermark rule did not hold")
+        per_slot = self._slots.gpus_per_slot(cell)
+        self._usage.jump(_BUSY, self.t, per_slot)  # ``_follow_role`` took it off the old cell's GPUs
+        progress = (self.t - x.t0 - x.delay) / max(x.dur, 1e-9)
+        cost = self.cfg.costs.move.seconds(progress, per_slot)
+        self.moves += 1
+        if cost > 0:
+            x.delay += cost
+            self.move_slot_s += cost
+            self.move_gpu_s += cost * per_slot
+            self._finish_at(x, x.end + cost)
 
     # --- the actuator, simulated -----------------------------------------------------------------------
 
@@ -217,26 +391,23 @@ class Simulator:
         at = self._at()
         self.switches += 1
         if req.target == "training":
-            for frm, to in steps[:-1]:
-                if to == "switching" and frm == "draining":
-                    # The proxy rerouted the cell's share of live executions; the rule guaranteed room for them.
-                    share = cell.capacity / max(self.state.rollout_capacity + cell.capacity, 1)
-                    self.reroutes += round(self._started * share)
+            for frm, to in steps[:-1]:  # leaving rollout moves the cell's executions (``_follow_role``)
                 self._emit(CellRoleChanged(cell_id=req.cell_id, from_role=frm, to_role=to, reason=req.reason,
-                                           occurred_at=at))  # fmt: skip
+                                           event_id=self._eid(), occurred_at=at))  # fmt: skip
             self._schedule(self.t + self.cfg.costs.to_training_s, _SWITCH, req.cell_id, "training")
             return True
         if cell.role in TRAINING_ROLES:
             held = self._micro.pop(req.cell_id, None)
             if held is not None:
                 self.packer.release(held[0])
+                self._usage.jump(_TRAIN_BUSY, self.t, -cell.gpus)
             if cell.role == "training-core":
                 heir = core_heir(self.state)
                 if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
                     self._emit(
                         CellRoleChanged(
                             cell_id=heir.cell_id, from_role="training-satellite", to_role="training-core",
-                            reason="core hand-over", occurred_at=at,
+                            reason="core hand-over", event_id=self._eid(), occurred_at=at,
                         )
                     )  # fmt: skip
         for frm, to in steps:
@@ -244,13 +415,14 @@ class Simulator:
                 self._schedule(self.t + self.cfg.costs.to_rollout_s, _SWITCH, req.cell_id, "rollout")
                 return True
             self._emit(CellRoleChanged(cell_id=req.cell_id, from_role=frm, to_role=to, reason=req.reason,
-                                       occurred_at=at))  # fmt: skip
+                                       event_id=self._eid(), occurred_at=at))  # fmt: skip
         return True
 
     def _switch_done(self, cell_id: str, target: str) -> None:
         to = arrival_role(self.state) if target == "training" else "rollout"
-        self._emit(CellRoleChanged(cell_id=cell_id, from_role="switching", to_role=to, occurred_at=self._at(),
-                                   reason="trainer worker up" if target == "training" else "engine up"))  # fmt: skip
+        why = "trainer worker up" if target == "training" else "engine up"
+        self._emit(CellRoleChanged(cell_id=cell_id, from_role="switching", to_role=to, reason=why,
+                                   event_id=self._eid(), occurred_at=self._at()))  # fmt: skip
 
     # --- training ------------------------------------------------------------------------------------
 
@@ -260,30 +432,35 @@ class Simulator:
         self.packer.sync(self.state)
         if not self.packer.available:
             return
-        cells = self.state.training_cells()
-        if not any(c.role == "training-core" for c in cells):
+        if not self.state.core_count:
             return  # nobody holds the authoritative weights yet
-        # Faster cells first: with unequal cells they claim more and the step ends together.
-        for c in sorted(cells, key=lambda c: -c.gpus):
-            if c.cell_id in self._micro:
-                continue
-            m = self.packer.claim(c.cell_id)
+        # Faster cells first (then registration order): with unequal cells they claim more and the step ends
+        # together. ``_idle`` holds the training cells without a micro-step in exactly that order.
+        while self._idle:
+            neg_gpus, _, cell_id = self._idle[0]
+            m = self.packer.claim(cell_id)
             if m is None:
                 return
-            self._token += 1
-            self._micro[c.cell_id] = (m, self._token)
-            took = self.cfg.costs.micro_step_s * self._ref_gpus / max(c.gpus, 1) * len(m.group_ids)
+            del self._idle[0]
+            self._micro_token += 1
+            self._micro[cell_id] = (m, self._micro_token)
+            self._usage.jump(_TRAIN_BUSY, self.t, -neg_gpus)
+            took = self.cfg.costs.micro_step_s * self._ref_gpus / max(-neg_gpus, 1) * len(m.group_ids)
             took /= self.loop.micro_groups * m.parts
-            self._schedule(self.t + took, _MICRO, c.cell_id, self._token)
+            self._schedule(self.t + took, _MICRO, cell_id, self._micro_token)
 
     def _step_done(self, step: int) -> None:
         groups = self.packer.groups()
-        ids = [x for g in groups for x in self._members[g]]
+        gs = self.loop.group_size
+        ids = [f"{g}-e{k}" for g in groups for k in range(gs)]
+        for g in groups:
+            self._trained.append(self._gidx[g])
+            self._gslot.pop(g, None)
         before = dict(self.state.staleness_hist)
         self._emit(
             TrainingStepCompleted(
                 step=step, weight_version=f"v{step}", loss=0.0, n_samples=len(ids), n_tokens=0, execution_ids=ids,
-                occurred_at=self._at(),
+                event_id=self._eid(), occurred_at=self._at(),
             )
         )  # fmt: skip
         stale = {k: v - before.get(k, 0) for k, v in self.state.staleness_hist.items() if v - before.get(k, 0)}
@@ -292,29 +469,6 @@ class Simulator:
             StepRecord(step, self.t, sum(k * v for k, v in stale.items()) / n if n else 0.0, max(stale, default=0))
         )
         self._step_pending = False
-
-    # --- utilisation ---------------------------------------------------------------------------------
-
-    def _account(self, until: float) -> None:
-        if until <= self._last_t:
-            return
-        roll = train_busy = train_idle = switching = idle = 0.0
-        for c in self.state.cells.values():
-            if c.role == "rollout":
-                roll += c.gpus
-            elif c.role in TRAINING_ROLES:
-                if c.cell_id in self._micro:
-                    train_busy += c.gpus
-                else:
-                    train_idle += c.gpus
-            elif c.role in ("draining", "switching"):
-                switching += c.gpus
-            else:
-                idle += c.gpus
-        cap = self.state.rollout_capacity
-        busy = roll * (min(self._started, cap) / cap) if cap else 0.0
-        self._segments.append(Segment(self._last_t, until, busy, roll - busy, train_busy, train_idle, switching + idle))
-        self._last_t = until
 
 
 def simulate(config: SimConfig, policy: Policy) -> SimResult:

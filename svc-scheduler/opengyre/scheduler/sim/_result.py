@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -10,23 +11,78 @@ import numpy as np
 from .._state import SchedulerState
 from ._config import SimConfig
 
-__all__ = ["IdealBound", "Segment", "SimResult", "StepRecord", "ideal_bound"]
+__all__ = ["IdealBound", "SimResult", "StepRecord", "TrainedWork", "Usage", "ideal_bound"]
 
 HOUR = 3600.0
-_SHARES = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")  # Segment's GPU fields
+# GPUs by activity: slots held, rollout idle, micro-steps running, training cells waiting, switching or idle.
+_SHARES = ("rollout_busy", "rollout_idle", "training_busy", "training_idle", "other")
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """GPUs by activity over ``[t0, t1)``, constant in between."""
+class Usage:
+    """GPUs by activity over time, from the moments they change (a long run has tens of millions of instants,
+    so nothing is done per instant): five series (slots held, rollout cells, micro-steps running, training
+    cells, the rest) each a step function given by its jumps. Per fine bin of ``bin_s`` it keeps the jumps'
+    sum and their time-weighted sum, which give the exact integral at every bin edge."""
 
-    t0: float
-    t1: float
-    rollout_busy: float
-    rollout_idle: float
-    training_busy: float
-    training_idle: float
-    other: float  # switching, draining, idle cells
+    SERIES = 5
+
+    def __init__(self, bin_s: float = 60.0) -> None:
+        self.bin_s = bin_s
+        self._sum: list[list[float]] = [[] for _ in range(self.SERIES)]  # per series, per bin: sum of jumps
+        self._tsum: list[list[float]] = [[] for _ in range(self.SERIES)]  # ... and of jump x time
+
+    def jump(self, series: int, t: float, delta: float) -> None:
+        """Series ``series`` changes by ``delta`` GPUs at time ``t``."""
+        b = int(t // self.bin_s)
+        sums, tsums = self._sum[series], self._tsum[series]
+        if b >= len(sums):
+            grow = b + 1 - len(sums)
+            sums.extend([0.0] * grow)
+            tsums.extend([0.0] * grow)
+        sums[b] += delta
+        tsums[b] += delta * t
+
+    def _integrals(self, edges: np.ndarray) -> np.ndarray:
+        """GPU-seconds of each series over [0, e) for every edge e (exact at bin edges and at the end)."""
+        n = max(len(x) for x in self._sum)
+        out = np.zeros((len(edges), self.SERIES))
+        for k in range(self.SERIES):
+            s = np.zeros(n)
+            ts = np.zeros(n)
+            s[: len(self._sum[k])] = self._sum[k]
+            ts[: len(self._tsum[k])] = self._tsum[k]
+            # The jumps of the bins below ceil(e / bin_s): at a bin edge exactly those before e; at the run's end
+            # (no jump after it) all of them.
+            cs = np.concatenate([[0.0], np.cumsum(s)])
+            cts = np.concatenate([[0.0], np.cumsum(ts)])
+            idx = np.clip(np.ceil(edges / self.bin_s).astype(int), 0, n)
+            out[:, k] = edges * cs[idx] - cts[idx]
+        return out
+
+    def _shares(self, ints: np.ndarray) -> np.ndarray:
+        """(slots held, rollout idle, micro-steps, training idle, other) from the five series' integrals."""
+        busy, roll, tbusy, train, other = (ints[..., k] for k in range(self.SERIES))
+        return np.stack([busy, roll - busy, tbusy, train - tbusy, other], axis=-1)
+
+    def totals(self, end: float) -> list[float]:
+        """GPU-seconds per activity over ``[0, end)`` (``_SHARES`` order); every jump happened by ``end``."""
+        if end <= 0 or not any(self._sum):
+            return [0.0] * len(_SHARES)
+        return [float(v) for v in self._shares(self._integrals(np.array([end])))[0]]
+
+    def timeline(self, end: float, n: int, gpus: int) -> dict[str, list[float]]:
+        """Share of all GPUs per activity in ``n`` equal bins over ``[0, end)`` (time-weighted means)."""
+        if end <= 0 or not any(self._sum):
+            return {"t_h": [], **{k: [] for k in _SHARES}}
+        nb = max(len(x) for x in self._sum)
+        fine = np.arange(nb + 1) * self.bin_s
+        at_fine = self._shares(self._integrals(fine))
+        coarse = np.linspace(0.0, end, n + 1)
+        at = np.stack([np.interp(coarse, fine, at_fine[:, k]) for k in range(len(_SHARES))], axis=1)
+        width = end / n
+        per = np.diff(at, axis=0) / (width * gpus)
+        shares = {k: list(per[:, j]) for j, k in enumerate(_SHARES)}
+        return {"t_h": [(i + 0.5) * width / HOUR for i in range(n)], **shares}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,36 +95,102 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class IdealBound:
-    """The physical limit: no schedule finishes before all GPU-work is spread over all GPUs, nor before the
-    longest chain of dependent work (slowest execution of a batch, then its last micro-step) has run."""
+    """A physical limit on the work a run trains, valid for every policy that trains it.
+
+    No schedule finishes before all GPU-work is spread over all GPUs, nor before its longest chain of dependent
+    work has run. The work is the trained groups' slot-time (at the fewest GPUs per slot any cell has) and their
+    micro-steps; moves, switches and discarded work are left out, since a policy could avoid them. The chain
+    holds whichever groups a policy packs into which step: a sample trained by step s was generated by a version
+    at most ``max_staleness`` older, so step s ends no earlier than step s - 1 - phi, then its slowest group,
+    then a micro-step and the optimizer step. Summed over the phi + 1 interleaved chains, with the steps' slowest
+    groups no faster than the slowest of each G-sized block of the durations sorted (any packing has at least k
+    steps whose slowest group is at least the ((k-1)G+1)-th longest), that is a bound for any packing.
+    """
 
     work_h: float  # total GPU-work / total GPUs
-    chain_h: float  # longest dependency chain under the loop's staleness bound
+    chain_h: float  # longest dependency chain under the staleness bound, for any packing
     rollout_gpu_h: float
     training_gpu_h: float
+    max_staleness: int | None = None
 
     @property
     def hours(self) -> float:
         return max(self.work_h, self.chain_h)
 
 
-def ideal_bound(cfg: SimConfig, durations: np.ndarray, *, batch_chain: bool = True) -> IdealBound:
+def ideal_bound(cfg: SimConfig, trained: np.ndarray, *, max_staleness: int | None) -> IdealBound:
+    """The bound for a run that trains the groups ``trained`` (seconds, shape (groups, group_size))."""
     cl, loop, costs = cfg.cluster, cfg.loop, cfg.costs
-    gpus_per_slot = cl.total_gpus / cl.total_slots
-    rollout = float(durations.sum()) * gpus_per_slot
-    training = loop.steps * loop.microsteps_per_step / loop.micro_splits * costs.micro_step_s * costs.reference_gpus
+    n_cells = cl.cells + cl.resident_cells
+    gpus_per_slot = min(cl.gpus_of(i) for i in range(n_cells)) / cl.slots_per_cell
+    rollout = float(trained.sum()) * gpus_per_slot
+    # A micro-step of k groups costs k / micro_groups of micro_step_s on reference_gpus, however it is cut.
+    training = len(trained) / loop.micro_groups * costs.micro_step_s * costs.reference_gpus
     work = (rollout + training) / cl.total_gpus
-    # Chain: step b cannot finish before its slowest execution (dispatched when step b-1-phi finished) and
-    # its last micro-step on the fastest cell, nor before step b-1; the optimizer step follows each.
     fastest = max(cl.gpus_of(i) for i in range(cl.cells))
-    last_micro = costs.micro_step_s * costs.reference_gpus / fastest / loop.micro_splits
-    finish = [0.0] * (loop.steps + 1)
-    for b in range(1, loop.steps + 1):
-        start = finish[b - 1 - loop.max_lag] if b - 1 - loop.max_lag >= 1 else 0.0
-        # A policy that packs whichever groups complete first (carry-over) is not bound to its batch's slowest.
-        ready = start + float(durations[b - 1].max()) if batch_chain else 0.0
-        finish[b] = max(ready, finish[b - 1]) + last_micro + costs.step_overhead_s
-    return IdealBound(work / HOUR, finish[-1] / HOUR, rollout / HOUR, training / HOUR)
+    # The smallest micro-step a step can end with: one group's part, on the fastest cell.
+    last = costs.micro_step_s * costs.reference_gpus / fastest / (loop.micro_groups * loop.micro_splits)
+    c = last + costs.step_overhead_s
+    steps = -(-len(trained) // loop.groups_per_step)
+    q = np.sort(trained.max(axis=1))[::-1] if len(trained) else np.zeros(0)
+    chain = steps * c  # each step's last micro-step and optimizer step follow the previous step's
+    if len(q):
+        chain = max(chain, float(q[0]) + c)  # the step holding the slowest group
+        if max_staleness is not None:
+            tops = q[:: loop.groups_per_step][:steps]
+            chain = max(chain, (float(tops.sum()) + steps * c) / (max_staleness + 1))
+    return IdealBound(work / HOUR, chain / HOUR, rollout / HOUR, training / HOUR, max_staleness)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainedWork:
+    """What a run trained (groups and their duration distribution) and what it dispatched but never trained."""
+
+    groups: int
+    samples: int
+    mean_execution_h: float
+    mean_query_h: float
+    p50_query_h: float
+    p90_query_h: float
+    p99_query_h: float
+    share_queries_over_4h: float
+    share_timed_out: float
+    digest: str  # which groups (by dispatch index): equal digests = equal composition
+    dispatched_groups: int
+    untrained_finished_groups: int  # finished, never trained (dropped)
+    untrained_unfinished_groups: int  # still running or queued when the run ended
+    lost_gpu_h: float  # GPU-hours of slot-time spent on groups never trained
+
+    @classmethod
+    def of(
+        cls, trained: np.ndarray, indices: list[int], *, timeout_s: float, dispatched: int,
+        lost: tuple[int, int, float], gpus_per_slot: float,
+    ) -> TrainedWork:  # fmt: skip
+        q = trained.max(axis=1) / HOUR if len(trained) else np.zeros(1)
+        digest = hashlib.sha256(np.asarray(sorted(indices), dtype=np.int64).tobytes()).hexdigest()[:16]
+        return cls(
+            groups=len(indices),
+            samples=int(trained.size),
+            mean_execution_h=float(trained.mean() / HOUR) if trained.size else 0.0,
+            mean_query_h=float(q.mean()),
+            p50_query_h=float(np.percentile(q, 50)),
+            p90_query_h=float(np.percentile(q, 90)),
+            p99_query_h=float(np.percentile(q, 99)),
+            share_queries_over_4h=float((q > 4.0).mean()),
+            share_timed_out=float((trained >= timeout_s).mean()) if trained.size else 0.0,
+            digest=digest,
+            dispatched_groups=dispatched,
+            untrained_finished_groups=lost[0],
+            untrained_unfinished_groups=lost[1],
+            lost_gpu_h=lost[2] * gpus_per_slot / HOUR,
+        )
+
+    @property
+    def leaves_work_untrained(self) -> bool:
+        return self.untrained_finished_groups + self.untrained_unfinished_groups > 0
+
+    def summary(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 @dataclass
@@ -82,10 +204,12 @@ class SimResult:
     bound: IdealBound
     timeline: dict[str, list[float]]  # binned GPU shares over time, for the plot
     refusals: list[str]
-    reroutes: int
+    moves: int  # running executions moved off a cell that left rollout
+    move_slot_h: float  # slot-hours the moves added (re-prefill or KV transfer)
+    move_gpu_h: float
     switches: int
     events: int
-    completed: bool  # every step of the loop was trained (a policy can stall: the simulator then stops)
+    trained: TrainedWork
     microsteps_by_cell: dict[str, int] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
 
@@ -97,17 +221,23 @@ class SimResult:
         config: SimConfig,
         state: SchedulerState,
         steps: list[StepRecord],
-        segments: list[Segment],
+        usage: Usage,
         bound: IdealBound,
         refusals: list[str],
-        reroutes: int,
+        trained: np.ndarray,
+        trained_groups: list[int],
+        lost: tuple[int, int, float],
+        moves: int,
+        move_slot_s: float,
+        move_gpu_s: float,
         switches: int,
         events: int,
         microsteps_by_cell: dict[str, int],
     ) -> SimResult:
         end = steps[-1].at_s if steps else 0.0
-        gpus = config.cluster.total_gpus
-        totals = {k: sum((s.t1 - s.t0) * getattr(s, k) for s in segments) / HOUR for k in _SHARES}
+        cl = config.cluster
+        gpus = cl.total_gpus
+        totals = {k: v / HOUR for k, v in zip(_SHARES, usage.totals(end), strict=True)}
         busy = totals["rollout_busy"] + totals["training_busy"]
         return cls(
             policy=policy,
@@ -117,12 +247,21 @@ class SimResult:
             staleness_max=state.staleness_max(),
             utilisation=busy / (gpus * end / HOUR) if end else 0.0,
             bound=bound,
-            timeline=_bins(segments, end, config.timeline_bins, gpus),
+            timeline=usage.timeline(end, config.timeline_bins, gpus),
             refusals=refusals,
-            reroutes=reroutes,
+            moves=moves,
+            move_slot_h=move_slot_s / HOUR,
+            move_gpu_h=move_gpu_s / HOUR,
             switches=switches,
             events=events,
-            completed=len(steps) == config.loop.steps,
+            trained=TrainedWork.of(
+                trained,
+                trained_groups,
+                timeout_s=config.workload.timeout_s,
+                dispatched=len(state.groups),
+                lost=lost,
+                gpus_per_slot=cl.total_gpus / cl.total_slots,
+            ),
             microsteps_by_cell=dict(microsteps_by_cell),
             totals=totals,
         )
@@ -137,29 +276,9 @@ class SimResult:
             "ideal_h": round(self.bound.hours, 3),
             "vs_ideal": round(self.hours / self.bound.hours, 3) if self.bound.hours else None,
             "switches": self.switches,
-            "reroutes": self.reroutes,
+            "moves": self.moves,
+            "move_slot_h": round(self.move_slot_h, 3),
             "refusals": len(self.refusals),
             "events": self.events,
-            "completed": self.completed,
+            "trained": self.trained.summary(),
         }
-
-
-def _bins(segments: list[Segment], end: float, n: int, gpus: int) -> dict[str, list[float]]:
-    """Share of all GPUs per activity in ``n`` equal time bins (time-weighted means)."""
-    keys = _SHARES
-    out = {k: np.zeros(n) for k in keys}
-    if end <= 0 or not segments:
-        return {"t_h": [], **{k: [] for k in keys}}
-    width = end / n
-    for s in segments:
-        t0, t1 = s.t0, min(s.t1, end)
-        while t0 < t1:
-            i = min(int(t0 // width), n - 1)
-            edge = min(t1, (i + 1) * width)
-            for k in keys:
-                out[k][i] += (edge - t0) * getattr(s, k)
-            if edge <= t0:
-                break
-            t0 = edge
-    scale = 1.0 / (width * gpus)
-    return {"t_h": [(i + 0.5) * width / HOUR for i in range(n)], **{k: list(out[k] * scale) for k in keys}}

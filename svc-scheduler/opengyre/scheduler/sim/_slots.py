@@ -1,0 +1,98 @@
+"""Where running executions sit: the rollout cells' slots, least-loaded first, as the proxy routes.
+
+The proxy sends an execution's first call to the engine with the fewest requests in flight and keeps it there
+(prefix-cache affinity); when the engine drains, each of its executions moves to the least-loaded engine left.
+Cells sit in a heap keyed (load, registration order); an entry whose load is no longer the cell's is skipped
+when it surfaces, so a placement, a finish and a move cost O(log cells) and not a scan of every cell.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+__all__ = ["Slots"]
+
+
+class Slots:
+    def __init__(self) -> None:
+        self._load: dict[str, int] = {}  # open (rollout) cells only
+        self._capacity: dict[str, int] = {}
+        self._order: dict[str, int] = {}
+        self._gpus_per_slot: dict[str, float] = {}
+        self._heap: list[tuple[int, int, str]] = []  # (load, order, cell); stale entries are skipped
+        self._on: dict[str, dict[str, None]] = {}  # cell -> executions on it, in placement order
+        self._where: dict[str, str] = {}  # execution -> cell
+        self.busy = 0  # executions placed
+        self.busy_gpus = 0.0  # GPUs their slots stand for
+
+    def _push(self, cell: str, load: int) -> None:
+        heapq.heappush(self._heap, (load, self._order[cell], cell))
+        if len(self._heap) > 4 * len(self._load) + 64:  # drop the stale entries now and then
+            self._heap = [(n, self._order[c], c) for c, n in self._load.items()]
+            heapq.heapify(self._heap)
+
+    def _least(self) -> str | None:
+        heap, loads = self._heap, self._load
+        while heap:
+            load, _, cell = heap[0]
+            if loads.get(cell) == load:
+                return cell
+            heapq.heappop(heap)
+        return None
+
+    def open(self, cell: str, order: int, capacity: int, gpus: int) -> None:
+        """The cell takes executions (it arrived in rollout)."""
+        if cell in self._load:
+            return
+        self._order[cell] = order
+        self._capacity[cell] = capacity
+        self._gpus_per_slot[cell] = gpus / capacity if capacity else 0.0
+        self._load[cell] = 0
+        self._on[cell] = {}
+        self._push(cell, 0)
+
+    def close(self, cell: str) -> list[str]:
+        """The cell stops taking executions (it leaves rollout); returns the executions that were on it."""
+        if self._load.pop(cell, None) is None:
+            return []
+        moved = list(self._on.pop(cell))
+        for xid in moved:
+            del self._where[xid]
+        self.busy -= len(moved)
+        self.busy_gpus -= len(moved) * self._gpus_per_slot[cell]
+        return moved
+
+    def place(self, xid: str) -> str | None:
+        """Put ``xid`` on the least-loaded open cell with a free slot (ties: the first registered)."""
+        cell = self._least()
+        if cell is None:
+            return None
+        load = self._load[cell]
+        if load >= self._capacity[cell]:
+            return None  # every cell is full (equal capacities: the least loaded is full)
+        self._load[cell] = load + 1
+        self._push(cell, load + 1)
+        self._on[cell][xid] = None
+        self._where[xid] = cell
+        self.busy += 1
+        self.busy_gpus += self._gpus_per_slot[cell]
+        return cell
+
+    def remove(self, xid: str) -> float:
+        """Take ``xid`` off its cell; returns the GPUs its slot stood for."""
+        cell = self._where.pop(xid)
+        del self._on[cell][xid]
+        load = self._load[cell] - 1
+        self._load[cell] = load
+        self._push(cell, load)
+        per_slot = self._gpus_per_slot[cell]
+        self.busy -= 1
+        self.busy_gpus -= per_slot
+        return per_slot
+
+    def gpus_per_slot(self, cell: str) -> float:
+        return self._gpus_per_slot[cell]
+
+    def has_room(self) -> bool:
+        cell = self._least()
+        return cell is not None and self._load[cell] < self._capacity[cell]
