@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from opengyre.eventlog import EventLog, LogConfig, LogUnavailable
 from opengyre.events import SkillIngested
 from opengyre.runtime import cmdline
+from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._polling import await_until
 
@@ -116,6 +120,17 @@ class Ledger:
             tracked = [s for (s,) in db.execute("SELECT stream_seq FROM og_tracking WHERE projection = 'tasks'")]
         assert {k: rows.get(k) for k in self.acked} == self.acked, "an acknowledged skill was not applied"
         assert sorted(tracked) == list(range(1, last + 1)), "the projection skipped or repeated a position"
+
+
+async def synth_state(record: dict[str, Any]) -> tuple[int, int, int]:
+    """synth's gRPC health, and its projection's (position, pending) when it serves (else -1, -1)."""
+    port = record["services"]["synth"]["port"]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        if h.status != health_pb2.HealthCheckResponse.SERVING:
+            return h.status, -1, -1
+        st = await synth_pb2_grpc.SynthServiceStub(ch).GetStatus(common_pb2.StatusRequest(), timeout=10)
+    return h.status, st.projections[0].position, st.projections[0].pending
 
 
 def applied_position(data: Path) -> int:
