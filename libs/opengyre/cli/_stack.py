@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import typer
@@ -30,6 +30,7 @@ from ..runtime import (
     PortTaken,
     Stack,
     check_data_dir,
+    describe_holder,
     find_leftovers,
     load_service,
     lock_holder,
@@ -37,7 +38,6 @@ from ..runtime import (
     run_service,
     stack_alive,
 )
-from ..runtime._lock import describe
 from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
 
 __all__ = ["register"]
@@ -196,7 +196,7 @@ def down(data_dir: DataDirOpt = None) -> None:
             time.sleep(0.2)
         raise fail(f"stack pid {pid} did not stop within 60 s")
     if holder:
-        console.print(f"no stack runs on {settings.data_dir} ({describe(holder)} reads its log)")
+        console.print(f"no stack runs on {settings.data_dir} ({describe_holder(holder)} reads its log)")
         return
     if not settings.data_dir.is_dir():
         console.print(f"no stack runs on {settings.data_dir}")
@@ -221,7 +221,7 @@ def down(data_dir: DataDirOpt = None) -> None:
 STATUS_DEADLINE_S = 2.0
 
 
-async def _service_status(host: str, name: str, port: int) -> tuple[str, object]:
+async def _service_status(host: str, name: str, port: int) -> tuple[str, Any]:
     """Health, then GetStatus when serving; each under a short deadline, so a stuck service costs seconds."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -280,12 +280,12 @@ def status(data_dir: DataDirOpt = None) -> None:
             )
         raise fail(f"no stack runs on {settings.data_dir}: start one with `opengyre up`", code=1)
 
-    async def collect() -> tuple[str, list[tuple[str, object]]]:
+    async def collect() -> tuple[str, list[tuple[str, Any]]]:
         # Everything at once: a stack whose log is down answers in one deadline, not one per service.
-        log_task = _log_status(data["nats_url"], settings, data.get("nats_monitor_url"))
+        log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url")))
         svc = [_service_status(data["host"], name, info["port"]) for name, info in data["services"].items()]
-        problem, *services = await asyncio.gather(log_task, *svc)
-        return str(problem), [(str(s[0]), s[1]) for s in services]  # type: ignore[index]
+        services = await asyncio.gather(*svc)
+        return await log_task, services
 
     log_problem, rows = asyncio.run(collect())
     healthy = not log_problem
@@ -308,10 +308,10 @@ def status(data_dir: DataDirOpt = None) -> None:
             continue
         projs = ", ".join(
             f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" + (" [red]REFUSES THE STREAM[/]" if p.error else "")
-            for p in st.projections  # type: ignore[attr-defined]
+            for p in st.projections
         )
-        refusing += [p.error for p in st.projections if p.error]  # type: ignore[attr-defined]
-        t.add_row(name, str(info["port"]), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")  # type: ignore[attr-defined]
+        refusing += [p.error for p in st.projections if p.error]
+        t.add_row(name, str(info["port"]), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
     console.print(t)
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")

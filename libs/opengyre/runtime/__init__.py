@@ -1,7 +1,7 @@
 """Process-level plumbing: the embedded nats-server, ports, gRPC servers, services and their supervisor."""
 
 from ._grpc import GrpcServer, abort_invalid, abort_status
-from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir
+from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
 from ._nats import EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
 from ._ports import free_port, port_is_free, wait_for_port
 from ._procs import alive, cmdline, spawn, stop_group
@@ -44,6 +44,7 @@ __all__ = [
     "all_projections",
     "check_data_dir",
     "cmdline",
+    "describe_holder",
     "find_leftovers",
     "free_port",
     "is_nats_server_of",

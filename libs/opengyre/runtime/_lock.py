@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataDirBusy", "DataDirLock", "DataDirUnusable", "check_data_dir"]
+__all__ = ["DataDirBusy", "DataDirLock", "DataDirUnusable", "check_data_dir", "describe_holder"]
 
 LOCK_NAME = "stack.lock"
 
@@ -28,7 +28,7 @@ class DataDirBusy(RuntimeError):
 
     def __init__(self, data_dir: Path, holder: dict[str, Any]) -> None:
         self.holder = holder
-        who = describe(holder)
+        who = describe_holder(holder)
         hint = "stop it with `opengyre down`" if holder.get("role") == "up" else "wait for it to finish"
         super().__init__(f"{data_dir} is in use by {who}; {hint}")
 
@@ -37,7 +37,7 @@ class DataDirUnusable(RuntimeError):
     """The data dir cannot be created or written (missing parent, a file in the way, read-only, permissions)."""
 
 
-def describe(holder: dict[str, Any]) -> str:
+def describe_holder(holder: dict[str, Any]) -> str:
     pid = holder.get("pid", "?")
     if holder.get("role") == "up":
         return f"a running stack (supervisor pid {pid})"

@@ -26,8 +26,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from ..config import PROXY_HTTP, Settings
-from ..eventlog import EventLog, LogHealth
-from ..eventlog._health import server_health
+from ..eventlog import EventLog, LogHealth, server_health
 from ..store import create_db_engine, migrate
 from ._lock import DataDirLock
 from ._nats import EmbeddedNats, is_nats_server_of
