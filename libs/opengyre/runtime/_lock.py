@@ -96,7 +96,7 @@ class DataDirLock:
                     os.close(fd)
                     raise DataDirBusy(self.data_dir, holder) from None
                 time.sleep(0.02)
-        info = {"pid": os.getpid(), "role": role, "command": command or " ".join(sys.argv[:3])}
+        info = {"pid": os.getpid(), "role": role, "command": command or " ".join(["opengyre", *sys.argv[1:3]])}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
