@@ -148,9 +148,10 @@ def _detach(settings: Settings, names: list[str]) -> None:
         "--stream",
         settings.log.stream,
     ]
-    if settings.nats_url:
+    # Given even when empty: '' sets a recorded URL back to the default.
+    if settings.nats_url is not None:
         args += ["--nats-url", settings.nats_url]
-    if settings.db_url:
+    if settings.db_url is not None:
         args += ["--db-url", settings.db_url]
     log_path = settings.data_dir / "up.log"
     with log_path.open("ab") as logf:
