@@ -26,7 +26,8 @@ CLI = [sys.executable, "-m", "opengyre.cli"]
 
 
 def og(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "COLUMNS": "200", **(env or {})}
+    # Wide enough that rich never wraps a message the test looks for (data dir paths are long).
+    full = {**os.environ, "COLUMNS": "4000", **(env or {})}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full)
 
 

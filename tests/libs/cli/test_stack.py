@@ -156,6 +156,7 @@ async def test_a_killed_nats_server_is_restarted_and_health_follows_the_log(tmp_
         watch.cancel()
         after = stack_record(data)
         assert after["log"] == {"ok": True, "reason": "", "restarts": 1}
+        assert after["services"]["synth"]["restarts"] == 0  # type: ignore[index]  # it rode the restart out
         assert after["nats_url"] == url and after["nats_pid"] != old_nats  # same port, same store
         await ledger.verify(data, url)
         assert len(ledger.acked) == 150
@@ -220,6 +221,7 @@ async def test_a_full_disk_is_reported_and_the_stack_recovers_when_space_returns
         finally:
             await log.close()
         assert stack_record(data)["log"]["restarts"] == 1  # type: ignore[index]
+        assert stack_record(data)["services"]["synth"]["restarts"] == 0  # type: ignore[index]
         res = og("status", "--data-dir", str(data))
         assert res.returncode == 0, res.stdout
         await ledger.verify(data, url)
