@@ -58,9 +58,10 @@ async def _up(settings: Settings, services: list[str]) -> None:
     _install_stop_signals(stop)
     await stack.start()
     if stack.reaped:
-        console.print(f"stopped what a stack that died had left running: {', '.join(map(str, stack.reaped))}")
+        console.print(_reaped_text([str(x) for x in stack.reaped]))
     _print_stack(stack)
     console.print("[dim]Ctrl-C stops the stack; `opengyre up` again on this data dir resumes it.[/]")
+    sys.stdout.flush()  # a detached stack's up.log shows it now, not at exit
     try:
         await stack.supervise(stop)
     finally:
@@ -164,7 +165,8 @@ def _detach(settings: Settings, names: list[str]) -> None:
     while time.monotonic() < deadline:
         data = stack_alive(settings)
         if data and int(data.get("pid", 0)) == proc.pid:
-            console.print(_said(log_path, offset))
+            if data.get("reaped"):
+                console.print(_reaped_text(data["reaped"]))
             console.print(f"stack up in the background (pid {proc.pid}); NATS at {data['nats_url']}")
             return
         if proc.poll() is not None:
@@ -173,6 +175,10 @@ def _detach(settings: Settings, names: list[str]) -> None:
         time.sleep(0.2)
     proc.terminate()
     raise fail("the stack did not come up within 120 s")
+
+
+def _reaped_text(reaped: list[str]) -> str:
+    return f"stopped what a stack that died had left running: {', '.join(reaped)}"
 
 
 def _said(log_path: Path, offset: int) -> str:

@@ -311,6 +311,7 @@ class Stack:
             "stream": s.log.stream,
             "prefix": s.log.prefix,
             "host": s.host,
+            "reaped": [str(x) for x in self.reaped],
             "services": {
                 c.name: {"port": c.port, "pid": c.proc.pid if c.proc else 0, "restarts": c.restarts}
                 for c in self.children.values()
