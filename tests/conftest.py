@@ -112,3 +112,16 @@ def any_engine(any_db_url: str) -> Iterator[Engine]:
     migrate(eng)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture
+def prod_db_url(tmp_path: Path) -> Iterator[str]:
+    """One store for a slow end-to-end test: PostgreSQL (a fresh database) where there is one, else SQLite."""
+    if _PG is None:
+        yield f"sqlite:///{tmp_path / 'opengyre.db'}"
+        return
+    url = _fresh_pg_db(_PG)
+    try:
+        yield url
+    finally:
+        _drop_pg_db(_PG, url)

@@ -11,10 +11,20 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..config import Settings
+from ..config import Settings, SettingsError
 from ..eventlog import EventLog, LogUnavailable
+from ..runtime import DataDirLock
 
-__all__ = ["DataDirOpt", "DbUrlOpt", "NatsUrlOpt", "console", "fail", "log_session", "settings_from"]
+__all__ = [
+    "DataDirOpt",
+    "DbUrlOpt",
+    "NatsUrlOpt",
+    "StreamOpt",
+    "console",
+    "fail",
+    "log_session",
+    "settings_from",
+]
 
 console = Console()
 
@@ -25,12 +35,29 @@ NatsUrlOpt = Annotated[
     str | None, typer.Option("--nats-url", help="Join this NATS JetStream instead of starting the embedded one")
 ]
 DbUrlOpt = Annotated[
-    str | None, typer.Option("--db-url", help="SQLAlchemy URL of the projection store [default: SQLite in data dir]")
+    str | None,
+    typer.Option(
+        "--db-url",
+        help="SQLAlchemy URL of the projection store, shared by every service "
+        "[default: what `opengyre up` recorded, else one SQLite file per service in <data-dir>/db]",
+    ),
+]
+StreamOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stream", help="JetStream stream of the events [default: what `opengyre up` recorded, else OPENGYRE]"
+    ),
 ]
 
 
-def settings_from(data_dir: Path | None, nats_url: str | None = None, db_url: str | None = None) -> Settings:
-    return Settings.from_env(data_dir=data_dir, nats_url=nats_url, db_url=db_url)
+def settings_from(
+    data_dir: Path | None, nats_url: str | None = None, db_url: str | None = None, stream: str | None = None
+) -> Settings:
+    """Options, then the environment, then what the data dir's last `opengyre up` recorded, then defaults."""
+    try:
+        return Settings.from_env(data_dir=data_dir, nats_url=nats_url, db_url=db_url, stream=stream)
+    except SettingsError as exc:
+        raise fail(str(exc)) from exc
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -39,23 +66,42 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 @contextlib.asynccontextmanager
-async def log_session(settings: Settings) -> AsyncIterator[EventLog]:
+async def log_session(settings: Settings, *, held: DataDirLock | None = None) -> AsyncIterator[EventLog]:
     """The event log of --nats-url or of the running stack; with the stack down, the data dir's own log
-    served by a temporary embedded nats-server. Fails with a clear message otherwise."""
-    from ..runtime import EmbeddedNats, stack_alive
+    served by a temporary embedded nats-server (holding the data dir's lock meanwhile, so no stack starts on
+    the same store; ``held``: the caller holds it already). Fails with a clear message otherwise."""
+    from ..runtime import DataDirBusy, DataDirUnusable, EmbeddedNats, find_leftovers, stack_alive
 
     running = stack_alive(settings)
     url = settings.nats_url or (running["nats_url"] if running else None)
+    health_url = running.get("nats_monitor_url") if running and not settings.nats_url else None
     server: EmbeddedNats | None = None
+    lock: DataDirLock | None = None
     if not url:
         store = settings.data_dir / "nats"
         if not store.is_dir():
             raise fail(f"no event log in {settings.data_dir}: start a stack with `opengyre up` or pass --nats-url")
+        if held is None:
+            lock = DataDirLock(settings.data_dir)
+            try:
+                lock.acquire("log")
+            except (DataDirBusy, DataDirUnusable) as exc:
+                raise fail(str(exc)) from exc
+        left = find_leftovers(settings)
+        if left:
+            if lock is not None:
+                lock.release()
+            raise fail(
+                f"a stack that died left {', '.join(map(str, left))} running on {settings.data_dir}: "
+                "`opengyre down` stops them"
+            )
         server = EmbeddedNats(store, host=settings.host)
-        url = await asyncio.to_thread(server.start)
+        server.launch()
+        url = await asyncio.to_thread(server.wait_ready)
+        health_url = server.monitor_url
     try:
         try:
-            log = await EventLog.connect(url, settings.log, create=False)
+            log = await EventLog.connect(url, settings.log, create=False, health_url=health_url)
         except LogUnavailable as exc:
             raise fail(f"{exc}. Is the stack up? (`opengyre up`)") from exc
         try:
@@ -65,3 +111,5 @@ async def log_session(settings: Settings) -> AsyncIterator[EventLog]:
     finally:
         if server is not None:
             server.stop()
+        if lock is not None:
+            lock.release()

@@ -27,7 +27,7 @@ from ..events import (
     TaskTooEasy,
     TaskValidated,
 )
-from ..runtime import Stack, StackAlreadyRunning, all_projections
+from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections
 from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
 from ._replay import replay_compare
@@ -144,7 +144,8 @@ async def _demo(settings: Settings, seed: int) -> None:
     await stack.start()
     try:
         console.print(
-            f"event log {stack.nats_url}, store {settings.database_url}, services: {', '.join(stack.children)}"
+            f"event log {stack.nats_url}, stores {', '.join(sorted(set(settings.store_urls().values())))}, "
+            f"services: {', '.join(stack.children)}"
         )
         log = await EventLog.connect(stack.nats_url, settings.log)
         try:
@@ -201,7 +202,7 @@ def demo(
     settings = settings_from(data_dir)
     try:
         asyncio.run(_demo(settings, seed))
-    except (LogUnavailable, StackAlreadyRunning) as exc:
+    except (LogUnavailable, DataDirBusy, DataDirUnusable, PortTaken) as exc:
         raise fail(str(exc)) from exc
 
 

@@ -15,9 +15,9 @@ from rich.table import Table
 from ..config import Settings
 from ..eventlog import EventLog
 from ..projection import FoldTransaction, Projection, ProjectionRunner, dump_rows, rebuild, replay_into
-from ..runtime import all_projections, stack_alive
+from ..runtime import DataDirBusy, DataDirLock, DataDirUnusable, all_projections, projection_owners
 from ..store import create_db_engine, migrate
-from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
+from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
 
 __all__ = ["register", "replay_compare"]
 
@@ -41,7 +41,7 @@ async def replay_compare(
             rows = dump_rows(engine, projection.tables)
         finally:
             engine.dispose()
-    live_engine = create_db_engine(settings.database_url)
+    live_engine = create_db_engine(_store_of(projection, settings))
     try:
         position = await asyncio.to_thread(FoldTransaction(projection, live_engine, log.registry).position)
         same: bool | None = None
@@ -50,6 +50,12 @@ async def replay_compare(
     finally:
         live_engine.dispose()
     return rows, same, n
+
+
+def _store_of(projection: Projection, settings: Settings) -> str:
+    """The store of the service that owns the projection (each service keeps its own)."""
+    owner, _ = projection_owners()[projection.name]
+    return settings.store_url(owner)
 
 
 def _canonical(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -86,15 +92,18 @@ def replay(
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
+    stream: StreamOpt = None,
 ) -> None:
     """Rebuild a projection from the log as of any point, into a scratch store, and show it.
 
-    Replaying to the live position also compares the rows with the live projection.
+    Replaying to the live position also compares the rows with the live projection (the store and stream the
+    data dir's stack recorded, unless given).
     """
     if until_seq is not None and until_seq < 0:
         raise fail("--until-seq must be >= 0")
-    settings = settings_from(data_dir, nats_url, db_url)
+    settings = settings_from(data_dir, nats_url, db_url, stream)
     proj = _projection(projection)
+    _need_store(settings)
 
     async def main() -> None:
         async with log_session(settings) as log:
@@ -111,24 +120,47 @@ def replay(
     asyncio.run(main())
 
 
-def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, db_url: DbUrlOpt = None) -> None:
+def _need_store(settings: Settings) -> None:
+    """A clear error for a data dir with no projection store (nothing ever ran there)."""
+    if settings.db_url:
+        return
+    if not (settings.data_dir / "db").is_dir():
+        raise fail(f"no projection store in {settings.data_dir}: start a stack with `opengyre up` or pass --db-url")
+
+
+def list_projections(
+    data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, db_url: DbUrlOpt = None, stream: StreamOpt = None
+) -> None:
     """Every projection with its position, lag and dead letters, and why it refuses the log's stream if it does."""
-    settings = settings_from(data_dir, nats_url, db_url)
+    settings = settings_from(data_dir, nats_url, db_url, stream)
+    _need_store(settings)
 
     async def main() -> None:
-        engine = create_db_engine(settings.database_url)
+        engines = {url: create_db_engine(url) for url in set(settings.store_urls().values())}
         async with log_session(settings) as log:
-            await asyncio.to_thread(migrate, engine)
+            for engine in engines.values():
+                await asyncio.to_thread(migrate, engine)
             t = Table()
-            for col in ("projection", "position", "stream last", "pending", "tracked", "dead letters", "state"):
+            for col in (
+                "projection",
+                "service",
+                "position",
+                "stream last",
+                "pending",
+                "tracked",
+                "dead letters",
+                "state",
+            ):
                 t.add_column(col)
             refusing: list[str] = []
-            for proj in all_projections().values():
+            for name, (owner, proj) in projection_owners().items():
+                engine = engines[settings.store_url(owner)]
                 runner = ProjectionRunner(proj, log, engine)
                 try:
                     st = await runner.status()
                     t.add_row(
-                        proj.name,
+                        name,
+                        owner,
                         str(st.position),
                         str(st.stream_last_seq),
                         str(st.pending),
@@ -140,9 +172,10 @@ def list_projections(data_dir: DataDirOpt = None, nats_url: NatsUrlOpt = None, d
                         refusing.append(st.error)
                 except Exception:
                     pos = await asyncio.to_thread(FoldTransaction(proj, engine, log.registry).position)
-                    t.add_row(proj.name, str(pos), str(await log.last_seq()), "no consumer", "", "", "")
+                    t.add_row(name, owner, str(pos), str(await log.last_seq()), "no consumer", "", "", "")
             console.print(t)
-        engine.dispose()
+        for engine in engines.values():
+            engine.dispose()
         for why in refusing:
             console.print(f"[bold red]error:[/] {escape(why)}")
         if refusing:
@@ -156,22 +189,31 @@ def rebuild_cmd(
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
+    stream: StreamOpt = None,
 ) -> None:
     """Drop a projection's rows and rebuild them from sequence 1 (stop the stack first)."""
-    settings = settings_from(data_dir, nats_url, db_url)
-    if stack_alive(settings):
-        raise fail("the stack is running and owns its projections: `opengyre down` first")
+    settings = settings_from(data_dir, nats_url, db_url, stream)
     proj = _projection(projection)
+    # Holding the data dir: no stack (whose service owns the projection) starts meanwhile.
+    lock = DataDirLock(settings.data_dir)
+    try:
+        lock.acquire("rebuild", f"opengyre projections rebuild {proj.name}")
+    except (DataDirBusy, DataDirUnusable) as exc:
+        raise fail(f"{exc} (the stack owns its projections: `opengyre down` first)") from exc
+    settings.ensure_store_dir()
 
     async def main() -> None:
-        engine = create_db_engine(settings.database_url)
-        async with log_session(settings) as log:
+        engine = create_db_engine(_store_of(proj, settings))
+        async with log_session(settings, held=lock) as log:
             await asyncio.to_thread(migrate, engine)
             n = await rebuild(proj, log, engine)
             console.print(f"rebuilt {proj.name} from {n} events")
         engine.dispose()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        lock.release()
 
 
 def register(app: typer.Typer, projections_app: typer.Typer) -> None:

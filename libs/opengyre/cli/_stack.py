@@ -10,27 +10,40 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import grpc
 import typer
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 from ..config import Settings
-from ..eventlog import LogUnavailable
+from ..eventlog import EventLog, LogUnavailable
 from ..runtime import (
     SERVICE_CLASSES,
+    DataDirBusy,
+    DataDirLock,
+    DataDirUnusable,
+    NatsServerMissing,
+    PortTaken,
     Stack,
-    StackAlreadyRunning,
+    check_data_dir,
+    describe_holder,
+    find_leftovers,
     load_service,
-    read_stack_file,
+    lock_holder,
+    reap_leftovers,
     run_service,
     stack_alive,
 )
-from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, settings_from
+from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
 
 __all__ = ["register"]
+
+# What `up` reports as a clear error rather than a traceback.
+START_ERRORS = (LogUnavailable, DataDirBusy, DataDirUnusable, PortTaken, NatsServerMissing)
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:
@@ -44,8 +57,11 @@ async def _up(settings: Settings, services: list[str]) -> None:
     stop = asyncio.Event()
     _install_stop_signals(stop)
     await stack.start()
+    if stack.reaped:
+        console.print(_reaped_text([str(x) for x in stack.reaped]))
     _print_stack(stack)
     console.print("[dim]Ctrl-C stops the stack; `opengyre up` again on this data dir resumes it.[/]")
+    sys.stdout.flush()  # a detached stack's up.log shows it now, not at exit
     try:
         await stack.supervise(stop)
     finally:
@@ -54,17 +70,23 @@ async def _up(settings: Settings, services: list[str]) -> None:
         console.print("stopped.")
 
 
+def _store_text(settings: Settings) -> str:
+    if settings.db_url:
+        return make_url(settings.db_url).render_as_string(hide_password=True)
+    return f"SQLite, one file per service in {settings.data_dir / 'db'}"
+
+
 def _print_stack(stack: Stack) -> None:
     t = Table(title=f"OpenGyre on {stack.settings.data_dir}")
     t.add_column("component")
     t.add_column("address")
     t.add_column("pid", justify="right")
     t.add_row(
-        "event log (NATS JetStream)",
+        f"event log (NATS JetStream, stream {stack.settings.log.stream})",
         stack.nats_url,
         str(stack.nats.proc.pid if stack.nats and stack.nats.proc else "-"),
     )
-    t.add_row("projection store", stack.settings.database_url, "-")
+    t.add_row("projection store", _store_text(stack.settings), "-")
     for c in stack.children.values():
         t.add_row(f"svc-{c.name} (gRPC)", f"{stack.settings.host}:{c.port}", str(c.proc.pid if c.proc else "-"))
     console.print(t)
@@ -84,13 +106,18 @@ def up(
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
+    stream: StreamOpt = None,
     services: Annotated[str | None, typer.Option(help="Comma-separated subset of services to run")] = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `opengyre down`")
     ] = False,
 ) -> None:
-    """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service."""
-    settings = settings_from(data_dir, nats_url, db_url)
+    """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service.
+
+    One stack per data dir. The options are recorded in the data dir (settings.json): later commands, and the
+    next `up`, use them without being told again.
+    """
+    settings = settings_from(data_dir, nats_url, db_url, stream)
     names = _parse_services(services)
     if detach:
         _detach(settings, names)
@@ -98,15 +125,18 @@ def up(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_up(settings, names))
-    except (LogUnavailable, StackAlreadyRunning) as exc:
+    except START_ERRORS as exc:
         raise fail(str(exc)) from exc
 
 
 def _detach(settings: Settings, names: list[str]) -> None:
-    running = stack_alive(settings)
-    if running:
-        raise fail(f"a stack already runs on {settings.data_dir} (pid {running['pid']}); stop it with `opengyre down`")
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    holder = lock_holder(settings)
+    if holder:
+        raise fail(str(DataDirBusy(settings.data_dir, holder)))
+    try:
+        check_data_dir(settings.data_dir, create=True)
+    except DataDirUnusable as exc:
+        raise fail(str(exc)) from exc
     args = [
         sys.executable,
         "-m",
@@ -116,88 +146,183 @@ def _detach(settings: Settings, names: list[str]) -> None:
         str(settings.data_dir),
         "--services",
         ",".join(names),
+        "--stream",
+        settings.log.stream,
     ]
-    if settings.nats_url:
+    # Given even when empty: '' sets a recorded URL back to the default.
+    if settings.nats_url is not None:
         args += ["--nats-url", settings.nats_url]
-    if settings.db_url:
+    if settings.db_url is not None:
         args += ["--db-url", settings.db_url]
-    logf = (settings.data_dir / "up.log").open("ab")
-    proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    log_path = settings.data_dir / "up.log"
+    with log_path.open("ab") as logf:
+        offset = logf.tell()
+        # Not tied to this process: the stack outlives the command that started it.
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        data = read_stack_file(settings)
+        data = stack_alive(settings)
         if data and int(data.get("pid", 0)) == proc.pid:
+            if data.get("reaped"):
+                console.print(_reaped_text(data["reaped"]))
             console.print(f"stack up in the background (pid {proc.pid}); NATS at {data['nats_url']}")
             return
         if proc.poll() is not None:
-            raise fail(f"the stack did not start; see {settings.data_dir / 'up.log'}")
+            said = _said(log_path, offset)
+            raise fail(f"the stack did not start:\n{said[-3000:]}" if said else f"the stack did not start ({log_path})")
         time.sleep(0.2)
     proc.terminate()
     raise fail("the stack did not come up within 120 s")
 
 
+def _reaped_text(reaped: list[str]) -> str:
+    return f"stopped what a stack that died had left running: {', '.join(reaped)}"
+
+
+def _said(log_path: Path, offset: int) -> str:
+    """What the background `up` printed so far."""
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").strip()
+
+
 def down(data_dir: DataDirOpt = None) -> None:
-    """Stop the stack started on this data dir."""
+    """Stop the stack started on this data dir (or what a stack that died left running)."""
     settings = settings_from(data_dir)
-    data = stack_alive(settings)
-    if not data:
+    holder = lock_holder(settings)
+    if holder and holder.get("role") == "up":
+        pid = int(holder["pid"])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not lock_holder(settings):
+                console.print(f"stack on {settings.data_dir} stopped")
+                return
+            time.sleep(0.2)
+        raise fail(f"stack pid {pid} did not stop within 60 s")
+    if holder:
+        console.print(f"no stack runs on {settings.data_dir} ({describe_holder(holder)} reads its log)")
+        return
+    if not settings.data_dir.is_dir():
         console.print(f"no stack runs on {settings.data_dir}")
         return
-    pid = int(data["pid"])
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if not stack_alive(settings):
-            console.print(f"stack on {settings.data_dir} stopped")
-            return
-        time.sleep(0.2)
-    raise fail(f"stack pid {pid} did not stop within 60 s")
+    lock = DataDirLock(settings.data_dir)
+    try:
+        lock.acquire("down", "opengyre down")
+    except (DataDirBusy, DataDirUnusable) as exc:
+        raise fail(str(exc)) from exc
+    try:
+        stopped = reap_leftovers(settings)
+        settings.stack_file.unlink(missing_ok=True)
+    finally:
+        lock.release()
+    if stopped:
+        left = ", ".join(map(str, stopped))
+        console.print(f"the stack on {settings.data_dir} had died; stopped what it left: {left}")
+    else:
+        console.print(f"no stack runs on {settings.data_dir}")
 
 
-async def _service_status(host: str, name: str, port: int) -> object:
+STATUS_DEADLINE_S = 2.0
+
+
+async def _service_status(host: str, name: str, port: int) -> tuple[str, Any]:
+    """Health, then GetStatus when serving; each under a short deadline, so a stuck service costs seconds."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     from ..v1 import common_pb2
 
     stub_mod = __import__(f"opengyre.v1.{name}_pb2_grpc", fromlist=["x"])
     stub_cls = getattr(stub_mod, f"{name.capitalize()}ServiceStub")
-    async with grpc.aio.insecure_channel(f"{host}:{port}") as ch:
-        return await stub_cls(ch).GetStatus(common_pb2.StatusRequest(), timeout=5)
+    try:
+        async with grpc.aio.insecure_channel(f"{host}:{port}") as ch:
+            h = await health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=STATUS_DEADLINE_S
+            )
+            state = health_pb2.HealthCheckResponse.ServingStatus.Name(h.status)
+            if h.status != health_pb2.HealthCheckResponse.SERVING:
+                return state, None  # its projections' status would wait on the log it cannot reach
+            st = await stub_cls(ch).GetStatus(common_pb2.StatusRequest(), timeout=STATUS_DEADLINE_S)
+            return state, st
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name, None
+
+
+async def _log_status(url: str, settings: Settings, health_url: str | None) -> str:
+    """'' when the log can take appends, else why not."""
+    try:
+        log = await EventLog.connect(url, settings.log, timeout=STATUS_DEADLINE_S, create=False, health_url=health_url)
+    except LogUnavailable as exc:
+        return str(exc)
+    try:
+        h = await log.health(timeout=STATUS_DEADLINE_S)
+        if h.ok:
+            await asyncio.wait_for(log.js.stream_info(settings.log.stream), STATUS_DEADLINE_S)
+        return h.reason
+    except Exception as exc:
+        return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}"
+    finally:
+        await log.close()
 
 
 def status(data_dir: DataDirOpt = None) -> None:
-    """Show the running stack: services, what they do and do not do yet, projection lag."""
+    """Show the running stack: the event log, services, what they do and do not do yet, projection lag.
+
+    Exits 1 when no stack runs or a part of it is unhealthy.
+    """
     settings = settings_from(data_dir)
     data = stack_alive(settings)
     if not data:
+        holder = lock_holder(settings)
+        if holder and holder.get("role") == "up":
+            raise fail(f"a stack is starting on {settings.data_dir} (supervisor pid {holder.get('pid')})", code=1)
+        left = [] if holder else find_leftovers(settings)
+        if left:
+            raise fail(
+                f"no stack runs on {settings.data_dir}, but one that died left {', '.join(map(str, left))} "
+                "running: `opengyre down` stops them (`opengyre up` too, before it starts)",
+                code=1,
+            )
         raise fail(f"no stack runs on {settings.data_dir}: start one with `opengyre up`", code=1)
 
-    async def collect() -> list[tuple[str, int, object]]:
-        out = []
-        for name, info in data["services"].items():
-            try:
-                out.append((name, info["port"], await _service_status(data["host"], name, info["port"])))
-            except grpc.aio.AioRpcError as exc:
-                out.append((name, info["port"], exc))
-        return out
+    async def collect() -> tuple[str, list[tuple[str, Any]]]:
+        # Everything at once: a stack whose log is down answers in one deadline, not one per service.
+        log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url")))
+        svc = [_service_status(data["host"], name, info["port"]) for name, info in data["services"].items()]
+        services = await asyncio.gather(*svc)
+        return await log_task, services
 
-    rows = asyncio.run(collect())
-    t = Table(title=f"stack on {settings.data_dir} (NATS {data['nats_url']})")
+    log_problem, rows = asyncio.run(collect())
+    healthy = not log_problem
+    recorded = data.get("log") or {}
+    where = f"{data['nats_url']}, stream {data.get('stream', settings.log.stream)}"
+    if log_problem:
+        console.print(f"event log ({where}): [red]DOWN[/]: {log_problem}")
+    else:
+        console.print(f"event log ({where}): [green]ok[/]")
+    if recorded.get("restarts"):
+        console.print(f"nats-server restarted {recorded['restarts']} time(s) by the supervisor")
+    t = Table(title=f"stack on {settings.data_dir} (supervisor pid {data['pid']})")
     for col in ("service", "port", "state", "projections (position / pending / dead)", "not implemented yet"):
         t.add_column(col)
     refusing: list[str] = []
-    for name, port, st in rows:
-        if isinstance(st, grpc.aio.AioRpcError):
-            t.add_row(name, str(port), f"[red]{st.code().name}[/]", "", "")
+    for (name, info), (state, st) in zip(data["services"].items(), rows, strict=True):
+        if st is None or state != "SERVING":
+            healthy = False
+            t.add_row(name, str(info["port"]), f"[red]{state.lower().replace('_', ' ')}[/]", "", "")
             continue
         projs = ", ".join(
             f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" + (" [red]REFUSES THE STREAM[/]" if p.error else "")
-            for p in st.projections  # type: ignore[attr-defined]
+            for p in st.projections
         )
-        refusing += [p.error for p in st.projections if p.error]  # type: ignore[attr-defined]
-        t.add_row(name, str(port), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")  # type: ignore[attr-defined]
+        refusing += [p.error for p in st.projections if p.error]
+        t.add_row(name, str(info["port"]), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
     console.print(t)
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")
-    if refusing:
+    if refusing or not healthy:
         raise typer.Exit(1)
 
 
@@ -210,16 +335,19 @@ def service_run(
 ) -> None:
     """Run one service in the foreground (what `opengyre up` starts per service)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health check of the log
     settings = settings_from(data_dir, nats_url, db_url)
     try:
         service = load_service(name)
     except KeyError as exc:
         raise fail(str(exc)) from exc
+    # Started by `opengyre up`: stop when the supervisor is gone (besides the parent-death signal).
+    supervisor = os.environ.get("OPENGYRE_SUPERVISOR_PID")
 
     async def main() -> None:
         stop = asyncio.Event()
         _install_stop_signals(stop)
-        await run_service(service, settings, stop, port=port)
+        await run_service(service, settings, stop, port=port, supervisor_pid=int(supervisor) if supervisor else None)
 
     try:
         asyncio.run(main())

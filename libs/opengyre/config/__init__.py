@@ -1,15 +1,21 @@
-"""Settings: data dir, NATS and database URLs, service ports; from arguments, environment, or defaults."""
+"""Settings: data dir, NATS and database URLs, stream, service ports.
+
+Each value comes from, in order: an argument (a CLI option), the environment (``OPENGYRE_*``), what the last
+``opengyre up`` on the data dir recorded (``<data dir>/settings.json``), a default. So `replay`, `status` and
+every other command read the store and stream the stack really uses, with no option repeated.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..eventlog import LogConfig
-from ..store import sqlite_url
 
-__all__ = ["SERVICE_PORTS", "Settings"]
+__all__ = ["PROXY_HTTP", "PROXY_HTTP_PORT", "SERVICE_PORTS", "Settings", "SettingsError", "read_recorded"]
 
 # Default gRPC ports of the five services (docker-compose.yml publishes the same), and the proxy's HTTP port.
 SERVICE_PORTS: dict[str, int] = {
@@ -20,38 +26,91 @@ SERVICE_PORTS: dict[str, int] = {
     "bench": 50055,
 }
 PROXY_HTTP_PORT = 8080
+# The key of the proxy's HTTP port in ``Settings.explicit_ports``.
+PROXY_HTTP = "proxy_http"
+# What `opengyre up` records for the commands that come after it.
+RECORDED = ("nats_url", "db_url", "stream", "prefix")
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be honoured (a bad value in the environment, an unreadable settings file)."""
 
 
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path = Path(".opengyre")
     nats_url: str | None = None  # None: start the embedded nats-server in data_dir
-    db_url: str | None = None  # None: SQLite in data_dir
+    # nats-server's HTTP monitoring (the supervisor passes its embedded server's): health beyond "connected".
+    nats_monitor_url: str | None = None
+    db_url: str | None = None  # None: one SQLite file per service in data_dir/db
     log: LogConfig = field(default_factory=LogConfig)
     host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=lambda: dict(SERVICE_PORTS))
     proxy_http_port: int = PROXY_HTTP_PORT
+    # Ports the user asked for (by environment): taken, they are an error instead of a fallback to a free one.
+    explicit_ports: frozenset[str] = frozenset()
+    # The supervisor restarts a nats-server whose store failed a write once this much space is free again.
+    log_min_free_mb: int = 64
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         env = os.environ
-        s = cls(
-            data_dir=Path(env.get("OPENGYRE_DATA_DIR", ".opengyre")),
-            nats_url=env.get("OPENGYRE_NATS_URL") or None,
-            db_url=env.get("OPENGYRE_DB_URL") or None,
-            log=LogConfig(
-                stream=env.get("OPENGYRE_STREAM", "OPENGYRE"), prefix=env.get("OPENGYRE_SUBJECT_PREFIX", "og.ev")
-            ),
-            host=env.get("OPENGYRE_HOST", "127.0.0.1"),
-            ports={k: int(env.get(f"OPENGYRE_{k.upper()}_PORT", v)) for k, v in SERVICE_PORTS.items()},
-            proxy_http_port=int(env.get("OPENGYRE_PROXY_HTTP_PORT", PROXY_HTTP_PORT)),
-        )
         clean = {k: v for k, v in overrides.items() if v is not None}
+        data_dir = Path(clean.pop("data_dir", None) or env.get("OPENGYRE_DATA_DIR", ".opengyre"))  # type: ignore[arg-type]
+        recorded = read_recorded(data_dir)
+
+        def pick(key: str, env_name: str, default: str | None) -> str | None:
+            if key in clean:
+                return str(clean.pop(key))
+            if env.get(env_name):
+                return env[env_name]
+            value = recorded.get(key)
+            return str(value) if value else default
+
+        explicit: set[str] = set()
+        ports = dict(SERVICE_PORTS)
+        for name in SERVICE_PORTS:
+            raw = env.get(f"OPENGYRE_{name.upper()}_PORT")
+            if raw:
+                ports[name] = _port(f"OPENGYRE_{name.upper()}_PORT", raw)
+                explicit.add(name)
+        http = env.get("OPENGYRE_PROXY_HTTP_PORT")
+        if http:
+            explicit.add(PROXY_HTTP)
+        try:
+            log = LogConfig(
+                stream=pick("stream", "OPENGYRE_STREAM", "OPENGYRE") or "OPENGYRE",
+                prefix=pick("prefix", "OPENGYRE_SUBJECT_PREFIX", "og.ev") or "og.ev",
+            )
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from exc
+        s = cls(
+            data_dir=data_dir,
+            nats_url=pick("nats_url", "OPENGYRE_NATS_URL", None),
+            nats_monitor_url=env.get("OPENGYRE_NATS_MONITOR_URL") or None,
+            db_url=pick("db_url", "OPENGYRE_DB_URL", None),
+            log=log,
+            host=env.get("OPENGYRE_HOST", "127.0.0.1"),
+            ports=ports,
+            proxy_http_port=_port("OPENGYRE_PROXY_HTTP_PORT", http) if http else PROXY_HTTP_PORT,
+            explicit_ports=frozenset(explicit),
+            log_min_free_mb=int(env.get("OPENGYRE_LOG_MIN_FREE_MB", "64")),
+        )
         return replace(s, **clean) if clean else s  # type: ignore[arg-type]
 
-    @property
-    def database_url(self) -> str:
-        return self.db_url or sqlite_url(self.data_dir)
+    def store_url(self, service: str) -> str:
+        """The projection store of one service: ``db_url`` when given (PostgreSQL: one database, each service
+        its own tables), else the service's own SQLite file, so no two processes write one SQLite file."""
+        if self.db_url:
+            return self.db_url
+        return f"sqlite:///{self.data_dir.resolve() / 'db' / f'{service}.db'}"
+
+    def ensure_store_dir(self) -> None:
+        if not self.db_url:
+            (self.data_dir / "db").mkdir(parents=True, exist_ok=True)
+
+    def store_urls(self, services: list[str] | None = None) -> dict[str, str]:
+        return {name: self.store_url(name) for name in (services or list(SERVICE_PORTS))}
 
     @property
     def nats_url_file(self) -> Path:
@@ -61,6 +120,17 @@ class Settings:
     def stack_file(self) -> Path:
         return self.data_dir / "stack.json"
 
+    @property
+    def settings_file(self) -> Path:
+        return self.data_dir / "settings.json"
+
+    def record(self) -> None:
+        """Write what later commands must agree on (``opengyre up`` does, before anything starts)."""
+        data = {"nats_url": self.nats_url, "db_url": self.db_url, "stream": self.log.stream, "prefix": self.log.prefix}
+        tmp = self.settings_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.settings_file)
+
     def resolved_nats_url(self) -> str | None:
         """The given URL, else the embedded server's URL recorded in the data dir by ``opengyre up``."""
         if self.nats_url:
@@ -69,3 +139,28 @@ class Settings:
         if f.exists():
             return f.read_text().strip() or None
         return None
+
+
+def read_recorded(data_dir: Path) -> dict[str, Any]:
+    f = data_dir / "settings.json"
+    if not data_dir.is_dir():
+        return {}  # nothing recorded; whoever needs the data dir says what is wrong with it
+    try:
+        data = json.loads(f.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"cannot read {f}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"{f} is not a JSON object")
+    return {k: v for k, v in data.items() if k in RECORDED}
+
+
+def _port(name: str, raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise SettingsError(f"{name}={port} is not a port number (1-65535)")
+    return port

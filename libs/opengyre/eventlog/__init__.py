@@ -3,6 +3,7 @@
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
+from ._health import LogHealth, server_health
 from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
 from ._server import MIN_SERVER_VERSION, require_server_version
 
@@ -20,8 +21,10 @@ __all__ = [
     "EventLog",
     "EventLogError",
     "LogConfig",
+    "LogHealth",
     "LogUnavailable",
     "StoredEvent",
     "UnreadableBody",
     "require_server_version",
+    "server_health",
 ]

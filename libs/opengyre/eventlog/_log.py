@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple, NoReturn, TypeVar, overload
 
@@ -34,7 +34,8 @@ from ._acks import AckError, AckPipeline, PubAck
 from ._blobs import BlobReader, BlobUnreadable
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
-from ._errors import WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+from ._health import ConnectionWatch, LogHealth, server_health
 from ._pull import PullBatcher
 from ._server import require_server_version
 from ._typed import TypeFilter
@@ -105,18 +106,6 @@ async def _log_error(exc: Exception) -> None:
     log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
-def _disconnected_logger(nc: FastHeaderClient) -> Callable[[], Awaitable[None]]:
-    async def disconnected() -> None:
-        if not nc.is_closed:  # nats-py calls this on our own close too: only a lost connection is news
-            log.warning("NATS: disconnected; reconnecting")
-
-    return disconnected
-
-
-async def _log_reconnected() -> None:
-    log.warning("NATS: reconnected")
-
-
 def _server_version(nc: Client) -> str:
     """The connected server's version as ``major.minor.patch`` ("unknown" if it sent none that parses)."""
     try:
@@ -144,11 +133,22 @@ def _ack_position(msg: Msg) -> tuple[int, int]:
 class EventLog:
     """Append and read domain events. Build one per event loop; close it when done."""
 
-    def __init__(self, nc: Client, config: LogConfig, registry: EventRegistry) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        config: LogConfig,
+        registry: EventRegistry,
+        *,
+        watch: ConnectionWatch | None = None,
+        health_url: str | None = None,
+    ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self.config = config
         self.registry = registry
+        self.watch = watch or ConnectionWatch("")
+        # nats-server's monitoring URL, when known: it tells a full disk from a slow server.
+        self.health_url = health_url
         self._acks = AckPipeline(nc)
         self._blobs: ObjectStore | None = None
         self._blob_reader = BlobReader(self.js, config.blob_bucket)
@@ -162,10 +162,15 @@ class EventLog:
         *,
         timeout: float = 3.0,
         create: bool = True,
+        health_url: str | None = None,
     ) -> EventLog:
         """Connect, check the server's version and JetStream, and (with ``create``) make sure the stream exists.
-        Fails fast, with :class:`LogUnavailable`."""
+        Fails fast, with :class:`LogUnavailable`.
+
+        ``health_url``: the server's HTTP monitoring endpoint, if known (``health`` and append errors use it).
+        """
         nc = FastHeaderClient()
+        watch = ConnectionWatch(url)
         try:
             # Reconnect forever once connected (a restarted server or a network blip must not end a service),
             # but bound the first connection so a wrong URL fails fast.
@@ -177,8 +182,8 @@ class EventLog:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     error_cb=_log_error,
-                    disconnected_cb=_disconnected_logger(nc),
-                    reconnected_cb=_log_reconnected,
+                    disconnected_cb=watch.on_disconnected,
+                    reconnected_cb=watch.on_reconnected,
                 ),
                 timeout=timeout,
             )
@@ -193,7 +198,7 @@ class EventLog:
         except LogUnavailable:
             await nc.close()
             raise
-        log = cls(nc, config or LogConfig(), registry or default_registry())
+        log = cls(nc, config or LogConfig(), registry or default_registry(), watch=watch, health_url=health_url)
         try:
             await log.js.account_info()
         except Exception as exc:
@@ -205,6 +210,7 @@ class EventLog:
         return log
 
     async def close(self) -> None:
+        self.watch.closing = True
         await self._acks.stop()
         with contextlib.suppress(Exception):
             await self.nc.drain()
@@ -243,6 +249,26 @@ class EventLog:
         info = await self.js.stream_info(self.config.stream)
         return int(info.state.first_seq)
 
+    # --- health -------------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self.watch.connected and self.nc.is_connected
+
+    async def health(self, timeout: float = 2.0) -> LogHealth:
+        """Whether appends can succeed now: connected, and (with ``health_url``) the server's store healthy."""
+        if not self.connected:
+            return LogHealth(False, f"the event log at {self.watch.url} is unreachable (reconnecting)")
+        if self.health_url:
+            return await server_health(self.health_url, timeout)
+        return LogHealth(True, "")
+
+    async def _unacknowledged(self, subject: str, waited: float) -> LogUnavailable:
+        """What a publish that got no acknowledgement means, as far as the client can tell."""
+        h = await self.health()
+        why = h.reason if not h.ok else "the server is overloaded or cannot store (is its disk full?)"
+        return LogUnavailable(f"append to {subject}: no acknowledgement within {waited:.0f} s: {why}")
+
     # --- append -------------------------------------------------------------------------------------
 
     def subject_for(self, event: Event) -> str:
@@ -276,6 +302,8 @@ class EventLog:
     def _raise(subject: str, expected: int | None, exc: AckError) -> NoReturn:
         if exc.err_code in WRONG_LAST_SEQUENCE_CODES:
             raise ConcurrencyError(subject, expected if expected is not None else -1, exc.description) from exc
+        if exc.err_code in STORAGE_FULL_CODES:
+            raise LogUnavailable(f"append to {subject} refused: the log's storage is full ({exc.description})") from exc
         raise EventLogError(f"append to {subject} refused: {exc}") from exc
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Appended:
@@ -289,6 +317,8 @@ class EventLog:
         fut = await self._acks.publish(subject, body, headers)
         try:
             ack = await asyncio.wait_for(fut, timeout=10)
+        except TimeoutError:
+            raise await self._unacknowledged(subject, 10) from None
         except AckError as exc:
             self._raise(subject, expected_last_subject_seq, exc)
             raise  # unreachable: _raise always raises
@@ -315,6 +345,8 @@ class EventLog:
             for subject, fut in pending:
                 try:
                     ack = await asyncio.wait_for(fut, timeout=30)
+                except TimeoutError:
+                    raise await self._unacknowledged(subject, 30) from None
                 except AckError as exc:
                     self._raise(subject, None, exc)
                     raise  # unreachable: _raise always raises
@@ -418,6 +450,8 @@ class EventLog:
             opt_start_seq=max(1, start_seq),
             ack_policy=AckPolicy.NONE,
             inactive_threshold=30.0,
+            # Nothing to persist for a read that acknowledges nothing, and it still works on a full disk.
+            mem_storage=True,
         )
         filters = list(subjects) if subjects else [self.config.all_subjects]
         if len(filters) == 1:
@@ -494,6 +528,7 @@ class EventLog:
                 opt_start_seq=max(1, next_seq),
                 ack_policy=AckPolicy.NONE,
                 inactive_threshold=30.0,
+                mem_storage=True,
             )
             if want.subjects is None or len(want.subjects) == 1:
                 cfg.filter_subject = want.subjects[0] if want.subjects else self.config.all_subjects

@@ -199,7 +199,9 @@ class ProjectionRunner:
                 elif puller.errors:
                     err = puller.errors.pop()
                     log.warning("projection %s: pull error %s; re-creating consumer", self.projection.name, err)
-                    if not await self._consumer():
+                    # The server may be restarting (a crash, a full disk): wait it out rather than end the service.
+                    what = "the log does not answer while re-creating the consumer"
+                    if not await self._retrying(what, self._consumer, TRANSIENT_ERRORS, [], stop):
                         return
         finally:
             await puller.stop()

@@ -1,29 +1,63 @@
 """Process-level plumbing: the embedded nats-server, ports, gRPC servers, services and their supervisor."""
 
 from ._grpc import GrpcServer, abort_invalid, abort_status
-from ._nats import EmbeddedNats, NatsServerMissing, nats_server_binary
+from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
+from ._nats import EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
 from ._ports import free_port, port_is_free, wait_for_port
-from ._service import SERVICE_CLASSES, Service, ServiceContext, all_projections, load_service, run_service
-from ._supervisor import Stack, StackAlreadyRunning, read_stack_file, stack_alive
+from ._procs import alive, cmdline, spawn, stop_group
+from ._service import (
+    SERVICE_CLASSES,
+    Service,
+    ServiceContext,
+    all_projections,
+    load_service,
+    projection_owners,
+    run_service,
+)
+from ._supervisor import (
+    Leftover,
+    PortTaken,
+    Stack,
+    find_leftovers,
+    lock_holder,
+    read_stack_file,
+    reap_leftovers,
+    stack_alive,
+)
 
 __all__ = [
     "SERVICE_CLASSES",
+    "DataDirBusy",
+    "DataDirLock",
+    "DataDirUnusable",
     "EmbeddedNats",
     "GrpcServer",
+    "Leftover",
     "NatsServerMissing",
+    "PortTaken",
     "Service",
     "ServiceContext",
     "Stack",
-    "StackAlreadyRunning",
     "abort_invalid",
     "abort_status",
+    "alive",
     "all_projections",
+    "check_data_dir",
+    "cmdline",
+    "describe_holder",
+    "find_leftovers",
     "free_port",
+    "is_nats_server_of",
     "load_service",
+    "lock_holder",
     "nats_server_binary",
     "port_is_free",
+    "projection_owners",
     "read_stack_file",
+    "reap_leftovers",
     "run_service",
+    "spawn",
     "stack_alive",
+    "stop_group",
     "wait_for_port",
 ]

@@ -24,6 +24,7 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {host}:{port} (in use?)")
         self._names: list[str] = [health.SERVICE_NAME]
+        self.serving = False
 
     def register(self, full_names: Iterable[str]) -> None:
         """Services to report in health and reflection; each must be described in the default descriptor
@@ -43,9 +44,15 @@ class GrpcServer:
     async def start(self) -> None:
         reflection.enable_server_reflection([*self._names, reflection.SERVICE_NAME], self.server)
         await self.server.start()
-        for name in self._names:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Health of the server and of every service on it: NOT_SERVING while the service cannot do its work
+        (its event log is away), so a load balancer or `opengyre status` sees it."""
+        self.serving = serving
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in [*self._names, ""]:
+            await self.health.set(name, status)
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.health.enter_graceful_shutdown()

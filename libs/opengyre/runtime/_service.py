@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ __all__ = [
     "ServiceContext",
     "all_projections",
     "load_service",
+    "projection_owners",
     "run_service",
 ]
 
@@ -111,11 +113,40 @@ def load_service(name: str) -> Service:
 
 
 def all_projections() -> dict[str, Projection]:
-    out: dict[str, Projection] = {}
+    return {name: p for name, (_svc, p) in projection_owners().items()}
+
+
+def projection_owners() -> dict[str, tuple[str, Projection]]:
+    """Every projection by name, with the service that owns it (and keeps it in its own store)."""
+    out: dict[str, tuple[str, Projection]] = {}
     for name in SERVICE_CLASSES:
         for p in load_service(name).projections():
-            out[p.name] = p
+            out[p.name] = (name, p)
     return out
+
+
+async def _watch_log(event_log: EventLog, server: GrpcServer, stop: asyncio.Event, every: float = 1.0) -> None:
+    """Health follows the log: NOT_SERVING while it is unreachable or cannot store, SERVING again after."""
+    while not stop.is_set():
+        h = await event_log.health()
+        if h.ok != server.serving:
+            if h.ok:
+                log.warning("the event log is back: serving")
+            else:
+                log.warning("not serving: %s", h.reason)
+            await server.set_serving(h.ok)
+        await event_log.watch.wait_changed(every)
+
+
+async def _watch_parent(pid: int, stop: asyncio.Event, every: float = 1.0) -> None:
+    """Stop when the supervisor that started us is gone (the parent-death signal's fallback)."""
+    while not stop.is_set():
+        if os.getppid() != pid:
+            log.error("the supervisor (pid %d) is gone: stopping", pid)
+            stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
 
 
 async def run_service(
@@ -125,14 +156,20 @@ async def run_service(
     *,
     port: int | None = None,
     ready: asyncio.Future[int] | None = None,
+    supervisor_pid: int | None = None,
 ) -> None:
-    """Run until ``stop`` is set. ``ready`` receives the bound gRPC port once serving."""
+    """Run until ``stop`` is set. ``ready`` receives the bound gRPC port once serving. ``supervisor_pid``: stop
+    when that process (our parent) is gone."""
     url = settings.resolved_nats_url()
     if not url:
         raise RuntimeError("no NATS URL: pass --nats-url or start the stack with `opengyre up`")
-    event_log = await EventLog.connect(url, settings.log)
-    engine = create_db_engine(settings.database_url)
+    event_log = await EventLog.connect(url, settings.log, health_url=settings.nats_monitor_url)
+    settings.ensure_store_dir()
+    engine = create_db_engine(settings.store_url(service.name))
     tasks: list[asyncio.Task[None]] = []
+    watchers: list[asyncio.Task[None]] = []
+    if supervisor_pid is not None:
+        watchers.append(asyncio.create_task(_watch_parent(supervisor_pid, stop), name="watch-supervisor"))
     server: GrpcServer | None = None
     try:
         await asyncio.to_thread(migrate, engine)
@@ -147,6 +184,7 @@ async def run_service(
         server = GrpcServer(settings.host, settings.ports[service.name] if port is None else port)
         server.register(service.add_to_server(server.server, ctx))
         await server.start()
+        watchers.append(asyncio.create_task(_watch_log(event_log, server, stop), name="watch-log"))
         log.info("%s serving gRPC on %s:%d", service.name, settings.host, server.port)
         if ready is not None and not ready.done():
             ready.set_result(server.port)
@@ -163,6 +201,9 @@ async def run_service(
                 raise exc
     finally:
         stop.set()
+        for w in watchers:
+            w.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         if server is not None:
             await server.stop()
         with contextlib.suppress(Exception):

@@ -1,4 +1,11 @@
-"""The embedded stack: nats-server (unless a URL is given), migrations, one process per service, restarts."""
+"""The embedded stack: nats-server (unless a URL is given), migrations, one process per service, restarts.
+
+One stack per data dir: the supervisor holds the data dir's lock (``_lock``) for its whole life, taken before
+anything starts. Its children die with it (parent-death signal, ``_procs``); what a stack that died anyway left
+behind (pids in ``stack.json`` and the store's pid file, checked to be ours) is stopped before a new one starts.
+The supervisor restarts a crashed service and a crashed nats-server (same port, same store), and restarts a
+nats-server whose store failed a write (a full disk) once space is free again.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,50 +25,115 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from ..config import Settings
-from ..eventlog import EventLog, LogUnavailable
+from ..config import PROXY_HTTP, Settings
+from ..eventlog import EventLog, LogHealth, server_health
 from ..store import create_db_engine, migrate
-from ._nats import EmbeddedNats
+from ._lock import DataDirLock
+from ._nats import EmbeddedNats, is_nats_server_of
 from ._ports import free_port, port_is_free, wait_for_port
+from ._procs import cmdline, spawn, stop_group
 from ._service import SERVICE_CLASSES
 
-__all__ = ["Stack", "StackAlreadyRunning", "read_stack_file", "stack_alive"]
+__all__ = [
+    "Leftover",
+    "PortTaken",
+    "Stack",
+    "find_leftovers",
+    "lock_holder",
+    "read_stack_file",
+    "reap_leftovers",
+    "stack_alive",
+]
 
 log = logging.getLogger(__name__)
 
 STABLE_AFTER_S = 60.0
+NATS_STORE = "nats"
 
 
-class StackAlreadyRunning(RuntimeError):
-    pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class PortTaken(RuntimeError):
+    """A port the user asked for is in use."""
 
 
 def read_stack_file(settings: Settings) -> dict[str, Any] | None:
-    f = settings.stack_file
-    if not f.exists():
-        return None
     try:
-        data: dict[str, Any] = json.loads(f.read_text())
-    except ValueError:
+        data = json.loads(settings.stack_file.read_text())
+    except (OSError, ValueError):
         return None
-    return data
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)  # readers never see half a file
+
+
+def lock_holder(settings: Settings) -> dict[str, Any] | None:
+    """Who holds the data dir now (``role`` "up": a stack's supervisor), or None."""
+    if not settings.data_dir.is_dir():
+        return None
+    return DataDirLock(settings.data_dir).holder()
 
 
 def stack_alive(settings: Settings) -> dict[str, Any] | None:
+    """The running stack's record, when a supervisor holds the data dir and has finished starting."""
+    holder = lock_holder(settings)
+    if not holder or holder.get("role") != "up":
+        return None
     data = read_stack_file(settings)
-    if data and _pid_alive(int(data.get("pid", 0))):
-        return data
-    return None
+    if data is None or int(data.get("pid", 0)) != int(holder.get("pid", -1)):
+        return None  # still starting
+    return data
+
+
+@dataclass(frozen=True)
+class Leftover:
+    what: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{self.what} (pid {self.pid})"
+
+
+def _is_service_of(pid: int, name: str, data_dir: Path) -> bool:
+    argv = cmdline(pid) or []
+    want = ["opengyre.cli", "service", "run", name]
+    joined = "\0".join(argv)
+    return "\0".join(want) in joined and f"--data-dir\0{data_dir.resolve()}" in joined
+
+
+def find_leftovers(settings: Settings) -> list[Leftover]:
+    """Processes a stack on this data dir left running when its supervisor died (call without the lock held
+    by a live supervisor): the recorded pids that are still ours, not whatever reuses them now."""
+    found: dict[int, Leftover] = {}
+    store = settings.data_dir / NATS_STORE
+    pid_file = store / "nats-server.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip())
+        if is_nats_server_of(pid, store):
+            found[pid] = Leftover("nats-server", pid)
+    data = read_stack_file(settings) or {}
+    pid = int(data.get("nats_pid") or 0)
+    if pid and pid not in found and is_nats_server_of(pid, store):
+        found[pid] = Leftover("nats-server", pid)
+    for name, info in (data.get("services") or {}).items():
+        pid = int(info.get("pid") or 0)
+        if pid and _is_service_of(pid, name, settings.data_dir):
+            found[pid] = Leftover(f"svc-{name}", pid)
+    # Services first: they drain into the log before it goes.
+    return sorted(found.values(), key=lambda x: x.what == "nats-server")
+
+
+def reap_leftovers(settings: Settings) -> list[Leftover]:
+    """Stop what ``find_leftovers`` finds (their process groups: SIGTERM, then SIGKILL); what it stopped."""
+    stopped = []
+    for item in find_leftovers(settings):
+        log.warning("stopping %s left by a stack that died on %s", item, settings.data_dir)
+        if not stop_group(item.pid):
+            raise RuntimeError(f"cannot stop {item} left by a previous stack on {settings.data_dir}")
+        stopped.append(item)
+    return stopped
 
 
 @dataclass
@@ -73,6 +146,20 @@ class _Child:
 
 
 @dataclass
+class _LogWatch:
+    """The supervisor's view of its nats-server: restarts, and health as /healthz reports it."""
+
+    health: LogHealth = field(default_factory=lambda: LogHealth(True, ""))
+    restarts: int = 0
+    started_at: float = 0.0
+    failed_checks: int = 0
+    exited_at: float = 0.0
+    quick: int = 0  # exits soon after a start, in a row
+    next_try: float = 0.0
+    waiting_for_space: bool = False
+
+
+@dataclass
 class Stack:
     """Start with ``start()``, supervise with ``supervise(stop)``, end with ``stop()``."""
 
@@ -82,46 +169,89 @@ class Stack:
     nats: EmbeddedNats | None = None
     nats_url: str = ""
     children: dict[str, _Child] = field(default_factory=dict)
-    engine: Engine | None = None
+    engines: dict[str, Engine] = field(default_factory=dict)
+    reaped: list[Leftover] = field(default_factory=list)
+    health_every: float = 1.0
+    _lock: DataDirLock | None = None
+    _log: _LogWatch = field(default_factory=_LogWatch)
+
+    @property
+    def monitor_url(self) -> str | None:
+        return self.nats.monitor_url if self.nats is not None else None
 
     async def start(self) -> None:
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
-        running = stack_alive(s)
-        if running:
-            raise StackAlreadyRunning(
-                f"a stack already runs on {s.data_dir} (pid {running['pid']}); stop it with `opengyre down`"
-            )
+        self._lock = DataDirLock(s.data_dir)
+        self._lock.acquire("up", "opengyre up")  # before anything starts; DataDirBusy / DataDirUnusable
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        self.reaped = await asyncio.to_thread(reap_leftovers, s)
+        ports = self._pick_ports()
+        s.record()
         if s.nats_url:
             self.nats_url = s.nats_url
         else:
-            port = None
-            old = s.nats_url_file.read_text().strip() if s.nats_url_file.exists() else ""
-            if old.rsplit(":", 1)[-1].isdigit() and port_is_free(int(old.rsplit(":", 1)[-1])):
-                port = int(old.rsplit(":", 1)[-1])  # keep the URL stable across restarts when possible
-            self.nats = EmbeddedNats(s.data_dir / "nats", port=port, host=s.host)
-            self.nats_url = await asyncio.to_thread(self.nats.start)
-            s.nats_url_file.write_text(self.nats_url + "\n")
+            await self._start_nats()
         # Fail fast (and create the stream) before any service starts.
-        try:
-            event_log = await EventLog.connect(self.nats_url, s.log)
-        except LogUnavailable:
-            self._stop_nats()
-            raise
+        event_log = await EventLog.connect(self.nats_url, s.log)
         await event_log.close()
-        self.engine = create_db_engine(s.database_url)
-        await asyncio.to_thread(migrate, self.engine)
+        if not s.db_url and (s.data_dir / "opengyre.db").exists():
+            log.warning(
+                "%s: each service now keeps its projections in db/<service>.db; they are rebuilt from the log, "
+                "and opengyre.db is no longer read",
+                s.data_dir,
+            )
+        s.ensure_store_dir()
+        for url in dict.fromkeys(s.store_urls(self.services).values()):
+            engine = create_db_engine(url)
+            self.engines[url] = engine
+            await asyncio.to_thread(migrate, engine)
         for name in self.services:
-            want = s.ports.get(name, 0)
-            port = want if want and port_is_free(want, s.host) else free_port(s.host)
-            self.children[name] = _Child(name, port)
-            self._spawn(self.children[name])
+            self.children[name] = _Child(name, ports[name])
+        for child in self.children.values():
+            self._spawn(child)
         for child in self.children.values():
             ok = await asyncio.to_thread(wait_for_port, child.port, s.host, 60.0)
             if not ok:
-                await self.stop()
                 raise RuntimeError(f"service {child.name} did not start; see {self._log_path(child.name)}")
         self._write_stack_file()
+
+    def _pick_ports(self) -> dict[str, int]:
+        """Each service's gRPC port: the configured one; a free one if the default is taken; an error if a port
+        the user asked for is taken."""
+        s = self.settings
+        ports: dict[str, int] = {}
+        for name in self.services:
+            want = s.ports.get(name, 0)
+            if name in s.explicit_ports:
+                if not port_is_free(want, s.host):
+                    raise PortTaken(f"port {want} of svc-{name} (OPENGYRE_{name.upper()}_PORT) is in use on {s.host}")
+                ports[name] = want
+            else:
+                ports[name] = want if want and port_is_free(want, s.host) else free_port(s.host)
+        if "proxy" in self.services and PROXY_HTTP in s.explicit_ports and not port_is_free(s.proxy_http_port, s.host):
+            raise PortTaken(
+                f"port {s.proxy_http_port} of the proxy's HTTP gateway (OPENGYRE_PROXY_HTTP_PORT) is in use on {s.host}"
+            )
+        return ports
+
+    async def _start_nats(self) -> None:
+        s = self.settings
+        port = None
+        old = s.nats_url_file.read_text().strip() if s.nats_url_file.exists() else ""
+        if old.rsplit(":", 1)[-1].isdigit() and port_is_free(int(old.rsplit(":", 1)[-1]), s.host):
+            port = int(old.rsplit(":", 1)[-1])  # keep the URL stable across restarts when possible
+        self.nats = EmbeddedNats(s.data_dir / NATS_STORE, port=port, host=s.host)
+        self.nats.launch()  # from this (the main) thread: its parent-death signal must outlive the call
+        self.nats_url = await asyncio.to_thread(self.nats.wait_ready)
+        self._log.started_at = time.monotonic()
+        _write_text(s.nats_url_file, self.nats_url + "\n")
 
     def _log_path(self, name: str) -> Path:
         return self.settings.data_dir / "logs" / f"{name}.log"
@@ -132,46 +262,78 @@ class Stack:
         env.update(
             OPENGYRE_DATA_DIR=str(s.data_dir.resolve()),
             OPENGYRE_NATS_URL=self.nats_url,
-            OPENGYRE_DB_URL=s.database_url,
+            OPENGYRE_NATS_MONITOR_URL=self.monitor_url or "",
+            OPENGYRE_DB_URL=s.db_url or "",
             OPENGYRE_STREAM=s.log.stream,
             OPENGYRE_SUBJECT_PREFIX=s.log.prefix,
             OPENGYRE_HOST=s.host,
-            OPENGYRE_PROXY_HTTP_PORT=str(s.proxy_http_port),
+            OPENGYRE_SUPERVISOR_PID=str(os.getpid()),
         )
+        # Every service learns where the others really are (a default port may have been taken).
+        env.update({f"OPENGYRE_{c.name.upper()}_PORT": str(c.port) for c in self.children.values()})
+        if PROXY_HTTP in s.explicit_ports:
+            env["OPENGYRE_PROXY_HTTP_PORT"] = str(s.proxy_http_port)
+        else:
+            env.pop("OPENGYRE_PROXY_HTTP_PORT", None)
         logf = self._log_path(child.name)
         logf.parent.mkdir(parents=True, exist_ok=True)
-        out = logf.open("ab")
-        child.proc = subprocess.Popen(
-            [sys.executable, "-m", "opengyre.cli", "service", "run", child.name, "--port", str(child.port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C goes to the supervisor, which stops children in order
-        )
-        out.close()
+        with logf.open("ab") as out:
+            child.proc = spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "opengyre.cli",
+                    "service",
+                    "run",
+                    child.name,
+                    "--port",
+                    str(child.port),
+                    "--data-dir",
+                    str(s.data_dir.resolve()),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         child.started_at = time.monotonic()
 
     def _write_stack_file(self) -> None:
+        s = self.settings
+        proc = self.nats.proc if self.nats is not None else None
         data = {
             "pid": os.getpid(),
             "nats_url": self.nats_url,
+            "nats_pid": proc.pid if proc is not None else 0,
+            "nats_monitor_url": self.monitor_url,
             "embedded_nats": self.nats is not None,
-            "db_url": self.settings.database_url,
-            "host": self.settings.host,
+            "log": {"ok": self._log.health.ok, "reason": self._log.health.reason, "restarts": self._log.restarts},
+            "stores": {name: _safe_url(url) for name, url in s.store_urls(self.services).items()},
+            "stream": s.log.stream,
+            "prefix": s.log.prefix,
+            "host": s.host,
+            "reaped": [str(x) for x in self.reaped],
             "services": {
                 c.name: {"port": c.port, "pid": c.proc.pid if c.proc else 0, "restarts": c.restarts}
                 for c in self.children.values()
             },
         }
-        self.settings.stack_file.write_text(json.dumps(data, indent=2) + "\n")
+        _write_json(s.stack_file, data)
 
     async def supervise(self, stop: asyncio.Event) -> None:
-        """Restart a crashed service (its projections resume from their tracking rows) until ``stop``."""
+        """Until ``stop``: restart a crashed service (its projections resume from their tracking rows) and keep
+        the embedded nats-server up and able to store."""
+        next_check = 0.0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
             if stop.is_set():
                 break
+            if self.nats is not None:
+                await self._keep_nats()
+                running = self.nats.proc is not None and self.nats.proc.poll() is None
+                if running and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.health_every
+                    await self._check_nats_health()
             for child in self.children.values():
                 if child.proc is None or child.proc.poll() is None:
                     continue
@@ -186,26 +348,111 @@ class Stack:
                 self._spawn(child)
                 self._write_stack_file()
 
+    async def _keep_nats(self) -> None:
+        """A nats-server that exited is started again on the same port and store (services reconnect); one
+        that keeps dying soon after starting is retried with a backoff (0.5 s doubling to 30 s)."""
+        assert self.nats is not None
+        proc = self.nats.proc
+        if proc is not None and proc.poll() is None:
+            return
+        w, now = self._log, time.monotonic()
+        if w.exited_at == 0.0:
+            w.exited_at = now
+            w.quick = w.quick + 1 if now - w.started_at < 10.0 else 0
+            w.next_try = now + (min(30.0, 0.5 * 2 ** min(w.quick, 6)) if w.quick else 0.0)
+            code = proc.returncode if proc is not None else "an error"
+            log.error("nats-server exited with %s; restarting it on %s", code, self.nats.url)
+            w.health = LogHealth(False, f"nats-server exited with {code}; restarting it")
+            self._write_stack_file()
+        if now < w.next_try:
+            return
+        w.exited_at = 0.0
+        await self._restart_nats("it exited")
+
+    async def _restart_nats(self, why: str) -> None:
+        assert self.nats is not None
+        w = self._log
+        w.restarts += 1
+        w.failed_checks = 0
+        w.waiting_for_space = False
+        w.health = LogHealth(False, f"restarting nats-server: {why}")
+        self._write_stack_file()
+        await asyncio.to_thread(self.nats.stop)
+        w.started_at = time.monotonic()
+        self.nats.launch()
+        try:
+            await asyncio.to_thread(self.nats.wait_ready)
+        except RuntimeError as exc:
+            log.error("%s", exc)  # it exited again: _keep_nats tries again after a backoff
+            return
+        self._write_stack_file()
+
+    async def _check_nats_health(self) -> None:
+        """Poll /healthz; a store that failed a write stays failed until nats-server restarts, which is done once
+        the disk has room again (``log_min_free_mb``)."""
+        assert self.nats is not None
+        w = self._log
+        health = await server_health(self.nats.monitor_url, timeout=2.0)
+        changed = health != w.health
+        w.health = health
+        w.failed_checks = 0 if health.ok else w.failed_checks + 1
+        if health.ok:
+            w.waiting_for_space = False
+        elif w.failed_checks >= 3:  # not a blip during start-up
+            free = shutil.disk_usage(self.nats.store_dir).free
+            need = self.settings.log_min_free_mb * 2**20
+            if free >= need:
+                log.error("event log unhealthy (%s); %d MiB free: restarting nats-server", health.reason, free >> 20)
+                await self._restart_nats(health.reason)
+                return
+            if not w.waiting_for_space:
+                w.waiting_for_space = True
+                log.error(
+                    "event log unhealthy (%s); waiting for %d MiB free in %s (%d MiB now) to restart nats-server",
+                    health.reason,
+                    need >> 20,
+                    self.nats.store_dir,
+                    free >> 20,
+                )
+        if changed:
+            self._write_stack_file()
+
     async def stop(self) -> None:
         for child in self.children.values():
             if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGTERM)
         for child in self.children.values():
             if child.proc is None:
                 continue
             try:
                 await asyncio.to_thread(child.proc.wait, 15)
             except subprocess.TimeoutExpired:
-                child.proc.kill()
+                await asyncio.to_thread(stop_group, child.proc.pid, 1.0)
                 await asyncio.to_thread(child.proc.wait)
         self._stop_nats()
-        if self.engine is not None:
-            self.engine.dispose()
-        data = read_stack_file(self.settings)
-        if data and int(data.get("pid", 0)) == os.getpid():
-            self.settings.stack_file.unlink(missing_ok=True)
+        for engine in self.engines.values():
+            engine.dispose()
+        self.engines.clear()
+        if self._lock is not None and self._lock.held:
+            data = read_stack_file(self.settings)
+            if data and int(data.get("pid", 0)) == os.getpid():
+                self.settings.stack_file.unlink(missing_ok=True)
+            self._lock.release()
 
     def _stop_nats(self) -> None:
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

@@ -60,7 +60,7 @@ def _load_execution(settings: Settings, execution_id: str) -> tuple[list[StoredC
 
     from ._trees import load_calls
 
-    engine = create_db_engine(settings.database_url)
+    engine = create_db_engine(settings.store_url("proxy"))
     try:
         with engine.connect() as conn:
             calls = load_calls(conn, execution_id)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from opengyre.config import PROXY_HTTP
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import proxy_pb2_grpc
@@ -67,8 +68,11 @@ class ProxyService(Service):
         models = _env_list("OPENGYRE_PROXY_MODELS") or cfg.models
         patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
         port = cfg.port if self._config is not None else s.proxy_http_port
+        # A default port that is taken falls back to a free one (proxy.url tells harnesses where); a port the
+        # user set (OPENGYRE_PROXY_HTTP_PORT) that is taken is an error.
+        fallback = PROXY_HTTP not in s.explicit_ports
         return replace(
-            cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns, port_fallback=True
+            cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns, port_fallback=fallback
         )
 
     async def start(self, ctx: ServiceContext) -> None:

@@ -125,7 +125,8 @@ def run_command(
             return
 
     async def main() -> None:
-        eng = await asyncio.to_thread(_engine, settings.database_url)
+        settings.ensure_store_dir()
+        eng = await asyncio.to_thread(_engine, settings.store_url("trainer"))
         async with log_session(settings) as log:
             stop = asyncio.Event()
             tasks = []
@@ -249,7 +250,7 @@ def preview_command(
     from ._sampling import PathSampler
     from ._store import TrainerStore
 
-    store = TrainerStore(_engine(settings_from(data_dir, None, db_url).database_url))
+    store = TrainerStore(_engine(settings_from(data_dir, None, db_url).store_url("trainer")))
     try:
         tree = store.tree(execution_id)
     except TrajectoryError as exc:
@@ -273,7 +274,7 @@ def steps_command(
     """Training steps of a run as the trainer projection records them."""
     from ._store import TrainerStore
 
-    rows = TrainerStore(_engine(settings_from(data_dir, None, db_url).database_url)).steps(run_id)
+    rows = TrainerStore(_engine(settings_from(data_dir, None, db_url).store_url("trainer"))).steps(run_id)
     t = Table("step", "version", "loss", "trained", "dropped", "tokens", "reward", "grad norm", "staleness")
     for r in rows:
         reward = "-" if r["reward_mean"] is None else f"{r['reward_mean']:.3f}"

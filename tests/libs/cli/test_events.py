@@ -12,7 +12,6 @@ from opengyre.cli import app
 from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
 from opengyre.events import SkillIngested
 from opengyre.runtime import EmbeddedNats
-from opengyre.store import create_db_engine, migrate
 
 
 async def _log_with_a_missing_blob(url: str, config: LogConfig) -> None:
@@ -44,9 +43,6 @@ def test_the_cli_shows_a_message_whose_blob_is_missing_as_unreadable(nats_server
     assert show.exit_code == 0, show.output
     assert "does not decode (blob-missing)" in show.output and "body unreadable" in show.output
 
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'opengyre.db'}")
-    migrate(engine)
-    engine.dispose()
     rebuilt = cli.invoke(app, ["projections", "rebuild", "tasks", *common], env=env)
     assert rebuilt.exit_code == 0, rebuilt.output
     assert "rebuilt tasks from 3 events" in rebuilt.output
@@ -58,4 +54,4 @@ def test_the_cli_shows_a_message_whose_blob_is_missing_as_unreadable(nats_server
     assert listed.exit_code == 0, listed.output
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in listed.output.splitlines() if "│" in line]
     tasks = next(r for r in rows if r[0] == "tasks")
-    assert tasks[1:] == ["3", "3", "0", "3", "1", "folding"]  # position, stream last, pending, tracked, dead
+    assert tasks[1:] == ["synth", "3", "3", "0", "3", "1", "folding"]  # owner, position, last, pending, tracked, dead

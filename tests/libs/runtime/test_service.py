@@ -19,7 +19,7 @@ from opengyre.cli import app
 from opengyre.config import Settings
 from opengyre.eventlog import LogConfig, LogUnavailable
 from opengyre.events import SkillIngested
-from opengyre.runtime import EmbeddedNats, free_port, load_service, run_service
+from opengyre.runtime import DataDirLock, EmbeddedNats, free_port, load_service, run_service
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._polling import await_until
@@ -121,9 +121,11 @@ async def test_a_projection_refusing_a_recreated_stream_says_so_in_status_and_th
     finally:
         await log.close()
 
-    # `opengyre status` of a stack whose synth is this one: the error is printed and the exit code says so.
+    # `opengyre status` of a stack whose synth is this one (this process holds the data dir as its supervisor
+    # would): the error is printed and the exit code says so.
     data = tmp_path / "stack"
-    data.mkdir()
+    lock = DataDirLock(data)
+    lock.acquire("up")
     (data / "stack.json").write_text(
         json.dumps(
             {
@@ -140,6 +142,7 @@ async def test_a_projection_refusing_a_recreated_stream_says_so_in_status_and_th
     assert "REFUSES THE STREAM" in res.output and "error: projection tasks folded stream" in res.output
     # `opengyre projections list` against the same store says it too.
     args = ["projections", "list", "--data-dir", str(data), "--nats-url", nats_server.url]
-    res = await asyncio.to_thread(CliRunner().invoke, app, [*args, "--db-url", settings.database_url], env=env)
+    res = await asyncio.to_thread(CliRunner().invoke, app, [*args, "--db-url", settings.store_url("synth")], env=env)
+    lock.release()
     assert res.exit_code == 1, res.output
     assert "REFUSES THE STREAM" in res.output and "error: projection tasks folded stream" in res.output

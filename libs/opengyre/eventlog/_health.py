@@ -1,0 +1,72 @@
+"""Whether the log can take appends now: the client's connection, and the server's own health report.
+
+A nats-server whose store failed a write (a full disk) stays connected and answers JetStream API calls, but
+never acknowledges a publish to that stream again until it restarts; only its monitoring endpoint
+(``/healthz``) says so. A client that knows that endpoint can turn a bare timeout into the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+import httpx
+
+__all__ = ["ConnectionWatch", "LogHealth", "server_health"]
+
+log = logging.getLogger("opengyre.eventlog")
+
+
+class LogHealth(NamedTuple):
+    ok: bool
+    reason: str  # why not, in words a user can act on ("" when ok)
+
+
+class ConnectionWatch:
+    """nats-py's connection callbacks, logged and turned into an event a watcher can wait on."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.connected = True  # set up after the first connection succeeded
+        self.closing = False
+        self.changed = asyncio.Event()
+
+    async def on_disconnected(self) -> None:
+        if self.closing:  # nats-py calls this on our own close too: only a lost connection is news
+            return
+        log.warning("NATS: disconnected from %s; reconnecting", self.url)
+        self.connected = False
+        self.changed.set()
+
+    async def on_reconnected(self) -> None:
+        log.warning("NATS: reconnected to %s", self.url)
+        self.connected = True
+        self.changed.set()
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Return on the next connection change or after ``timeout``."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            return
+        self.changed.clear()
+
+
+async def server_health(monitor_url: str, timeout: float = 2.0) -> LogHealth:
+    """nats-server's ``/healthz``: every stream and consumer of JetStream able to work."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            resp = await client.get(f"{monitor_url.rstrip('/')}/healthz")
+    except httpx.HTTPError as exc:
+        return LogHealth(False, f"nats-server monitoring at {monitor_url} does not answer ({type(exc).__name__})")
+    if resp.status_code == 200:
+        return LogHealth(True, "")
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    detail = str(body.get("error") or body.get("errors") or resp.text[:300])
+    if "no space left" in detail or "write error" in detail:
+        return LogHealth(False, f"the log's storage failed a write (disk full?): {detail}")
+    return LogHealth(False, f"nats-server reports JetStream unhealthy: {detail}")
