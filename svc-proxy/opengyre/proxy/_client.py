@@ -84,13 +84,24 @@ async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
 
 
 class EngineClient:
-    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
+        keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
         self.base_url = base_url.rstrip("/")
         self._own = http is None
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
-        self.fast = Http1Pool(self.base_url)  # the hot path: /generate and /abort_request
+        # The hot path: /generate.
+        self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"

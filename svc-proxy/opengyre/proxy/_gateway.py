@@ -80,6 +80,11 @@ class GatewayConfig:
     queue_timeout_s: float = 30.0
     retry_after_s: float = 2.0
     engine_api_key: str | None = None
+    # Pooled engine connections idle longer than this are closed, not reused: below the engine's keep-alive
+    # (SGLang and vLLM run uvicorn with timeout_keep_alive=5; the CPU engine keeps 75 s).
+    engine_idle_timeout_s: float = 4.0
+    # The longest an engine may stay silent mid-response; a non-streamed generation is silent until it ends.
+    engine_read_timeout_s: float = 600.0
     port_fallback: bool = False  # if ``port`` is taken, serve on a free one (the embedded stack's behaviour)
     infer_roles: bool = True  # without a role claim, tell sub-agent conversations apart (see _infer_role)
 
@@ -121,6 +126,8 @@ class Gateway:
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
             api_key=c.engine_api_key,
+            idle_timeout_s=c.engine_idle_timeout_s,
+            read_timeout_s=c.engine_read_timeout_s,
         )
         self.recorder = Recorder(event_log, inline_context_limit=c.inline_context_limit)
         self.stats = GatewayStats()

@@ -78,8 +78,22 @@ def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
 
 
 class VllmClient(EngineClient):
-    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
-        super().__init__(base_url.removeprefix(VLLM_SCHEME), api_key=api_key, http=http)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(
+            base_url.removeprefix(VLLM_SCHEME),
+            api_key=api_key,
+            http=http,
+            idle_timeout_s=idle_timeout_s,
+            read_timeout_s=read_timeout_s,
+        )
         self.model: str | None = None
         self._streams: dict[str, Http1Response] = {}
         self._aborted: set[str] = set()

@@ -45,9 +45,16 @@ class EngineServer:
             raise RuntimeError("the engine is not started")
         return self._http.port
 
+    @property
+    def connections(self) -> int:
+        """HTTP connections open to this engine now (idle keep-alive ones included)."""
+        return self._http.connections if self._http is not None else 0
+
     async def start(self) -> EngineServer:
         self.engine.start()
-        self._http = HttpServer(build_app(self.engine), self.config.host, self.config.port)
+        self._http = HttpServer(
+            build_app(self.engine), self.config.host, self.config.port, keep_alive_s=self.config.keep_alive_s
+        )
         await self._http.start()
         return self
 
@@ -102,6 +109,8 @@ def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
         args += ["--threads", str(config.threads)]
     if config.incremental_streaming_output:
         args += ["--incremental-streaming-output"]
+    if config.keep_alive_s != EngineConfig.keep_alive_s:
+        args += ["--keep-alive", str(config.keep_alive_s)]
     return args
 
 
