@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ._assembly import Outcome
-from ._client import EngineFailed, EngineRejected, EngineReply
+from ._client import EngineBadReply, EngineFailed, EngineRejected, EngineReply
 from ._errors import ApiError
 from ._pool import EngineHandle, EnginePool, NoCapacity
 
@@ -133,6 +133,12 @@ class Dispatch:
                 except EngineRejected as exc:
                     raise ApiError(
                         exc.status, "invalid_request", f"the engine refused the request: {exc.message}"
+                    ) from exc
+                except EngineBadReply as exc:
+                    # Not retried elsewhere: a fleet that answers without logprobs must be fixed, not papered over.
+                    self.pool.report(h, ok=False)
+                    raise ApiError(
+                        502, "api_error", f"rollout engine {h.engine_id} answered what cannot be recorded: {exc}"
                     ) from exc
                 except EngineFailed as exc:
                     log.warning("engine %s failed on %s: %s", h.engine_id, rid, exc)

@@ -572,13 +572,17 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthrop
         yield chunk
     if outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
+        # No engine could finish (503/529) is an overload; anything else (a bad engine reply) is not.
+        overload = outcome.finish.get("status_code") in (None, 503, 529)
         if anthropic:
+            kind = "overloaded_error" if overload else "api_error"
             yield (
                 b"event: error\ndata: "
-                + _enc.encode({"type": "error", "error": {"type": "overloaded_error", "message": msg}})
+                + _enc.encode({"type": "error", "error": {"type": kind, "message": msg}})
                 + b"\n\n"
             )
         else:
-            err = {"message": msg, "type": "server_error", "param": None, "code": "engine_unavailable"}
+            code = "engine_unavailable" if overload else "engine_error"
+            err = {"message": msg, "type": "server_error", "param": None, "code": code}
             yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
             yield b"data: [DONE]\n\n"
