@@ -26,6 +26,13 @@ log = logging.getLogger(__name__)
 _background: set[asyncio.Task[None]] = set()
 
 
+def _abort_in_background(h: EngineHandle, rid: str) -> None:
+    """Stop the engine's work on ``rid`` without waiting for it (the engine may be slow or gone)."""
+    task = asyncio.get_running_loop().create_task(h.client.abort(rid))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
 class Dispatch:
     def __init__(
         self,
@@ -142,6 +149,7 @@ class Dispatch:
                     ) from exc
                 except EngineFailed as exc:
                     log.warning("engine %s failed on %s: %s", h.engine_id, rid, exc)
+                    _abort_in_background(h, rid)  # e.g. a read timeout: the engine may still be generating
                     broke = True
                     failed.add(h.engine_id)
                     self.pool.report(h, ok=False)
@@ -198,6 +206,4 @@ class Dispatch:
             self.total_ms = (time.perf_counter() - self.t0) * 1e3
             if not done and h is not None and self._rid_now:
                 # The caller went away mid-generation: stop the engine's work (without blocking the close).
-                task = asyncio.get_running_loop().create_task(h.client.abort(self._rid_now))
-                _background.add(task)
-                task.add_done_callback(_background.discard)
+                _abort_in_background(h, self._rid_now)
