@@ -67,8 +67,17 @@ class ProxyService(Service):
         models = _env_list("OPENGYRE_PROXY_MODELS") or cfg.models
         patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
         port = cfg.port if self._config is not None else s.proxy_http_port
+        # Answered calls wait here for the log, surviving a crash of this process (see docs/proxy.md).
+        outbox = cfg.outbox_path or str(s.data_dir / "proxy-outbox.sqlite3")
         return replace(
-            cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns, port_fallback=True
+            cfg,
+            host=s.host,
+            port=port,
+            secret=secret,
+            models=models,
+            model_patterns=patterns,
+            port_fallback=True,
+            outbox_path=outbox,
         )
 
     async def start(self, ctx: ServiceContext) -> None:
