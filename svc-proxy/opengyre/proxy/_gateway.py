@@ -88,6 +88,7 @@ class GatewayConfig:
     engine_read_timeout_s: float = 600.0
     # Where answered calls wait for the log (SQLite, fsync'd); None keeps them in memory (lost if the process dies).
     outbox_path: str | None = None
+    outbox_fsync: bool = True  # False: survives the process dying, not the machine (no fsync per call)
     outbox_max_events: int = 100_000  # past either bound new calls get 503 (Anthropic: 529) with Retry-After
     outbox_max_bytes: int = 2 << 30
     outbox_retry_after_s: float = 5.0
@@ -139,6 +140,7 @@ class Gateway:
         self.recorder = Recorder(
             event_log,
             outbox_path=Path(c.outbox_path) if c.outbox_path else None,
+            outbox_fsync=c.outbox_fsync,
             inline_context_limit=c.inline_context_limit,
             max_events=c.outbox_max_events,
             max_bytes=c.outbox_max_bytes,

@@ -48,8 +48,12 @@ class Outbox:
         *,
         registry: EventRegistry | None = None,
         cache_events: int = 4096,
+        fsync: bool = True,
     ) -> None:
+        """``fsync=False`` commits without fsync (SQLite ``synchronous=NORMAL`` in WAL mode): an event then
+        survives the process being killed, but not the machine losing power or crashing."""
         self.path = path
+        self.fsync = fsync
         self.registry = registry or default_registry()
         self.cache_events = cache_events
         self.pending = 0  # events put and not yet removed (including those being committed)
@@ -99,7 +103,8 @@ class Outbox:
         try:
             if self.path is not None:
                 db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")  # a commit is fsync'd before put() returns
+                # FULL: a commit is fsync'd before put() returns; NORMAL: written to the OS before it returns.
+                db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
             for stmt in _SCHEMA:
                 db.execute(stmt)
             n, size, last = db.execute(

@@ -58,6 +58,7 @@ class Recorder:
         event_log: EventLog | None,
         *,
         outbox_path: Path | None = None,
+        outbox_fsync: bool = True,
         inline_context_limit: int = 64 * 1024,
         batch: int = 256,
         max_events: int = 100_000,
@@ -74,7 +75,7 @@ class Recorder:
         self.retry_after_s = retry_after_s
         self.max_backoff_s = max_backoff_s
         self.publish_timeout_s = publish_timeout_s  # a batch whose acknowledgements do not come is sent again
-        self.outbox = Outbox(outbox_path)
+        self.outbox = Outbox(outbox_path, fsync=outbox_fsync)
         self.recorded = 0  # events the log acknowledged
         self.failed = 0  # calls whose event could not be written to the outbox (answered with an error)
         self.refused = 0  # calls refused because the outbox was full
