@@ -94,8 +94,10 @@ async def test_calls_answered_while_nats_server_is_killed_are_recorded_once(
         convs = Conversations(st, 3)
         await convs.turn()
         await st.gateway.recorder.flush()
-        own_nats.kill()
-        await convs.turn()  # answered while the log is gone
+        in_flight = asyncio.create_task(convs.turn())
+        await await_until(lambda: any(h.inflight for h in st.gateway.pool.engines()), "calls are in flight")
+        own_nats.kill()  # while calls are being made
+        await in_flight  # answered while the log is gone
         await convs.turn()
         rec = st.gateway.recorder
         # Held for as long as the log stays away (the recorder that gave up after 5 retries lost these).

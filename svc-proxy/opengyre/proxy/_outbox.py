@@ -47,7 +47,7 @@ class Outbox:
         path: Path | None,
         *,
         registry: EventRegistry | None = None,
-        cache_events: int = 4096,
+        cache_bytes: int = 64 << 20,
         fsync: bool = True,
     ) -> None:
         """``fsync=False`` commits without fsync (SQLite ``synchronous=NORMAL`` in WAL mode): an event then
@@ -55,7 +55,7 @@ class Outbox:
         self.path = path
         self.fsync = fsync
         self.registry = registry or default_registry()
-        self.cache_events = cache_events
+        self.cache_bytes = cache_bytes
         self.pending = 0  # events put and not yet removed (including those being committed)
         self.pending_bytes = 0
         self.left_by_previous = 0  # rows found at open: a previous process put them and did not remove them
@@ -68,7 +68,9 @@ class Outbox:
         self._next_id = 1
         self._staged: list[tuple[ModelCallRecorded, bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._cache: dict[int, ModelCallRecorded] = {}  # decoded rows put by this process, to skip decoding
+        # Rows put by this process, to skip decoding them again (up to cache_bytes of their encoded size).
+        self._cache: dict[int, tuple[ModelCallRecorded, int]] = {}
+        self._cached_bytes = 0
         self._committed = 0  # rows in the table
         self._rows = asyncio.Event()  # set while rows wait to be drained
         self._empty = asyncio.Event()
@@ -173,9 +175,10 @@ class Outbox:
                     if not fut.done():
                         fut.set_exception(err)
                 continue
-            for i, (e, _, _) in enumerate(group):
-                if len(self._cache) < self.cache_events:
-                    self._cache[first + i] = e
+            for i, (e, body, _) in enumerate(group):
+                if self._cached_bytes + len(body) <= self.cache_bytes:
+                    self._cache[first + i] = (e, len(body))
+                    self._cached_bytes += len(body)
             self._committed += len(group)
             self._rows.set()
             for _, _, fut in group:
@@ -228,7 +231,8 @@ class Outbox:
                 log.error("%d outbox rows do not decode; kept in outbox_undecodable: %s", len(bad), bad[:3])
         out: list[tuple[int, ModelCallRecorded]] = []
         for i in ids:
-            got = self._cache.get(i) or decoded.get(i)
+            cached = self._cache.get(i)
+            got = cached[0] if cached is not None else decoded.get(i)
             if got is not None:
                 out.append((i, got))
         return out
@@ -324,7 +328,9 @@ class Outbox:
 
     def _forget(self, ids: Sequence[int], size: int) -> None:
         for i in ids:
-            self._cache.pop(i, None)
+            cached = self._cache.pop(i, None)
+            if cached is not None:
+                self._cached_bytes -= cached[1]
         self._committed -= len(ids)
         self.pending -= len(ids)
         self.pending_bytes -= size
