@@ -4,6 +4,7 @@ answered call to the log exactly once, parents before children (answered calls c
 from __future__ import annotations
 
 import asyncio
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,70 @@ async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
         await await_until(drained, "the proxy drained the rest")
         events = [e async for _, e in log.events(ModelCallRecorded)]
         assert len(answered) == 20
+        assert_exactly_once_in_order(events, answered)
+    finally:
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.sigkill()
+        await log.close()
+        nats.server.stop()
+
+
+@pytest.mark.slow
+async def test_a_call_whose_event_cannot_be_written_is_answered_with_an_error_and_not_recorded(
+    tmp_path: Path, engine_a: EngineServer
+) -> None:
+    """The outbox's disk fills up (a file-size limit on the proxy process): calls fail with the dialect's error
+    instead of being answered unrecorded; once space returns, calls are answered and recorded again."""
+    nats = Nats(tmp_path / "nats")
+    cfg = LogConfig(stream="FULL", prefix="full.ev", blob_bucket="FULLB")
+    log = await EventLog.connect(nats.url, cfg)
+    outbox = tmp_path / "outbox.sqlite3"
+    proxy = Proxy(nats, cfg, engine_a.url, outbox)
+    answered: list[str] = []
+
+    def client(eid: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{proxy.url}/x/{eid}/v1", api_key="any", max_retries=0)
+
+    async def call(eid: str, stream: bool = False) -> None:
+        msgs = [{"role": "user", "content": f"hello {eid}"}]
+        if not stream:
+            r = await client(eid).chat.completions.create(model=M, messages=msgs, max_tokens=3)  # type: ignore[arg-type]
+            answered.append(r.id.removeprefix("chatcmpl-"))
+            return
+        s = await client(eid).chat.completions.create(model=M, messages=msgs, max_tokens=3, stream=True)  # type: ignore[arg-type]
+        cid = ""
+        async for chunk in s:
+            cid = chunk.id.removeprefix("chatcmpl-")
+        answered.append(cid)
+
+    try:
+        await proxy.start()
+        assert proxy.proc is not None
+        for i in range(3):
+            await call(f"ok-{i}")
+        # No file of the proxy may grow past its present size (plus a page or two): the disk is full.
+        used = max(p.stat().st_size for p in (outbox, Path(f"{outbox}-wal")) if p.exists())
+        resource.prlimit(proxy.proc.pid, resource.RLIMIT_FSIZE, (used + 8192, resource.RLIM_INFINITY))
+        refused = 0
+        for i in range(40):
+            try:
+                await call(f"full-{i}", stream=i % 2 == 1)
+            except openai.APIError as exc:
+                assert "could not be recorded" in str(exc)
+                refused += 1
+                if refused == 4:
+                    break
+        assert refused == 4, "calls kept being answered with the outbox unable to take them"
+        resource.prlimit(proxy.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        for i in range(3):
+            await call(f"again-{i}")
+
+        async def drained() -> bool:
+            return await proxy.metric("opengyre_proxy_outbox_events") == 0
+
+        await await_until(drained, "the proxy drained its outbox")
+        assert await proxy.metric("opengyre_proxy_record_failed_total") == 4
+        events = [e async for _, e in log.events(ModelCallRecorded)]
         assert_exactly_once_in_order(events, answered)
     finally:
         if proxy.proc is not None and proxy.proc.poll() is None:
