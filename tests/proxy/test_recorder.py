@@ -207,3 +207,33 @@ async def test_rows_the_log_already_holds_are_not_sent_again_after_the_duplicate
     finally:
         await log.js.delete_stream(cfg.stream)
         await log.close()
+
+
+async def test_concurrent_calls_are_each_recorded_once_while_the_drainer_runs(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    """64 executions record 20 calls each at once (group commits, fsyncs) while the drainer sends and removes."""
+    rec = Recorder(event_log, outbox_path=tmp_path / "outbox.sqlite3", batch=1)
+    await rec.start()
+    try:
+
+        async def execution(k: int) -> None:
+            parent = None
+            for i in range(20):
+                call = ModelCallRecorded(
+                    execution_id=f"ex{k}",
+                    call_id=f"c{k}-{i}",
+                    parent_call_id=parent,
+                    prompt_delta_ids=[1, 2],
+                    output_ids=[3],
+                    output_logprobs=[-1.0],
+                )
+                await rec.record(call)
+                parent = call.call_id
+
+        await asyncio.gather(*(execution(k) for k in range(64)))
+        await rec.flush()
+    finally:
+        await rec.stop()
+    events = [e async for _, e in event_log.events(ModelCallRecorded)]
+    assert_exactly_once_in_order(events, [f"c{k}-{i}" for k in range(64) for i in range(20)])

@@ -1,12 +1,16 @@
 """The recorder's outbox: model-call events between an answered call and the event log.
 
-An append-only SQLite table, one file under the data dir. ``put`` returns once the event is committed with
-``synchronous=FULL`` (fsync'd); events that arrive while a commit runs go into the next one (group commit), so
-concurrent calls share an fsync. Rows leave only when the log has acknowledged them (``remove``), together with
-the highest stream sequence acknowledged so far (``confirmed_seq``): every event of this outbox that is in the
-log but still a row here sits after that sequence, which is what lets a restarted drainer find out which rows
-the log already holds (see ``_recorder``). Without a path the table lives in memory: the same code, without
-surviving a crash of the process.
+An append-only SQLite table, one file under the data dir, in WAL mode. ``put`` returns once the event is
+committed and the WAL fsync'd (what SQLite's ``synchronous=FULL`` does); events that arrive while an fsync runs go
+into the next commit (group commit), so concurrent calls share one. Rows leave only when the log has acknowledged
+them (``remove``), together with the highest stream sequence acknowledged so far (``confirmed_seq``): every event
+of this outbox that is in the log but still a row here sits after that sequence, which is what lets a restarted
+drainer find out which rows the log already holds (see ``_recorder``). Without a path the table lives in memory:
+the same code, without surviving a crash of the process.
+
+The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
+and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
+loaded machine (each hop waits for the scheduler).
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import concurrent.futures
 import contextlib
 import fcntl
 import logging
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from opengyre.events import EventRegistry, ModelCallRecorded, default_registry
 
@@ -36,6 +41,8 @@ _SCHEMA = (
     " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, reason TEXT NOT NULL)",
 )
 
+_CHECKPOINT_BYTES = 8 << 20  # copy the WAL into the database (off the loop) once it is this large
+
 
 class OutboxError(Exception):
     """The outbox could not take or give back events (the disk, a second process on the same file)."""
@@ -50,10 +57,10 @@ class Outbox:
         cache_bytes: int = 64 << 20,
         fsync: bool = True,
     ) -> None:
-        """``fsync=False`` commits without fsync (SQLite ``synchronous=NORMAL`` in WAL mode): an event then
-        survives the process being killed, but not the machine losing power or crashing."""
+        """``fsync=False``: commits are written to the OS but not fsync'd (SQLite ``synchronous=NORMAL``); an
+        event then survives the process being killed, but not the machine losing power or crashing."""
         self.path = path
-        self.fsync = fsync
+        self.fsync = fsync and path is not None
         self.registry = registry or default_registry()
         self.cache_bytes = cache_bytes
         self.pending = 0  # events put and not yet removed (including those being committed)
@@ -62,10 +69,13 @@ class Outbox:
         self.confirmed_seq: int | None = None
         self.undecodable = 0
         self._db: sqlite3.Connection | None = None
+        self._wal: int | None = None  # a descriptor of the WAL file, to fsync it
         self._lock: IO[bytes] | None = None
-        # One thread owns the SQLite connection; every statement runs there, in submission order.
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="proxy-outbox")
+        self._checkpoint: asyncio.Future[None] | None = None
+        self._unchecked = 0  # bytes committed since the last checkpoint began
         self._next_id = 1
+        self._visible_below = 1  # rows from here on are being committed or synced: not drained yet
         self._staged: list[tuple[ModelCallRecorded, bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         # Rows put by this process, to skip decoding them again (up to cache_bytes of their encoded size).
@@ -79,7 +89,12 @@ class Outbox:
     # --- lifecycle ------------------------------------------------------------------------------------
 
     async def open(self) -> Outbox:
-        await self._run(self._open)
+        try:
+            await asyncio.to_thread(self._take_lock)
+            self._open_db()
+        except BaseException:
+            self._close()
+            raise
         if self._committed:
             self._rows.set()
             self._empty.clear()
@@ -91,60 +106,99 @@ class Outbox:
             )
         return self
 
-    def _open(self) -> None:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(str(self.path) + ".lock", "wb")  # noqa: SIM115 - held until close()
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                lock.close()
-                raise OutboxError(f"another process is using the outbox {self.path}") from exc
-            self._lock = lock
-        db = sqlite3.connect(":memory:" if self.path is None else str(self.path), isolation_level=None)
+    def _take_lock(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(str(self.path) + ".lock", "wb")  # noqa: SIM115 - held until close()
         try:
-            if self.path is not None:
-                db.execute("PRAGMA journal_mode=WAL")
-                # FULL: a commit is fsync'd before put() returns; NORMAL: written to the OS before it returns.
-                db.execute(f"PRAGMA synchronous={'FULL' if self.fsync else 'NORMAL'}")
-            for stmt in _SCHEMA:
-                db.execute(stmt)
-            n, size, last = db.execute(
-                "SELECT count(*), coalesce(sum(length(body)), 0), coalesce(max(id), 0) FROM outbox"
-            ).fetchone()
-            row = db.execute("SELECT value FROM outbox_meta WHERE key = 'confirmed_seq'").fetchone()
-        except BaseException:
-            db.close()
-            raise
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.close()
+            raise OutboxError(f"another process is using the outbox {self.path}") from exc
+        self._lock = lock
+
+    def _open_db(self) -> None:
+        db = sqlite3.connect(":memory:" if self.path is None else str(self.path), isolation_level=None)
         self._db = db
+        if self.path is not None:
+            db.execute("PRAGMA journal_mode=WAL")
+            # Commits append to the WAL without a sync; put() fsyncs the WAL itself, off the loop, which is what
+            # synchronous=FULL would do on the loop. Checkpoints are ours too (off the loop).
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+        for stmt in _SCHEMA:
+            db.execute(stmt)
+        if self.path is not None:
+            self._wal = os.open(f"{self.path}-wal", os.O_RDONLY)  # the schema statements created it
+        n, size, last = db.execute(
+            "SELECT count(*), coalesce(sum(length(body)), 0), coalesce(max(id), 0) FROM outbox"
+        ).fetchone()
+        row = db.execute("SELECT value FROM outbox_meta WHERE key = 'confirmed_seq'").fetchone()
         self.pending = self.left_by_previous = self._committed = int(n)
         self.pending_bytes = int(size)
-        self._next_id = int(last) + 1
+        self._next_id = self._visible_below = int(last) + 1
         self.confirmed_seq = int(row[0]) if row else None
 
     async def close(self) -> None:
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 await self._writer
-        with contextlib.suppress(Exception):
-            await self._run(self._close)
+        if self._checkpoint is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint
+        self._close()
         self._thread.shutdown(wait=True)
 
     def _close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._wal is not None:
+            os.close(self._wal)
+            self._wal = None
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise OutboxError("the outbox is not open")
+        return self._db
+
+    def _transaction(self, statements: Iterable[tuple[str, Sequence[object]]]) -> None:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in statements:
+                db.execute(sql, args)
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+
+    async def _sync(self) -> None:
+        """Make every commit so far durable (fsync the WAL), off the loop; then checkpoint if the WAL is large."""
+        if self._wal is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self.fsync:
+            await loop.run_in_executor(self._thread, os.fsync, self._wal)
+        if self._checkpoint is None and self._unchecked > _CHECKPOINT_BYTES:
+            self._unchecked = 0
+            self._checkpoint = loop.run_in_executor(self._thread, _checkpoint, str(self.path))
+            self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, fut: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("outbox checkpoint failed: %s", fut.exception())
 
     # --- put ------------------------------------------------------------------------------------------
 
     async def put(self, event: ModelCallRecorded) -> None:
-        """Return once ``event`` is committed (fsync'd with a file); raises OutboxError if it could not be."""
+        """Return once ``event`` is committed (and fsync'd, with a file); raises OutboxError if it could not be."""
         body = self.registry.encode(event)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staged.append((event, body, fut))
@@ -161,16 +215,27 @@ class Outbox:
             group, self._staged = self._staged, []
             first = self._next_id
             self._next_id += len(group)
-            rows = [(first + i, e.event_id, e.type_name(), e.version, body) for i, (e, body, _) in enumerate(group)]
+            insert = "INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)"
+            size = sum(len(b) for _, b, _ in group)
             try:
-                await self._run(self._insert, rows)
+                self._transaction(
+                    (insert, (first + i, e.event_id, e.type_name(), e.version, body))
+                    for i, (e, body, _) in enumerate(group)
+                )
+                self._unchecked += size
+                await self._sync()
             except Exception as exc:
-                self.pending -= len(group)
-                self.pending_bytes -= sum(len(b) for _, b, _ in group)
-                if self.pending == 0:
-                    self._empty.set()
                 err = OutboxError(f"writing {len(group)} model-call events to the outbox failed: {exc}")
                 log.error("%s", err)
+                if self._forget_failed(first, len(group)):
+                    self.pending -= len(group)
+                    self.pending_bytes -= size
+                    if self.pending == 0:
+                        self._empty.set()
+                else:  # committed and cannot be taken back: drained like any other row
+                    self._committed += len(group)
+                    self._rows.set()
+                self._visible_below = first + len(group)
                 for _, _, fut in group:
                     if not fut.done():
                         fut.set_exception(err)
@@ -179,27 +244,27 @@ class Outbox:
                 if self._cached_bytes + len(body) <= self.cache_bytes:
                     self._cache[first + i] = (e, len(body))
                     self._cached_bytes += len(body)
+            # Only now may the drainer take them: a call whose write fails is answered with an error, so its
+            # event must not have reached the log meanwhile.
+            self._visible_below = first + len(group)
             self._committed += len(group)
             self._rows.set()
             for _, _, fut in group:
                 if not fut.done():
                     fut.set_result(None)
 
-    def _insert(self, rows: list[tuple[int, str, str, int, bytes]]) -> None:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
+    def _forget_failed(self, first: int, n: int) -> bool:
+        """Take back the rows of a group whose commit or fsync failed (its calls are answered with an error);
+        False if they are in the table and stay there."""
         try:
-            db.executemany("INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)", rows)
-            db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise OutboxError("the outbox is not open")
-        return self._db
+            self._transaction([("DELETE FROM outbox WHERE id >= ? AND id < ?", (first, first + n))])
+        except Exception:
+            try:
+                row = self._conn().execute("SELECT 1 FROM outbox WHERE id = ?", (first,)).fetchone()
+            except Exception:
+                return False
+            return row is None
+        return True
 
     # --- drain ----------------------------------------------------------------------------------------
 
@@ -211,12 +276,19 @@ class Outbox:
 
     async def head(self, n: int) -> list[tuple[int, ModelCallRecorded]]:
         """The first ``n`` rows in the order they were put (an undecodable row is set aside, never returned)."""
-        ids: list[int] = await self._run(self._head_ids, n)
+        db = self._conn()
+        q = "SELECT id FROM outbox WHERE id < ? ORDER BY id LIMIT ?"
+        ids = [int(r[0]) for r in db.execute(q, (self._visible_below, n))]
+        if not ids and self._committed:
+            log.error("the outbox counted %d rows to drain but holds none: recounting", self._committed)
+            self._committed = 0
+            self._rows.clear()
         missing = [i for i in ids if i not in self._cache]
         decoded: dict[int, ModelCallRecorded] = {}
         if missing:
             bad: list[tuple[int, str]] = []
-            for row_id, type_name, version, body in await self._run(self._bodies, missing):
+            q = f"SELECT id, type_name, version, body FROM outbox WHERE id IN ({','.join('?' * len(missing))})"
+            for row_id, type_name, version, body in db.execute(q, missing):
                 try:
                     e = self.registry.decode(type_name, version, body)
                     if not isinstance(e, ModelCallRecorded):
@@ -225,10 +297,7 @@ class Outbox:
                 except Exception as exc:
                     bad.append((row_id, f"{type(exc).__name__}: {exc}"))
             if bad:
-                sizes: int = await self._run(self._set_aside, bad)
-                self.undecodable += len(bad)
-                self._forget([i for i, _ in bad], sizes)
-                log.error("%d outbox rows do not decode; kept in outbox_undecodable: %s", len(bad), bad[:3])
+                self._set_aside(bad)
         out: list[tuple[int, ModelCallRecorded]] = []
         for i in ids:
             cached = self._cache.get(i)
@@ -237,89 +306,69 @@ class Outbox:
                 out.append((i, got))
         return out
 
-    def _head_ids(self, n: int) -> list[int]:
-        return [r[0] for r in self._conn().execute("SELECT id FROM outbox ORDER BY id LIMIT ?", (n,))]
-
-    def _bodies(self, ids: list[int]) -> list[tuple[int, str, int, bytes]]:
-        marks = ",".join("?" * len(ids))
-        q = f"SELECT id, type_name, version, body FROM outbox WHERE id IN ({marks})"
-        return [(int(a), str(b), int(c), bytes(d)) for a, b, c, d in self._conn().execute(q, ids)]
-
-    def _set_aside(self, bad: list[tuple[int, str]]) -> int:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            size = 0
-            for row_id, reason in bad:
-                size += int(db.execute("SELECT length(body) FROM outbox WHERE id = ?", (row_id,)).fetchone()[0])
-                db.execute(
-                    "INSERT OR REPLACE INTO outbox_undecodable (id, event_id, type_name, version, body, reason)"
-                    " SELECT id, event_id, type_name, version, body, ? FROM outbox WHERE id = ?",
-                    (reason, row_id),
+    def _set_aside(self, bad: list[tuple[int, str]]) -> None:
+        ids = [i for i, _ in bad]
+        size = self._size(ids)
+        self._transaction(
+            [
+                stmt
+                for row_id, reason in bad
+                for stmt in (
+                    (
+                        "INSERT OR REPLACE INTO outbox_undecodable (id, event_id, type_name, version, body, reason)"
+                        " SELECT id, event_id, type_name, version, body, ? FROM outbox WHERE id = ?",
+                        (reason, row_id),
+                    ),
+                    ("DELETE FROM outbox WHERE id = ?", (row_id,)),
                 )
-                db.execute("DELETE FROM outbox WHERE id = ?", (row_id,))
-            db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
+            ]
+        )
+        self.undecodable += len(bad)
+        self._forget(ids, size)
+        log.error("%d outbox rows do not decode; kept in outbox_undecodable: %s", len(bad), bad[:3])
+
+    def _size(self, ids: Sequence[int]) -> int:
+        size = 0
+        for k in range(0, len(ids), 500):
+            part = list(ids[k : k + 500])
+            q = f"SELECT coalesce(sum(length(body)), 0) FROM outbox WHERE id IN ({','.join('?' * len(part))})"
+            size += int(self._conn().execute(q, part).fetchone()[0])
         return size
 
     async def rows_with_event_ids(self, event_ids: Iterable[str]) -> list[int]:
         """Which rows hold one of ``event_ids`` (the events the log turned out to have already)."""
         ids = list(event_ids)
-        return list(await self._run(self._rows_with, ids)) if ids else []
-
-    def _rows_with(self, event_ids: list[str]) -> list[int]:
         out: list[int] = []
-        for k in range(0, len(event_ids), 500):
-            part = event_ids[k : k + 500]
-            q = f"SELECT id FROM outbox WHERE event_id IN ({','.join('?' * len(part))})"
-            out += [int(r[0]) for r in self._conn().execute(q, part)]
+        for k in range(0, len(ids), 500):
+            part = ids[k : k + 500]
+            q = f"SELECT id FROM outbox WHERE id < ? AND event_id IN ({','.join('?' * len(part))})"
+            out += [int(r[0]) for r in self._conn().execute(q, [self._visible_below, *part])]
         return sorted(out)
 
     async def remove(self, ids: Sequence[int], confirmed_seq: int, *, sync: bool = False) -> None:
         """Rows the log now holds, and the highest stream sequence known to hold this outbox's events.
 
-        Not fsync'd unless ``sync``: a removal lost with the machine only brings rows back that the drainer
-        finds in the log after the older, durable ``confirmed_seq`` (the next put's fsync makes it durable anyway).
+        Not fsync'd unless ``sync``: a removal lost with the machine only brings back rows that the drainer finds
+        in the log after the older, durable ``confirmed_seq`` (and the next put's fsync covers it anyway).
         """
         seq = max(confirmed_seq, self.confirmed_seq or 0)
-        size: int = await self._run(self._remove, list(ids), seq, sync)
-        self.confirmed_seq = seq
-        self._forget(ids, size)
-
-    def _remove(self, ids: list[int], seq: int, sync: bool) -> int:
-        db = self._conn()
-        if self.path is not None and self.fsync and not sync:
-            db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            size = 0
-            for k in range(0, len(ids), 500):
-                part = ids[k : k + 500]
-                marks = ",".join("?" * len(part))
-                size += int(
-                    db.execute(
-                        f"SELECT coalesce(sum(length(body)), 0) FROM outbox WHERE id IN ({marks})",
-                        part,
-                    ).fetchone()[0]
-                )
-                db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", part)
-            db.execute(
+        size = self._size(ids)
+        statements: list[tuple[str, Sequence[object]]] = []
+        for k in range(0, len(ids), 500):
+            part = list(ids[k : k + 500])
+            statements.append((f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(part))})", part))
+        statements.append(
+            (
                 "INSERT INTO outbox_meta (key, value) VALUES ('confirmed_seq', ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (seq,),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-        finally:
-            if self.path is not None and self.fsync and not sync:
-                db.execute("PRAGMA synchronous=FULL")
-        return size
+        )
+        self._transaction(statements)
+        self.confirmed_seq = seq
+        self._forget(ids, size)
+        if sync:
+            await self._sync()
 
     async def set_confirmed(self, seq: int) -> None:
         """Record, durably, a stream position before which no event of this outbox can be (before its first
@@ -338,3 +387,12 @@ class Outbox:
             self._rows.clear()
         if self.pending == 0:
             self._empty.set()
+
+
+def _checkpoint(path: str) -> None:
+    """Copy the WAL into the database from a connection of this thread's own (it does not block the writer)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        db.close()
