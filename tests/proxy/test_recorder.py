@@ -237,3 +237,21 @@ async def test_concurrent_calls_are_each_recorded_once_while_the_drainer_runs(
         await rec.stop()
     events = [e async for _, e in event_log.events(ModelCallRecorded)]
     assert_exactly_once_in_order(events, [f"c{k}-{i}" for k in range(64) for i in range(20)])
+
+
+async def test_a_call_no_store_could_keep_is_refused_in_the_dialect_and_not_recorded(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    """A NUL in a field the event schema types as text (the model name, accepted by a pattern): the log would
+    refuse the event, so the call is answered with the dialect's error, not as an unrecorded success."""
+    st = await make_stack(event_log, {"e0": engine_a}, model_patterns=("claude-*",))
+    try:
+        with pytest.raises(openai.APIStatusError) as oa:
+            await st.openai("ex-nul").chat.completions.create(
+                model="claude-\x00", messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
+        assert oa.value.status_code == 500 and "NUL" in str(oa.value.body["message"])  # type: ignore[index]
+        assert await st.recorded() == []
+        assert st.gateway.recorder.failed == 1
+    finally:
+        await st.gateway.stop()

@@ -29,7 +29,7 @@ from nats.js.api import Header
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from opengyre.eventlog import EventLog, LogUnavailable
-from opengyre.events import ModelCallRecorded
+from opengyre.events import InvalidEvent, ModelCallRecorded
 
 from ._outbox import Outbox, OutboxError
 
@@ -141,7 +141,7 @@ class Recorder:
             return
         try:
             await self.outbox.put(event)
-        except OutboxError as exc:
+        except (OutboxError, InvalidEvent) as exc:  # the disk, or an event no store could keep (a NUL)
             self.failed += 1
             raise RecordFailed(str(exc)) from exc
 
