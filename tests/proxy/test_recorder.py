@@ -94,21 +94,27 @@ async def test_calls_answered_while_nats_server_is_killed_are_recorded_once(
         convs = Conversations(st, 3)
         await convs.turn()
         await st.gateway.recorder.flush()
-        in_flight = asyncio.create_task(convs.turn())
-        await await_until(lambda: any(h.inflight for h in st.gateway.pool.engines()), "calls are in flight")
-        own_nats.kill()  # while calls are being made
-        await in_flight  # answered while the log is gone
+        # A call in flight (its first tokens streamed) when nats-server is SIGKILLed, then finished.
+        stream = await st.openai("ex-s").chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "s"}], max_tokens=16, stream=True
+        )
+        first = await anext(stream)
+        own_nats.kill()
+        async for _ in stream:
+            pass
+        convs.answered.append(first.id.removeprefix("chatcmpl-"))
+        await convs.turn()  # answered while the log is gone
         await convs.turn()
         rec = st.gateway.recorder
         # Held for as long as the log stays away (the recorder that gave up after 5 retries lost these).
         await await_until(lambda: rec.send_failures >= 8, "the recorder kept trying the log")
-        assert rec.pending == 6 and rec.failed == 0
+        assert rec.pending == 7 and rec.failed == 0
         own_nats.restart()
         await convs.turn()
         await rec.flush()
         events = await st.assert_recorded_matches_engines()
         assert_exactly_once_in_order(events, convs.answered)
-        assert len(events) == 12 and any(e.parent_call_id for e in events)
+        assert len(events) == 13 and any(e.parent_call_id for e in events)
     finally:
         await st.gateway.stop()
         await log.close()
