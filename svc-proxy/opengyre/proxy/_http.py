@@ -49,11 +49,6 @@ class HttpServer:
         self._task: asyncio.Task[None] | None = None
 
     @property
-    def connections(self) -> int:
-        """Client connections open now (kept-alive idle ones included)."""
-        return len(self._server.server_state.connections)
-
-    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"

@@ -172,6 +172,11 @@ class Http1Pool:
     def idle(self) -> int:
         return len(self._idle)
 
+    @property
+    def idle_closed(self) -> int:
+        """Idle connections the server has closed (end-of-file seen): the next request drops them."""
+        return sum(1 for c in self._idle if c.reader.at_eof() or c.reader.exception() is not None)
+
     async def _within(self, aw: Awaitable[T]) -> T:
         async with asyncio.timeout(self.read_timeout):
             return await aw

@@ -45,11 +45,6 @@ class EngineServer:
             raise RuntimeError("the engine is not started")
         return self._http.port
 
-    @property
-    def connections(self) -> int:
-        """HTTP connections open to this engine now (idle keep-alive ones included)."""
-        return self._http.connections if self._http is not None else 0
-
     async def start(self) -> EngineServer:
         self.engine.start()
         self._http = HttpServer(
