@@ -197,7 +197,9 @@ async def test_rows_the_log_already_holds_are_not_sent_again_after_the_duplicate
         # behind: the rows, the position recorded before its first publish, and the first four in the log.
         outbox = await Outbox(path).open()
         for c in calls:
-            await outbox.put(c)
+            synced = outbox.put(c)
+            if synced is not None:
+                await synced
         await outbox.set_confirmed(await log.last_seq())
         await log.append_many(calls[:4])
         await outbox.close()
@@ -234,7 +236,9 @@ async def test_concurrent_calls_are_each_recorded_once_while_the_drainer_runs(
                     output_ids=[3],
                     output_logprobs=[-1.0],
                 )
-                await rec.record(call)
+                synced = rec.record(call)
+                if synced is not None:
+                    await synced
                 parent = call.call_id
 
         await asyncio.gather(*(execution(k) for k in range(64)))

@@ -390,8 +390,8 @@ class Gateway:
             else [],
         )
 
-        def commit(written: asyncio.Future[None]) -> None:
-            if written.cancelled() or written.exception() is not None:
+        def commit(written: asyncio.Future[None] | None = None) -> None:
+            if written is not None and (written.cancelled() or written.exception() is not None):
                 return
             # The state the call was planned on (its parent is there), even if it was evicted while the call ran.
             traj.commit(plan, call_id, out.output_ids, response, role)
@@ -402,9 +402,12 @@ class Gateway:
             self.stats.calls += 1
             self.stats.rerouted += dispatch.attempts - 1
 
-        written = asyncio.ensure_future(self.recorder.record(event))
+        written = self.recorder.record(event)  # RecordFailed if it could not be committed
+        if written is None:  # durable already
+            commit()
+            return
         written.add_done_callback(commit)  # runs before this coroutine resumes: the state is there first
-        await asyncio.shield(written)
+        await asyncio.shield(written)  # shielded: a caller that leaves does not cancel what the others share
 
     async def _call(self, request: Request, kind: str) -> Response:
         anthropic = kind == "anthropic"

@@ -1,8 +1,8 @@
 """The recorder's outbox: model-call events between an answered call and the event log.
 
-An append-only SQLite table, one file under the data dir, in WAL mode. ``put`` returns once the event is
-committed and the WAL fsync'd (what SQLite's ``synchronous=FULL`` does); events that arrive while an fsync runs go
-into the next commit (group commit), so concurrent calls share one. Rows leave only when the log has acknowledged
+An append-only SQLite table, one file under the data dir, in WAL mode. ``put`` commits the event at once and
+gives a future that completes when the WAL is fsync'd (what SQLite's ``synchronous=FULL`` does); events committed
+while an fsync runs share the next one (group fsync). Rows leave only when the log has acknowledged
 them (``remove``), together with the highest stream sequence acknowledged so far (``confirmed_seq``): every event
 of this outbox that is in the log but still a row here sits after that sequence, which is what lets a restarted
 drainer find out which rows the log already holds (see ``_recorder``). Without a path the table lives in memory:
@@ -10,7 +10,7 @@ the same code, without surviving a crash of the process.
 
 The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
 and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
-loaded machine (each hop waits for the scheduler).
+loaded machine (each hop waits for the scheduler). The drainer sees a row only once its fsync completed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import IO
 
 from opengyre.events import EventRegistry, ModelCallRecorded, default_registry
 
-__all__ = ["Outbox", "OutboxError"]
+__all__ = ["Outbox", "OutboxError", "RecordFailed"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,11 @@ _SCHEMA = (
 _CHECKPOINT_BYTES = 8 << 20  # copy the WAL into the database (off the loop) once it is this large
 
 
-class OutboxError(Exception):
+class RecordFailed(Exception):
+    """A call's event could not be made durable: the call must not be answered as a success."""
+
+
+class OutboxError(RecordFailed):
     """The outbox could not take or give back events (the disk, a second process on the same file)."""
 
 
@@ -75,9 +79,10 @@ class Outbox:
         self._checkpoint: asyncio.Future[None] | None = None
         self._unchecked = 0  # bytes committed since the last checkpoint began
         self._next_id = 1
-        self._visible_below = 1  # rows from here on are being committed or synced: not drained yet
-        self._staged: list[tuple[ModelCallRecorded, bytes, asyncio.Future[None]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._visible_below = 1  # rows from here on wait for their fsync: not drained yet
+        self._unsynced: list[tuple[int, int, asyncio.Future[None]]] = []  # (row, size, its caller's future)
+        self._syncer: asyncio.Task[None] | None = None
+        self.failed = 0  # events whose commit or fsync failed
         # Rows put by this process, to skip decoding them again (up to cache_bytes of their encoded size).
         self._cache: dict[int, tuple[ModelCallRecorded, int]] = {}
         self._cached_bytes = 0
@@ -141,9 +146,9 @@ class Outbox:
         self.confirmed_seq = int(row[0]) if row else None
 
     async def close(self) -> None:
-        if self._writer is not None:
+        if self._syncer is not None:
             with contextlib.suppress(Exception):
-                await self._writer
+                await self._syncer
         if self._checkpoint is not None:
             with contextlib.suppress(Exception):
                 await self._checkpoint
@@ -178,18 +183,6 @@ class Outbox:
                 db.execute("ROLLBACK")
             raise
 
-    async def _sync(self) -> None:
-        """Make every commit so far durable (fsync the WAL), off the loop; then checkpoint if the WAL is large."""
-        if self._wal is None:
-            return
-        loop = asyncio.get_running_loop()
-        if self.fsync:
-            await loop.run_in_executor(self._thread, os.fsync, self._wal)
-        if self._checkpoint is None and self._unchecked > _CHECKPOINT_BYTES:
-            self._unchecked = 0
-            self._checkpoint = loop.run_in_executor(self._thread, _checkpoint, str(self.path))
-            self._checkpoint.add_done_callback(self._checkpointed)
-
     def _checkpointed(self, fut: asyncio.Future[None]) -> None:
         self._checkpoint = None
         if not fut.cancelled() and fut.exception() is not None:
@@ -197,67 +190,82 @@ class Outbox:
 
     # --- put ------------------------------------------------------------------------------------------
 
-    async def put(self, event: ModelCallRecorded) -> None:
-        """Return once ``event`` is committed (and fsync'd, with a file); raises OutboxError if it could not be."""
+    def put(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
+        """Commit ``event`` now; None if that is all (in memory, or ``fsync=False``), else a future that completes
+        once an fsync covers it (calls that commit while one runs share the next). Raises, or fails the future
+        with, OutboxError if the event could not be made durable; InvalidEvent for one no store could keep."""
         body = self.registry.encode(event)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._staged.append((event, body, fut))
+        row = self._next_id
+        insert = "INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)"
+        try:
+            self._transaction([(insert, (row, event.event_id, event.type_name(), event.version, body))])
+        except Exception as exc:
+            self.failed += 1
+            raise OutboxError(f"writing a model-call event to the outbox failed: {exc}") from exc
+        self._next_id += 1
         self.pending += 1
         self.pending_bytes += len(body)
+        self._unchecked += len(body)
         self._empty.clear()
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_staged(), name="proxy-outbox-writer")
-        # Shielded: a caller that goes away does not take the commit, or the other calls in it, along.
-        await asyncio.shield(fut)
+        if self._cached_bytes + len(body) <= self.cache_bytes:
+            self._cache[row] = (event, len(body))
+            self._cached_bytes += len(body)
+        if not self.fsync:
+            self._drainable(row + 1, 1)
+            self._maybe_checkpoint()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unsynced.append((row, len(body), fut))
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.create_task(self._sync_committed(), name="proxy-outbox-fsync")
+        return fut
 
-    async def _write_staged(self) -> None:
-        while self._staged:
-            group, self._staged = self._staged, []
-            first = self._next_id
-            self._next_id += len(group)
-            insert = "INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)"
-            size = sum(len(b) for _, b, _ in group)
+    def _drainable(self, below: int, n: int) -> None:
+        """Rows under ``below`` may go to the log (``n`` more of them)."""
+        self._visible_below = below
+        self._committed += n
+        self._rows.set()
+
+    async def _sync_committed(self) -> None:
+        """fsync the WAL for every commit not yet covered, off the loop, until none is left (group fsync)."""
+        assert self._wal is not None
+        loop = asyncio.get_running_loop()
+        while self._unsynced:
+            group, self._unsynced = self._unsynced, []
+            last = group[-1][0]
             try:
-                self._transaction(
-                    (insert, (first + i, e.event_id, e.type_name(), e.version, body))
-                    for i, (e, body, _) in enumerate(group)
-                )
-                self._unchecked += size
-                await self._sync()
+                await loop.run_in_executor(self._thread, os.fsync, self._wal)
             except Exception as exc:
-                err = OutboxError(f"writing {len(group)} model-call events to the outbox failed: {exc}")
+                err = OutboxError(f"syncing {len(group)} model-call events to disk failed: {exc}")
                 log.error("%s", err)
-                if self._forget_failed(first, len(group)):
-                    self.pending -= len(group)
-                    self.pending_bytes -= size
+                self.failed += len(group)
+                if self._take_back(group[0][0], last):
+                    for r, size, _ in group:
+                        cached = self._cache.pop(r, None)
+                        self._cached_bytes -= cached[1] if cached is not None else 0
+                        self.pending -= 1
+                        self.pending_bytes -= size
                     if self.pending == 0:
                         self._empty.set()
-                else:  # committed and cannot be taken back: drained like any other row
-                    self._committed += len(group)
-                    self._rows.set()
-                self._visible_below = first + len(group)
+                    self._visible_below = last + 1
+                else:  # in the table and cannot be taken back: drained like any other row
+                    self._drainable(last + 1, len(group))
                 for _, _, fut in group:
                     if not fut.done():
                         fut.set_exception(err)
                 continue
-            for i, (e, body, _) in enumerate(group):
-                if self._cached_bytes + len(body) <= self.cache_bytes:
-                    self._cache[first + i] = (e, len(body))
-                    self._cached_bytes += len(body)
-            # Only now may the drainer take them: a call whose write fails is answered with an error, so its
-            # event must not have reached the log meanwhile.
-            self._visible_below = first + len(group)
-            self._committed += len(group)
-            self._rows.set()
+            # The callers first: the drainer is woken after them (a call's answer goes out before its event does).
             for _, _, fut in group:
                 if not fut.done():
                     fut.set_result(None)
+            self._drainable(last + 1, len(group))
+            self._maybe_checkpoint()
 
-    def _forget_failed(self, first: int, n: int) -> bool:
-        """Take back the rows of a group whose commit or fsync failed (its calls are answered with an error);
-        False if they are in the table and stay there."""
+    def _take_back(self, first: int, last: int) -> bool:
+        """Delete the rows of a group whose fsync failed (their calls are answered with an error); False if they
+        are in the table and stay there."""
         try:
-            self._transaction([("DELETE FROM outbox WHERE id >= ? AND id < ?", (first, first + n))])
+            self._transaction([("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last))])
         except Exception:
             try:
                 row = self._conn().execute("SELECT 1 FROM outbox WHERE id = ?", (first,)).fetchone()
@@ -265,6 +273,13 @@ class Outbox:
                 return False
             return row is None
         return True
+
+    def _maybe_checkpoint(self) -> None:
+        if self._wal is None or self._checkpoint is not None or self._unchecked <= _CHECKPOINT_BYTES:
+            return
+        self._unchecked = 0
+        self._checkpoint = asyncio.get_running_loop().run_in_executor(self._thread, _checkpoint, str(self.path))
+        self._checkpoint.add_done_callback(self._checkpointed)
 
     # --- drain ----------------------------------------------------------------------------------------
 
@@ -367,8 +382,8 @@ class Outbox:
         self._transaction(statements)
         self.confirmed_seq = seq
         self._forget(ids, size)
-        if sync:
-            await self._sync()
+        if sync and self.fsync and self._wal is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, os.fsync, self._wal)
 
     async def set_confirmed(self, seq: int) -> None:
         """Record, durably, a stream position before which no event of this outbox can be (before its first

@@ -1,7 +1,7 @@
 """Records every answered model call in the log exactly once: a durable outbox, drained in order.
 
-``record`` returns once the call's event is committed to the outbox (``_outbox``: SQLite, fsync'd), and the
-gateway sends a call's last bytes only after that. A background drainer hands the outbox to the log in the
+``record`` commits the call's event to the outbox (``_outbox``: SQLite) and gives what to wait for until it is
+fsync'd; the gateway sends a call's last bytes only after that. A background drainer hands the outbox to the log in the
 order the events were put and removes each batch once the log acknowledged it. While the log is away the
 drainer retries for ever (capped, jittered backoff) and the outbox grows up to its bound; past the bound the
 gateway refuses new calls (503/529 with Retry-After) instead of answering calls it could not record.
@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import InvalidEvent, ModelCallRecorded
 
-from ._outbox import Outbox, OutboxError
+from ._outbox import Outbox, RecordFailed
 
 __all__ = ["RecordFailed", "Recorder", "RecorderFull"]
 
@@ -46,10 +46,6 @@ class RecorderFull(Exception):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-class RecordFailed(Exception):
-    """A call's event could not be made durable: the call must not be answered as a success."""
 
 
 class Recorder:
@@ -77,13 +73,18 @@ class Recorder:
         self.publish_timeout_s = publish_timeout_s  # a batch whose acknowledgements do not come is sent again
         self.outbox = Outbox(outbox_path, fsync=outbox_fsync)
         self.recorded = 0  # events the log acknowledged
-        self.failed = 0  # calls whose event could not be written to the outbox (answered with an error)
+        self.invalid = 0  # calls whose event no store could keep (answered with an error)
         self.refused = 0  # calls refused because the outbox was full
         self.send_failures = 0  # drain attempts that failed (the log away, a timeout)
         self.found_in_log = 0  # outbox rows the log already held (a publish whose acknowledgement was lost)
         self.blobs = 0
         self._unsure = False  # some rows may be in the log already: look before sending them
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def failed(self) -> int:
+        """Calls answered with an error because their event could not be made durable."""
+        return self.invalid + self.outbox.failed
 
     @property
     def pending(self) -> int:
@@ -135,14 +136,15 @@ class Recorder:
                 self.retry_after_s,
             )
 
-    async def record(self, event: ModelCallRecorded) -> None:
-        """Return once ``event`` is durable in the outbox (in memory without a path); RecordFailed otherwise."""
+    def record(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
+        """Commit ``event`` to the outbox. None: it is durable already (in memory, or without fsync); else a
+        future that completes once it is (fsync'd). RecordFailed, raised or from the future, otherwise."""
         if self.log is None:
-            return
+            return None
         try:
-            await self.outbox.put(event)
-        except (OutboxError, InvalidEvent) as exc:  # the disk, or an event no store could keep (a NUL)
-            self.failed += 1
+            return self.outbox.put(event)
+        except InvalidEvent as exc:  # an event no store could keep (a NUL in a text field)
+            self.invalid += 1
             raise RecordFailed(str(exc)) from exc
 
     async def flush(self) -> None:
@@ -173,6 +175,8 @@ class Recorder:
     async def _run(self) -> None:
         while True:
             await self.outbox.wait_rows()
+            # Once more round the loop: the calls woken with the drainer send their answers before it works.
+            await asyncio.sleep(0)
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(Exception),
                 wait=wait_exponential_jitter(multiplier=0.1, max=self.max_backoff_s, jitter=0.1),
