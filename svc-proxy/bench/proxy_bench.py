@@ -2,6 +2,7 @@
 
     .venv/bin/python svc-proxy/bench/proxy_bench.py            # everything (a few minutes on 2 cores)
     .venv/bin/python svc-proxy/bench/proxy_bench.py --quick    # fewer calls
+    .venv/bin/python svc-proxy/bench/proxy_bench.py --outbox   # only: what the durable outbox costs a call
 
 Each engine, the gateway and this client run as separate processes (the client's own cost is the same on
 both paths, so it cancels out of the ratio but not out of the absolute figures); the gateway records every
@@ -168,11 +169,66 @@ async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100)
     ]
 
 
+async def outbox_cost(n: int) -> None:
+    """The same gateway three times, its outbox in memory, in a file, in an fsync'd file (the default), in
+    front of the fast stand-in.
+
+    Calls go to the three in alternating blocks (load drift hits all alike); the figures are each file outbox's
+    median over the memory outbox's. The memory outbox runs the same code (SQLite in memory), so the difference
+    is the file, and then its fsync on each call's path (shared by the calls committed together).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        nats = EmbeddedNats(t / "nats")
+        url = nats.start()
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            procs.append(await _spawn([str(HERE / "fast_engine.py"), "--tokens", "16"], t / "fast.url"))
+            engine = (t / "fast.url").read_text().strip()
+            urls = {}
+            variants: tuple[tuple[str, list[str]], ...] = (
+                ("memory", []),
+                ("file", ["--outbox", str(t / "nosync.sqlite3"), "--no-fsync"]),
+                ("fsync", ["--outbox", str(t / "outbox.sqlite3")]),
+            )
+            for name, extra in variants:
+                cmd = [str(HERE / "proxy_server.py"), "--nats", url, "--engine", engine, "--stream", name.upper()]
+                procs.append(await _spawn([*cmd, *extra], t / f"{name}.url"))
+                urls[name] = (t / f"{name}.url").read_text().strip() + "/x/{i}/v1/chat/completions"
+            print("| concurrency | calls per path | outbox | median ms | ratio to memory | added ms | p90 ms |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
+                for conc in (1, 64):
+                    calls = n if conc == 1 else n * 4
+                    for name in urls:
+                        await _run(c, urls[name], 32, conc, f"warm-{name}")
+                    lat: dict[str, list[float]] = {name: [] for name in urls}
+                    for rep in range(3):
+                        for name in urls:
+                            lat[name] += await _run(c, urls[name], calls // 3, conc, f"{name}{conc}-{rep}")
+                    base, _ = _stats(lat["memory"])
+                    for name in urls:
+                        med, p90 = _stats(lat[name])
+                        print(
+                            f"| {conc} | {len(lat[name])} | {name} | {med:.2f} | {med / base:.3f} | {med - base:+.2f}"
+                            f" | {p90:.2f} |",
+                            flush=True,
+                        )
+        finally:
+            for p in procs:
+                _stop(p)
+            nats.stop()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--outbox", action="store_true", help="only compare a durable outbox with one in memory")
     args = ap.parse_args()
     n = 60 if args.quick else 300
+    if args.outbox:
+        await outbox_cost(n)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         nats = EmbeddedNats(t / "nats")

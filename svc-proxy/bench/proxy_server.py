@@ -1,6 +1,6 @@
 """The gateway alone in a process, recording to a real JetStream log (bench only).
 
-python svc-proxy/bench/proxy_server.py --nats URL --engine URL --port-file /tmp/url
+python svc-proxy/bench/proxy_server.py --nats URL --engine URL --port-file /tmp/url [--outbox FILE]
 """
 
 from __future__ import annotations
@@ -21,11 +21,21 @@ async def main() -> None:
     ap.add_argument("--engine", required=True)
     ap.add_argument("--stream", default="BENCH")
     ap.add_argument("--port-file", type=Path, required=True)
+    ap.add_argument("--outbox", help="a durable outbox file (default: in memory)")
+    ap.add_argument("--no-fsync", action="store_true", help="commit the outbox without fsync")
     args = ap.parse_args()
     log = await EventLog.connect(
         args.nats, LogConfig(stream=args.stream, prefix=f"{args.stream.lower()}.ev", blob_bucket=f"{args.stream}_B")
     )
-    gw = Gateway(GatewayConfig(secret=uuid.UUID(int=7).bytes * 2, require_key=False), event_log=log)
+    gw = Gateway(
+        GatewayConfig(
+            secret=uuid.UUID(int=7).bytes * 2,
+            require_key=False,
+            outbox_path=args.outbox,
+            outbox_fsync=not args.no_fsync,
+        ),
+        event_log=log,
+    )
     await gw.pool.add("e0", args.engine)
     await gw.start()
     args.port_file.write_text(gw.url + "\n")

@@ -7,6 +7,7 @@ chunks (SGLang's default) and turns them into token deltas.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,15 @@ import msgspec
 
 from ._http1 import Http1Error, Http1Pool, Http1Response
 
-__all__ = ["EngineClient", "EngineFailed", "EngineRejected", "EngineReply", "sse_chunks"]
+__all__ = [
+    "EngineBadReply",
+    "EngineClient",
+    "EngineFailed",
+    "EngineRejected",
+    "EngineReply",
+    "behaviour_logprobs",
+    "sse_chunks",
+]
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
@@ -33,6 +42,44 @@ class EngineRejected(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class EngineBadReply(Exception):
+    """The engine answered, but not what the proxy can record (e.g. a token without its behaviour logprob)."""
+
+
+def _number(x: object) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) -> list[float]:
+    """The engine's logprob of each of ``n_ids`` new tokens (``offset`` tokens came before them).
+
+    ``raw`` is either SGLang's ``[[logprob, id, text], ...]`` or a plain list of numbers. A token without a
+    finite logprob raises EngineBadReply: training on an invented value (0.0 is "probability 1") would be wrong.
+    """
+    if n_ids == 0 and not raw:
+        return []
+    if not isinstance(raw, list):
+        raise EngineBadReply(
+            f"the engine returned {n_ids} output tokens without behaviour logprobs ({field_name} is missing;"
+            " the proxy asks for return_logprob)"
+        )
+    out: list[float] = []
+    for i, entry in enumerate(raw):
+        v = _number(entry[0] if isinstance(entry, list | tuple) and entry else entry)
+        if v is None:
+            raise EngineBadReply(
+                f"the engine returned no usable behaviour logprob for output token {offset + i} "
+                f"({field_name}[{i}] = {str(entry)[:80]})"
+            )
+        out.append(v)
+    if len(out) != n_ids:
+        raise EngineBadReply(f"the engine returned {n_ids} output tokens but {len(out)} logprobs ({field_name})")
+    return out
 
 
 @dataclass(slots=True)
@@ -87,13 +134,24 @@ class EngineClient:
     # The logprobs it returns are of the raw logits (not at the sampling temperature): see ``_temperature``.
     raw_logprobs = False
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
+        keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
         self.base_url = base_url.rstrip("/")
         self._own = http is None
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
-        self.fast = Http1Pool(self.base_url)  # the hot path: /generate and /abort_request
+        # The hot path: /generate.
+        self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"
@@ -108,10 +166,13 @@ class EngineClient:
         meta = chunk.get("meta_info") or {}
         ids = chunk.get("output_ids")
         lps_raw = meta.get("output_token_logprobs")
-        if ids is None and lps_raw is not None:
+        if ids is None and isinstance(lps_raw, list):
             ids = [e[1] for e in lps_raw]
         ids = list(ids or [])
-        lps = [float(e[0]) if e[0] is not None else 0.0 for e in (lps_raw or [])]
+        # Cumulative chunks carry every token so far, deltas only the new ones: checked either way.
+        lps = behaviour_logprobs(
+            lps_raw, len(ids), 0 if not incremental else len(reply.output_ids), "meta_info.output_token_logprobs"
+        )
         if incremental:
             new_ids, new_lps = ids, lps
         else:

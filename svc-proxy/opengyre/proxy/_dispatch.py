@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ._assembly import Outcome
-from ._client import EngineFailed, EngineRejected, EngineReply
+from ._client import EngineBadReply, EngineFailed, EngineRejected, EngineReply
 from ._errors import ApiError
 from ._pool import EngineHandle, EnginePool, NoCapacity
 
@@ -24,6 +24,13 @@ __all__ = ["Dispatch"]
 log = logging.getLogger(__name__)
 
 _background: set[asyncio.Task[None]] = set()
+
+
+def _abort_in_background(h: EngineHandle, rid: str) -> None:
+    """Stop the engine's work on ``rid`` without waiting for it (the engine may be slow or gone)."""
+    task = asyncio.get_running_loop().create_task(h.client.abort(rid))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 class Dispatch:
@@ -136,8 +143,15 @@ class Dispatch:
                     raise ApiError(
                         exc.status, "invalid_request", f"the engine refused the request: {exc.message}"
                     ) from exc
+                except EngineBadReply as exc:
+                    # Not retried elsewhere: a fleet that answers without logprobs must be fixed, not papered over.
+                    self.pool.report(h, ok=False)
+                    raise ApiError(
+                        502, "api_error", f"rollout engine {h.engine_id} answered what cannot be recorded: {exc}"
+                    ) from exc
                 except EngineFailed as exc:
                     log.warning("engine %s failed on %s: %s", h.engine_id, rid, exc)
+                    _abort_in_background(h, rid)  # e.g. a read timeout: the engine may still be generating
                     broke = True
                     failed.add(h.engine_id)
                     self.pool.report(h, ok=False)
@@ -194,6 +208,4 @@ class Dispatch:
             self.total_ms = (time.perf_counter() - self.t0) * 1e3
             if not done and h is not None and self._rid_now:
                 # The caller went away mid-generation: stop the engine's work (without blocking the close).
-                task = asyncio.get_running_loop().create_task(h.client.abort(self._rid_now))
-                _background.add(task)
-                task.add_done_callback(_background.discard)
+                _abort_in_background(h, self._rid_now)

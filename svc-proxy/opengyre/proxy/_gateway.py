@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -45,7 +46,7 @@ from ._http import HttpServer
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
-from ._recorder import Recorder
+from ._recorder import Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
@@ -81,6 +82,18 @@ class GatewayConfig:
     queue_timeout_s: float = 30.0
     retry_after_s: float = 2.0
     engine_api_key: str | None = None
+    # Pooled engine connections idle longer than this are closed, not reused: below the engine's keep-alive
+    # (SGLang and vLLM run uvicorn with timeout_keep_alive=5; the CPU engine keeps 75 s).
+    engine_idle_timeout_s: float = 4.0
+    # The longest an engine may stay silent mid-response; a non-streamed generation is silent until it ends.
+    engine_read_timeout_s: float = 600.0
+    # Where answered calls wait for the log (SQLite, fsync'd); None keeps them in memory (lost if the process dies).
+    outbox_path: str | None = None
+    outbox_fsync: bool = True  # False: survives the process dying, not the machine (no fsync per call)
+    outbox_max_events: int = 100_000  # past either bound new calls get 503 (Anthropic: 529) with Retry-After
+    outbox_max_bytes: int = 2 << 30
+    outbox_retry_after_s: float = 5.0
+    stop_drain_timeout_s: float = 30.0  # how long stop() waits for the log to take the outbox
     port_fallback: bool = False  # if ``port`` is taken, serve on a free one (the embedded stack's behaviour)
     infer_roles: bool = True  # without a role claim, tell sub-agent conversations apart (see _infer_role)
 
@@ -122,8 +135,18 @@ class Gateway:
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
             api_key=c.engine_api_key,
+            idle_timeout_s=c.engine_idle_timeout_s,
+            read_timeout_s=c.engine_read_timeout_s,
         )
-        self.recorder = Recorder(event_log, inline_context_limit=c.inline_context_limit)
+        self.recorder = Recorder(
+            event_log,
+            outbox_path=Path(c.outbox_path) if c.outbox_path else None,
+            outbox_fsync=c.outbox_fsync,
+            inline_context_limit=c.inline_context_limit,
+            max_events=c.outbox_max_events,
+            max_bytes=c.outbox_max_bytes,
+            retry_after_s=c.outbox_retry_after_s,
+        )
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
         self._http: HttpServer | None = None
@@ -143,7 +166,7 @@ class Gateway:
         return f"{self.url}/x/{execution_id}/v1"
 
     async def start(self) -> Gateway:
-        self.recorder.start()
+        await self.recorder.start()  # drains what a previous run left in the outbox
         try:
             self._http = HttpServer(self.app, self.config.host, self.config.port)
         except OSError:
@@ -158,7 +181,7 @@ class Gateway:
         if self._http is not None:
             await self._http.stop()
             self._http = None
-        await self.recorder.stop()
+        await self.recorder.stop(self.config.stop_drain_timeout_s)
         await self.pool.close()
 
     def issue_key(self, execution_id: str, role: TrajectoryRole = "main") -> str:
@@ -318,7 +341,7 @@ class Gateway:
             sp["stop"] = list(req.stop)
         return sp
 
-    def _record(
+    async def _record(
         self,
         eid: str,
         traj: ExecutionTrajectory,
@@ -329,51 +352,65 @@ class Gateway:
         dispatch: Dispatch,
         turn: Turn,
     ) -> None:
+        """Make the call's event durable, then add the call to the execution's live state.
+
+        In that order: a child call can only be planned on a committed parent, so the outbox (and the log)
+        always has a parent before its children; and a call that could not be recorded (RecordFailed) is not
+        there for a later call to extend. The live state follows the write even if the caller leaves meanwhile.
+        """
         out = dispatch.outcome
         response = turn.message() if req.messages is not None else None
-        # The state the call was planned on (its parent is there), even if it was evicted while the call ran.
-        traj.commit(plan, call_id, out.output_ids, response, role)
-        if eid not in self._executions:
-            self._keep(eid, traj)
         context = dict(plan.context)
         if response is not None:
             context["response"] = response
         context["request"] = {"model": req.model, "sampling": self._sampling(req, 1 << 30), "stream": req.stream}
         if req.prompt_text is not None:
             context["prompt_text"] = req.prompt_text
-        if plan.drift is not None:
-            self.stats.drift += 1
-        self.stats.calls += 1
-        self.stats.rerouted += dispatch.attempts - 1
-        temperature = logprob_temperature(dispatch.sampling, raw_logprobs=dispatch.raw_logprobs)
-        self.recorder.record(
-            ModelCallRecorded(
-                execution_id=eid,
-                call_id=call_id,
-                parent_call_id=plan.parent_call_id,
-                prefix_len=plan.prefix_len,
-                prompt_delta_ids=plan.delta_ids,
-                output_ids=list(out.output_ids),
-                output_logprobs=list(out.output_logprobs),
-                role=role,
-                model=req.model,
-                engine_id=",".join(dispatch.engines),
-                weight_version=out.weight_version,
-                finish_reason=turn.finish,
-                dialect=req.dialect,
-                tool_calls=[ToolCallPayload(id=t.id, name=t.name, arguments=t.arguments) for t in turn.tool_calls],
-                timings=CallTimings(queued_ms=dispatch.queued_ms, ttft_ms=dispatch.ttft_ms, total_ms=dispatch.total_ms),
-                drift=plan.drift,
-                attempts=dispatch.attempts,
-                context=context,
-                branch=plan.branch,
-                # Spans only when the weights changed during the call; one version is weight_version alone.
-                weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in out.weight_spans]
-                if len({v for v, _, _ in out.weight_spans}) > 1
-                else [],
-                temperature=temperature,
-            )
+        event = ModelCallRecorded(
+            execution_id=eid,
+            call_id=call_id,
+            parent_call_id=plan.parent_call_id,
+            prefix_len=plan.prefix_len,
+            prompt_delta_ids=plan.delta_ids,
+            output_ids=list(out.output_ids),
+            output_logprobs=list(out.output_logprobs),
+            role=role,
+            model=req.model,
+            engine_id=",".join(dispatch.engines),
+            weight_version=out.weight_version,
+            finish_reason=turn.finish,
+            dialect=req.dialect,
+            tool_calls=[ToolCallPayload(id=t.id, name=t.name, arguments=t.arguments) for t in turn.tool_calls],
+            timings=CallTimings(queued_ms=dispatch.queued_ms, ttft_ms=dispatch.ttft_ms, total_ms=dispatch.total_ms),
+            drift=plan.drift,
+            attempts=dispatch.attempts,
+            context=context,
+            branch=plan.branch,
+            # Spans only when the weights changed during the call; one version is weight_version alone.
+            weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in out.weight_spans]
+            if len({v for v, _, _ in out.weight_spans}) > 1
+            else [],
+            temperature=logprob_temperature(dispatch.sampling, raw_logprobs=dispatch.raw_logprobs),
         )
+
+        def commit(written: asyncio.Future[None] | None = None) -> None:
+            if written is not None and (written.cancelled() or written.exception() is not None):
+                return
+            # The state the call was planned on (its parent is there), even if it was evicted while the call ran.
+            traj.commit(plan, call_id, out.output_ids, response, role)
+            if eid not in self._executions:
+                self._keep(eid, traj)
+            if plan.drift is not None:
+                self.stats.drift += 1
+            self.stats.calls += 1
+            self.stats.rerouted += dispatch.attempts - 1
+
+        written = self.recorder.record(event)  # RecordFailed if it could not be committed
+        if written is None:  # durable already
+            commit()
+            return
+        written.add_done_callback(commit)  # runs before this coroutine resumes: the state is there first
+        await asyncio.shield(written)  # shielded: a caller that leaves does not cancel what the others share
 
     async def _call(self, request: Request, kind: str) -> Response:
         anthropic = kind == "anthropic"
@@ -394,6 +431,12 @@ class Gateway:
                     param="model",
                     code="model_not_found",
                 )
+            try:
+                self.recorder.admit()  # a call is answered only if it can be recorded
+            except RecorderFull as exc:
+                raise ApiError(
+                    529 if anthropic else 503, "overloaded", f"recording is behind: {exc}", retry_after=exc.retry_after
+                ) from exc
             traj = await self.trajectory(eid)
             plan = self._plan(traj, req)
             if not claimed and self.config.infer_roles:
@@ -416,8 +459,8 @@ class Gateway:
         except ApiError as err:
             return self._error(err, anthropic)
 
-        def on_turn(turn: Turn) -> None:
-            self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
+        async def on_turn(turn: Turn) -> None:
+            await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
 
         prompt = plan.prompt_ids
         if req.stream:
@@ -450,7 +493,10 @@ class Gateway:
             msg = str((out.finish or {}).get("message", "the generation was aborted"))
             return self._error(ApiError(529 if anthropic else 503, "overloaded", msg), anthropic)
         turn = assemble(self.codec, out, "toolu_" if anthropic else "call_", parse_tools=kind != "completions")
-        on_turn(turn)
+        try:
+            await on_turn(turn)
+        except RecordFailed as exc:
+            return self._error(ApiError(500, "api_error", _not_recorded(exc)), anthropic)
         if kind == "chat":
             return _Json(openai_api.chat_response(req, self.codec, out, turn, prompt, call_id))
         if kind == "completions":
@@ -559,23 +605,35 @@ async def _guard(
         outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
 
 
+def _not_recorded(exc: RecordFailed) -> str:
+    return f"the call could not be recorded, so it is not answered (nothing was recorded): {exc}"
+
+
 async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthropic: bool) -> AsyncIterator[bytes]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
     The dialect streams stop before their final frames when the outcome is an abort, so no client
-    mistakes a failed generation for a complete answer (and nothing is recorded for it).
+    mistakes a failed generation for a complete answer (and nothing is recorded for it). A call whose event
+    could not be made durable ends the same way, before its final frames.
     """
-    async for chunk in stream:
-        yield chunk
+    try:
+        async for chunk in stream:
+            yield chunk
+    except RecordFailed as exc:
+        outcome.finish = {"type": "abort", "message": _not_recorded(exc), "status_code": 500}
     if outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
+        # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.
+        overload = outcome.finish.get("status_code") in (None, 503, 529)
         if anthropic:
+            kind = "overloaded_error" if overload else "api_error"
             yield (
                 b"event: error\ndata: "
-                + _enc.encode({"type": "error", "error": {"type": "overloaded_error", "message": msg}})
+                + _enc.encode({"type": "error", "error": {"type": kind, "message": msg}})
                 + b"\n\n"
             )
         else:
-            err = {"message": msg, "type": "server_error", "param": None, "code": "engine_unavailable"}
+            code = "engine_unavailable" if overload else "engine_error"
+            err = {"message": msg, "type": "server_error", "param": None, "code": code}
             yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
             yield b"data: [DONE]\n\n"

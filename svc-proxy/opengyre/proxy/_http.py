@@ -26,7 +26,7 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """Bind first (so port 0 resolves before serving), then serve until ``stop``."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, keep_alive_s: float = 75.0) -> None:
         self.app = app
         self.host = host
         # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without
@@ -42,7 +42,7 @@ class HttpServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            timeout_keep_alive=75,
+            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes seconds as a float too
             timeout_graceful_shutdown=3,
         )
         self._server = _Server(config)

@@ -3,14 +3,25 @@
 The hop sits on every model call, and a general-purpose client spends more time per request than the
 gateway's own work (measured: ~2 ms under httpx vs ~0.3 ms here). It speaks just what SGLang's (uvicorn) and
 our engine's servers answer with: Content-Length or chunked bodies, keep-alive unless ``connection: close``.
+
+Kept-alive connections go stale: the server closes one that stayed idle past its keep-alive (uvicorn's
+``timeout_keep_alive``: 5 s for SGLang and vLLM). A pooled connection is reused only if it was idle less than
+``idle_timeout`` and the server has not closed it (no end-of-file or error seen on it); one the server closes
+just as a request goes out is retried once on a *new* connection, never on another pooled one (it has been
+idle as long). Every read waits at most ``read_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 from urllib.parse import urlsplit
+
+T = TypeVar("T")
 
 __all__ = ["Http1Error", "Http1Pool", "Http1Response"]
 
@@ -20,12 +31,22 @@ class Http1Error(Exception):
 
 
 class _Conn:
-    __slots__ = ("reader", "reused", "writer")
+    __slots__ = ("idle_since", "reader", "reused", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.reused = False
+        self.idle_since = 0.0
+
+    def reusable(self, now: float, idle_timeout: float) -> bool:
+        """Idle for less than ``idle_timeout``, and the server has not closed it (that shows as EOF or an error)."""
+        return (
+            now - self.idle_since < idle_timeout
+            and not self.writer.is_closing()
+            and not self.reader.at_eof()
+            and self.reader.exception() is None
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -49,34 +70,34 @@ class Http1Response:
         if conn is None:
             return
         r = conn.reader
+        within = self._pool._within
         try:
             if self._chunked:
                 while True:
-                    size_line = await r.readline()
+                    size_line = await within(r.readline())
                     if not size_line:
                         raise Http1Error("the server closed the connection mid-body")
                     size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
                     if size == 0:
-                        while (await r.readline()) not in (b"\r\n", b"\n", b""):
+                        while (await within(r.readline())) not in (b"\r\n", b"\n", b""):
                             pass  # trailers
                         break
-                    data = await r.readexactly(size)
-                    await r.readexactly(2)
-                    yield data
+                    data = await within(r.readexactly(size + 2))
+                    yield data[:-2]
             elif self._left is not None:
                 while self._left > 0:
-                    data = await r.read(min(self._left, 1 << 16))
+                    data = await within(r.read(min(self._left, 1 << 16)))
                     if not data:
                         raise Http1Error("the server closed the connection mid-body")
                     self._left -= len(data)
                     yield data
             else:  # no length, not chunked: the body runs to the end of the connection
                 self._keep = False
-                while data := await r.read(1 << 16):
+                while data := await within(r.read(1 << 16)):
                     yield data
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
             self._drop()
-            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+            raise Http1Error(_describe(exc, self._pool.read_timeout)) from exc
         except BaseException:
             self._drop()  # a cancelled read leaves the connection mid-body: never reuse it
             raise
@@ -114,8 +135,22 @@ class Http1Response:
         self._drop()
 
 
+def _describe(exc: BaseException, read_timeout: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"the engine sent nothing for {read_timeout:g} s (read timeout)"
+    return f"{type(exc).__name__}: {exc}"
+
+
 class Http1Pool:
-    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, max_idle: int = 512) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 5.0,
+        max_idle: int = 512,
+        idle_timeout: float = 4.0,
+        read_timeout: float = 600.0,
+    ) -> None:
         u = urlsplit(base_url)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"only http:// engine URLs are supported by the fast client, got {base_url!r}")
@@ -125,8 +160,41 @@ class Http1Pool:
         self.authority = u.netloc
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
-        self._idle: list[_Conn] = []
+        self.idle_timeout = idle_timeout
+        self.read_timeout = read_timeout
+        self._idle: collections.deque[_Conn] = collections.deque()  # oldest first
         self._closed = False
+        self.connects = 0  # connections opened
+        self.stale = 0  # pooled connections discarded before use (idle too long, or closed by the server)
+        self.retried = 0  # requests sent again on a new connection after a pooled one failed unanswered
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    @property
+    def idle_closed(self) -> int:
+        """Idle connections the server has closed (end-of-file seen): the next request drops them."""
+        return sum(1 for c in self._idle if c.reader.at_eof() or c.reader.exception() is not None)
+
+    async def _within(self, aw: Awaitable[T]) -> T:
+        async with asyncio.timeout(self.read_timeout):
+            return await aw
+
+    def _take_idle(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the least likely to be stale
+            if conn.reusable(now, self.idle_timeout):
+                return conn
+            self.stale += 1
+            conn.close()
+        return None
+
+    def _prune(self, now: float) -> None:
+        while self._idle and not self._idle[0].reusable(now, self.idle_timeout):
+            self.stale += 1
+            self._idle.popleft().close()
 
     async def _connect(self) -> _Conn:
         try:
@@ -135,11 +203,14 @@ class Http1Pool:
             )
         except (OSError, TimeoutError) as exc:
             raise Http1Error(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        self.connects += 1
         return _Conn(r, w)
 
     def _release(self, conn: _Conn) -> None:
         conn.reused = True
-        if not self._closed and len(self._idle) < self.max_idle and not conn.writer.is_closing():
+        conn.idle_since = now = time.monotonic()
+        self._prune(now)  # the oldest idle ones would only go stale at the bottom of the pool
+        if not self._closed and len(self._idle) < self.max_idle and conn.reusable(now, self.idle_timeout):
             self._idle.append(conn)
         else:
             conn.close()
@@ -147,7 +218,7 @@ class Http1Pool:
     async def close(self) -> None:
         """Close the idle connections; those still in use close when their response ends."""
         self._closed = True
-        idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, collections.deque()
         for c in idle:
             c.close()
 
@@ -157,21 +228,26 @@ class Http1Pool:
         head = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.authority}", f"content-length: {len(body)}"]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        conn = self._take_idle() or await self._connect()
         for attempt in (0, 1):
-            conn = self._idle.pop() if self._idle else await self._connect()
+            answered = False
             try:
                 conn.writer.write(payload)
                 await conn.writer.drain()
-                status_line = await conn.reader.readline()
+                status_line = await self._within(conn.reader.readline())
                 if not status_line:
-                    raise ConnectionResetError("connection closed before the response")
-                raw = await conn.reader.readuntil(b"\r\n\r\n")
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                    raise ConnectionResetError("the server closed the connection before answering")
+                answered = True
+                raw = await self._within(conn.reader.readuntil(b"\r\n\r\n"))
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
                 conn.close()
-                # A kept-alive connection the server has since closed: try once on a fresh one.
-                if conn.reused and attempt == 0:
+                # A kept-alive connection the server closed as the request went out (nothing came back): once
+                # more on a new connection. Not on another pooled one: it has been idle as long as this one.
+                if conn.reused and attempt == 0 and not answered and not isinstance(exc, TimeoutError):
+                    self.retried += 1
+                    conn = await self._connect()
                     continue
-                raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+                raise Http1Error(_describe(exc, self.read_timeout)) from exc
             except BaseException:
                 conn.close()
                 raise

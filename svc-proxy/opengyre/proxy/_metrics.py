@@ -55,6 +55,30 @@ def render_metrics(gw: Gateway) -> str:
     )
     rec = gw.recorder
     metric("opengyre_proxy_recorded_total", "counter", "Model-call events appended to the log.", [(rec.recorded, None)])
-    metric("opengyre_proxy_record_failed_total", "counter", "Model-call events lost.", [(rec.failed, None)])
+    metric(
+        "opengyre_proxy_record_failed_total",
+        "counter",
+        "Calls answered with an error because their event could not be written to the outbox.",
+        [(rec.failed, None)],
+    )
+    metric(
+        "opengyre_proxy_outbox_events",
+        "gauge",
+        "Answered calls whose events wait in the outbox for the log.",
+        [(rec.pending, None)],
+    )
+    metric("opengyre_proxy_outbox_bytes", "gauge", "Bytes of those events.", [(rec.outbox.pending_bytes, None)])
+    metric(
+        "opengyre_proxy_outbox_refused_total",
+        "counter",
+        "Calls refused (503/529) because the outbox was full.",
+        [(rec.refused, None)],
+    )
+    metric(
+        "opengyre_proxy_record_send_failures_total",
+        "counter",
+        "Attempts to hand the outbox to the log that failed (each is retried).",
+        [(rec.send_failures, None)],
+    )
     metric("opengyre_proxy_executions", "gauge", "Executions with live TITO state.", [(len(gw.executions()), None)])
     return "\n".join(out) + "\n"

@@ -81,6 +81,8 @@ class EnginePool:
         retry_after_s: float = 2.0,
         migrator: KVMigrator | None = None,
         api_key: str | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
     ) -> None:
         self.max_inflight = max_inflight_per_engine
         self.max_queue = max_queue
@@ -88,6 +90,8 @@ class EnginePool:
         self.retry_after_s = retry_after_s
         self.migrator: KVMigrator = migrator or RePrefill()
         self.api_key = api_key
+        self.idle_timeout_s = idle_timeout_s  # see EngineClient
+        self.read_timeout_s = read_timeout_s
         self._engines: dict[str, EngineHandle] = {}
         self._affinity: dict[str, str] = {}
         self._cond = asyncio.Condition()
@@ -124,7 +128,14 @@ class EnginePool:
         if h is None or h.url != url.rstrip("/"):
             old = h
             kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
-            h = EngineHandle(engine_id, url.rstrip("/"), kind(url, api_key=self.api_key, http=self._http), source)
+            client = kind(
+                url,
+                api_key=self.api_key,
+                http=self._http,
+                idle_timeout_s=self.idle_timeout_s,
+                read_timeout_s=self.read_timeout_s,
+            )
+            h = EngineHandle(engine_id, url.rstrip("/"), client, source)
             h.incremental = await h.client.incremental_streaming()
             self._engines[engine_id] = h
             if old is not None:

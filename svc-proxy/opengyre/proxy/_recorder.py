@@ -1,8 +1,20 @@
-"""Appends model-call events in the order calls finished, off the request path.
+"""Records every answered model call in the log exactly once: a durable outbox, drained in order.
 
-A child call's event must follow its parent's in the log (the projection refuses unknown parents), and
-the parent's event is queued before its response is sent, so one ordered queue is enough. Batches go out
-with ``append_many`` (pipelined publishes); contexts over the inline limit go to the object store first.
+``record`` commits the call's event to the outbox (``_outbox``: SQLite) and gives what to wait for until it is
+fsync'd; the gateway sends a call's last bytes only after that. A background drainer hands the outbox to the log in the
+order the events were put and removes each batch once the log acknowledged it. While the log is away the
+drainer retries for ever (capped, jittered backoff) and the outbox grows up to its bound; past the bound the
+gateway refuses new calls (503/529 with Retry-After) instead of answering calls it could not record.
+
+Exactly once: an event goes out with its event id as ``Nats-Msg-Id``, so JetStream drops a repeat within its
+duplicate window; and whenever the fate of a batch is unknown (a failed publish, or rows a previous process left
+behind) the drainer first reads the log after ``confirmed_seq`` and removes the rows it finds there, so a repeat
+after the window is never sent.
+
+Order: a child call's event must follow its parent's (the projection refuses unknown parents). A call is put
+after its parent's put returned, so the outbox is in order; a batch never holds a call together with its parent
+(the batch ends before such a call), so whatever part of a failed batch reached the log, no child is there
+without its parent. Contexts over the inline limit go to the object store first.
 """
 
 from __future__ import annotations
@@ -10,57 +22,137 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 import msgspec
+from nats.js.api import Header
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from opengyre.eventlog import EventLog
-from opengyre.events import ModelCallRecorded
+from opengyre.eventlog import EventLog, LogUnavailable
+from opengyre.events import InvalidEvent, ModelCallRecorded
 
-__all__ = ["Recorder"]
+from ._outbox import Outbox, RecordFailed
+
+__all__ = ["RecordFailed", "Recorder", "RecorderFull"]
 
 log = logging.getLogger(__name__)
 
 _enc = msgspec.json.Encoder()
 
 
+class RecorderFull(Exception):
+    """The outbox holds as many events as it may: new calls are refused until the log takes them."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Recorder:
     def __init__(
-        self, event_log: EventLog | None, *, inline_context_limit: int = 64 * 1024, batch: int = 256, retries: int = 5
+        self,
+        event_log: EventLog | None,
+        *,
+        outbox_path: Path | None = None,
+        outbox_fsync: bool = True,
+        inline_context_limit: int = 64 * 1024,
+        batch: int = 256,
+        max_events: int = 100_000,
+        max_bytes: int = 2 << 30,
+        retry_after_s: float = 5.0,
+        max_backoff_s: float = 2.0,
+        publish_timeout_s: float = 10.0,
     ) -> None:
         self.log = event_log
-        self.retries = retries
         self.inline_context_limit = inline_context_limit
         self.batch = batch
-        self.recorded = 0
-        self.failed = 0
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.retry_after_s = retry_after_s
+        self.max_backoff_s = max_backoff_s
+        self.publish_timeout_s = publish_timeout_s  # a batch whose acknowledgements do not come is sent again
+        self.outbox = Outbox(outbox_path, fsync=outbox_fsync)
+        self.recorded = 0  # events the log acknowledged
+        self.invalid = 0  # calls whose event no store could keep (answered with an error)
+        self.refused = 0  # calls refused because the outbox was full
+        self.send_failures = 0  # drain attempts that failed (the log away, a timeout)
+        self.found_in_log = 0  # outbox rows the log already held (a publish whose acknowledgement was lost)
         self.blobs = 0
-        self._queue: asyncio.Queue[ModelCallRecorded] = asyncio.Queue()
+        self._unsure = False  # some rows may be in the log already: look before sending them
         self._task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
 
-    def start(self) -> None:
-        if self._task is None and self.log is not None:
-            self._task = asyncio.create_task(self._run(), name="proxy-recorder")
+    @property
+    def failed(self) -> int:
+        """Calls answered with an error because their event could not be made durable."""
+        return self.invalid + self.outbox.failed
 
-    async def stop(self) -> None:
-        await self.flush()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    @property
+    def pending(self) -> int:
+        """Events answered and not yet acknowledged by the log."""
+        return self.outbox.pending
 
-    def record(self, event: ModelCallRecorded) -> None:
+    @property
+    def durable(self) -> bool:
+        return self.outbox.path is not None
+
+    async def start(self) -> None:
+        if self.log is None or self._task is not None:
+            return
+        await self.outbox.open()
+        self._unsure = self.outbox.left_by_previous > 0
+        self._task = asyncio.create_task(self._run(), name="proxy-recorder")
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Hand what the log will take within ``timeout`` to it; a durable outbox keeps the rest for next time."""
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(self.flush(), timeout)
+        except TimeoutError:
+            if self.durable:
+                log.warning(
+                    "%d model-call events stay in the outbox %s until the next start", self.pending, self.outbox.path
+                )
+            else:
+                log.error(
+                    "%d model-call events were not recorded: the log was away and the outbox is in memory", self.pending
+                )
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        await self.outbox.close()
+
+    def admit(self) -> None:
+        """Raise RecorderFull when a new call could not be recorded without exceeding the outbox's bound."""
         if self.log is None:
             return
-        self._idle.clear()
-        self._queue.put_nowait(event)
+        ob = self.outbox
+        if ob.pending >= self.max_events or ob.pending_bytes >= self.max_bytes:
+            self.refused += 1
+            raise RecorderFull(
+                f"the event log has not taken the last {ob.pending} recorded calls ({ob.pending_bytes} bytes) yet;"
+                " new calls are refused until it does",
+                self.retry_after_s,
+            )
+
+    def record(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
+        """Commit ``event`` to the outbox. None: it is durable already (in memory, or without fsync); else a
+        future that completes once it is (fsync'd). RecordFailed, raised or from the future, otherwise."""
+        if self.log is None:
+            return None
+        try:
+            return self.outbox.put(event)
+        except InvalidEvent as exc:  # an event no store could keep (a NUL in a text field)
+            self.invalid += 1
+            raise RecordFailed(str(exc)) from exc
 
     async def flush(self) -> None:
-        """Wait until every queued event is in the log."""
+        """Wait until every recorded event is in the log."""
         if self._task is not None:
-            await self._idle.wait()
+            await self.outbox.wait_empty()
+
+    # --- the drainer ------------------------------------------------------------------------------------
 
     async def _externalise(self, e: ModelCallRecorded) -> ModelCallRecorded:
         assert self.log is not None
@@ -69,30 +161,81 @@ class Recorder:
         body = _enc.encode(e.context)
         if len(body) <= self.inline_context_limit:
             return e
-        ref = await self.log.put_blob(f"ctx-{e.execution_id}-{e.call_id}", body)
+        ref = await self.log.put_blob(f"ctx-{e.execution_id}-{e.call_id}", body)  # same name on a retry
         self.blobs += 1
         return msgspec.structs.replace(e, context=None, context_ref=ref)
 
+    def _log_retry(self, state: RetryCallState) -> None:
+        self.send_failures += 1
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "recording: the log did not take %d model-call events (%s); retrying", self.pending, exc, exc_info=False
+        )
+
     async def _run(self) -> None:
-        assert self.log is not None
         while True:
-            first = await self._queue.get()
-            batch = [first]
-            while len(batch) < self.batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            for attempt in range(self.retries + 1):
-                try:
-                    events = [await self._externalise(e) for e in batch]
-                    # Retrying is safe: the log deduplicates by event id (Nats-Msg-Id).
-                    await self.log.append_many(events)
-                    self.recorded += len(events)
-                    break
-                except Exception:
-                    if attempt == self.retries:
-                        self.failed += len(batch)
-                        log.exception("recording %d model calls failed; they are lost", len(batch))
-                    else:
-                        log.warning("recording %d model calls failed; retrying", len(batch), exc_info=True)
-                        await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-            if self._queue.empty():
-                self._idle.set()
+            await self.outbox.wait_rows()
+            # Once more round the loop: the calls woken with the drainer send their answers before it works.
+            await asyncio.sleep(0)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(Exception),
+                wait=wait_exponential_jitter(multiplier=0.1, max=self.max_backoff_s, jitter=0.1),
+                before_sleep=self._log_retry,
+            ):
+                with attempt:
+                    await self._send_next()
+
+    async def _send_next(self) -> None:
+        assert self.log is not None
+        if not self.log.nc.is_connected:
+            raise LogUnavailable("not connected to NATS")  # publishing now would only fill nats-py's buffer
+        try:
+            if self._unsure:
+                await self._reconcile()
+                self._unsure = False
+            await self._send_batch()
+        except BaseException:
+            self._unsure = True  # any part of the batch may have reached the log
+            raise
+
+    async def _send_batch(self) -> None:
+        assert self.log is not None
+        rows = await self.outbox.head(self.batch)
+        batch: list[tuple[int, ModelCallRecorded]] = []
+        calls: set[tuple[str, str]] = set()
+        for row_id, e in rows:
+            if e.parent_call_id is not None and (e.execution_id, e.parent_call_id) in calls:
+                break  # the child goes in the next batch, once its parent is acknowledged
+            batch.append((row_id, e))
+            calls.add((e.execution_id, e.call_id))
+        if not batch:
+            return
+        if self.outbox.confirmed_seq is None:
+            # Before this outbox's first publish: where to start looking if a publish's fate is ever unknown.
+            await self.outbox.set_confirmed(await self.log.last_seq())
+        async with asyncio.timeout(self.publish_timeout_s):
+            events = [await self._externalise(e) for _, e in batch]
+            acks = await self.log.append_many(events)
+        await self.outbox.remove([i for i, _ in batch], max(a.seq for a in acks))
+        self.recorded += len(batch)
+
+    async def _reconcile(self) -> None:
+        """Remove the rows the log already holds (read after ``confirmed_seq``, this outbox's known position)."""
+        assert self.log is not None
+        last = await self.log.last_seq()
+        since = self.outbox.confirmed_seq
+        if since is None:  # set durably before this outbox's first publish: nothing of it was ever sent
+            await self.outbox.set_confirmed(last)
+            return
+        start = since + 1 if since <= last else 1  # a stream that is not the one we marked: read all of it
+        seen: list[str] = []
+        if start <= last:
+            subjects = [self.log.config.aggregate_filter(ModelCallRecorded.aggregate)]
+            async for msgs in self.log.read_batches(start, last, subjects=subjects):
+                seen += [m.headers[Header.MSG_ID] for m in msgs if m.headers and Header.MSG_ID in m.headers]
+        present = await self.outbox.rows_with_event_ids(seen)
+        await self.outbox.remove(present, last)
+        if present:
+            self.found_in_log += len(present)
+            self.recorded += len(present)
+            log.info("recording: %d outbox events were in the log already (not sent again)", len(present))

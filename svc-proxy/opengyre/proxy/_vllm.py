@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from ._client import EngineClient, EngineFailed, EngineReply, sse_chunks
+from ._client import EngineClient, EngineFailed, EngineReply, behaviour_logprobs, sse_chunks
 from ._http1 import Http1Error, Http1Response
 
 __all__ = ["VLLM_SCHEME", "VllmClient"]
@@ -80,8 +80,22 @@ def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
 class VllmClient(EngineClient):
     raw_logprobs = True  # vLLM's default --logprobs-mode raw_logprobs
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, http: httpx.AsyncClient | None = None) -> None:
-        super().__init__(base_url.removeprefix(VLLM_SCHEME), api_key=api_key, http=http)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(
+            base_url.removeprefix(VLLM_SCHEME),
+            api_key=api_key,
+            http=http,
+            idle_timeout_s=idle_timeout_s,
+            read_timeout_s=read_timeout_s,
+        )
         self.model: str | None = None
         self._streams: dict[str, Http1Response] = {}
         self._aborted: set[str] = set()
@@ -112,9 +126,8 @@ class VllmClient(EngineClient):
             async for chunk in sse_chunks(r):
                 for choice in chunk.get("choices") or []:
                     ids = list(choice.get("token_ids") or [])
-                    lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                    lps = [float(x) if x is not None else 0.0 for x in lp][: len(ids)]
-                    lps += [0.0] * (len(ids) - len(lps))
+                    lp = (choice.get("logprobs") or {}).get("token_logprobs")
+                    lps = behaviour_logprobs(lp, len(ids), len(reply.output_ids), "logprobs.token_logprobs")
                     reply.output_ids.extend(ids)
                     reply.output_logprobs.extend(lps)
                     reply.finish = _finish(choice, len(reply.output_ids)) or reply.finish

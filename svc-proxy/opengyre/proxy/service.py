@@ -71,8 +71,17 @@ class ProxyService(Service):
         # A default port that is taken falls back to a free one (proxy.url tells harnesses where); a port the
         # user set (OPENGYRE_PROXY_HTTP_PORT) that is taken is an error.
         fallback = PROXY_HTTP not in s.explicit_ports
+        # Answered calls wait here for the log, surviving a crash of this process (see docs/proxy.md).
+        outbox = cfg.outbox_path or str(s.data_dir / "proxy-outbox.sqlite3")
         return replace(
-            cfg, host=s.host, port=port, secret=secret, models=models, model_patterns=patterns, port_fallback=fallback
+            cfg,
+            host=s.host,
+            port=port,
+            secret=secret,
+            models=models,
+            model_patterns=patterns,
+            port_fallback=fallback,
+            outbox_path=outbox,
         )
 
     async def start(self, ctx: ServiceContext) -> None:

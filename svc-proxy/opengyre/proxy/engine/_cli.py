@@ -26,6 +26,7 @@ def engine_command(
     context_length: Annotated[int | None, typer.Option()] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
     incremental_streaming_output: Annotated[bool, typer.Option(help="stream deltas, not cumulative chunks")] = False,
+    keep_alive: Annotated[float, typer.Option(help="seconds an idle keep-alive connection stays open")] = 75.0,
     port_file: Annotated[Path | None, typer.Option(help="write the URL here once serving")] = None,
 ) -> None:
     """Serve the built-in CPU engine (SGLang native API + OpenAI routes)."""
@@ -47,5 +48,6 @@ def engine_command(
         context_length=context_length,
         threads=threads,
         incremental_streaming_output=incremental_streaming_output,
+        keep_alive_s=keep_alive,
     )
     asyncio.run(serve_forever(cfg, port_file))

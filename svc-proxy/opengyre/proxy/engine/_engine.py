@@ -41,6 +41,7 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads (process-wide)
     incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
     request_log_size: int = 100_000
+    keep_alive_s: float = 75.0  # idle keep-alive connections are closed after this (SGLang's uvicorn: 5 s)
 
     @property
     def model_name(self) -> str:

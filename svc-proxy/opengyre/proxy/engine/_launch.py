@@ -47,7 +47,9 @@ class EngineServer:
 
     async def start(self) -> EngineServer:
         self.engine.start()
-        self._http = HttpServer(build_app(self.engine), self.config.host, self.config.port)
+        self._http = HttpServer(
+            build_app(self.engine), self.config.host, self.config.port, keep_alive_s=self.config.keep_alive_s
+        )
         await self._http.start()
         return self
 
@@ -102,6 +104,8 @@ def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
         args += ["--threads", str(config.threads)]
     if config.incremental_streaming_output:
         args += ["--incremental-streaming-output"]
+    if config.keep_alive_s != EngineConfig.keep_alive_s:
+        args += ["--keep-alive", str(config.keep_alive_s)]
     return args
 
 

@@ -1,0 +1,413 @@
+"""The recorder's outbox: model-call events between an answered call and the event log.
+
+An append-only SQLite table, one file under the data dir, in WAL mode. ``put`` commits the event at once and
+gives a future that completes when the WAL is fsync'd (what SQLite's ``synchronous=FULL`` does); events committed
+while an fsync runs share the next one (group fsync). Rows leave only when the log has acknowledged
+them (``remove``), together with the highest stream sequence acknowledged so far (``confirmed_seq``): every event
+of this outbox that is in the log but still a row here sits after that sequence, which is what lets a restarted
+drainer find out which rows the log already holds (see ``_recorder``). Without a path the table lives in memory:
+the same code, without surviving a crash of the process.
+
+The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
+and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
+loaded machine (each hop waits for the scheduler). The drainer sees a row only once its fsync completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO
+
+from opengyre.events import EventRegistry, ModelCallRecorded, default_registry
+
+__all__ = ["Outbox", "OutboxError", "RecordFailed"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,"
+    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS outbox_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    # Rows that no longer decode (an event type this build does not know): kept for an operator, never dropped.
+    "CREATE TABLE IF NOT EXISTS outbox_undecodable (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL,"
+    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, reason TEXT NOT NULL)",
+)
+
+_CHECKPOINT_BYTES = 8 << 20  # copy the WAL into the database (off the loop) once it is this large
+
+
+class RecordFailed(Exception):
+    """A call's event could not be made durable: the call must not be answered as a success."""
+
+
+class OutboxError(RecordFailed):
+    """The outbox could not take or give back events (the disk, a second process on the same file)."""
+
+
+class Outbox:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        registry: EventRegistry | None = None,
+        cache_bytes: int = 64 << 20,
+        fsync: bool = True,
+    ) -> None:
+        """``fsync=False``: commits are written to the OS but not fsync'd (SQLite ``synchronous=NORMAL``); an
+        event then survives the process being killed, but not the machine losing power or crashing."""
+        self.path = path
+        self.fsync = fsync and path is not None
+        self.registry = registry or default_registry()
+        self.cache_bytes = cache_bytes
+        self.pending = 0  # events put and not yet removed (including those being committed)
+        self.pending_bytes = 0
+        self.left_by_previous = 0  # rows found at open: a previous process put them and did not remove them
+        self.confirmed_seq: int | None = None
+        self.undecodable = 0
+        self._db: sqlite3.Connection | None = None
+        self._wal: int | None = None  # a descriptor of the WAL file, to fsync it
+        self._lock: IO[bytes] | None = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="proxy-outbox")
+        self._checkpoint: asyncio.Future[None] | None = None
+        self._unchecked = 0  # bytes committed since the last checkpoint began
+        self._next_id = 1
+        self._visible_below = 1  # rows from here on wait for their fsync: not drained yet
+        self._unsynced: list[tuple[int, int, asyncio.Future[None]]] = []  # (row, size, its caller's future)
+        self._syncer: asyncio.Task[None] | None = None
+        self.failed = 0  # events whose commit or fsync failed
+        # Rows put by this process, to skip decoding them again (up to cache_bytes of their encoded size).
+        self._cache: dict[int, tuple[ModelCallRecorded, int]] = {}
+        self._cached_bytes = 0
+        self._committed = 0  # rows in the table
+        self._rows = asyncio.Event()  # set while rows wait to be drained
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    async def open(self) -> Outbox:
+        try:
+            await asyncio.to_thread(self._take_lock)
+            self._open_db()
+        except BaseException:
+            self._close()
+            raise
+        if self._committed:
+            self._rows.set()
+            self._empty.clear()
+        if self.left_by_previous:
+            log.warning(
+                "the outbox %s holds %d model-call events a previous run did not hand to the log: draining them",
+                self.path,
+                self.left_by_previous,
+            )
+        return self
+
+    def _take_lock(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(str(self.path) + ".lock", "wb")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.close()
+            raise OutboxError(f"another process is using the outbox {self.path}") from exc
+        self._lock = lock
+
+    def _open_db(self) -> None:
+        db = sqlite3.connect(":memory:" if self.path is None else str(self.path), isolation_level=None)
+        self._db = db
+        if self.path is not None:
+            db.execute("PRAGMA journal_mode=WAL")
+            # Commits append to the WAL without a sync; put() fsyncs the WAL itself, off the loop, which is what
+            # synchronous=FULL would do on the loop. Checkpoints are ours too (off the loop).
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+        for stmt in _SCHEMA:
+            db.execute(stmt)
+        if self.path is not None:
+            self._wal = os.open(f"{self.path}-wal", os.O_RDONLY)  # the schema statements created it
+        n, size, last = db.execute(
+            "SELECT count(*), coalesce(sum(length(body)), 0), coalesce(max(id), 0) FROM outbox"
+        ).fetchone()
+        row = db.execute("SELECT value FROM outbox_meta WHERE key = 'confirmed_seq'").fetchone()
+        self.pending = self.left_by_previous = self._committed = int(n)
+        self.pending_bytes = int(size)
+        self._next_id = self._visible_below = int(last) + 1
+        self.confirmed_seq = int(row[0]) if row else None
+
+    async def close(self) -> None:
+        if self._syncer is not None:
+            with contextlib.suppress(Exception):
+                await self._syncer
+        if self._checkpoint is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint
+        self._close()
+        self._thread.shutdown(wait=True)
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._wal is not None:
+            os.close(self._wal)
+            self._wal = None
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise OutboxError("the outbox is not open")
+        return self._db
+
+    def _transaction(self, statements: Iterable[tuple[str, Sequence[object]]]) -> None:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in statements:
+                db.execute(sql, args)
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+
+    def _checkpointed(self, fut: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("outbox checkpoint failed: %s", fut.exception())
+
+    # --- put ------------------------------------------------------------------------------------------
+
+    def put(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
+        """Commit ``event`` now; None if that is all (in memory, or ``fsync=False``), else a future that completes
+        once an fsync covers it (calls that commit while one runs share the next). Raises, or fails the future
+        with, OutboxError if the event could not be made durable; InvalidEvent for one no store could keep."""
+        body = self.registry.encode(event)
+        row = self._next_id
+        insert = "INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)"
+        try:
+            self._transaction([(insert, (row, event.event_id, event.type_name(), event.version, body))])
+        except Exception as exc:
+            self.failed += 1
+            raise OutboxError(f"writing a model-call event to the outbox failed: {exc}") from exc
+        self._next_id += 1
+        self.pending += 1
+        self.pending_bytes += len(body)
+        self._unchecked += len(body)
+        self._empty.clear()
+        if self._cached_bytes + len(body) <= self.cache_bytes:
+            self._cache[row] = (event, len(body))
+            self._cached_bytes += len(body)
+        if not self.fsync:
+            self._drainable(row + 1, 1)
+            self._maybe_checkpoint()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unsynced.append((row, len(body), fut))
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.create_task(self._sync_committed(), name="proxy-outbox-fsync")
+        return fut
+
+    def _drainable(self, below: int, n: int) -> None:
+        """Rows under ``below`` may go to the log (``n`` more of them)."""
+        self._visible_below = below
+        self._committed += n
+        self._rows.set()
+
+    async def _sync_committed(self) -> None:
+        """fsync the WAL for every commit not yet covered, off the loop, until none is left (group fsync)."""
+        assert self._wal is not None
+        loop = asyncio.get_running_loop()
+        while self._unsynced:
+            group, self._unsynced = self._unsynced, []
+            last = group[-1][0]
+            try:
+                await loop.run_in_executor(self._thread, os.fsync, self._wal)
+            except Exception as exc:
+                err = OutboxError(f"syncing {len(group)} model-call events to disk failed: {exc}")
+                log.error("%s", err)
+                self.failed += len(group)
+                if self._take_back(group[0][0], last):
+                    for r, size, _ in group:
+                        cached = self._cache.pop(r, None)
+                        self._cached_bytes -= cached[1] if cached is not None else 0
+                        self.pending -= 1
+                        self.pending_bytes -= size
+                    if self.pending == 0:
+                        self._empty.set()
+                    self._visible_below = last + 1
+                else:  # in the table and cannot be taken back: drained like any other row
+                    self._drainable(last + 1, len(group))
+                for _, _, fut in group:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            # The callers first: the drainer is woken after them (a call's answer goes out before its event does).
+            for _, _, fut in group:
+                if not fut.done():
+                    fut.set_result(None)
+            self._drainable(last + 1, len(group))
+            self._maybe_checkpoint()
+
+    def _take_back(self, first: int, last: int) -> bool:
+        """Delete the rows of a group whose fsync failed (their calls are answered with an error); False if they
+        are in the table and stay there."""
+        try:
+            self._transaction([("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last))])
+        except Exception:
+            try:
+                row = self._conn().execute("SELECT 1 FROM outbox WHERE id = ?", (first,)).fetchone()
+            except Exception:
+                return False
+            return row is None
+        return True
+
+    def _maybe_checkpoint(self) -> None:
+        if self._wal is None or self._checkpoint is not None or self._unchecked <= _CHECKPOINT_BYTES:
+            return
+        self._unchecked = 0
+        self._checkpoint = asyncio.get_running_loop().run_in_executor(self._thread, _checkpoint, str(self.path))
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    # --- drain ----------------------------------------------------------------------------------------
+
+    async def wait_rows(self) -> None:
+        await self._rows.wait()
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()
+
+    async def head(self, n: int) -> list[tuple[int, ModelCallRecorded]]:
+        """The first ``n`` rows in the order they were put (an undecodable row is set aside, never returned)."""
+        db = self._conn()
+        q = "SELECT id FROM outbox WHERE id < ? ORDER BY id LIMIT ?"
+        ids = [int(r[0]) for r in db.execute(q, (self._visible_below, n))]
+        if not ids and self._committed:
+            log.error("the outbox counted %d rows to drain but holds none: recounting", self._committed)
+            self._committed = 0
+            self._rows.clear()
+        missing = [i for i in ids if i not in self._cache]
+        decoded: dict[int, ModelCallRecorded] = {}
+        if missing:
+            bad: list[tuple[int, str]] = []
+            q = f"SELECT id, type_name, version, body FROM outbox WHERE id IN ({','.join('?' * len(missing))})"
+            for row_id, type_name, version, body in db.execute(q, missing):
+                try:
+                    e = self.registry.decode(type_name, version, body)
+                    if not isinstance(e, ModelCallRecorded):
+                        raise TypeError(f"a {type_name} event is not a model call")
+                    decoded[row_id] = e
+                except Exception as exc:
+                    bad.append((row_id, f"{type(exc).__name__}: {exc}"))
+            if bad:
+                self._set_aside(bad)
+        out: list[tuple[int, ModelCallRecorded]] = []
+        for i in ids:
+            cached = self._cache.get(i)
+            got = cached[0] if cached is not None else decoded.get(i)
+            if got is not None:
+                out.append((i, got))
+        return out
+
+    def _set_aside(self, bad: list[tuple[int, str]]) -> None:
+        ids = [i for i, _ in bad]
+        size = self._size(ids)
+        self._transaction(
+            [
+                stmt
+                for row_id, reason in bad
+                for stmt in (
+                    (
+                        "INSERT OR REPLACE INTO outbox_undecodable (id, event_id, type_name, version, body, reason)"
+                        " SELECT id, event_id, type_name, version, body, ? FROM outbox WHERE id = ?",
+                        (reason, row_id),
+                    ),
+                    ("DELETE FROM outbox WHERE id = ?", (row_id,)),
+                )
+            ]
+        )
+        self.undecodable += len(bad)
+        self._forget(ids, size)
+        log.error("%d outbox rows do not decode; kept in outbox_undecodable: %s", len(bad), bad[:3])
+
+    def _size(self, ids: Sequence[int]) -> int:
+        size = 0
+        for k in range(0, len(ids), 500):
+            part = list(ids[k : k + 500])
+            q = f"SELECT coalesce(sum(length(body)), 0) FROM outbox WHERE id IN ({','.join('?' * len(part))})"
+            size += int(self._conn().execute(q, part).fetchone()[0])
+        return size
+
+    async def rows_with_event_ids(self, event_ids: Iterable[str]) -> list[int]:
+        """Which rows hold one of ``event_ids`` (the events the log turned out to have already)."""
+        ids = list(event_ids)
+        out: list[int] = []
+        for k in range(0, len(ids), 500):
+            part = ids[k : k + 500]
+            q = f"SELECT id FROM outbox WHERE id < ? AND event_id IN ({','.join('?' * len(part))})"
+            out += [int(r[0]) for r in self._conn().execute(q, [self._visible_below, *part])]
+        return sorted(out)
+
+    async def remove(self, ids: Sequence[int], confirmed_seq: int, *, sync: bool = False) -> None:
+        """Rows the log now holds, and the highest stream sequence known to hold this outbox's events.
+
+        Not fsync'd unless ``sync``: a removal lost with the machine only brings back rows that the drainer finds
+        in the log after the older, durable ``confirmed_seq`` (and the next put's fsync covers it anyway).
+        """
+        seq = max(confirmed_seq, self.confirmed_seq or 0)
+        size = self._size(ids)
+        statements: list[tuple[str, Sequence[object]]] = []
+        for k in range(0, len(ids), 500):
+            part = list(ids[k : k + 500])
+            statements.append((f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(part))})", part))
+        statements.append(
+            (
+                "INSERT INTO outbox_meta (key, value) VALUES ('confirmed_seq', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (seq,),
+            )
+        )
+        self._transaction(statements)
+        self.confirmed_seq = seq
+        self._forget(ids, size)
+        if sync and self.fsync and self._wal is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, os.fsync, self._wal)
+
+    async def set_confirmed(self, seq: int) -> None:
+        """Record, durably, a stream position before which no event of this outbox can be (before its first
+        publish): a restart that finds no position knows nothing was ever sent."""
+        await self.remove([], seq, sync=True)
+
+    def _forget(self, ids: Sequence[int], size: int) -> None:
+        for i in ids:
+            cached = self._cache.pop(i, None)
+            if cached is not None:
+                self._cached_bytes -= cached[1]
+        self._committed -= len(ids)
+        self.pending -= len(ids)
+        self.pending_bytes -= size
+        if self._committed == 0:
+            self._rows.clear()
+        if self.pending == 0:
+            self._empty.set()
+
+
+def _checkpoint(path: str) -> None:
+    """Copy the WAL into the database from a connection of this thread's own (it does not block the writer)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        db.close()
