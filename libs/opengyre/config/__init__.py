@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from ..eventlog import LogConfig
 from ..store import sqlite_url
@@ -20,6 +22,18 @@ SERVICE_PORTS: dict[str, int] = {
     "bench": 50055,
 }
 PROXY_HTTP_PORT = 8080
+
+N = TypeVar("N", int, float)
+
+
+def _env_number(env: Mapping[str, str], name: str, kind: Callable[[str], N], default: N) -> N:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,11 @@ class Settings:
             nats_url=env.get("OPENGYRE_NATS_URL") or None,
             db_url=env.get("OPENGYRE_DB_URL") or None,
             log=LogConfig(
-                stream=env.get("OPENGYRE_STREAM", "OPENGYRE"), prefix=env.get("OPENGYRE_SUBJECT_PREFIX", "og.ev")
+                stream=env.get("OPENGYRE_STREAM", "OPENGYRE"),
+                prefix=env.get("OPENGYRE_SUBJECT_PREFIX", "og.ev"),
+                max_bytes=_env_number(env, "OPENGYRE_LOG_MAX_BYTES", int, -1),
+                payload_max_bytes=_env_number(env, "OPENGYRE_PAYLOAD_MAX_BYTES", int, -1),
+                payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
             ),
             host=env.get("OPENGYRE_HOST", "127.0.0.1"),
             ports={k: int(env.get(f"OPENGYRE_{k.upper()}_PORT", v)) for k, v in SERVICE_PORTS.items()},

@@ -4,6 +4,7 @@ from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
+from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
 from ._server import MIN_SERVER_VERSION, require_server_version
 
 __all__ = [
@@ -21,6 +22,9 @@ __all__ = [
     "EventLogError",
     "LogConfig",
     "LogUnavailable",
+    "PayloadFetch",
+    "PayloadStore",
+    "PayloadStoreError",
     "StoredEvent",
     "UnreadableBody",
     "require_server_version",
