@@ -71,7 +71,6 @@ class GatewayConfig:
     context_length: int | None = None  # default: the tokenizer's model_max_length
     default_max_tokens: int = 4096
     max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
-    inline_context_limit: int = 64 * 1024
     max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
     engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
@@ -122,7 +121,7 @@ class Gateway:
             retry_after_s=c.retry_after_s,
             api_key=c.engine_api_key,
         )
-        self.recorder = Recorder(event_log, inline_context_limit=c.inline_context_limit)
+        self.recorder = Recorder(event_log)
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
         self._http: HttpServer | None = None

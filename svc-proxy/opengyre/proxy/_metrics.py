@@ -56,5 +56,11 @@ def render_metrics(gw: Gateway) -> str:
     rec = gw.recorder
     metric("opengyre_proxy_recorded_total", "counter", "Model-call events appended to the log.", [(rec.recorded, None)])
     metric("opengyre_proxy_record_failed_total", "counter", "Model-call events lost.", [(rec.failed, None)])
+    metric(
+        "opengyre_proxy_payload_bytes_total",
+        "counter",
+        "Encoded token payload bytes stored (tokens, logprobs, context).",
+        [(rec.payload_bytes, None)],
+    )
     metric("opengyre_proxy_executions", "gauge", "Executions with live TITO state.", [(len(gw.executions()), None)])
     return "\n".join(out) + "\n"

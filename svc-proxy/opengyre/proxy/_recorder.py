@@ -2,7 +2,8 @@
 
 A child call's event must follow its parent's in the log (the projection refuses unknown parents), and
 the parent's event is queued before its response is sent, so one ordered queue is enough. Batches go out
-with ``append_many`` (pipelined publishes); contexts over the inline limit go to the object store first.
+with ``append_many`` (pipelined publishes). Each call's tokens, logprobs and context are stored once, by
+digest, in the payload stream first (``opengyre.trajectory.split_payload``); the event carries the reference.
 """
 
 from __future__ import annotations
@@ -11,29 +12,23 @@ import asyncio
 import contextlib
 import logging
 
-import msgspec
-
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded
+from opengyre.trajectory import split_payload
 
 __all__ = ["Recorder"]
 
 log = logging.getLogger(__name__)
 
-_enc = msgspec.json.Encoder()
-
 
 class Recorder:
-    def __init__(
-        self, event_log: EventLog | None, *, inline_context_limit: int = 64 * 1024, batch: int = 256, retries: int = 5
-    ) -> None:
+    def __init__(self, event_log: EventLog | None, *, batch: int = 256, retries: int = 5) -> None:
         self.log = event_log
         self.retries = retries
-        self.inline_context_limit = inline_context_limit
         self.batch = batch
         self.recorded = 0
         self.failed = 0
-        self.blobs = 0
+        self.payload_bytes = 0
         self._queue: asyncio.Queue[ModelCallRecorded] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -62,16 +57,14 @@ class Recorder:
         if self._task is not None:
             await self._idle.wait()
 
-    async def _externalise(self, e: ModelCallRecorded) -> ModelCallRecorded:
+    async def _externalise(self, batch: list[ModelCallRecorded]) -> list[ModelCallRecorded]:
+        """Store the batch's payloads (acknowledged before any event refers to them); the events to append."""
         assert self.log is not None
-        if e.context is None:
-            return e
-        body = _enc.encode(e.context)
-        if len(body) <= self.inline_context_limit:
-            return e
-        ref = await self.log.put_blob(f"ctx-{e.execution_id}-{e.call_id}", body)
-        self.blobs += 1
-        return msgspec.structs.replace(e, context=None, context_ref=ref)
+        # Encoding (varints, zlib, SHA-256) off the event loop: the gateway serves requests on it.
+        split = await asyncio.to_thread(lambda: [split_payload(e) for e in batch])
+        await self.log.payloads.put_many([(e.execution_id, raw) for e, raw in split])
+        self.payload_bytes += sum(len(raw) for _, raw in split)
+        return [e for e, _ in split]
 
     async def _run(self) -> None:
         assert self.log is not None
@@ -82,7 +75,7 @@ class Recorder:
                 batch.append(self._queue.get_nowait())
             for attempt in range(self.retries + 1):
                 try:
-                    events = [await self._externalise(e) for e in batch]
+                    events = await self._externalise(batch)
                     # Retrying is safe: the log deduplicates by event id (Nats-Msg-Id).
                     await self.log.append_many(events)
                     self.recorded += len(events)
