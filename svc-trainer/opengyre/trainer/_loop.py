@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from sqlalchemy import Row
 
-from opengyre.eventlog import EventLog
+from opengyre.eventlog import EventLog, PayloadFetch
 from opengyre.events import TrainingStepCompleted, WeightsPublished
 from opengyre.models import checkpoint_info, load_checkpoint, model_config
 
@@ -174,7 +174,15 @@ class OnlineTrainer:
         self._pending.clear()  # the projection has caught up with everything we consumed
         return fresh
 
-    def prepare(self, groups: list[ReadyGroup], step_share: float = 1.0) -> PreparedStep:
+    async def prepare_async(self, groups: list[ReadyGroup], step_share: float = 1.0) -> PreparedStep:
+        """Read the groups' token payloads from the payload store, then ``prepare`` (in a worker thread)."""
+        ids = [o.execution_id for g in groups for o in g.outcomes]
+        payloads = await self.store.fetch_payloads(self.log, ids)
+        return await asyncio.to_thread(self.prepare, groups, step_share, payloads)
+
+    def prepare(
+        self, groups: list[ReadyGroup], step_share: float = 1.0, payloads: PayloadFetch | None = None
+    ) -> PreparedStep:
         ids = [o.execution_id for g in groups for o in g.outcomes]
         return prepare_step(
             self.step_no + 1,
@@ -182,7 +190,7 @@ class OnlineTrainer:
             step_share=step_share,
             policy=self.policy,
             sampler=self.sampler,
-            load_tree=self.store.tree,
+            load_tree=lambda eid: self.store.tree(eid, payloads),
             corrupt=self.store.corrupt(ids),
             version_steps=self.store.version_steps(self.config.run_id),
             seed=self.config.seed,
@@ -195,7 +203,7 @@ class OnlineTrainer:
         groups = await asyncio.to_thread(self.ready)
         if len(groups) < self.config.groups_per_step:
             return None
-        prepared = await asyncio.to_thread(self.prepare, groups[: self.config.groups_per_step])
+        prepared = await self.prepare_async(groups[: self.config.groups_per_step])
         if not prepared.samples:
             return prepared, None
         mbs = self._pack(prepared.samples)
@@ -224,7 +232,7 @@ class OnlineTrainer:
                     continue
                 group = fresh[0]
                 used.add(group.group_id)
-                part = await asyncio.to_thread(self.prepare, [group], per_group)
+                part = await self.prepare_async([group], per_group)
                 for mb in self._pack(part.samples):
                     buffer.put(mb)
                 if prepared is None:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from opengyre.trajectory import TrajectoryError, TrajectoryTree
+from opengyre.trajectory import PayloadUnavailable, TrajectoryError, TrajectoryTree
 
 from ._admission import AdmissionPolicy, GroupAdmission
 from ._cost import SampleCost, sample_cost
@@ -97,6 +97,9 @@ def prepare_step(
                 continue
             try:
                 tree = load_tree(a.execution_id)
+            except PayloadUnavailable as exc:  # its recorded tokens are gone or damaged: never trained on a guess
+                out.dropped[a.execution_id] = f"excluded:{exc.reason}"
+                continue
             except TrajectoryError as exc:
                 out.dropped[a.execution_id] = f"excluded:corrupt-trajectory:{str(exc)[:40]}"
                 continue
