@@ -34,6 +34,7 @@ from opengyre.events import (
     subject_token,
 )
 from opengyre.models import load_tokenizer
+from opengyre.trajectory import PayloadUnavailable
 
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
@@ -185,7 +186,17 @@ class Gateway:
                 fut = asyncio.ensure_future(self.restore(execution_id))
                 self._restoring[execution_id] = fut
                 fut.add_done_callback(lambda _f: self._restoring.pop(execution_id, None))
-            restored = await asyncio.shield(fut)
+            try:
+                restored = await asyncio.shield(fut)
+            except PayloadUnavailable as exc:
+                if exc.reason == "payload-compacted":  # training consumed it long ago: it cannot be extended
+                    raise ApiError.invalid(
+                        f"execution {execution_id} cannot continue: retention compacted its recorded calls "
+                        f"after a training step consumed them ({exc})"
+                    ) from exc
+                raise ApiError(
+                    503, "api_error", f"execution {execution_id}: its recorded calls cannot be read ({exc})"
+                ) from exc
             if restored is not None and execution_id not in self._executions:
                 return self._keep(execution_id, restored)
         return self.execution(execution_id)
