@@ -144,8 +144,9 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
             return value, pos
 
 
-def encode_payload(p: TokenPayload) -> bytes:
-    """The compact bytes of a call's tokens, logprobs and context (deterministic)."""
+def encode_payload(p: TokenPayload, *, compress: bool = True) -> bytes:
+    """The compact bytes of a call's tokens, logprobs and context (deterministic). ``compress=False`` never
+    compresses (to measure what compression gives)."""
     if len(p.output_ids) != len(p.output_logprobs):
         raise PayloadError(f"{len(p.output_ids)} output ids but {len(p.output_logprobs)} logprobs")
     ids = _encode_varints([*p.prompt_delta_ids, *p.output_ids])
@@ -153,8 +154,8 @@ def encode_payload(p: TokenPayload) -> bytes:
     ctx = _json_enc.encode(p.context) if p.context is not None else b""
     body = ids + lps + ctx
     flags = 0
-    packed = zlib.compress(body, _LEVEL)
-    if len(packed) * 8 <= len(body) * 7:
+    packed = zlib.compress(body, _LEVEL) if compress else body
+    if compress and len(packed) * 8 <= len(body) * 7:
         body, flags = packed, _ZLIB
     header = _header_varints([len(p.prompt_delta_ids), len(p.output_ids), len(ids), len(ctx)])
     return _MAGIC + bytes([flags]) + header + body
