@@ -1,8 +1,8 @@
 """Bytes on disk per recorded token: the pre-retention layout against token payloads stored once, and after
 retention compacted them.
 
-    .venv/bin/python bench/storage_bench.py                       # 16 executions x 12 turns (~3 minutes)
-    .venv/bin/python bench/storage_bench.py --executions 4 --turns 6
+    .venv/bin/python bench/storage_bench.py                       # 8 executions x 10 turns (~10 min, 2 cores)
+    .venv/bin/python bench/storage_bench.py --executions 4 --turns 4  # a quick look
 
 Recording goes through the real gateway (the ``openai`` SDK as the harness, the built-in CPU engine, an
 embedded nats-server with file storage): growing multi-turn executions whose every turn adds the model's reply
@@ -272,8 +272,8 @@ async def read_trees(url: str, cfg: LogConfig, engine: Engine, ids: list[str], b
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--executions", type=int, default=16)
-    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--executions", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
