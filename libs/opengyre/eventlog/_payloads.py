@@ -3,9 +3,9 @@
 Subjects: ``<stream>.<scope>.<digest>`` (scope: the aggregate id, an execution), one message per payload;
 one larger than a message may be is split into parts ``<digest>``, ``<digest>.1``, ... with the count in the
 first part's ``Og-Parts`` header. Why a stream and not the object store: one message per payload (the object
-store writes a chunk and a meta message), pipelined puts on the log's ack pipeline, and reads by direct get
-(one request; the object store's ``get`` creates a consumer per object). A scope's payloads are deleted with
-one subject purge (retention compacts an execution at a time).
+store writes a chunk and a meta message), pipelined puts on the log's ack pipeline, and reads of all of a
+scope's payloads in one batched direct get (the object store's ``get`` creates a consumer per object). A
+scope's payloads are deleted with one subject purge (retention compacts an execution at a time).
 
 Puts are idempotent: each part is published with ``Nats-Expected-Last-Subject-Sequence: 0``, so the same
 content put twice is stored once (the second put is answered "wrong last sequence", which means: already there).
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, Header, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
@@ -35,7 +37,8 @@ __all__ = ["PARTS_HEADER", "PayloadFetch", "PayloadStore", "PayloadStoreError"]
 PARTS_HEADER = "Og-Parts"
 # JetStream: 10054 "maximum messages exceeded", 10047 "insufficient resources", 10077 "maximum bytes exceeded"
 # ... the server words this differently across versions, so the description is kept in the error.
-_GET_CONCURRENCY = 64
+_GET_CONCURRENCY = 16
+_BATCH = 100_000  # messages one batched read may return (an execution's payloads and their parts)
 
 
 class PayloadStoreError(EventLogError):
@@ -163,26 +166,74 @@ class PayloadStore:
         return data
 
     async def get_many(self, keys: Sequence[tuple[str, str]], *, concurrency: int = _GET_CONCURRENCY) -> PayloadFetch:
-        """Read ``(scope, digest)`` payloads with up to ``concurrency`` requests in flight."""
+        """Read ``(scope, digest)`` payloads: one batched direct get per scope (every payload of an execution in
+        one request), up to ``concurrency`` scopes at a time; one get per payload where a batch falls short."""
         out = PayloadFetch()
+        if not keys:
+            return out
+        await self.ensure()
+        by_scope: dict[str, list[str]] = {}
+        for scope, digest in dict.fromkeys(keys):
+            by_scope.setdefault(scope, []).append(digest)
         sem = asyncio.Semaphore(concurrency)
+
+        def settle(key: tuple[str, str], data: bytes | None) -> None:
+            if data is None:
+                out.failed[key] = "payload-missing"
+            elif hashlib.sha256(data).hexdigest() != key[1]:
+                out.failed[key] = "payload-corrupt"
+            else:
+                out.found[key] = data
 
         async def one(key: tuple[str, str]) -> None:
             async with sem:
                 try:
-                    data = await self.get(*key)
+                    settle(key, await self.get(*key))
                 except PayloadStoreError:
                     out.failed[key] = "payload-corrupt"
-                    return
-            if data is None:
-                out.failed[key] = "payload-missing"
-            else:
-                out.found[key] = data
 
-        if keys:
-            await self.ensure()
-            await asyncio.gather(*(one(k) for k in dict.fromkeys(keys)))
+        async def scope_of(scope: str, digests: list[str]) -> None:
+            async with sem:
+                msgs = await self._get_scope(scope)
+            if msgs is None:  # the server could not give them in one batch: one by one
+                await asyncio.gather(*(one((scope, d)) for d in digests))
+                return
+            for d in digests:
+                settle((scope, d), _assemble(msgs, self.subject(scope, d)))
+
+        await asyncio.gather(*(scope_of(scope, digests) for scope, digests in by_scope.items()))
         return out
+
+    async def _get_scope(self, scope: str) -> dict[str, tuple[bytes, int]] | None:
+        """Every payload message of a scope, by subject, from one batched direct get (``multi_last`` over
+        ``<stream>.<scope>.>``, nats-server 2.11+); None when the server did not give them all."""
+        nc = self._log.nc
+        inbox = nc.new_inbox()
+        msgs: dict[str, tuple[bytes, int]] = {}
+        end: asyncio.Future[tuple[str, dict[str, str]]] = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status is None:
+                msgs[headers.get("Nats-Subject", "")] = (bytes(msg.data), int(headers.get(PARTS_HEADER, "1")))
+            elif not end.done():
+                end.set_result((status, headers))
+
+        sub = await nc.subscribe(inbox, cb=on_msg)
+        try:
+            body = json.dumps({"multi_last": [f"{self.stream}.{scope}.>"], "batch": _BATCH}).encode()
+            await nc.publish(f"$JS.API.DIRECT.GET.{self.stream}", body, reply=inbox)
+            status, headers = await asyncio.wait_for(end, timeout=10)
+        except TimeoutError:
+            return None
+        finally:
+            await sub.unsubscribe()
+        if status == "404":  # nothing stored under the scope
+            return {}
+        if status != "204" or int(headers.get("Nats-Num-Pending", "0") or 0) > 0:
+            return None
+        return msgs
 
     async def last_seq(self) -> int:
         await self.ensure()
@@ -202,3 +253,17 @@ class PayloadStore:
         await self.ensure()
         info = await self._log.js.stream_info(self.stream)
         return int(info.state.messages), int(info.state.bytes)
+
+
+def _assemble(msgs: dict[str, tuple[bytes, int]], subject: str) -> bytes | None:
+    first = msgs.get(subject)
+    if first is None:
+        return None
+    data, n = first
+    parts = [data]
+    for i in range(1, n):
+        part = msgs.get(f"{subject}.{i}")
+        if part is None:
+            return None
+        parts.append(part[0])
+    return b"".join(parts)

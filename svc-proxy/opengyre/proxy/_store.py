@@ -162,6 +162,8 @@ class TrajectoryProjection(Projection):
         ref = e.payload
         if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs or e.context is not None):
             raise Rejected(f"call {e.call_id}: tokens or context both inline and in a payload")
+        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
+            raise Rejected(f"call {e.call_id}: negative payload lengths")
         if len(e.output_ids) != len(e.output_logprobs):
             raise Rejected(f"call {e.call_id}: {len(e.output_ids)} output ids but {len(e.output_logprobs)} logprobs")
         key = (CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.call_id)

@@ -31,6 +31,13 @@ async def test_a_payload_larger_than_a_message_goes_in_parts(event_log: EventLog
     digest = await event_log.payloads.put("ex-1", big)
     assert (await event_log.payloads.usage())[0] == 3
     assert await event_log.payloads.get("ex-1", digest) == big
+    small = await event_log.payloads.put("ex-1", b"small")
+    # A batch read gets the whole execution in one request (parts included), not one request per payload.
+    batch = await event_log.payloads._get_scope("ex-1")
+    assert batch is not None and len(batch) == 4
+    fetched = await event_log.payloads.get_many([("ex-1", digest), ("ex-1", small), ("ex-9", small)])
+    assert fetched.found == {("ex-1", digest): big, ("ex-1", small): b"small"}
+    assert fetched.failed == {("ex-9", small): "payload-missing"}
 
 
 async def test_a_payload_with_the_wrong_content_is_corrupt(event_log: EventLog) -> None:
