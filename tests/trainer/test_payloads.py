@@ -4,16 +4,22 @@ payload is missing or damaged instead of training on a guess."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import msgspec
+import pytest
 from sqlalchemy import Engine, select, text
 
-from opengyre.eventlog import EventLog
+from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import Event, ExecutionDispatched, ModelCallRecorded, PayloadRef, new_event_id
 from opengyre.projection import ProjectionRunner, dump_rows, rebuild
+from opengyre.runtime import EmbeddedNats
 from opengyre.store import DeadLetter
 from opengyre.trainer import AdmissionPolicy, PathSampler, TrainerProjection, TrainerStore, prepare_step
 from opengyre.trajectory import TokenPayload, encode_payload, payload_digest, split_payload
 
+from .._polling import await_until
 from ._events import by_reference, calls, catch_up, group
 
 
@@ -88,3 +94,32 @@ async def test_a_call_with_tokens_both_inline_and_by_reference_is_rejected(event
         reasons = [r for (r,) in c.execute(select(DeadLetter.reason).order_by(DeadLetter.stream_seq))]
     # The prefix check uses the lengths the reference carries (c0 has 10 + 6 tokens).
     assert reasons == ["ambiguous-tokens", "bad-prefix"]
+
+
+@pytest.mark.parametrize(
+    "away_s",
+    [0.0, pytest.param(25.0, marks=pytest.mark.slow)],
+    ids=["restart", "longer-than-a-request"],  # nats-py replays a request sent while away; past its timeout it fails
+)
+async def test_reading_payloads_waits_out_a_restarted_server(
+    tmp_path: Path, log_config: LogConfig, engine: Engine, away_s: float
+) -> None:
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    log = await EventLog.connect(server.url, log_config)
+    try:
+        await log.append_many(await by_reference(log, group("g", [("completed", 1.0, None)])))
+        await catch_up(ProjectionRunner(TrainerProjection(), log, engine))
+        store = TrainerStore(engine)
+        server.stop()  # the log goes away just as a step reads its payloads
+        task = asyncio.create_task(store.fetch_payloads(log, ["g-e0"]))
+        await await_until(lambda: not log.nc.is_connected, "the client saw the server go")
+        await asyncio.sleep(away_s)  # the length of the outage (the fault), not a synchronisation
+        assert not task.done()
+        server = EmbeddedNats(tmp_path / "nats", port=server.port)  # the same store, the same address
+        server.start()
+        fetched = await asyncio.wait_for(task, 120)
+        assert len(fetched.found) == 5 and not fetched.failed  # every payload, none reported missing
+    finally:
+        await log.close()
+        server.stop()

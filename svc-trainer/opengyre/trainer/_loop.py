@@ -177,7 +177,7 @@ class OnlineTrainer:
     async def prepare_async(self, groups: list[ReadyGroup], step_share: float = 1.0) -> PreparedStep:
         """Read the groups' token payloads from the payload store, then ``prepare`` (in a worker thread)."""
         ids = [o.execution_id for g in groups for o in g.outcomes]
-        payloads = await self.store.fetch_payloads(self.log, ids)
+        payloads = await self.store.fetch_payloads(self.log, ids, self.stop)
         return await asyncio.to_thread(self.prepare, groups, step_share, payloads)
 
     def prepare(

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Engine, Row, Table, func, select
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from opengyre.eventlog import EventLog, PayloadFetch
+from opengyre.eventlog import TRANSIENT_ERRORS, EventLog, PayloadFetch
 from opengyre.store import DeadLetter
 from opengyre.trajectory import Node, PayloadError, PayloadUnavailable, TrajectoryError, TrajectoryTree, decode_payload
 
@@ -21,6 +23,8 @@ from ._samples import is_logprob
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["ReadyGroup", "TrainerStore"]
+
+_log = logging.getLogger(__name__)
 
 _E = cast(Table, ExecutionRow.__table__)
 _C = cast(Table, CallRow.__table__)
@@ -84,12 +88,31 @@ class TrainerStore:
             ).all()
         return [(r.execution_id, r.payload_digest) for r in rows]
 
-    async def fetch_payloads(self, log: EventLog | None, execution_ids: Sequence[str]) -> PayloadFetch:
-        """Read the payloads of the executions' calls (the tokens a step trains on) from the payload store."""
+    async def fetch_payloads(
+        self, log: EventLog | None, execution_ids: Sequence[str], stop: asyncio.Event | None = None
+    ) -> PayloadFetch:
+        """Read the payloads of the executions' calls (the tokens a step trains on) from the payload store.
+
+        A log that does not answer (a restarting server) is waited out with a capped backoff, until ``stop``:
+        nothing is consumed before the payloads are read, so waiting loses nothing."""
         keys = await asyncio.to_thread(self.payload_keys, execution_ids)
         if log is None or not keys:
             return PayloadFetch(failed=dict.fromkeys(keys, "payload-missing"))
-        return await log.payloads.get_many(keys)
+
+        def waiting(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            _log.warning("trainer: reading token payloads: the log does not answer (%s); retrying", exc)
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT_ERRORS),
+            wait=wait_exponential(multiplier=0.2, max=10.0),
+            stop=lambda _state: stop is not None and stop.is_set(),
+            before_sleep=waiting,
+            reraise=True,
+        ):
+            with attempt:
+                return await log.payloads.get_many(keys)
+        raise AssertionError("unreachable: AsyncRetrying returns or raises")
 
     def tree(self, execution_id: str, payloads: PayloadFetch | None = None) -> TrajectoryTree:
         """The execution's trajectory tree, nodes in arrival order, from its rows and (for calls stored by
