@@ -43,6 +43,7 @@ typecheck: $(STAMP)
 # Every benchmark, each printing its figures (about 25 minutes on 2 cores; docs/benchmarks.md has the results).
 bench: $(STAMP)
 	$(PY) bench/eventlog_bench.py
+	$(PY) bench/storage_bench.py
 	$(PY) svc-proxy/bench/proxy_bench.py
 	$(PY) svc-scheduler/bench/scheduler_bench.py --seeds 3
 	$(PY) svc-trainer/bench/sampling_bench.py

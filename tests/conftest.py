@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, create_engine, text
 
 from opengyre.eventlog import EventLog, LogConfig
@@ -37,6 +39,8 @@ async def event_log(nats_server: EmbeddedNats, log_config: LogConfig) -> AsyncIt
     yield log
     try:
         await log.js.delete_stream(log_config.stream)
+        with contextlib.suppress(NotFoundError):  # made on first use (a test that stored token payloads)
+            await log.js.delete_stream(log_config.payloads)
     finally:
         await log.close()
 

@@ -31,6 +31,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded, default_registry
 from opengyre.proxy.engine import EngineConfig, EngineProcess
 from opengyre.runtime import EmbeddedNats
+from opengyre.trajectory import resolve_calls
 
 HERE = Path(__file__).parent
 M = "opengyre-tiny"
@@ -132,18 +133,22 @@ async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100)
     log = await EventLog.connect(
         nats, LogConfig(stream=stream, prefix=f"{stream.lower()}.ev", blob_bucket=f"{stream}_B")
     )
+    reg = default_registry()
     try:
         while True:
             events = [s async for s in log.read(subjects=[log.config.subject("execution", eid)])]
             if len(events) >= calls:
                 break
             await asyncio.sleep(0.05)
+        stored = [reg.decode(s.type_name, s.version, s.body) for s in events]
+        assert all(isinstance(e, ModelCallRecorded) for e in stored)
+        # As recorded now: events with references, each call's payload stored once (storage.md).
+        now_bytes = sum(len(s.body) for s in events) + sum(e.payload.size for e in stored if e.payload)  # type: ignore[attr-defined]
+        decoded = await resolve_calls(log, stored)  # type: ignore[arg-type]
     finally:
         await log.close()
-    reg = default_registry()
-    tree_bytes = sum(len(s.body) for s in events)
-    decoded = [reg.decode(s.type_name, s.version, s.body) for s in events]
-    assert all(isinstance(e, ModelCallRecorded) for e in decoded)
+    # Tree and flat compared in one encoding: the event's JSON with the tokens and context inline.
+    tree_bytes = sum(len(reg.encode(msgspec.structs.replace(e, payload=None))) for e in decoded)
     prompts: dict[str, list[int]] = {}
     convs: dict[str, list[Any]] = {}
     flat_bytes = tree_tokens = flat_tokens = 0
@@ -156,7 +161,12 @@ async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100)
         prompts[e.call_id] = prompt + list(e.output_ids)
         convs[e.call_id] = [*conv, ctx.get("response")]
         flat = msgspec.structs.replace(
-            e, parent_call_id=None, prefix_len=0, prompt_delta_ids=prompt, context={**ctx, "base": 0, "messages": conv}
+            e,
+            parent_call_id=None,
+            prefix_len=0,
+            prompt_delta_ids=prompt,
+            context={**ctx, "base": 0, "messages": conv},
+            payload=None,
         )
         flat_bytes += len(reg.encode(flat))
         tree_tokens += len(e.prompt_delta_ids) + len(e.output_ids)
@@ -165,6 +175,7 @@ async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100)
     return [
         f"| {calls}-call execution, event bytes (tokens + context) | {tree_bytes:,} | {flat_bytes:,} | {flat_bytes / tree_bytes:.1f}x |",
         f"| {calls}-call execution, tokens stored | {tree_tokens:,} | {flat_tokens:,} | {flat_tokens / tree_tokens:.1f}x |",
+        f"| {calls}-call execution, stored now (events + payloads, storage.md) | {now_bytes:,} | | |",
         f"(branches seen: {', '.join(branches)})",
     ]
 

@@ -15,7 +15,7 @@ from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded, TrajectoryRole
 from opengyre.proxy import Gateway, GatewayConfig
 from opengyre.proxy.engine import EngineConfig, EngineServer, RequestRecord
-from opengyre.trajectory import TrajectoryTree
+from opengyre.trajectory import TrajectoryTree, resolve_calls
 
 from ._policy import train_tool_policy
 
@@ -66,7 +66,8 @@ class Stack:
             **kw,  # type: ignore[arg-type]
         )
 
-    async def recorded(self) -> list[ModelCallRecorded]:
+    async def recorded_as_stored(self) -> list[ModelCallRecorded]:
+        """The recorded events as the log holds them (tokens and context in the payload store)."""
         await self.gateway.recorder.flush()
         out = []
         async for s in self.log.read():
@@ -75,6 +76,10 @@ class Stack:
                 assert isinstance(e, ModelCallRecorded)
                 out.append(e)
         return out
+
+    async def recorded(self) -> list[ModelCallRecorded]:
+        """The recorded events with their payloads joined back in (what each call recorded, whole)."""
+        return await resolve_calls(self.log, await self.recorded_as_stored())
 
     def engine_records(self, call_id: str) -> list[RequestRecord]:
         """Every request the engines ran for one call, in attempt order (rid ``<call_id>-<attempt>``)."""

@@ -15,7 +15,7 @@ import pytest
 
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import CellRegistered
+from opengyre.events import CellRegistered, PayloadsCompacted
 from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.service import ProxyService
 from opengyre.runtime import EmbeddedNats, run_service
@@ -131,3 +131,33 @@ async def test_operators_drive_the_proxy_over_grpc(
         ).chat.completions.create(model=M, messages=m1, max_tokens=2)
         assert r.choices[0].finish_reason in ("stop", "length")
         assert (await stub2.GetStatus(common_pb2.StatusRequest())).service == "proxy"
+
+        # Retention compacts ex-svc (as the trainer does once a step consumed it): its shape stays, its tokens
+        # are refused with the reason, never invented.
+        log = await EventLog.connect(nats_server.url, log_config)
+        try:
+            await log.payloads.purge("ex-svc")
+            await log.append(PayloadsCompacted(execution_id="ex-svc", step=1))
+        finally:
+            await log.close()
+        leaf = tree.leaves[0]
+        for _ in range(500):
+            try:
+                await stub2.GetPath(proxy_pb2.GetPathRequest(execution_id="ex-svc", leaf_call_id=leaf))
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION  # payload-missing until it is folded
+                if "payload-compacted" in str(err.details()):
+                    break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the compaction was never folded")
+        shape = await stub2.GetTree(proxy_pb2.GetTreeRequest(execution_id="ex-svc"))
+        assert [n.output_len for n in shape.nodes][:2] == [n.output_len for n in tree.nodes]
+    # After another restart the gateway cannot restore ex-svc's state: a clear error, not a silent new root.
+    third = ProxyService(engines=[engine_a.url])
+    async with _running(third, settings):
+        assert third.gateway is not None
+        with pytest.raises(openai.BadRequestError, match="compacted"):
+            await openai.AsyncOpenAI(
+                base_url=third.gateway.base_url("ex-svc"), api_key=access.api_key, max_retries=0
+            ).chat.completions.create(model=M, messages=m1, max_tokens=2)

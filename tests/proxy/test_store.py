@@ -17,11 +17,13 @@ from opengyre.proxy import (
     export_execution,
     list_executions,
     load_calls,
+    load_execution,
     load_tree,
     path_mask,
 )
 from opengyre.proxy._grpc import resolve_contexts
 from opengyre.proxy._restore import restore_trajectory
+from opengyre.proxy._store import CALLS
 from opengyre.proxy.engine import EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trajectory import TrajectoryTree
@@ -67,6 +69,7 @@ async def test_rebuilding_the_store_gives_the_live_rows_and_the_events_trees(
         for eid in ("ex-1", "ex-2"):
             await _branchy_execution(st, eid)
         events = await st.recorded()
+        as_stored = await st.recorded_as_stored()
         live_tito = {t.execution_id: t for t in st.gateway.executions()}
     finally:
         await st.gateway.stop()
@@ -76,24 +79,32 @@ async def test_rebuilding_the_store_gives_the_live_rows_and_the_events_trees(
     assert len(live["proxy_calls"]) == len(events) == 8
     await rebuild(projection, event_log, engine)
     assert dump_rows(engine, projection.tables) == live
+    # The log and the store hold references; the tokens and context are stored once, in the payload store.
+    assert all(e.payload is not None and not e.output_ids and e.context is None for e in as_stored)
     with engine.connect() as conn:
-        for eid in ("ex-1", "ex-2"):
-            stored = load_tree(conn, eid)
-            live_tree = TrajectoryTree(eid, [e for e in events if e.execution_id == eid])
-            assert sorted(stored.leaves()) == sorted(live_tree.leaves()) and len(stored.leaves()) == 3
-            for leaf in live_tree.leaves():
-                assert path_mask(stored, leaf) == live_tree.path_sequence(leaf)
-            calls = load_calls(conn, eid)
-            assert [c.event for c in calls] == [e for e in events if e.execution_id == eid]
-            # After a restart the gateway's TITO state comes back from these rows: it plans as the live one did.
-            restored, kept = restore_trajectory(eid, st.gateway.codec, calls), live_tito[eid]
-            assert list(restored.nodes) == list(kept.nodes)
-            for cid, node in kept.nodes.items():
-                assert restored.nodes[cid].token_array().tolist() == node.token_array().tolist()
-                convs = [node.conv_after, node.conv_after[:-1], [*node.conv_after, {"role": "user", "content": "on"}]]
-                for msgs in convs:
-                    if msgs:
-                        assert restored.plan(msgs, None) == kept.plan(msgs, None)
+        blobs = conn.execute(select(CALLS.c.prompt_delta, CALLS.c.output_logprobs, CALLS.c.context)).all()
+    assert blobs and all(r == (b"", b"", None) for r in blobs)
+    for eid in ("ex-1", "ex-2"):
+        stored = await load_tree(engine, event_log, eid)
+        live_tree = TrajectoryTree(eid, [e for e in events if e.execution_id == eid])
+        assert sorted(stored.leaves()) == sorted(live_tree.leaves()) and len(stored.leaves()) == 3
+        for leaf in live_tree.leaves():
+            assert path_mask(stored, leaf) == live_tree.path_sequence(leaf)
+        with engine.connect() as conn:
+            rows = load_calls(conn, eid)  # as recorded: the tokens by reference
+        assert [c.event for c in rows] == [e for e in as_stored if e.execution_id == eid]
+        calls = await load_execution(engine, event_log, eid)  # the tokens joined back in
+        assert [c.event for c in calls] == [e for e in events if e.execution_id == eid]
+        # After a restart the gateway's TITO state comes back from these rows: it plans as the live one did.
+        restored, kept = restore_trajectory(eid, st.gateway.codec, calls), live_tito[eid]
+        assert list(restored.nodes) == list(kept.nodes)
+        for cid, node in kept.nodes.items():
+            assert restored.nodes[cid].token_array().tolist() == node.token_array().tolist()
+            convs = [node.conv_after, node.conv_after[:-1], [*node.conv_after, {"role": "user", "content": "on"}]]
+            for msgs in convs:
+                if msgs:
+                    assert restored.plan(msgs, None) == kept.plan(msgs, None)
+    with engine.connect() as conn:
         summaries = {s.execution_id: s for s in list_executions(conn)}
     s1 = summaries["ex-1"]
     assert (s1.calls, s1.roots) == (4, 2) and 0 < s1.stored_tokens < s1.flat_tokens
@@ -140,7 +151,7 @@ async def test_calls_that_do_not_fit_the_tree_are_dead_lettered(event_log: Event
     await _caught_up(TrajectoryProjection(), event_log, engine)
     with engine.connect() as conn:
         dead = conn.execute(select(DeadLetter.stream_seq, DeadLetter.detail).order_by(DeadLetter.stream_seq)).all()
-        tree = load_tree(conn, "x")
+    tree = await load_tree(engine, event_log, "x")
     assert [r[0] for r in dead] == [2, 3, 4, 5]
     assert "unknown parent" in dead[0][1] and "prefix_len" in dead[1][1] and "already" in dead[2][1]
     assert sorted(tree.nodes) == ["a", "e"] and tree.tokens("e") == (1, 2, 3, 4, 7, 8)
@@ -205,7 +216,6 @@ async def test_atif_export_follows_the_format_and_carries_exact_tokens(
     from ._policy import TOOL_OUTPUT, TOOLS, conversation
 
     st = tool_stack
-    st.gateway.recorder.inline_context_limit = 200  # push the bigger contexts out of band
     client = st.openai("ex-atif")
     msgs: list[Any] = conversation(0)
     r1 = await client.chat.completions.create(model=M, messages=msgs, tools=TOOLS, max_tokens=80, temperature=0)  # type: ignore[arg-type]
@@ -217,11 +227,10 @@ async def test_atif_export_follows_the_format_and_carries_exact_tokens(
     await client.chat.completions.create(model=M, messages=msgs, tools=TOOLS, max_tokens=80, temperature=0)  # type: ignore[arg-type]
     await client.chat.completions.create(model=M, messages=[{"role": "user", "content": "side"}], max_tokens=3)
     events = await st.recorded()
-    assert events[0].context is None and events[0].context_ref  # out of band
+    assert all(e.context is None and e.payload for e in await st.recorded_as_stored())  # out of band
     await _caught_up(TrajectoryProjection(), event_log, engine)
-    with engine.connect() as conn:
-        tree = load_tree(conn, "ex-atif")
-        calls = load_calls(conn, "ex-atif")
+    calls = await load_execution(engine, event_log, "ex-atif")
+    tree = TrajectoryTree("ex-atif", [c.event for c in calls])
     contexts = await resolve_contexts(event_log, calls)
     doc = json.loads(json.dumps(export_execution(tree, calls, contexts=contexts)))
     _check_atif(doc)

@@ -27,6 +27,7 @@ from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.actuators import DEFAULT_TRAINER_ARGV, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
+from opengyre.trajectory import resolve_calls
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
@@ -114,4 +115,5 @@ async def test_elastic_cells_move_live_and_every_execution_completes(
                 calls.append(e)
             state.apply(e, s.seq)
     assert ("switching", "training-core") in moves and ("switching", "rollout") in moves
-    assert len(calls) == STEPS * 4 and all(len(c.output_ids) == TOKENS for c in calls)
+    calls = await resolve_calls(event_log, calls)  # the tokens, stored once out of the events
+    assert len(calls) == STEPS * 4 and all(len(c.output_ids) == TOKENS == len(c.output_logprobs) for c in calls)

@@ -19,6 +19,7 @@ from opengyre.scheduler import LoopConfig
 from opengyre.scheduler.actuators import LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
+from opengyre.trajectory import resolve_calls
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
@@ -57,7 +58,7 @@ async def _recorded(event_log: EventLog, n: int) -> list[ModelCallRecorded]:
                         assert isinstance(e, ModelCallRecorded)
                         out.append(e)
             if len(out) >= n:
-                return out
+                return await resolve_calls(event_log, out)  # the tokens, stored once out of the events
             await asyncio.sleep(0.1)
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from opengyre.eventlog import EventLog
 from opengyre.events import Event, ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
+from opengyre.trajectory import split_payload
 
 
 def calls(execution_id: str, seed: int, version: str = "default") -> list[ModelCallRecorded]:
@@ -88,3 +89,18 @@ async def catch_up(runner: ProjectionRunner) -> None:
 
 async def append_all(log: EventLog, events: list[Event]) -> None:
     await log.append_many(events)
+
+
+async def by_reference(log: EventLog, events: list[Event]) -> list[Event]:
+    """The events as the proxy records them: each call's tokens stored once in the payload store, by digest."""
+    out: list[Event] = []
+    payloads: list[tuple[str, bytes]] = []
+    for e in events:
+        if isinstance(e, ModelCallRecorded):
+            slim, raw = split_payload(e)
+            out.append(slim)
+            payloads.append((e.execution_id, raw))
+        else:
+            out.append(e)
+    await log.payloads.put_many(payloads)
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
 from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
@@ -16,6 +16,7 @@ from opengyre.proxy import Gateway, GatewayConfig
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
+from opengyre.trajectory import TrajectoryTree, resolve_calls
 
 from ._events import folding
 
@@ -66,8 +67,18 @@ async def test_harness_calls_through_the_proxy_train_the_policy(
             with engine.connect() as c:
                 assert list(c.execute(select(DeadLetter.reason))) == []  # every proxy-recorded call fits the tree
             store = TrainerStore(engine)
-            tree = store.tree("x0")
+            # The trainer's rows refer to the payloads the proxy stored once; it reads them by reference.
+            with engine.connect() as c:
+                assert set(c.execute(text("SELECT prompt_delta, output_logprobs FROM trainer_calls"))) == {(b"", b"")}
+            tree = store.tree("x0", await store.fetch_payloads(event_log, ["x0"]))
             assert len(tree) == 3 and len(tree.leaves()) == 2  # extension + retry branch
+            # ... and trains on exactly the recorded ids and behaviour logprobs.
+            live = TrajectoryTree(
+                "x0", [e for e in await resolve_calls(event_log, await recorded(event_log)) if e.execution_id == "x0"]
+            )
+            assert [tree.path_sequence(leaf) for leaf in tree.leaves()] == [
+                live.path_sequence(leaf) for leaf in live.leaves()
+            ]
             cfg = TrainerConfig(
                 model="tiny", algorithm="gspo", group_size=2, lr=1e-3, checkpoint_dir=tmp_path, engines=[srv.url]
             )

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..eventlog import LogConfig
 
@@ -34,6 +35,19 @@ RECORDED = ("nats_url", "db_url", "stream", "prefix")
 
 class SettingsError(ValueError):
     """A setting that cannot be honoured (a bad value in the environment, an unreadable settings file)."""
+
+
+N = TypeVar("N", int, float)
+
+
+def _env_number(env: Mapping[str, str], name: str, kind: Callable[[str], N], default: N) -> N:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,9 @@ class Settings:
             log = LogConfig(
                 stream=pick("stream", "OPENGYRE_STREAM", "OPENGYRE") or "OPENGYRE",
                 prefix=pick("prefix", "OPENGYRE_SUBJECT_PREFIX", "og.ev") or "og.ev",
+                max_bytes=_env_number(env, "OPENGYRE_LOG_MAX_BYTES", int, -1),
+                payload_max_bytes=_env_number(env, "OPENGYRE_PAYLOAD_MAX_BYTES", int, -1),
+                payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
             )
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc

@@ -5,6 +5,7 @@ from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._health import LogHealth, server_health
 from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
+from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
 from ._server import MIN_SERVER_VERSION, require_server_version
 
 __all__ = [
@@ -23,6 +24,9 @@ __all__ = [
     "LogConfig",
     "LogHealth",
     "LogUnavailable",
+    "PayloadFetch",
+    "PayloadStore",
+    "PayloadStoreError",
     "StoredEvent",
     "UnreadableBody",
     "require_server_version",

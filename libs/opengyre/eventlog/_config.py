@@ -25,14 +25,35 @@ class LogConfig:
     replicas: int = 1
     # Bodies larger than this go to the object store; the server's max_payload caps it too.
     inline_limit: int = 512 * 1024
+    # Token payloads (docs/storage.md) live in a stream of their own; "" names it after this one.
+    payload_stream: str = ""
+    # Limits (-1: none). Events are never dropped to make room: a full event stream refuses appends (discard
+    # new) and has no age limit. A full payload stream refuses new payloads; its age limit (0: none) deletes
+    # payloads whether a step consumed them or not (the trainer then drops such an execution, with the reason).
+    max_bytes: int = -1
+    payload_max_bytes: int = -1
+    payload_max_age_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.stream):
             raise ValueError(f"stream name {self.stream!r} must match {_NAME.pattern}")
+        if self.payload_stream and not _NAME.match(self.payload_stream):
+            raise ValueError(f"payload stream name {self.payload_stream!r} must match {_NAME.pattern}")
+        for name in ("max_bytes", "payload_max_bytes"):
+            value = getattr(self, name)
+            if value != -1 and value <= 0:
+                raise ValueError(f"{name} must be a positive number of bytes or -1 (no limit), not {value}")
+        if not self.payload_max_age_s >= 0:
+            raise ValueError(f"payload_max_age_s must be >= 0 seconds (0: no limit), not {self.payload_max_age_s}")
         if not _NAME.match(self.blob_bucket):
             raise ValueError(f"blob bucket {self.blob_bucket!r} must match {_NAME.pattern}")
         if not _PREFIX.match(self.prefix):
             raise ValueError(f"subject prefix {self.prefix!r} must be dot-separated tokens of [A-Za-z0-9_-]")
+
+    @property
+    def payloads(self) -> str:
+        """The payload stream's name (its subjects are ``<name>.>``)."""
+        return self.payload_stream or f"{self.stream}_PAYLOADS"
 
     @property
     def all_subjects(self) -> str:

@@ -21,6 +21,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     Header,
     ObjectStoreConfig,
     StorageType,
@@ -36,6 +37,7 @@ from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
 from ._health import ConnectionWatch, LogHealth, server_health
+from ._payloads import PayloadStore
 from ._pull import PullBatcher
 from ._server import require_server_version
 from ._typed import TypeFilter
@@ -152,6 +154,7 @@ class EventLog:
         self._acks = AckPipeline(nc)
         self._blobs: ObjectStore | None = None
         self._blob_reader = BlobReader(self.js, config.blob_bucket)
+        self.payloads = PayloadStore(self)
 
     @classmethod
     async def connect(
@@ -226,9 +229,13 @@ class EventLog:
     # --- stream -------------------------------------------------------------------------------------
 
     async def ensure_stream(self) -> None:
+        """Create the event stream, or bring its byte limit to the configured one.
+
+        Discard policy "new": when ``max_bytes`` is reached appends are refused, never old events dropped (a
+        projection that has not folded them yet would lose them)."""
         cfg = self.config
         try:
-            await self.js.stream_info(cfg.stream)
+            info = await self.js.stream_info(cfg.stream)
         except NotFoundError:
             await self.js.add_stream(
                 StreamConfig(
@@ -238,8 +245,15 @@ class EventLog:
                     duplicate_window=cfg.duplicate_window_s,
                     num_replicas=cfg.replicas,
                     max_msg_size=-1,
+                    max_bytes=cfg.max_bytes,
+                    discard=DiscardPolicy.NEW,
                 )
             )
+            return
+        have = info.config
+        if (have.max_bytes, have.discard) != (cfg.max_bytes, DiscardPolicy.NEW):
+            have.max_bytes, have.discard = cfg.max_bytes, DiscardPolicy.NEW
+            await self.js.update_stream(have)
 
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.config.stream)

@@ -6,6 +6,7 @@ pure upcaster for the old shape (see ``_registry.register_upcaster``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -14,6 +15,7 @@ from ._base import Event
 from ._text import RawText
 
 __all__ = [
+    "UPCASTERS",
     "BenchRunCompleted",
     "CallTimings",
     "CellRegistered",
@@ -26,6 +28,8 @@ __all__ = [
     "FailureClass",
     "ModelCallRecorded",
     "PatternUse",
+    "PayloadRef",
+    "PayloadsCompacted",
     "SkillIngested",
     "TaskHardened",
     "TaskSynthesized",
@@ -180,13 +184,31 @@ class WeightSpan(msgspec.Struct, frozen=True, kw_only=True):
     end: int
 
 
+class PayloadRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a call's token payload is stored: in the payload stream, under its execution, by content digest.
+
+    The payload (``opengyre.trajectory.encode_payload``) holds the prompt delta ids, output ids, behaviour
+    logprobs and the conditioning context; the event keeps the lengths so projections fold without it.
+    """
+
+    digest: str  # SHA-256 (hex) of the encoded payload
+    size: int  # encoded bytes
+    prompt_delta: int  # len(prompt_delta_ids)
+    output: int  # len(output_ids) == len(output_logprobs)
+
+
 class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-recorded"):
     """One model call, token-in/token-out, as a node of the execution's trajectory tree.
 
     The call's prompt is ``tokens(parent)[:prefix_len] + prompt_delta_ids`` where ``tokens(parent)`` is the
     parent node's prompt followed by its output. Events carry only this delta, never the whole prefix again.
+
+    v2: the tokens, logprobs and context are either inline (v1's only form; tests and tools write it) or, as the
+    proxy records them, stored once out of the event under ``payload`` with the three lists empty and no
+    ``context`` (``opengyre.trajectory.resolve_calls`` fills them back in). A v1 body is a valid v2 body.
     """
 
+    version = 2
     aggregate = "execution"
     aggregate_key = "execution_id"
 
@@ -194,9 +216,9 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     call_id: str
     parent_call_id: str | None = None
     prefix_len: int = 0
-    prompt_delta_ids: list[int]
-    output_ids: list[int]
-    output_logprobs: list[float]
+    prompt_delta_ids: list[int] = msgspec.field(default_factory=list)
+    output_ids: list[int] = msgspec.field(default_factory=list)
+    output_logprobs: list[float] = msgspec.field(default_factory=list)
     role: TrajectoryRole = "main"
     model: str = ""
     engine_id: str = ""
@@ -219,6 +241,34 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     # call: SGLang computes its logprobs from the raw logits). None: unknown (an older recorder, an engine whose
     # logprobs are not at the sampling temperature); a trainer must not assume one.
     temperature: float | None = None
+    # The tokens, logprobs and context stored out of the event (None: inline, as in v1).
+    payload: PayloadRef | None = None
+
+    @property
+    def n_prompt_delta(self) -> int:
+        return self.payload.prompt_delta if self.payload is not None else len(self.prompt_delta_ids)
+
+    @property
+    def n_output(self) -> int:
+        return self.payload.output if self.payload is not None else len(self.output_ids)
+
+
+class PayloadsCompacted(Event, frozen=True, kw_only=True, tag="payloads-compacted"):
+    """The token payloads of an execution's calls recorded before this event were deleted (retention).
+
+    Appended by the trainer's retention once a training step consumed the execution and the run moved past the
+    replay horizon. Projections keep every count and length and mark those calls compacted; nothing is invented.
+    """
+
+    aggregate = "execution"
+    aggregate_key = "execution_id"
+
+    execution_id: str
+    run_id: str = "default"
+    step: int  # the step that consumed the execution
+    calls: int = 0  # payloads deleted
+    bytes: int = 0  # their encoded size
+    reason: str = ""
 
 
 class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):
@@ -289,3 +339,15 @@ class BenchRunCompleted(Event, frozen=True, kw_only=True, tag="bench-run-complet
     concurrency: int
     engine: str = ""
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+# --- upcasters (type, from_version, pure function of the old body) --------------------------------------
+
+
+def _inline_tokens_v1(body: dict[str, Any]) -> dict[str, Any]:
+    return body  # v2 only added ``payload`` (absent: the tokens are inline, as every v1 event has them)
+
+
+UPCASTERS: list[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]]] = [
+    ("model-call-recorded", 1, _inline_tokens_v1)
+]

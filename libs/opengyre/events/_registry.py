@@ -142,8 +142,11 @@ def default_registry() -> EventRegistry:
     """A fresh registry holding the whole catalogue."""
     from . import _catalogue
 
-    return EventRegistry(
+    reg = EventRegistry(
         getattr(_catalogue, name)
         for name in _catalogue.__all__
         if isinstance(getattr(_catalogue, name), type) and issubclass(getattr(_catalogue, name), Event)
     )
+    for type_name, from_version, fn in _catalogue.UPCASTERS:
+        reg.register_upcaster(type_name, from_version, fn)
+    return reg

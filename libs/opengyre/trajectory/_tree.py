@@ -40,6 +40,11 @@ class Node:
 
     @classmethod
     def from_event(cls, e: ModelCallRecorded) -> Node:
+        ref = e.payload
+        if ref is not None and (len(e.prompt_delta_ids), len(e.output_ids)) != (ref.prompt_delta, ref.output):
+            raise TrajectoryError(
+                f"call {e.call_id}: its tokens are in the payload store; join them first (resolve_calls)"
+            )
         return cls(
             call_id=e.call_id,
             parent_call_id=e.parent_call_id,

@@ -2,8 +2,9 @@
 
 - ``Gateway`` / ``GatewayConfig``: the harness-facing HTTP gateway (OpenAI, Anthropic) with TITO recording.
 - ``EnginePool``: rollout engines, drain with transparent re-issue, bounded queue; ``KVMigrator`` hook.
-- ``TrajectoryProjection`` and ``load_tree`` / ``load_calls`` / ``list_executions`` / ``path_mask``: the
-  trajectory store the trainer reads; ``export_execution`` / ``export_path``: ATIF.
+- ``TrajectoryProjection`` and ``load_tree`` / ``load_execution`` / ``load_calls`` / ``resolve_stored`` /
+  ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
+  ``export_execution`` / ``export_path``: ATIF.
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
@@ -24,7 +25,16 @@ if TYPE_CHECKING:
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._store import TrajectoryProjection
     from ._tito import ExecutionTrajectory
-    from ._trees import ExecutionSummary, StoredCall, list_executions, load_calls, load_tree, path_mask
+    from ._trees import (
+        ExecutionSummary,
+        StoredCall,
+        list_executions,
+        load_calls,
+        load_execution,
+        load_tree,
+        path_mask,
+        resolve_stored,
+    )
 
 _WHERE = {
     "ATIF_VERSION": "_atif",
@@ -47,8 +57,10 @@ _WHERE = {
     "StoredCall": "_trees",
     "list_executions": "_trees",
     "load_calls": "_trees",
+    "load_execution": "_trees",
     "load_tree": "_trees",
     "path_mask": "_trees",
+    "resolve_stored": "_trees",
 }
 
 __all__ = [
@@ -72,8 +84,10 @@ __all__ = [
     "export_path",
     "list_executions",
     "load_calls",
+    "load_execution",
     "load_tree",
     "path_mask",
+    "resolve_stored",
 ]
 
 

@@ -35,6 +35,7 @@ from opengyre.events import (
     subject_token,
 )
 from opengyre.models import load_tokenizer
+from opengyre.trajectory import PayloadUnavailable
 
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
@@ -73,7 +74,6 @@ class GatewayConfig:
     context_length: int | None = None  # default: the tokenizer's model_max_length
     default_max_tokens: int = 4096
     max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
-    inline_context_limit: int = 64 * 1024
     max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
     engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
@@ -142,7 +142,6 @@ class Gateway:
             event_log,
             outbox_path=Path(c.outbox_path) if c.outbox_path else None,
             outbox_fsync=c.outbox_fsync,
-            inline_context_limit=c.inline_context_limit,
             max_events=c.outbox_max_events,
             max_bytes=c.outbox_max_bytes,
             retry_after_s=c.outbox_retry_after_s,
@@ -210,7 +209,17 @@ class Gateway:
                 fut = asyncio.ensure_future(self.restore(execution_id))
                 self._restoring[execution_id] = fut
                 fut.add_done_callback(lambda _f: self._restoring.pop(execution_id, None))
-            restored = await asyncio.shield(fut)
+            try:
+                restored = await asyncio.shield(fut)
+            except PayloadUnavailable as exc:
+                if exc.reason == "payload-compacted":  # training consumed it long ago: it cannot be extended
+                    raise ApiError.invalid(
+                        f"execution {execution_id} cannot continue: retention compacted its recorded calls "
+                        f"after a training step consumed them ({exc})"
+                    ) from exc
+                raise ApiError(
+                    503, "api_error", f"execution {execution_id}: its recorded calls cannot be read ({exc})"
+                ) from exc
             if restored is not None and execution_id not in self._executions:
                 return self._keep(execution_id, restored)
         return self.execution(execution_id)

@@ -11,13 +11,13 @@ from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
 from opengyre.runtime import Service, ServiceContext
-from opengyre.trajectory import TrajectoryTree
+from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
 from ._atif import export_execution
 from ._gateway import Gateway
 from ._keys import ROLES
-from ._trees import StoredCall, list_executions, load_calls
+from ._trees import StoredCall, list_executions, load_calls, resolve_stored
 
 __all__ = ["ProxyServicer"]
 
@@ -130,7 +130,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             ]
         )
 
-    async def _calls(self, execution_id: str, context: Ctx) -> tuple[TrajectoryTree, list[StoredCall]]:
+    async def _stored(self, execution_id: str, context: Ctx) -> list[StoredCall]:
         def q() -> list[StoredCall]:
             with self._db.connect() as conn:
                 return load_calls(conn, execution_id)
@@ -138,11 +138,22 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         calls = await asyncio.to_thread(q)
         if not calls:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no recorded calls for execution {execution_id!r}")
+        return calls
+
+    async def _calls(self, execution_id: str, context: Ctx) -> tuple[TrajectoryTree, list[StoredCall]]:
+        """The execution's calls with their tokens (FAILED_PRECONDITION when retention compacted them)."""
+        try:
+            calls = await resolve_stored(self._ctx.log, await self._stored(execution_id, context))
+        except PayloadUnavailable as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{exc.reason}: {exc}")
+            raise
         return TrajectoryTree(execution_id, [c.event for c in calls]), calls
 
     async def GetTree(self, request: proxy_pb2.GetTreeRequest, context: Ctx) -> proxy_pb2.Tree:  # noqa: N802
-        tree, calls = await self._calls(request.execution_id, context)
-        leaves = set(tree.leaves())
+        # The shape needs the rows only (lengths stay after compaction), not the payloads.
+        calls = await self._stored(request.execution_id, context)
+        children = {c.event.parent_call_id for c in calls}
+        leaves = {c.event.call_id for c in calls if c.event.call_id not in children}
         nodes = []
         for c in calls:
             e = c.event
@@ -151,8 +162,8 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
                     call_id=e.call_id,
                     parent_call_id=e.parent_call_id or "",
                     prefix_len=e.prefix_len,
-                    prompt_delta_len=len(e.prompt_delta_ids),
-                    output_len=len(e.output_ids),
+                    prompt_delta_len=e.n_prompt_delta,
+                    output_len=e.n_output,
                     role=e.role,
                     weight_version=e.weight_version,
                     engine_id=e.engine_id,
@@ -163,7 +174,11 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
                     leaf=e.call_id in leaves,
                 )
             )
-        return proxy_pb2.Tree(execution_id=request.execution_id, nodes=nodes, leaves=tree.leaves())
+        return proxy_pb2.Tree(
+            execution_id=request.execution_id,
+            nodes=nodes,
+            leaves=[c.event.call_id for c in calls if c.event.call_id in leaves],
+        )
 
     async def GetPath(self, request: proxy_pb2.GetPathRequest, context: Ctx) -> proxy_pb2.Path:  # noqa: N802
         tree, _ = await self._calls(request.execution_id, context)

@@ -80,5 +80,11 @@ def render_metrics(gw: Gateway) -> str:
         "Attempts to hand the outbox to the log that failed (each is retried).",
         [(rec.send_failures, None)],
     )
+    metric(
+        "opengyre_proxy_payload_bytes_total",
+        "counter",
+        "Encoded token payload bytes stored (tokens, logprobs, context).",
+        [(rec.payload_bytes, None)],
+    )
     metric("opengyre_proxy_executions", "gauge", "Executions with live TITO state.", [(len(gw.executions()), None)])
     return "\n".join(out) + "\n"

@@ -14,7 +14,9 @@ after the window is never sent.
 Order: a child call's event must follow its parent's (the projection refuses unknown parents). A call is put
 after its parent's put returned, so the outbox is in order; a batch never holds a call together with its parent
 (the batch ends before such a call), so whatever part of a failed batch reached the log, no child is there
-without its parent. Contexts over the inline limit go to the object store first.
+without its parent. Each call's tokens, logprobs and context are
+stored once, by digest, in the payload stream first (``opengyre.trajectory.split_payload``); the event carries
+the reference.
 """
 
 from __future__ import annotations
@@ -24,20 +26,18 @@ import contextlib
 import logging
 from pathlib import Path
 
-import msgspec
 from nats.js.api import Header
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import InvalidEvent, ModelCallRecorded
+from opengyre.trajectory import split_payload
 
 from ._outbox import Outbox, RecordFailed
 
 __all__ = ["RecordFailed", "Recorder", "RecorderFull"]
 
 log = logging.getLogger(__name__)
-
-_enc = msgspec.json.Encoder()
 
 
 class RecorderFull(Exception):
@@ -55,7 +55,6 @@ class Recorder:
         *,
         outbox_path: Path | None = None,
         outbox_fsync: bool = True,
-        inline_context_limit: int = 64 * 1024,
         batch: int = 256,
         max_events: int = 100_000,
         max_bytes: int = 2 << 30,
@@ -64,7 +63,6 @@ class Recorder:
         publish_timeout_s: float = 10.0,
     ) -> None:
         self.log = event_log
-        self.inline_context_limit = inline_context_limit
         self.batch = batch
         self.max_events = max_events
         self.max_bytes = max_bytes
@@ -77,7 +75,7 @@ class Recorder:
         self.refused = 0  # calls refused because the outbox was full
         self.send_failures = 0  # drain attempts that failed (the log away, a timeout)
         self.found_in_log = 0  # outbox rows the log already held (a publish whose acknowledgement was lost)
-        self.blobs = 0
+        self.payload_bytes = 0  # encoded token payload bytes stored
         self._unsure = False  # some rows may be in the log already: look before sending them
         self._task: asyncio.Task[None] | None = None
 
@@ -154,16 +152,14 @@ class Recorder:
 
     # --- the drainer ------------------------------------------------------------------------------------
 
-    async def _externalise(self, e: ModelCallRecorded) -> ModelCallRecorded:
+    async def _externalise(self, batch: list[ModelCallRecorded]) -> list[ModelCallRecorded]:
+        """Store the batch's payloads (acknowledged before any event refers to them); the events to append."""
         assert self.log is not None
-        if e.context is None:
-            return e
-        body = _enc.encode(e.context)
-        if len(body) <= self.inline_context_limit:
-            return e
-        ref = await self.log.put_blob(f"ctx-{e.execution_id}-{e.call_id}", body)  # same name on a retry
-        self.blobs += 1
-        return msgspec.structs.replace(e, context=None, context_ref=ref)
+        # Encoding (varints, zlib, SHA-256) off the event loop: the gateway serves requests on it.
+        split = await asyncio.to_thread(lambda: [split_payload(e) for e in batch])
+        await self.log.payloads.put_many([(e.execution_id, raw) for e, raw in split])
+        self.payload_bytes += sum(len(raw) for _, raw in split)
+        return [e for e, _ in split]
 
     def _log_retry(self, state: RetryCallState) -> None:
         self.send_failures += 1
@@ -214,7 +210,7 @@ class Recorder:
             # Before this outbox's first publish: where to start looking if a publish's fate is ever unknown.
             await self.outbox.set_confirmed(await self.log.last_seq())
         async with asyncio.timeout(self.publish_timeout_s):
-            events = [await self._externalise(e) for _, e in batch]
+            events = await self._externalise([e for _, e in batch])
             acks = await self.log.append_many(events)
         await self.outbox.remove([i for i, _ in batch], max(a.seq for a in acks))
         self.recorded += len(batch)

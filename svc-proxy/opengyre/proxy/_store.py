@@ -1,8 +1,11 @@
 """The trajectory store: a projection of model-call-recorded events into per-call rows.
 
-Each row keeps exactly what the event carried (the token delta against the parent, the output and its
-logprobs, packed as little-endian arrays), so the tree of an execution is rebuilt from rows alone and a
-rebuild from the log gives the same bytes. ``proxy_executions`` keeps per-execution counters.
+A call recorded with its tokens out of band (``ModelCallRecorded.payload``, what the gateway writes) keeps
+the reference and the lengths only: the tokens, logprobs and context are stored once, in the payload stream,
+and read back by digest (``_trees.load_execution``). An inline call (v1 events, tools, tests) keeps exactly
+what the event carried, packed as little-endian arrays. ``payloads-compacted`` marks an execution's calls
+whose payloads retention deleted; their lengths and counts stay. A rebuild from the log gives the same bytes.
+``proxy_executions`` keeps per-execution counters.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import Event, ModelCallRecorded
+from opengyre.events import Event, ModelCallRecorded, PayloadsCompacted
 from opengyre.projection import Projection, Rejected
 from opengyre.store import STREAM_SEQ, Base
 
@@ -70,9 +73,16 @@ class CallRow(Base):
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     prefix_len: Mapped[int] = mapped_column(Integer)
     n_tokens: Mapped[int] = mapped_column(Integer)  # prompt + output length
+    n_prompt_delta: Mapped[int] = mapped_column(Integer)
+    n_output: Mapped[int] = mapped_column(Integer)
+    # Inline calls only (empty when the tokens are in the payload store):
     prompt_delta: Mapped[bytes] = mapped_column(LargeBinary)
     output_ids: Mapped[bytes] = mapped_column(LargeBinary)
     output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    # The payload's digest and size (None: inline), and the compaction that deleted it (None: still there).
+    payload_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    payload_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)
     role: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
     engine_id: Mapped[str] = mapped_column(String(255))
@@ -108,6 +118,8 @@ class ExecutionRow(Base):
     first_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     last_seq: Mapped[int] = mapped_column(STREAM_SEQ)
     last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    payload_bytes: Mapped[int] = mapped_column(STREAM_SEQ, server_default="0")  # encoded payloads referenced
+    compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)  # last compaction
 
 
 CALLS: Table = CallRow.__table__  # type: ignore[assignment]
@@ -117,16 +129,42 @@ EXECUTIONS: Table = ExecutionRow.__table__  # type: ignore[assignment]
 class TrajectoryProjection(Projection):
     name = "trajectories"
     aggregates = ("execution",)
-    event_types = frozenset({"model-call-recorded"})
+    event_types = frozenset({ModelCallRecorded.type_name(), PayloadsCompacted.type_name()})
 
     @property
     def tables(self) -> Sequence[Table]:
         return (CALLS, EXECUTIONS)
 
     def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if not isinstance(event, ModelCallRecorded):
-            return
-        e = event
+        if isinstance(event, ModelCallRecorded):
+            self._call(tx, event, seq)
+        elif isinstance(event, PayloadsCompacted):
+            self._compacted(tx, event, seq)
+
+    def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
+        if (
+            tx.execute(select(EXECUTIONS.c.execution_id).where(EXECUTIONS.c.execution_id == e.execution_id)).first()
+            is None
+        ):
+            raise Rejected(f"payloads of unknown execution {e.execution_id} compacted")
+        tx.execute(
+            update(CALLS)
+            .where(
+                CALLS.c.execution_id == e.execution_id,
+                CALLS.c.payload_digest.is_not(None),
+                CALLS.c.compacted_seq.is_(None),
+                CALLS.c.seq < seq,
+            )
+            .values(compacted_seq=seq)
+        )
+        tx.execute(update(EXECUTIONS).where(EXECUTIONS.c.execution_id == e.execution_id).values(compacted_seq=seq))
+
+    def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
+        ref = e.payload
+        if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs or e.context is not None):
+            raise Rejected(f"call {e.call_id}: tokens or context both inline and in a payload")
+        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
+            raise Rejected(f"call {e.call_id}: negative payload lengths")
         if len(e.output_ids) != len(e.output_logprobs):
             raise Rejected(f"call {e.call_id}: {len(e.output_ids)} output ids but {len(e.output_logprobs)} logprobs")
         key = (CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.call_id)
@@ -145,8 +183,8 @@ class TrajectoryProjection(Projection):
                 raise Rejected(f"call {e.call_id}: unknown parent {e.parent_call_id}")
             if not 0 <= e.prefix_len <= parent_len:
                 raise Rejected(f"call {e.call_id}: prefix_len {e.prefix_len} outside the parent's {parent_len} tokens")
-        prompt_len = e.prefix_len + len(e.prompt_delta_ids)
-        n_tokens = prompt_len + len(e.output_ids)
+        prompt_len = e.prefix_len + e.n_prompt_delta
+        n_tokens = prompt_len + e.n_output
         d = e.drift
         tx.execute(
             insert(CALLS).values(
@@ -157,6 +195,11 @@ class TrajectoryProjection(Projection):
                 parent_call_id=e.parent_call_id,
                 prefix_len=e.prefix_len,
                 n_tokens=n_tokens,
+                n_prompt_delta=e.n_prompt_delta,
+                n_output=e.n_output,
+                payload_digest=ref.digest if ref else None,
+                payload_size=ref.size if ref else None,
+                compacted_seq=None,
                 prompt_delta=pack_ids(e.prompt_delta_ids),
                 output_ids=pack_ids(e.output_ids),
                 output_logprobs=pack_floats(e.output_logprobs),
@@ -182,7 +225,8 @@ class TrajectoryProjection(Projection):
                 temperature=e.temperature,
             )
         )
-        stored = len(e.prompt_delta_ids) + len(e.output_ids)
+        stored = e.n_prompt_delta + e.n_output
+        size = ref.size if ref else 0
         ex = tx.execute(select(EXECUTIONS).where(EXECUTIONS.c.execution_id == e.execution_id)).first()
         if ex is None:
             tx.execute(
@@ -197,6 +241,8 @@ class TrajectoryProjection(Projection):
                     first_seq=seq,
                     last_seq=seq,
                     last_at=e.occurred_at,
+                    payload_bytes=size,
+                    compacted_seq=None,
                 )
             )
             return
@@ -212,5 +258,6 @@ class TrajectoryProjection(Projection):
                 flat_tokens=ex.flat_tokens + n_tokens,
                 last_seq=seq,
                 last_at=e.occurred_at,
+                payload_bytes=ex.payload_bytes + size,
             )
         )

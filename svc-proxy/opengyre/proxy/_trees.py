@@ -1,21 +1,24 @@
 """Reading the trajectory store: trees, leaves, root-to-leaf token paths with their generated-token mask.
 
-``load_tree(conn, execution_id)`` is what the trainer calls: it returns the shared
-``opengyre.trajectory.TrajectoryTree`` built from the stored rows, identical to the one the live events build.
+``await load_tree(db, log, execution_id)`` returns the shared ``opengyre.trajectory.TrajectoryTree`` built from
+the stored rows and the payloads they refer to, identical to the one the live events build. ``load_calls`` gives
+the rows as the events that recorded them (tokens still out of band); ``load_execution`` joins them back in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, Engine, Row, select
 
-from opengyre.events import CallTimings, DriftReport, ModelCallRecorded, ToolCallPayload, WeightSpan
-from opengyre.trajectory import PathSequence, TrajectoryError, TrajectoryTree
+from opengyre.eventlog import EventLog
+from opengyre.events import CallTimings, DriftReport, ModelCallRecorded, PayloadRef, ToolCallPayload, WeightSpan
+from opengyre.trajectory import PathSequence, PayloadUnavailable, TrajectoryError, TrajectoryTree, resolve_calls
 
 from ._store import CALLS, EXECUTIONS, unpack_floats, unpack_ids
 
@@ -24,8 +27,10 @@ __all__ = [
     "StoredCall",
     "list_executions",
     "load_calls",
+    "load_execution",
     "load_tree",
     "path_mask",
+    "resolve_stored",
 ]
 
 
@@ -41,14 +46,19 @@ class ExecutionSummary:
     first_seq: int
     last_seq: int
     last_at: datetime
+    payload_bytes: int = 0  # encoded token payloads its calls refer to
+    compacted_seq: int | None = None  # the last compaction of its payloads (None: none)
 
 
 @dataclass(frozen=True, slots=True)
 class StoredCall:
-    """One stored call, as the event that recorded it (``seq`` is its position in the log)."""
+    """One stored call, as the event that recorded it (``seq`` is its position in the log).
+
+    ``compacted``: retention deleted its payload (the event's lengths and counts remain)."""
 
     seq: int
     event: ModelCallRecorded
+    compacted: bool = False
 
 
 def _event(r: Row[Any]) -> ModelCallRecorded:
@@ -81,21 +91,52 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
         branch=r.branch,
         weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in json.loads(r.weight_versions)],
         temperature=r.temperature,
+        payload=PayloadRef(
+            digest=r.payload_digest, size=int(r.payload_size or 0), prompt_delta=r.n_prompt_delta, output=r.n_output
+        )
+        if r.payload_digest is not None
+        else None,
     )
 
 
 def load_calls(conn: Connection, execution_id: str) -> list[StoredCall]:
-    """The execution's calls in log order (parents before children)."""
+    """The execution's calls in log order (parents before children), as recorded: a call whose tokens are in
+    the payload store has empty token lists and its ``payload`` reference (``load_execution`` joins them)."""
     rows = conn.execute(select(CALLS).where(CALLS.c.execution_id == execution_id).order_by(CALLS.c.seq)).all()
-    return [StoredCall(seq=r.seq, event=_event(r)) for r in rows]
+    return [StoredCall(seq=r.seq, event=_event(r), compacted=r.compacted_seq is not None) for r in rows]
 
 
-def load_tree(conn: Connection, execution_id: str) -> TrajectoryTree:
+async def resolve_stored(log: EventLog | None, calls: Sequence[StoredCall]) -> list[StoredCall]:
+    """The calls with their payloads joined back in. Raises ``PayloadUnavailable``: ``payload-compacted`` for a
+    call retention compacted, ``payload-missing`` / ``payload-corrupt`` for one the payload store cannot give."""
+    for c in calls:
+        if c.compacted:
+            raise PayloadUnavailable(
+                "payload-compacted",
+                f"the payload of call {c.event.call_id} of {c.event.execution_id} was compacted (retention); "
+                "its lengths and counts remain in the store",
+            )
+    if log is None:
+        if any(c.event.payload is not None for c in calls):
+            raise PayloadUnavailable("payload-missing", "no event log to read the calls' payloads from")
+        return list(calls)
+    events = await resolve_calls(log, [c.event for c in calls])
+    return [replace(c, event=e) for c, e in zip(calls, events, strict=True)]
+
+
+async def load_execution(db: Engine, log: EventLog | None, execution_id: str) -> list[StoredCall]:
+    """The execution's calls in log order with their tokens, logprobs and context (see ``resolve_stored``)."""
+
+    def q() -> list[StoredCall]:
+        with db.connect() as conn:
+            return load_calls(conn, execution_id)
+
+    return await resolve_stored(log, await asyncio.to_thread(q))
+
+
+async def load_tree(db: Engine, log: EventLog | None, execution_id: str) -> TrajectoryTree:
     """The trajectory tree of one execution from the store (empty if nothing was recorded)."""
-    tree = TrajectoryTree(execution_id)
-    for c in load_calls(conn, execution_id):
-        tree.add(c.event)
-    return tree
+    return TrajectoryTree(execution_id, [c.event for c in await load_execution(db, log, execution_id)])
 
 
 def list_executions(conn: Connection, execution_ids: Sequence[str] | None = None) -> list[ExecutionSummary]:
@@ -114,6 +155,8 @@ def list_executions(conn: Connection, execution_ids: Sequence[str] | None = None
             first_seq=r.first_seq,
             last_seq=r.last_seq,
             last_at=r.last_at,
+            payload_bytes=r.payload_bytes,
+            compacted_seq=r.compacted_seq,
         )
         for r in conn.execute(q).all()
     ]

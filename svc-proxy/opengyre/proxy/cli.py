@@ -14,7 +14,6 @@ from .engine._cli import engine_command
 
 if TYPE_CHECKING:
     from opengyre.config import Settings
-    from opengyre.trajectory import TrajectoryTree
 
     from ._trees import StoredCall
 
@@ -53,10 +52,9 @@ def key_command(
     typer.echo(json.dumps(out, indent=2))
 
 
-def _load_execution(settings: Settings, execution_id: str) -> tuple[list[StoredCall], TrajectoryTree]:
-    """An execution's recorded calls and tree from the store; a clear error when it has none."""
+def _stored_calls(settings: Settings, execution_id: str) -> list[StoredCall]:
+    """An execution's recorded calls from the store (tokens still by reference); a clear error when it has none."""
     from opengyre.store import create_db_engine
-    from opengyre.trajectory import TrajectoryTree
 
     from ._trees import load_calls
 
@@ -68,7 +66,7 @@ def _load_execution(settings: Settings, execution_id: str) -> tuple[list[StoredC
         engine.dispose()
     if not calls:
         raise fail(f"no recorded calls for execution {execution_id!r}")
-    return calls, TrajectoryTree(execution_id, [c.event for c in calls])
+    return calls
 
 
 @proxy_app.command("tree")
@@ -78,8 +76,9 @@ def tree_command(
     db_url: DbUrlOpt = None,
 ) -> None:
     """Print an execution's trajectory tree from the store (one line per call, indented by depth)."""
-    calls, tree = _load_execution(settings_from(data_dir, None, db_url), execution_id)
-    leaves = set(tree.leaves())
+    calls = _stored_calls(settings_from(data_dir, None, db_url), execution_id)
+    parents = {c.event.parent_call_id for c in calls}
+    leaves = {c.event.call_id for c in calls if c.event.call_id not in parents}
     depth: dict[str, int] = {}
     for c in calls:
         e = c.event
@@ -88,7 +87,7 @@ def tree_command(
         drift = f" drift@{e.drift.position}" if e.drift else ""
         typer.echo(
             f"{'  ' * depth[e.call_id]}{e.call_id[:12]} {e.role:<17} {e.branch:<9} prefix={e.prefix_len} "
-            f"+{len(e.prompt_delta_ids)} out={len(e.output_ids)} {e.finish_reason} w={e.weight_version} "
+            f"+{e.n_prompt_delta} out={e.n_output} {e.finish_reason} w={e.weight_version} "
             f"engine={e.engine_id}{drift} {mark}".rstrip()
         )
 
@@ -100,22 +99,31 @@ def atif_command(
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
 ) -> None:
-    """Print an execution as ATIF JSON (contexts stored out of band are fetched from the event log)."""
+    """Print an execution as ATIF JSON (token payloads and out-of-band contexts are read from the event log)."""
     import asyncio
+
+    from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 
     from ._atif import export_execution
     from ._grpc import resolve_contexts
+    from ._trees import resolve_stored
 
     settings = settings_from(data_dir, nats_url, db_url)
-    calls, tree = _load_execution(settings, execution_id)
+    stored = _stored_calls(settings, execution_id)
+
+    async def fetch() -> tuple[list[StoredCall], dict[str, dict[str, object]]]:
+        async with log_session(settings) as log:
+            calls = await resolve_stored(log, stored)
+            return calls, await resolve_contexts(log, calls)
+
+    calls: list[StoredCall] = stored  # inline calls (older logs) need no event log
     contexts: dict[str, dict[str, object]] = {}
-    if any(c.event.context is None and c.event.context_ref for c in calls):
-
-        async def fetch() -> dict[str, dict[str, object]]:
-            async with log_session(settings) as log:
-                return await resolve_contexts(log, calls)
-
-        contexts = asyncio.run(fetch())
+    if any(c.event.payload is not None or c.event.context_ref for c in stored):
+        try:
+            calls, contexts = asyncio.run(fetch())
+        except PayloadUnavailable as exc:
+            raise fail(f"cannot export {execution_id}: {exc}") from exc
+    tree = TrajectoryTree(execution_id, [c.event for c in calls])
     typer.echo(json.dumps(export_execution(tree, calls, contexts=contexts), indent=2))
 
 

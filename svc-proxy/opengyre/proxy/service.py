@@ -90,14 +90,10 @@ class ProxyService(Service):
         from ._grpc import resolve_contexts
         from ._restore import restore_trajectory
         from ._tito import ExecutionTrajectory
-        from ._trees import StoredCall, load_calls
+        from ._trees import load_execution
 
         async def restore(execution_id: str) -> ExecutionTrajectory | None:
-            def q() -> list[StoredCall]:
-                with ctx.engine.connect() as conn:
-                    return load_calls(conn, execution_id)
-
-            calls = await asyncio.to_thread(q)
+            calls = await load_execution(ctx.engine, ctx.log, execution_id)
             if not calls or self.gateway is None:
                 return None
             contexts = await resolve_contexts(ctx.log, calls)

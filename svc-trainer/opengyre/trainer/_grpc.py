@@ -109,8 +109,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"trajectory rejected: {corrupt[request.execution_id]}"
             )
+        payloads = await self._store.fetch_payloads(self._ctx.log, [request.execution_id])
         try:
-            tree = await asyncio.to_thread(self._store.tree, request.execution_id)
+            tree = await asyncio.to_thread(self._store.tree, request.execution_id, payloads)
         except TrajectoryError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             raise

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from sqlalchemy import Row
 
-from opengyre.eventlog import EventLog
+from opengyre.eventlog import EventLog, PayloadFetch
 from opengyre.events import TrainingStepCompleted, WeightsPublished
 from opengyre.models import checkpoint_info, load_checkpoint, model_config
 
@@ -230,14 +230,22 @@ class OnlineTrainer:
         failed = self.store.served_after(execution_ids, since)
         return {e: f"engine-load-failed:{engine}" for e, engine in failed.items()}
 
-    def prepare(self, groups: list[ReadyGroup], prior: tuple[int, int] = (0, 0)) -> PreparedStep:
+    async def prepare_async(self, groups: list[ReadyGroup], prior: tuple[int, int] = (0, 0)) -> PreparedStep:
+        """Read the groups' token payloads from the payload store, then ``prepare`` (in a worker thread)."""
+        ids = [o.execution_id for g in groups for o in g.outcomes]
+        payloads = await self.store.fetch_payloads(self.log, ids, self.stop)
+        return await asyncio.to_thread(self.prepare, groups, prior, payloads)
+
+    def prepare(
+        self, groups: list[ReadyGroup], prior: tuple[int, int] = (0, 0), payloads: PayloadFetch | None = None
+    ) -> PreparedStep:
         ids = [o.execution_id for g in groups for o in g.outcomes]
         return prepare_step(
             self.step_no + 1,
             groups,
             policy=self.policy,
             sampler=self.sampler,
-            load_tree=self.store.tree,
+            load_tree=lambda eid: self.store.tree(eid, payloads),
             corrupt=self.store.corrupt(ids),
             untrusted=self.untrusted(ids),
             version_steps=self.store.version_steps(self.config.run_id),
@@ -287,7 +295,7 @@ class OnlineTrainer:
         chosen = self.pick(await asyncio.to_thread(self.ready))
         if chosen is None:
             return None
-        prepared = await asyncio.to_thread(self.prepare, chosen)
+        prepared = await self.prepare_async(chosen)
         if not prepared.samples:
             return prepared, None
         minibatches = self.plan(prepared.samples, prepared.step)
@@ -324,7 +332,7 @@ class OnlineTrainer:
                 group = fresh[0]
                 used.add(group.group_id)
                 prior = (prepared.step_samples, prepared.step_dropped) if prepared is not None else (0, 0)
-                part = await asyncio.to_thread(self.prepare, [group], prior)
+                part = await self.prepare_async([group], prior)
                 for mb in self._pack(part.samples):
                     buffer.put(mb)
                 if prepared is None:

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from opengyre.trajectory import TrajectoryError, TrajectoryTree
+from opengyre.trajectory import PayloadUnavailable, TrajectoryError, TrajectoryTree
 
 from ._admission import AdmissionPolicy, Decision, GroupAdmission, GroupInput, classify_outcome
 from ._cost import SampleCost, sample_cost
@@ -173,6 +173,8 @@ def _check(
         return "excluded", f"rejected:{corrupt[eid]}"
     try:
         tree = load_tree(eid)
+    except PayloadUnavailable as exc:  # its recorded tokens are gone or damaged: never trained on a guess
+        return "excluded", exc.reason
     except TrajectoryError as exc:
         return "excluded", f"corrupt-trajectory:{str(exc)[:40]}"
     if vocab_size is not None and (top := _largest_token(tree)) >= vocab_size:

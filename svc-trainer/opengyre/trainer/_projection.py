@@ -4,7 +4,8 @@ It validates as it folds. A call that cannot be a node of its execution's tree (
 parent, a prefix past the parent's tokens, mismatched output/logprob lengths, impossible logprobs), a finish
 for an unknown or finished execution, or a step that consumes something unknown or consumed is rejected with
 a reason: dead-lettered by the runner, never trained on. An execution with a rejected call is corrupt (see
-``TrainerStore.corrupt``).
+``TrainerStore.corrupt``). A call whose tokens are in the payload store is checked here for what its event
+carries (lengths, prefix, spans) and for its ids and logprobs when a step reads the payload.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from opengyre.events import (
     ExecutionDispatched,
     ExecutionFinished,
     ModelCallRecorded,
+    PayloadsCompacted,
     TrainingStepCompleted,
     WeightsPublished,
 )
@@ -61,6 +63,7 @@ class TrainerProjection(Projection):
             ExecutionFinished.type_name(),
             TrainingStepCompleted.type_name(),
             WeightsPublished.type_name(),
+            PayloadsCompacted.type_name(),
         }
     )
 
@@ -83,6 +86,8 @@ class TrainerProjection(Projection):
             self._cell(tx, event.cell_id, event.role, event.engine_url, seq, registered=True)
         elif isinstance(event, CellRoleChanged):
             self._cell(tx, event.cell_id, event.to_role, event.engine_url, seq, registered=False)
+        elif isinstance(event, PayloadsCompacted):
+            self._compacted(tx, event, seq)
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
@@ -113,6 +118,12 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("unknown-execution", f"call {e.call_id} for unknown execution {e.execution_id}")
         if ex.status != "running":
             raise TrajectoryRejected("call-after-finish", f"call {e.call_id} after {e.execution_id} finished")
+        ref = e.payload
+        if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs):
+            raise TrajectoryRejected("ambiguous-tokens", f"call {e.call_id}: tokens both inline and in a payload")
+        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
+            raise TrajectoryRejected("bad-payload-ref", f"call {e.call_id}: negative payload lengths")
+        # A payload's ids and logprobs are checked when a step reads it (``TrainerStore.tree``); inline ones here.
         if len(e.output_ids) != len(e.output_logprobs):
             raise TrajectoryRejected(
                 "length-mismatch", f"call {e.call_id}: {len(e.output_ids)} ids, {len(e.output_logprobs)} logprobs"
@@ -123,7 +134,7 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
         if e.prefix_len < 0:
             raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")
-        n_out = len(e.output_ids)
+        n_out = e.n_output
         if any(not (0 <= w.start < w.end <= n_out) for w in e.weight_versions):
             raise TrajectoryRejected(
                 "bad-weight-spans", f"call {e.call_id}: a version span outside its {n_out} outputs"
@@ -148,12 +159,17 @@ class TrainerProjection(Projection):
                 ordinal=len(tokens),
                 parent_call_id=e.parent_call_id,
                 prefix_len=e.prefix_len,
-                n_tokens=e.prefix_len + len(e.prompt_delta_ids) + len(e.output_ids),
+                n_tokens=e.prefix_len + e.n_prompt_delta + n_out,
+                n_prompt_delta=e.n_prompt_delta,
+                n_output=n_out,
                 role=e.role,
                 weight_version=e.weight_version,
                 prompt_delta=encode_ids(e.prompt_delta_ids),
                 output_ids=encode_ids(e.output_ids),
                 output_logprobs=encode_floats(e.output_logprobs),
+                payload_digest=ref.digest if ref else None,
+                payload_size=ref.size if ref else None,
+                compacted_seq=None,
                 seq=seq,
                 weight_spans=encode_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
                 temperature=e.temperature,
@@ -164,8 +180,23 @@ class TrainerProjection(Projection):
         tx.execute(
             update(_E)
             .where(_E.c.execution_id == e.execution_id)
-            .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + len(e.output_ids))
+            .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + n_out)
         )
+
+    def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
+        if self._execution(tx, e.execution_id) is None:
+            raise TrajectoryRejected("unknown-execution", f"payloads of unknown execution {e.execution_id} compacted")
+        tx.execute(
+            update(_C)
+            .where(
+                _C.c.execution_id == e.execution_id,
+                _C.c.payload_digest.is_not(None),
+                _C.c.compacted_seq.is_(None),
+                _C.c.seq < seq,
+            )
+            .values(compacted_seq=seq)
+        )
+        tx.execute(update(_E).where(_E.c.execution_id == e.execution_id).values(compacted_seq=seq))
 
     def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
         ex = self._execution(tx, e.execution_id)

@@ -33,10 +33,12 @@ class ExecutionRow(Base):
     consumed_run: Mapped[str | None] = mapped_column(String(64), nullable=True)
     consumed_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     consumed_as: Mapped[str | None] = mapped_column(String(96), nullable=True)  # "train" or the drop reason
+    compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)  # its payloads were deleted
 
 
 class CallRow(Base):
-    """One model call (a trajectory-tree node): its token delta, output and behaviour logprobs."""
+    """One model call (a trajectory-tree node): its token delta, output and behaviour logprobs, inline or (as the
+    proxy records them) by reference to the payload stored once, which the trainer reads when it builds a step."""
 
     __tablename__ = "trainer_calls"
 
@@ -46,11 +48,17 @@ class CallRow(Base):
     parent_call_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     prefix_len: Mapped[int] = mapped_column(Integer)
     n_tokens: Mapped[int] = mapped_column(Integer)  # prompt + output: what a child's prefix_len may reach
+    n_prompt_delta: Mapped[int] = mapped_column(Integer)
+    n_output: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(32))
     weight_version: Mapped[str] = mapped_column(String(64))
+    # Inline calls only (empty when the tokens are in the payload store):
     prompt_delta: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     output_ids: Mapped[bytes] = mapped_column(LargeBinary)  # int32 little-endian
     output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian
+    payload_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    payload_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)
     seq: Mapped[int] = mapped_column(STREAM_SEQ)
     # JSON [[version, start, end], ...] when the weights changed during the call ("" when they did not)
     weight_spans: Mapped[str] = mapped_column(Text, server_default="")

@@ -241,18 +241,29 @@ def preview_command(
     max_paths: Annotated[int, typer.Option(help="Jmax (0 = all paths)")] = 5,
     seed: Annotated[int, typer.Option()] = 0,
     data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
 ) -> None:
     """Show the bounded sample of one execution: drawn paths, targets, and the cost against all paths."""
+    from opengyre.eventlog import PayloadFetch
     from opengyre.trajectory import TrajectoryError
 
     from ._cost import sample_cost
     from ._sampling import PathSampler
     from ._store import TrainerStore
 
-    store = TrainerStore(_engine(settings_from(data_dir, None, db_url).store_url("trainer")))
+    settings = settings_from(data_dir, nats_url, db_url)
+    store = TrainerStore(_engine(settings.store_url("trainer")))
+    payloads = None
+    if store.payload_keys([execution_id]):  # tokens stored by reference: read them from the event log
+
+        async def fetch() -> PayloadFetch:
+            async with log_session(settings) as log:
+                return await store.fetch_payloads(log, [execution_id])
+
+        payloads = asyncio.run(fetch())
     try:
-        tree = store.tree(execution_id)
+        tree = store.tree(execution_id, payloads)
     except TrajectoryError as exc:
         raise fail(str(exc)) from exc
     drawn = PathSampler(max_paths or None).sample(tree, random.Random(seed))

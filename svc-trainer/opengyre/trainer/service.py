@@ -17,6 +17,7 @@ from opengyre.v1 import trainer_pb2_grpc
 from ._config import TrainerConfig
 from ._grpc import TrainerServicer
 from ._projection import TrainerProjection
+from ._retention import RetentionPolicy, retention_loop
 from ._store import TrainerStore
 
 if TYPE_CHECKING:
@@ -51,10 +52,12 @@ class TrainerService(Service):
     )
     not_implemented = ()
 
-    def __init__(self) -> None:
+    def __init__(self, retention: RetentionPolicy | None = None) -> None:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[int] | None = None
         self._trainer: OnlineTrainer | None = None
+        self._retention = retention
+        self._compactor: asyncio.Task[None] | None = None
 
     def projections(self) -> Sequence[Projection]:
         return [TrainerProjection()]
@@ -64,6 +67,12 @@ class TrainerService(Service):
         return ("opengyre.v1.TrainerService",)
 
     async def start(self, ctx: ServiceContext) -> None:
+        self._stop.clear()
+        # Retention runs whether or not this process trains: it follows the steps the log records.
+        policy = self._retention or RetentionPolicy.from_env()
+        self._compactor = asyncio.create_task(
+            retention_loop(TrainerStore(ctx.engine), ctx.log, policy, self._stop), name="trainer-retention"
+        )
         path = ctx.settings.data_dir / CONFIG_FILE
         if not path.exists():
             log.info("trainer: no %s in %s, serving without training", CONFIG_FILE, ctx.settings.data_dir)
@@ -75,16 +84,16 @@ class TrainerService(Service):
         if config.metrics_port is not None:
             log.info("trainer: /metrics on port %d", trainer.serve_metrics())
         self._trainer = trainer
-        self._stop.clear()
         self._task = asyncio.create_task(trainer.run(self._stop), name="trainer-loop")
         self._task.add_done_callback(_report_crash)
         log.info("trainer: training run %s (%s, %s)", config.run_id, config.backend, config.algorithm)
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._compactor):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._compactor = None
         if self._trainer is not None:
             self._trainer.close()
             self._trainer = None

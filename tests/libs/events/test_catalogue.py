@@ -9,6 +9,7 @@ from opengyre.events import (
     Event,
     ExecutionFinished,
     ModelCallRecorded,
+    PayloadRef,
     default_registry,
     subject_token,
 )
@@ -29,6 +30,7 @@ REQUIRED = {
         "output_ids": [3],
         "output_logprobs": [-0.5],
     },
+    "payloads-compacted": {"execution_id": "e1", "step": 3, "calls": 2, "bytes": 900},
     "cell-registered": {"cell_id": "cell0"},
     "cell-role-changed": {"cell_id": "cell0", "from_role": "rollout", "to_role": "draining"},
     "training-step-completed": {"step": 1, "weight_version": "v1", "loss": 0.1, "n_samples": 4, "n_tokens": 100},
@@ -82,3 +84,25 @@ def test_model_call_events_carry_deltas_not_prefixes() -> None:
     fields = {f.name for f in msgspec.structs.fields(ModelCallRecorded)}
     assert {"prefix_len", "prompt_delta_ids", "parent_call_id", "output_logprobs", "weight_version"} <= fields
     assert "prompt_ids" not in fields
+
+
+def test_a_v1_model_call_decodes_as_v2_with_its_tokens_inline() -> None:
+    reg = default_registry()
+    body = (
+        b'{"type":"model-call-recorded","event_id":"0123456789abcdef0123456789abcdef",'
+        b'"occurred_at":"2026-11-29T12:00:00Z","execution_id":"e1","call_id":"c1",'
+        b'"prompt_delta_ids":[1,2],"output_ids":[3],"output_logprobs":[-0.5]}'
+    )
+    e = reg.decode("model-call-recorded", 1, body)
+    assert ModelCallRecorded.version == 2
+    assert isinstance(e, ModelCallRecorded) and e.payload is None
+    assert (e.prompt_delta_ids, e.output_ids, e.output_logprobs) == ([1, 2], [3], [-0.5])
+    assert (e.n_prompt_delta, e.n_output) == (2, 1)
+
+
+def test_a_model_call_by_reference_carries_its_lengths() -> None:
+    reg = default_registry()
+    ref = PayloadRef(digest="ab" * 32, size=40, prompt_delta=7, output=3)
+    e = ModelCallRecorded(execution_id="e1", call_id="c1", payload=ref)
+    back = reg.decode("model-call-recorded", 2, reg.encode(e))
+    assert back == e and (back.n_prompt_delta, back.n_output) == (7, 3) and back.output_ids == []
