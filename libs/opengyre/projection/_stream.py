@@ -88,9 +88,11 @@ def problem(
 async def check_stream(fold: FoldTransaction, log: EventLog, *, bind: bool = True) -> tuple[StreamNow, str | None]:
     """The stream now and why it must not be folded (None: it may). With ``bind``, a projection that has not
     recorded its stream yet (a fresh one, or tracking rows from before streams were recorded) takes this one."""
-    now = await _stream_now(log)
+    # The position first, the stream after: a runner folding meanwhile only moves the position up to what the
+    # stream already held, so "position past the stream's end" never comes from reading the two out of order.
     recorded = await asyncio.to_thread(fold.tracked_stream)
     position = await asyncio.to_thread(fold.position)
+    now = await _stream_now(log)
     check_seq = recorded.last_seq if recorded is not None else position
     id_at = await _event_id_at(log, check_seq) if now.created and 0 < check_seq <= now.last_seq else None
     why = problem(fold.projection.name, recorded, position, now, id_at)
