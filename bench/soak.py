@@ -58,7 +58,23 @@ from opengyre.proxy import ExecutionKeys
 CLI = [sys.executable, "-m", "opengyre.cli"]
 SERVICES = ("synth", "scheduler", "proxy", "trainer", "bench")
 MODEL = "opengyre-tiny"
-WORDS = "plan read the file then patch the failing test and run it again until green".split()
+WORDS = [
+    "plan",
+    "read",
+    "the",
+    "file",
+    "then",
+    "patch",
+    "the",
+    "failing",
+    "test",
+    "and",
+    "run",
+    "it",
+    "again",
+    "until",
+    "green",
+]
 
 
 def free_port() -> int:
@@ -316,10 +332,12 @@ class Driver:
         finally:
             await pub.close()
 
-    async def faulter(self, stop: asyncio.Event, targets: list[str], every: float, rng: random.Random) -> None:
+    async def faulter(
+        self, stop: asyncio.Event, targets: list[str], every: float, duration: float, rng: random.Random
+    ) -> None:
         order: list[str] = []
         k = 0
-        while True:
+        while (k + 1) * every < duration:  # no fault at the very end: the traffic after it shows the recovery
             k += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, k * every - self.now()))
@@ -389,7 +407,9 @@ def read_applied(data: Path) -> Applied:
 
 def settled(stack: Stack, in_log: dict[str, list[int]], applied: Applied) -> bool:
     seqs = {s for v in in_log.values() for s in v}
-    return stack.outbox_waiting() == 0 and all(seqs <= applied.tracked.get(p, set()) for p in ("trajectories", "trainer"))
+    return stack.outbox_waiting() == 0 and all(
+        seqs <= applied.tracked.get(p, set()) for p in ("trajectories", "trainer")
+    )
 
 
 async def drain(stack: Stack, bound_s: float) -> tuple[dict[str, list[int]], dict[str, int], Applied, bool]:
@@ -475,11 +495,15 @@ def summarize(
 
 def report(s: dict[str, Any]) -> None:
     print()
-    print(f"soak: {s['elapsed_s']} s, {s['executions']} executions, {len(s['faults'])} faults, `up` run {s['stack_ups']}x")
+    print(
+        f"soak: {s['elapsed_s']} s, {s['executions']} executions, {len(s['faults'])} faults, `up` run {s['stack_ups']}x"
+    )
     print(f"  calls attempted      {s['attempted']:>8}")
     print(f"  acknowledged (200)   {s['acknowledged']:>8}   ({s['acked_per_s']} /s)")
     print(f"  refused (errors)     {s['refused']:>8}   {', '.join(s['refusals'])}")
-    print(f"  recorded in the log  {s['recorded_calls']:>8}   ({s['recorded_events']} events; {s['recorded_refused']} of calls the client saw fail)")
+    print(
+        f"  recorded in the log  {s['recorded_calls']:>8}   ({s['recorded_events']} events; {s['recorded_refused']} of calls the client saw fail)"
+    )
     print(f"  applied: proxy store {s['applied_proxy']:>8}   trainer store {s['applied_trainer']}")
     print(f"  lost                 {s['lost']:>8}")
     print(f"  doubled              {s['doubled']:>8}")
@@ -487,7 +511,9 @@ def report(s: dict[str, Any]) -> None:
     print(f"  drained              {s['drained']!s:>8}")
     if s["faults"]:
         print()
-        print(f"  {'#':>2} {'at s':>7} {'target':<15} {'pid':>7} {'acked':>6} {'refused':>7} {'recovery s':>10} {'lost':>5} {'doubled':>7}")
+        print(
+            f"  {'#':>2} {'at s':>7} {'target':<15} {'pid':>7} {'acked':>6} {'refused':>7} {'recovery s':>10} {'lost':>5} {'doubled':>7}"
+        )
         for i, f in enumerate(s["faults"], 1):
             rec = "-" if f["recovery_s"] is None else f"{f['recovery_s']:.1f}"
             print(
@@ -513,7 +539,9 @@ async def soak(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     targets = targets or sorted(known)
     if unknown := set(targets) - known:
         raise SystemExit(f"unknown targets {sorted(unknown)}; known: {sorted(known)}")
-    print(f"soak: data {data}, services {services}, targets {targets}, every {args.fault_every} s for {args.duration} s")
+    print(
+        f"soak: data {data}, services {services}, targets {targets}, every {args.fault_every} s for {args.duration} s"
+    )
     stack.start_engine()
     try:
         stack.up()
@@ -529,7 +557,9 @@ async def soak(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         async with httpx.AsyncClient(limits=limits, timeout=90) as http:
             driver.t0 = time.monotonic()
             tasks = [asyncio.create_task(driver.client(c, stop, http)) for c in range(args.clients)]
-            faults = asyncio.create_task(driver.faulter(stop, targets, args.fault_every, random.Random(args.seed)))
+            faults = asyncio.create_task(
+                driver.faulter(stop, targets, args.fault_every, args.duration, random.Random(args.seed))
+            )
             last = 0.0
             while driver.now() < args.duration:
                 await asyncio.sleep(1)

@@ -50,9 +50,11 @@ async def test_rejections_are_recorded_with_reasons(event_log: EventLog, engine:
         ExecutionFinished(execution_id="x", status="evaluator-failed", score=0.3),  # a failure carrying a score
         ExecutionFinished(execution_id="x", status="timed-out", score=0.25),
         ExecutionFinished(execution_id="x", status="completed", score=1.0),  # finished twice
-        good[2],  # a call after the finish
+        good[2],  # answered before the finish, in the log after it (the proxy's outbox drained late): applied
         ExecutionDispatched(execution_id="x", task_id="t", group_id="g"),
         TrainingStepCompleted(step=1, weight_version="v1", loss=0.0, n_samples=0, n_tokens=0, execution_ids=["zzz"]),
+        TrainingStepCompleted(step=2, weight_version="v1", loss=0.0, n_samples=0, n_tokens=0, execution_ids=["x"]),
+        good[3],  # after a step consumed the execution: its samples are fixed
     ]
     await event_log.append_many(events)
     await catch_up(ProjectionRunner(TrainerProjection(), event_log, engine))
@@ -70,23 +72,22 @@ async def test_rejections_are_recorded_with_reasons(event_log: EventLog, engine:
         "unknown-execution",
         "score-on-failure",
         "already-finished",
-        "call-after-finish",
         "duplicate-execution",
         "unknown-execution",
+        "call-after-consumed",
     ]
     store = TrainerStore(engine)
     row = store.execution("x")
     assert row is not None
-    assert (row["status"], row["score"], row["verdict"], row["n_calls"]) == ("timed-out", 0.25, "ok", 2)
+    assert (row["status"], row["score"], row["verdict"], row["n_calls"]) == ("timed-out", 0.25, "ok", 3)
     assert store.corrupt(["x"]) == {"x": "length-mismatch"}
-    assert len(store.tree("x")) == 2  # only the calls that fit
+    assert len(store.tree("x")) == 3  # only the calls that fit
 
 
 async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
     events = [
         *group("g1", [("completed", 1.0, None), ("timed-out", 0.5, None), ("evaluator-failed", None, "evaluator")]),
         *group("g2", [("completed", 0.0, None), ("infra-failed", None, "oom")], seed=1),
-        bad_call("g1-e0", "late"),
         TrainingStepCompleted(
             step=1,
             weight_version="default-s1",
@@ -97,6 +98,7 @@ async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
             dropped={"g1-e2": "excluded:evaluator-failure"},
             metrics={"grad_norm": 0.5},
         ),
+        bad_call("g1-e0", "late"),  # after the step consumed it: dead-lettered
         WeightsPublished(weight_version="default-s1", step=1, uri="/tmp/ckpt", digest="abc"),
         WeightsPublished(weight_version="default-s1", step=1, uri="/tmp/ckpt", digest="abc"),
         CellRegistered(cell_id="c1", role="rollout", engine_url="http://e1"),

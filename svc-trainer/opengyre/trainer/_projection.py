@@ -116,8 +116,14 @@ class TrainerProjection(Projection):
         ex = self._execution(tx, e.execution_id)
         if ex is None:
             raise TrajectoryRejected("unknown-execution", f"call {e.call_id} for unknown execution {e.execution_id}")
-        if ex.status != "running":
-            raise TrajectoryRejected("call-after-finish", f"call {e.call_id} after {e.execution_id} finished")
+        # A call may follow its execution's finish in the log: the proxy answers a call once it is in its durable
+        # outbox and hands it to the log after, so the finish a runtime appends when the harness ends can overtake
+        # the last calls (the soak saw it for a third of executions). Such a call belongs to the execution until a
+        # step has consumed it; after that the step's samples are fixed and the call is refused.
+        if ex.consumed_step is not None:
+            raise TrajectoryRejected(
+                "call-after-consumed", f"call {e.call_id} after step {ex.consumed_step} consumed {e.execution_id}"
+            )
         ref = e.payload
         if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs):
             raise TrajectoryRejected("ambiguous-tokens", f"call {e.call_id}: tokens both inline and in a payload")
