@@ -335,12 +335,13 @@ class Driver:
     async def faulter(
         self, stop: asyncio.Event, targets: list[str], every: float, duration: float, rng: random.Random
     ) -> None:
+        """A SIGKILL every ``every`` seconds; one whose recovery (an operator's restart) overran leaves at least
+        half a period before the next, so faults never pile up on a stack still coming back."""
         order: list[str] = []
-        k = 0
-        while (k + 1) * every < duration:  # no fault at the very end: the traffic after it shows the recovery
-            k += 1
+        at = every
+        while at < duration:  # no fault at the very end: the traffic after it shows the recovery
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, k * every - self.now()))
+                await asyncio.wait_for(stop.wait(), max(0.0, at - self.now()))
             if stop.is_set():
                 return
             if not order:
@@ -351,6 +352,7 @@ class Driver:
             self.faults.append(fault)
             print(f"[{fault.at:7.1f}s] SIGKILL {target} (pid {pid})", flush=True)
             await asyncio.to_thread(self.stack.recover, target, pid)
+            at = max(fault.at + every, self.now() + every / 2)
 
 
 # ---------------------------------------------------------------------------------------------------- counting

@@ -15,7 +15,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now. The servers we start (gRPC, nats-server, the gateway) bind
+    with SO_REUSEADDR, so the check does too: without it, the TIME_WAIT connections a killed server leaves on its
+    port for a minute make a free port look taken, and a restart on an explicit port fails."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
