@@ -25,7 +25,8 @@ to drain (the proxy's outbox empty, every recorded call folded by both projectio
 * lost: acknowledged but not recorded, or recorded but not applied by a projection;
 * doubled: two events for one call, or a projection dead-lettering a call as already recorded.
 
-Exits 1 when anything is lost or doubled, or when the stack did not drain (stuck).
+After the traffic one more call is retried until answered: the stack serves again after the last fault. Exits 1
+when anything is lost or doubled, or when the stack does not serve again or does not drain (stuck).
 """
 
 from __future__ import annotations
@@ -332,6 +333,31 @@ class Driver:
         finally:
             await pub.close()
 
+    async def probe(self, http: httpx.AsyncClient, bound_s: float) -> bool:
+        """After the traffic: one more execution whose one call is retried until answered (bounded), so the stack
+        is shown to serve again after the last fault, or to be stuck."""
+        pub = Publisher(self.stack)
+        eid = f"soak-{self.seed}-probe-{uuid.uuid4().hex[:6]}"
+        try:
+            await pub.append(ExecutionDispatched(execution_id=eid, task_id="soak", group_id=eid))
+            keys = ExecutionKeys(bytes.fromhex((self.stack.data / "proxy.secret").read_text().strip()))
+            client = openai.AsyncOpenAI(
+                base_url=f"{self.stack.proxy_url}/x/{eid}/v1",
+                api_key=keys.issue(eid),
+                max_retries=0,
+                timeout=90,
+                http_client=http,
+            )
+            deadline = time.monotonic() + bound_s
+            while time.monotonic() < deadline:
+                if await self._call(-1, eid, 0, client, [{"role": "user", "content": "still there?"}]) is not None:
+                    await pub.append(ExecutionFinished(execution_id=eid, status="completed", score=1.0))
+                    return True
+                await asyncio.sleep(1)
+            return False
+        finally:
+            await pub.close()
+
     async def faulter(
         self, stop: asyncio.Event, targets: list[str], every: float, duration: float, rng: random.Random
     ) -> None:
@@ -511,6 +537,7 @@ def report(s: dict[str, Any]) -> None:
     print(f"  doubled              {s['doubled']:>8}")
     print(f"  dead letters         {s['n_dead_letters']:>8}")
     print(f"  drained              {s['drained']!s:>8}")
+    print(f"  serving after faults {s['serving_after_faults']!s:>8}")
     if s["faults"]:
         print()
         print(
@@ -572,9 +599,11 @@ async def soak(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             stop.set()
             await faults
             await asyncio.gather(*tasks)
-        print(f"[{driver.now():7.1f}s] clients stopped; draining ...", flush=True)
+            print(f"[{driver.now():7.1f}s] clients stopped; a last call until answered ...", flush=True)
+            serving = await driver.probe(http, args.drain_bound)
+        print(f"[{driver.now():7.1f}s] draining ...", flush=True)
         in_log, kinds, applied, drained = await drain(stack, args.drain_bound)
-        return summarize(driver, in_log, kinds, applied, drained)
+        return summarize(driver, in_log, kinds, applied, drained) | {"serving_after_faults": serving}
     finally:
         stack.down()
 
@@ -601,7 +630,8 @@ def main() -> int:
     report(summary)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    return 0 if summary["lost"] == 0 and summary["doubled"] == 0 and summary["drained"] else 1
+    ok = summary["lost"] == 0 and summary["doubled"] == 0 and summary["drained"] and summary["serving_after_faults"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
