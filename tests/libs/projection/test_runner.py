@@ -4,16 +4,20 @@ and transient failures apply nothing twice."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select
 
 from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import EventLog
-from opengyre.events import ExecutionDispatched, ExecutionFinished
+from opengyre.events import Event, ExecutionDispatched, ExecutionFinished
 from opengyre.projection import FoldTransaction, ProjectionRunner, dump_rows, rebuild, replay_into
 from opengyre.runtime import all_projections
 from opengyre.store import DeadLetter, Tracking, create_db_engine, migrate
 
+from ..._polling import await_until
 from ._counting import CountingProjection, counts, metadata, sample_events
 
 
@@ -165,6 +169,65 @@ async def test_a_restarted_nats_server_is_rejoined_and_nothing_is_lost(tmp_path,
             assert c.execute(select(func.sum(counts.c.n))).scalar() == 300
             assert c.execute(select(func.count()).select_from(Tracking)).scalar() == 300
     finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await log.close()
+        server.stop()
+        engine.dispose()
+
+
+class _Held(CountingProjection):
+    """Blocks in ``apply`` once ``hold`` is set, so a test can act between a batch's fold and its ack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def apply(self, tx: Connection, event: Event, seq: int) -> None:
+        if self.hold.is_set():
+            self.hold.clear()
+            self.entered.set()
+            self.release.wait(60)
+        super().apply(tx, event, seq)
+
+
+async def test_a_log_gone_between_the_commit_and_the_ack_ends_nothing(tmp_path, log_config) -> None:  # type: ignore[no-untyped-def]
+    """nats-server stops answering after a batch was committed and before its ack is confirmed (the soak saw a
+    SIGKILLed nats-server end a service on the flush): the runner goes on, the batch is skipped when redelivered,
+    and every event is applied once."""
+    from opengyre.runtime import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    migrate(engine)
+    metadata.create_all(engine)
+    log = await EventLog.connect(server.url, log_config)
+    stop = asyncio.Event()
+    projection = _Held()
+    runner = ProjectionRunner(projection, log, engine, batch=1)
+    task = asyncio.create_task(runner.run(stop))
+    assert server.proc is not None
+    try:
+        await log.append_many(sample_events(10))
+        await runner.wait_caught_up(60)
+        projection.hold.set()
+        await log.append(ExecutionDispatched(execution_id="held", task_id="t", group_id="g"))
+        assert await asyncio.to_thread(projection.entered.wait, 60)
+        os.kill(server.proc.pid, signal.SIGSTOP)  # the server stops answering: the flush after the ack times out
+        try:
+            projection.release.set()
+            await await_until(lambda: runner.unacked == 1 or task.done(), "the ack failed", polls=1200)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert not task.done(), task.exception()
+        await log.append_many(sample_events(10))
+        await runner.wait_caught_up(60)
+        with engine.connect() as c:
+            assert c.execute(select(func.sum(counts.c.n))).scalar() == 31
+            assert c.execute(select(func.count()).select_from(Tracking)).scalar() == 31
+    finally:
+        projection.release.set()
         stop.set()
         await asyncio.wait_for(task, 30)
         await log.close()
