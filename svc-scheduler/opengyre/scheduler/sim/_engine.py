@@ -8,6 +8,7 @@ import uuid
 from bisect import bisect_left, insort
 from collections import deque
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from opengyre.events import (
     CellRegistered,
@@ -22,16 +23,26 @@ from .._commands import CommandRefused, arrival_role, check_role_request, core_h
 from .._packing import MicroStep
 from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
-from .._state import SchedulerState, as_seconds
+from .._state import SchedulerState
 from ._config import SimConfig
 from ._queue import EventQueue
 from ._result import SimResult, StepRecord, Usage, ideal_bound
 from ._slots import Slots
 from ._workload import GroupDurations
 
-__all__ = ["EPOCH", "SimulationStalled", "Simulator", "simulate"]
+__all__ = ["EPOCH", "SimulationStalled", "Simulator", "at_seconds", "simulate"]
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_EPOCH_US = (EPOCH - datetime(1970, 1, 1, tzinfo=UTC)) // _US
+
+
+def at_seconds(t: float) -> float:
+    """``as_seconds(EPOCH + timedelta(seconds=t))`` (what the fold records for an event at simulated time ``t``),
+    bit for bit, without building the datetime: the same microsecond rounding, one exact integer division."""
+    return (_EPOCH_US + timedelta(seconds=t) // _US) / 1_000_000
+
+
 _EXEC, _SWITCH, _MICRO, _STEP = 0, 1, 2, 3
 # GPU series the utilisation accounting follows (see ``Usage``).
 _BUSY, _ROLLOUT, _TRAIN_BUSY, _TRAINING, _OTHER = range(5)
@@ -104,6 +115,7 @@ class Simulator:
         self.move_gpu_s = 0.0
         self.switches = 0
         self._ref_gpus = config.costs.reference_gpus
+        self._record = config.record_events
 
     # --- plumbing ------------------------------------------------------------------------------------
 
@@ -149,13 +161,8 @@ class Simulator:
     def _at(self) -> datetime:
         if self.t != self._at_t:
             self._at_t, self._at_v = self.t, EPOCH + timedelta(seconds=self.t)
-            self._at_s = as_seconds(self._at_v)
+            self._at_s = at_seconds(self.t)
         return self._at_v
-
-    def _at_seconds(self) -> float:
-        """``as_seconds(self._at())``: what the fold records for an event now."""
-        self._at()
-        return self._at_s
 
     def _schedule(self, at: float, kind: int, key: str, payload: object = None) -> None:
         self._tie += 1
@@ -176,19 +183,21 @@ class Simulator:
             )  # fmt: skip
         self._settle()
         heap, state, steps = self._heap, self.state, self.loop.steps
-        pop, peek = heap.pop, heap.peek_time
+        pop, pop_at = heap.pop, heap.pop_at
         finish, handle, settle = self._finish, self._handle, self._settle
         while state.trained_step < steps:
             if not heap:
                 raise self._stalled(self._why_idle())
-            now = peek()
-            self.t = now
-            while heap and peek() == now:
-                _, _, kind, key, payload = pop()
+            first = pop()
+            now = self.t = first[0]
+            entry: tuple[float, int, int, Any, Any] | None = first
+            while entry is not None:  # every event of this instant, then the policy once
+                _, _, kind, key, payload = entry
                 if kind == _EXEC:  # most events: keep their path short
                     finish(key, payload)
                 else:
                     handle(kind, key, payload)
+                entry = pop_at(now)
             settle()
         trained = self._source.groups(self._trained)
         return SimResult.build(
@@ -237,15 +246,15 @@ class Simulator:
         slot_s += sum(self.t - x.t0 for x in self._runs.values())
         return finished, running, slot_s
 
-    def _finish(self, key: str, token: object) -> None:
-        x = self._runs.get(key)
-        if x is None or x.token != token:
+    def _finish(self, x: _Exec, token: int) -> None:
+        if x.token != token:
             return  # the execution moved: a later finish event replaced this one
+        key = x.xid
         del self._runs[key]
         t = self.t
         self._usage.jump(_BUSY, t, -self._slots.remove(key))
         self._gslot[x.gid] = self._gslot.get(x.gid, 0.0) + t - x.t0
-        if self.cfg.record_events:
+        if self._record:
             timed_out = x.dur >= self.cfg.workload.timeout_s
             self._emit(
                 ExecutionFinished(
@@ -256,7 +265,7 @@ class Simulator:
         else:  # the same fold, without building the event nobody keeps (a long run has millions)
             self.seq += 1
             st = self.state
-            st.finish_execution(key, True, self._at_seconds())
+            st.finish_execution(key, True, at_seconds(t))
             st.last_seq = self.seq
 
     def _handle(self, kind: int, key: str, payload: object) -> None:
@@ -354,7 +363,8 @@ class Simulator:
     def _finish_at(self, x: _Exec, at: float) -> None:
         self._micro_token += 1
         x.end, x.token = at, self._micro_token
-        self._schedule(at, _EXEC, x.xid, self._micro_token)
+        self._tie += 1
+        self._heap.push((at, self._tie, _EXEC, x, self._micro_token))
 
     def _move(self, xid: str) -> None:
         """The proxy re-issues a running execution's call on the least-loaded engine left; it pays the move."""

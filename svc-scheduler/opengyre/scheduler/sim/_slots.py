@@ -3,7 +3,9 @@
 The proxy sends an execution's first call to the engine with the fewest requests in flight and keeps it there
 (prefix-cache affinity); when the engine drains, each of its executions moves to the least-loaded engine left.
 Cells sit in a heap keyed (load, registration order); an entry whose load is no longer the cell's is skipped
-when it surfaces, so a placement, a finish and a move cost O(log cells) and not a scan of every cell.
+when it surfaces, so a placement, a finish and a move cost O(log cells) and not a scan of every cell. A finish
+only marks its cell: the cell's new entry goes onto the heap when the next placement looks, once however many
+of its executions finished in between (most finishes happen while nothing waits for a slot).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Slots:
         self._order: dict[str, int] = {}
         self._gpus_per_slot: dict[str, float] = {}
         self._heap: list[tuple[int, int, str]] = []  # (load, order, cell); stale entries are skipped
+        self._dirty: dict[str, None] = {}  # cells whose load fell since their last heap entry
         self._on: dict[str, dict[str, None]] = {}  # cell -> executions on it, in placement order
         self._where: dict[str, str] = {}  # execution -> cell
         self.busy = 0  # executions placed
@@ -32,7 +35,14 @@ class Slots:
             heapq.heapify(self._heap)
 
     def _least(self) -> str | None:
-        heap, loads = self._heap, self._load
+        loads = self._load
+        if self._dirty:
+            for cell in self._dirty:
+                load = loads.get(cell)
+                if load is not None:  # closed since: no entry
+                    self._push(cell, load)
+            self._dirty.clear()
+        heap = self._heap  # after the pushes: one may have rebuilt it
         while heap:
             load, _, cell = heap[0]
             if loads.get(cell) == load:
@@ -71,7 +81,8 @@ class Slots:
         if load >= self._capacity[cell]:
             return None  # every cell is full (equal capacities: the least loaded is full)
         self._load[cell] = load + 1
-        self._push(cell, load + 1)
+        # The cell's entry is the heap's top (``_least`` found it there): replace it, one sift, no stale entry.
+        heapq.heapreplace(self._heap, (load + 1, self._order[cell], cell))
         self._on[cell][xid] = None
         self._where[xid] = cell
         self.busy += 1
@@ -82,9 +93,8 @@ class Slots:
         """Take ``xid`` off its cell; returns the GPUs its slot stood for."""
         cell = self._where.pop(xid)
         del self._on[cell][xid]
-        load = self._load[cell] - 1
-        self._load[cell] = load
-        self._push(cell, load)
+        self._load[cell] -= 1
+        self._dirty[cell] = None
         per_slot = self._gpus_per_slot[cell]
         self.busy -= 1
         self.busy_gpus -= per_slot
