@@ -234,7 +234,7 @@ def test_slots_place_on_the_least_loaded_open_cell(ops: list[tuple[str, int]]) -
                 where[f"x{n}"] = want
         elif op == "remove" and where:
             x = sorted(where)[i % len(where)]
-            assert slots.remove(x) == 2.0
+            assert slots.remove(x, where[x]) == 2.0
             load[where.pop(x)] -= 1
         assert slots.busy == len(where) and slots.busy_gpus == pytest.approx(2.0 * len(where))
 

@@ -24,7 +24,6 @@ class Slots:
         self._heap: list[tuple[int, int, str]] = []  # (load, order, cell); stale entries are skipped
         self._dirty: dict[str, None] = {}  # cells whose load fell since their last heap entry
         self._on: dict[str, dict[str, None]] = {}  # cell -> executions on it, in placement order
-        self._where: dict[str, str] = {}  # execution -> cell
         self.busy = 0  # executions placed
         self.busy_gpus = 0.0  # GPUs their slots stand for
 
@@ -66,8 +65,6 @@ class Slots:
         if self._load.pop(cell, None) is None:
             return []
         moved = list(self._on.pop(cell))
-        for xid in moved:
-            del self._where[xid]
         self.busy -= len(moved)
         self.busy_gpus -= len(moved) * self._gpus_per_slot[cell]
         return moved
@@ -84,14 +81,12 @@ class Slots:
         # The cell's entry is the heap's top (``_least`` found it there): replace it, one sift, no stale entry.
         heapq.heapreplace(self._heap, (load + 1, self._order[cell], cell))
         self._on[cell][xid] = None
-        self._where[xid] = cell
         self.busy += 1
         self.busy_gpus += self._gpus_per_slot[cell]
         return cell
 
-    def remove(self, xid: str) -> float:
-        """Take ``xid`` off its cell; returns the GPUs its slot stood for."""
-        cell = self._where.pop(xid)
+    def remove(self, xid: str, cell: str) -> float:
+        """Take ``xid`` off ``cell`` (where ``place`` put it); returns the GPUs its slot stood for."""
         del self._on[cell][xid]
         self._load[cell] -= 1
         self._dirty[cell] = None
