@@ -55,12 +55,12 @@ def _category(role: str) -> int:
 class _Exec:
     """One dispatched execution as the simulator tracks it (queued, then running on a cell)."""
 
-    __slots__ = ("cell", "delay", "dur", "end", "gid", "t0", "token", "xid")
+    __slots__ = ("cell", "delay", "dur", "end", "gid", "start_no", "t0", "token", "xid")
 
     def __init__(self, xid: str, gid: str, dur: float) -> None:
         self.xid, self.gid, self.dur = xid, gid, dur
         self.t0 = self.end = self.delay = 0.0
-        self.token = 0
+        self.token = self.start_no = 0
         self.cell = ""  # the rollout cell it runs on
 
 
@@ -96,8 +96,8 @@ class Simulator:
         )
         self._next_group = 0
         self._queue: deque[_Exec] = deque()
-        self._slots = Slots()
-        self._runs: dict[str, _Exec] = {}  # running executions
+        self._slots: Slots[_Exec] = Slots()  # the running executions, on their cells
+        self._started = 0  # executions started so far (an execution's ``start_no``)
         self._gidx: dict[str, int] = {}  # group -> its index in the duration stream
         self._gslot: dict[str, float] = {}  # group -> slot-seconds its finished members held
         self._trained: list[int] = []  # indices of trained groups, in training order
@@ -148,8 +148,8 @@ class Simulator:
         if event.from_role == "rollout":
             moved = self._slots.close(cell.cell_id)
             self._usage.jump(_BUSY, self.t, -len(moved) * cell.gpus / max(cell.capacity, 1))
-            for xid in moved:
-                self._move(xid)
+            for x in moved:
+                self._move(x)
         was, now = event.from_role in TRAINING_ROLES, event.to_role in TRAINING_ROLES
         if now and not was:
             insort(self._idle, (-cell.gpus, cell.order, cell.cell_id))
@@ -244,16 +244,16 @@ class Simulator:
                 finished += 1
             else:
                 running += 1
-        slot_s += sum(self.t - x.t0 for x in self._runs.values())
+        # In start order, so the float sum is the same whichever cells they ended up on.
+        slot_s += sum(self.t - x.t0 for x in sorted(self._slots.placed(), key=lambda x: x.start_no))
         return finished, running, slot_s
 
     def _finish(self, x: _Exec, token: int) -> None:
         if x.token != token:
             return  # the execution moved: a later finish event replaced this one
         key = x.xid
-        del self._runs[key]
         t = self.t
-        self._usage.jump(_BUSY, t, -self._slots.remove(key, x.cell))
+        self._usage.jump(_BUSY, t, -self._slots.remove(x, x.cell))
         self._gslot[x.gid] = self._gslot.get(x.gid, 0.0) + t - x.t0
         if self._record:
             timed_out = x.dur >= self.cfg.workload.timeout_s
@@ -349,17 +349,17 @@ class Simulator:
         return True
 
     def _start_queued(self) -> None:
-        queue, slots, runs, heap, t = self._queue, self._slots, self._runs, self._heap, self.t
+        queue, slots, heap, t = self._queue, self._slots, self._heap, self.t
         jump = self._usage.jump
         while queue:
             x = queue[0]
-            cell = slots.place(x.xid)
+            cell = slots.place(x)
             if cell is None:
                 return
             queue.popleft()
             jump(_BUSY, t, slots.gpus_per_slot(cell))
             x.t0, x.cell = t, cell
-            runs[x.xid] = x
+            x.start_no = self._started = self._started + 1
             # ``_finish_at``, inlined: a burst starts hundreds of thousands
             self._micro_token += 1
             x.end, x.token = end, token = t + x.dur, self._micro_token
@@ -372,12 +372,11 @@ class Simulator:
         self._tie += 1
         self._heap.push((at, self._tie, _EXEC, x, self._micro_token))
 
-    def _move(self, xid: str) -> None:
+    def _move(self, x: _Exec) -> None:
         """The proxy re-issues a running execution's call on the least-loaded engine left; it pays the move."""
-        x = self._runs[xid]
-        cell = self._slots.place(xid)
+        cell = self._slots.place(x)
         if cell is None:  # the watermark rule guarantees room for every live execution
-            raise RuntimeError(f"no rollout slot for moved execution {xid}: the watermark rule did not hold")
+            raise RuntimeError(f"no rollout slot for moved execution {x.xid}: the watermark rule did not hold")
         x.cell = cell
         per_slot = self._slots.gpus_per_slot(cell)
         self._usage.jump(_BUSY, self.t, per_slot)  # ``_follow_role`` took it off the old cell's GPUs

@@ -11,11 +11,17 @@ of its executions finished in between (most finishes happen while nothing waits 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
 
 __all__ = ["Slots"]
 
+K = TypeVar("K", bound=Hashable)
 
-class Slots:
+
+class Slots(Generic[K]):
+    """Slots holding executions of any hashable kind (the simulator's own records: no second map to them)."""
+
     def __init__(self) -> None:
         self._load: dict[str, int] = {}  # open (rollout) cells only
         self._capacity: dict[str, int] = {}
@@ -23,7 +29,7 @@ class Slots:
         self._gpus_per_slot: dict[str, float] = {}
         self._heap: list[tuple[int, int, str]] = []  # (load, order, cell); stale entries are skipped
         self._dirty: dict[str, None] = {}  # cells whose load fell since their last heap entry
-        self._on: dict[str, dict[str, None]] = {}  # cell -> executions on it, in placement order
+        self._on: dict[str, dict[K, None]] = {}  # cell -> executions on it, in placement order
         self.busy = 0  # executions placed
         self.busy_gpus = 0.0  # GPUs their slots stand for
 
@@ -60,7 +66,7 @@ class Slots:
         self._on[cell] = {}
         self._push(cell, 0)
 
-    def close(self, cell: str) -> list[str]:
+    def close(self, cell: str) -> list[K]:
         """The cell stops taking executions (it leaves rollout); returns the executions that were on it."""
         if self._load.pop(cell, None) is None:
             return []
@@ -69,7 +75,7 @@ class Slots:
         self.busy_gpus -= len(moved) * self._gpus_per_slot[cell]
         return moved
 
-    def place(self, xid: str) -> str | None:
+    def place(self, xid: K) -> str | None:
         """Put ``xid`` on the least-loaded open cell with a free slot (ties: the first registered)."""
         cell = self._least()
         if cell is None:
@@ -85,7 +91,7 @@ class Slots:
         self.busy_gpus += self._gpus_per_slot[cell]
         return cell
 
-    def remove(self, xid: str, cell: str) -> float:
+    def remove(self, xid: K, cell: str) -> float:
         """Take ``xid`` off ``cell`` (where ``place`` put it); returns the GPUs its slot stood for."""
         del self._on[cell][xid]
         self._load[cell] -= 1
@@ -94,6 +100,11 @@ class Slots:
         self.busy -= 1
         self.busy_gpus -= per_slot
         return per_slot
+
+    def placed(self) -> Iterator[K]:
+        """Every execution on a cell, cell by cell."""
+        for on in self._on.values():
+            yield from on
 
     def gpus_per_slot(self, cell: str) -> float:
         return self._gpus_per_slot[cell]
