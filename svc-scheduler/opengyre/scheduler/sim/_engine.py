@@ -293,7 +293,7 @@ class Simulator:
             if self._queue:
                 self._start_queued()
             d = self.policy.decide(View(self.state, self.t, self.loop))
-            if not d:
+            if not (d.roles or d.dispatch):
                 break  # the common case: nothing to do now
             if self.cfg.record_events:
                 self.decisions.append((self.seq, self.t, d))
