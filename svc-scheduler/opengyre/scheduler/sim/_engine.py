@@ -117,6 +117,7 @@ class Simulator:
         self.switches = 0
         self._ref_gpus = config.costs.reference_gpus
         self._record = config.record_events
+        self._view = View(self.state, 0.0, self.loop)
 
     # --- plumbing ------------------------------------------------------------------------------------
 
@@ -289,10 +290,12 @@ class Simulator:
 
     def _settle(self) -> None:
         """Let the policy act on this instant until it has nothing more to say, then fill slots and trainers."""
+        view = self._view
+        view.now = self.t  # one view, moved to this instant (policies keep nothing of it)
         for _ in range(16):
             if self._queue:
                 self._start_queued()
-            d = self.policy.decide(View(self.state, self.t, self.loop))
+            d = self.policy.decide(view)
             if not (d.roles or d.dispatch):
                 break  # the common case: nothing to do now
             if self.cfg.record_events:
