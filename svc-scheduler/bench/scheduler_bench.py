@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from opengyre.scheduler import LoopConfig
+from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.sim import (
     NL2REPO_122B,
@@ -36,6 +36,7 @@ from opengyre.scheduler.sim import (
     PolicyRun,
     SimConfig,
     SimResult,
+    Simulator,
     calibrate,
     comparable,
     derive_knobs,
@@ -373,6 +374,29 @@ def main() -> None:
             speeds.append(sp)
             print(line, flush=True)
         out["speed"] = speeds
+        # The live controller's in-memory fold (``SchedulerState.apply``, the code the simulator folds through)
+        # over a recorded run's events: events per CPU-second at a small and a large cluster.
+        folds = []
+        for cells, steps in ((8, 48), (512, 2)):
+            cs = SimConfig(loop=LoopConfig(steps=steps, groups_per_step=4 * cells), cluster=ClusterConfig(cells=cells),
+                           record_events=True)  # fmt: skip
+            rec = Simulator(cs, make_policy("elastic"))
+            rec.run()
+            best = float("inf")
+            for _ in range(args.speed_reps):
+                st = SchedulerState()
+                c0 = time.process_time()
+                for seq, e in enumerate(rec.events, 1):
+                    st.apply(e, seq)
+                best = min(best, time.process_time() - c0)
+            assert st.snapshot() == rec.state.snapshot()
+            folds.append({"cells": cells, "steps": steps, "events": len(rec.events), "cpu_s": best})
+            print(
+                f"state fold, {cells:4d} cells x {steps:2d} steps: {len(rec.events):,} events in {best:.2f} CPU-s, "
+                f"{len(rec.events) / best:,.0f} events per CPU-s (same state as the simulator's: yes)",
+                flush=True,
+            )
+        out["fold"] = folds
 
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
