@@ -11,7 +11,8 @@ process. Sections (``--sections``, default all but the grid and the full-size sp
   moves        what moving executions costs (free, KV migration, re-prefill)
   large        the 2.4T run: the ratios, and one modelling assumption changed at a time
   grid         the sensitivity of the ratios to the two knobs (plot: --grid-plot)
-  speed        simulator events/s at 8, 512 and 4,096 cells (--speed-steps; --full for 4,096 x 48)
+  speed        simulator events/s at 8, 64, 512 and 4,096 cells (--speed-steps; --full for 4,096 x 48;
+               --baseline COMMIT: ratios against that commit's scheduler, run alternately in this process)
 
 Run: .venv/bin/python svc-scheduler/bench/scheduler_bench.py [--seeds 3] [--sections headline,ours]
      [--plot docs/scheduler-utilisation.png] [--grid-plot docs/scheduler-sensitivity.png] [--json out.json]
@@ -27,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from opengyre.scheduler import LoopConfig
+from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.sim import (
     NL2REPO_122B,
@@ -35,6 +36,7 @@ from opengyre.scheduler.sim import (
     PolicyRun,
     SimConfig,
     SimResult,
+    Simulator,
     calibrate,
     comparable,
     derive_knobs,
@@ -138,6 +140,8 @@ def main() -> None:
     ap.add_argument("--grid-plot", type=Path, help="the sensitivity grid's plot (runs the grid section)")
     ap.add_argument("--speed-steps", type=int, default=2, help="steps for the 512- and 4,096-cell speed runs")
     ap.add_argument("--full", action="store_true", help="speed: also 4,096 cells x 48 steps")
+    ap.add_argument("--baseline", help="speed: also run the scheduler of this git commit, in this process")
+    ap.add_argument("--speed-reps", type=int, default=3, help="speed with --baseline: alternating runs, best CPU")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     todo = set(args.sections.split(",")) | ({"grid"} if args.grid_plot else set())
@@ -330,20 +334,69 @@ def main() -> None:
 
     if "speed" in todo:
         section("simulator speed (elastic, the paper's load per cell: 64 executions per cell per step)")
+        base = None
+        if args.baseline:
+            from _baseline import load_baseline  # type: ignore[import-not-found]  # this script's folder
+
+            base = load_baseline(args.baseline)
+            print(f"baseline: the scheduler package of {args.baseline}, in this process; runs alternate, "
+                  f"best of {args.speed_reps}")  # fmt: skip
         speeds = []
-        for cells, steps in ((8, 48), (512, args.speed_steps), (4096, args.speed_steps)) + (
+        for cells, steps in ((8, 48), (64, 48), (512, args.speed_steps), (4096, args.speed_steps)) + (
             ((4096, 48),) if args.full else ()
         ):
-            cs = SimConfig(loop=LoopConfig(steps=steps, groups_per_step=4 * cells), cluster=ClusterConfig(cells=cells))
-            w0, c0 = time.perf_counter(), time.process_time()
-            r = simulate(cs, make_policy("elastic"))
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            speeds.append({"cells": cells, "steps": steps, "events": r.events, "wall_s": wall, "cpu_s": cpu})
-            print(f"{cells:5d} cells x {steps:2d} steps: {r.events:,} events, {wall:.1f} s wall, {cpu:.1f} s CPU, "
-                  f"{r.events / wall:,.0f} events/s wall, {r.events / cpu:,.0f} per CPU-s, "
-                  f"x{(r.events / cpu) / (speeds[0]['events'] / speeds[0]['cpu_s']):.2f} the 8-cell rate per CPU-s",
-                  flush=True)  # fmt: skip
+            sp: dict[str, Any] = {"cells": cells, "steps": steps}
+            for rep in range(args.speed_reps if base else 1):
+                impls = [("now", make_policy, SimConfig, LoopConfig, ClusterConfig, simulate)]
+                if base:
+                    bpkg, bsim, bpol = base
+                    impls.append(("base", bpol.make_policy, bsim.SimConfig, bpkg.LoopConfig, bsim.ClusterConfig,
+                                  bsim.simulate))  # fmt: skip
+                    if rep % 2:
+                        impls.reverse()  # alternate which runs first: the load changes under us
+                for tag, mk, sc, lc, cc, sim in impls:
+                    cs = sc(loop=lc(steps=steps, groups_per_step=4 * cells), cluster=cc(cells=cells))
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    r = sim(cs, mk("elastic"))
+                    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                    best = sp.get(tag)
+                    if best is None or cpu < best["cpu_s"]:
+                        sp[tag] = {"events": r.events, "wall_s": wall, "cpu_s": cpu, "summary": r.summary()}
+            now = sp["now"]
+            line = (f"{cells:5d} cells x {steps:2d} steps: {now['events']:,} events, {now['wall_s']:.1f} s wall, "
+                    f"{now['cpu_s']:.1f} s CPU, {now['events'] / now['wall_s']:,.0f} events/s wall, "
+                    f"{now['events'] / now['cpu_s']:,.0f} per CPU-s")  # fmt: skip
+            if base:
+                b = sp["base"]
+                agree = "yes" if b["summary"] == now["summary"] and b["events"] == now["events"] else "NO"
+                line += (f"; baseline {b['events'] / b['cpu_s']:,.0f} per CPU-s ({b['cpu_s']:.1f} s CPU): "
+                         f"x{b['cpu_s'] / now['cpu_s']:.2f} faster, same results: {agree}")  # fmt: skip
+            speeds.append(sp)
+            print(line, flush=True)
         out["speed"] = speeds
+        # The live controller's in-memory fold (``SchedulerState.apply``, the code the simulator folds through)
+        # over a recorded run's events: events per CPU-second at a small and a large cluster.
+        folds = []
+        for cells, steps in ((8, 48), (512, 2)):
+            cs = SimConfig(loop=LoopConfig(steps=steps, groups_per_step=4 * cells), cluster=ClusterConfig(cells=cells),
+                           record_events=True)  # fmt: skip
+            rec = Simulator(cs, make_policy("elastic"))
+            rec.run()
+            best = float("inf")
+            for _ in range(args.speed_reps):
+                st = SchedulerState()
+                c0 = time.process_time()
+                for seq, e in enumerate(rec.events, 1):
+                    st.apply(e, seq)
+                best = min(best, time.process_time() - c0)
+            assert st.snapshot() == rec.state.snapshot()
+            folds.append({"cells": cells, "steps": steps, "events": len(rec.events), "cpu_s": best})
+            print(
+                f"state fold, {cells:4d} cells x {steps:2d} steps: {len(rec.events):,} events in {best:.2f} CPU-s, "
+                f"{len(rec.events) / best:,.0f} events per CPU-s (same state as the simulator's: yes)",
+                flush=True,
+            )
+        out["fold"] = folds
 
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))

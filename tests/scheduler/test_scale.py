@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 from dataclasses import asdict, replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from opengyre.scheduler import (
     watermark_allows,
 )
 from opengyre.scheduler.policies import make_policy
-from opengyre.scheduler.sim import EventQueue, Slots, Usage, simulate
+from opengyre.scheduler.sim import EPOCH, EventQueue, Slots, Usage, at_seconds, simulate
 
 from ._small import small_config
 from .conftest import scheduler_events
@@ -195,6 +196,9 @@ def test_the_calendar_queue_pops_in_heap_order(ops: list[tuple[bool, float, int]
             entry = (now + round(dt, 1), tie, kind, "k", None)  # rounded: equal times occur
             q.push(entry)
             heapq.heappush(h, entry)
+        elif kind == 3:  # the engine's inner loop: the next entry only if it is due now
+            got = q.pop_at(now)
+            assert got == (heapq.heappop(h) if h[0][0] == now else None)
         else:
             got, want = q.pop(), heapq.heappop(h)
             assert got == want
@@ -230,7 +234,7 @@ def test_slots_place_on_the_least_loaded_open_cell(ops: list[tuple[str, int]]) -
                 where[f"x{n}"] = want
         elif op == "remove" and where:
             x = sorted(where)[i % len(where)]
-            assert slots.remove(x) == 2.0
+            assert slots.remove(x, where[x]) == 2.0
             load[where.pop(x)] -= 1
         assert slots.busy == len(where) and slots.busy_gpus == pytest.approx(2.0 * len(where))
 
@@ -257,3 +261,9 @@ def test_the_event_free_fold_gives_what_the_recorded_events_give(name: str) -> N
     fast, recorded = simulate(cfg, make_policy(name)), simulate(replace(cfg, record_events=True), make_policy(name))
     assert fast.summary() == recorded.summary()
     assert fast.timeline == recorded.timeline and fast.steps == recorded.steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e8, allow_nan=False))
+def test_the_fast_timestamp_is_the_folds_timestamp_bit_for_bit(t: float) -> None:
+    assert at_seconds(t) == (EPOCH + timedelta(seconds=t)).timestamp()  # as_seconds of an aware datetime

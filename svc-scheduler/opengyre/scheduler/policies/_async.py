@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._policy import Decision, Policy, RoleRequest, View, dispatchable
+from .._policy import Decision, Policy, RoleRequest, View, dispatch_only, dispatchable
 
 __all__ = ["AsyncPolicy", "AsyncStreamingPolicy"]
 
@@ -25,7 +25,7 @@ class AsyncPolicy(Policy):
         k = min(self.train_cells, len(pool) - (0 if len(pool) < len(st.cells) else 1))
         first = st.first_rollout_pool_cell()
         if first is None or st.pool_rank(first) >= k:
-            return Decision((), dispatchable(view))  # the first k cells of the pool all left rollout
+            return dispatch_only(dispatchable(view))  # the first k cells of the pool all left rollout
         why = f"fixed training pool of {self.train_cells}"
         roles: list[RoleRequest] = []
         for c in st.rollout_pool_cells():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._policy import Decision, Policy, RoleRequest, View, dispatchable
+from .._policy import NOTHING, Decision, Policy, RoleRequest, View, dispatch_only, dispatchable
 
 __all__ = ["ColocatePolicy", "ColocateResidentPolicy"]
 
@@ -25,20 +25,20 @@ class ColocatePolicy(Policy):
     def decide(self, view: View) -> Decision:
         st = view.state
         if st.pool_moving_count:
-            return Decision()  # a pool switch is in progress
+            return NOTHING  # a pool switch is in progress
         if st.training_count:  # residents never train: every training cell is in the pool
             if st.ready_samples == 0:  # everything produced so far is trained
                 why = "burst trained; back to rollout"
                 return Decision(tuple(RoleRequest(c.cell_id, "rollout", why) for c in st.training_cells_reversed()))
-            return Decision()
+            return NOTHING
         leaving = st.pool_rollout_capacity
         if st.ready_samples > 0 and st.watermark <= st.rollout_capacity - leaving:
             why = "the burst's unfinished executions fit on the resident pool" if leaving < st.rollout_capacity else (
                 "every execution of the burst finished")  # fmt: skip
             return Decision(tuple(RoleRequest(c.cell_id, "training", why) for c in st.rollout_pool_cells()))
         if st.ready_samples == 0:
-            return Decision((), dispatchable(view))  # a new burst: every step the staleness bound admits
-        return Decision()
+            return dispatch_only(dispatchable(view))  # a new burst: every step the staleness bound admits
+        return NOTHING
 
 
 @dataclass

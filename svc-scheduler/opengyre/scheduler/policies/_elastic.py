@@ -6,7 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._policy import Decision, DispatchRequest, Packing, Policy, RoleRequest, View, dispatchable, ready_microsteps
+from .._policy import (
+    Decision,
+    DispatchRequest,
+    Packing,
+    Policy,
+    RoleRequest,
+    View,
+    dispatch_only,
+    dispatchable,
+    ready_microsteps,
+)
 from .._rules import watermark_allows
 
 __all__ = ["ElasticPolicy"]
@@ -36,15 +46,15 @@ class ElasticPolicy(Policy):
                 supply += c.capacity
             return Decision(tuple(back), dispatch)
         if st.heading_to_training_count:
-            return Decision((), dispatch)  # one cell at a time
+            return dispatch_only(dispatch)  # one cell at a time
         nxt = st.first_rollout_pool_cell()
         if nxt is None:
-            return Decision((), dispatch)
+            return dispatch_only(dispatch)
         if not watermark_allows(demand, st.rollout_capacity, nxt.capacity):
-            return Decision((), dispatch)
+            return dispatch_only(dispatch)
         ready = ready_microsteps(view)
         if ready < self.ready_per_cell * (st.training_count + 1):
-            return Decision((), dispatch)
+            return dispatch_only(dispatch)
         why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready}"
         return Decision((RoleRequest(nxt.cell_id, "training", why),), dispatch)
 

@@ -4,7 +4,7 @@ from ._compare import SPLIT_POLICIES, PolicyRun, best_split, comparable, parse_s
 from ._config import ClusterConfig, CostConfig, SimConfig
 from ._costs import MOVE_MODES, GpuFacts, ModelFacts, MoveCost, MoveMode
 from ._derive import DerivedKnobs, derive_knobs, feasible_lag
-from ._engine import EPOCH, SimulationStalled, Simulator, simulate
+from ._engine import EPOCH, SimulationStalled, Simulator, at_seconds, simulate
 from ._facts import NL2REPO_122B, NL2REPO_122B_RUN, QWEN36_122B
 from ._files import PublishedRun, WorkloadFile, WorkloadFileError, dump_workload, load_workload, shipped_workload
 from ._fit import StoreSample, fit_workload, read_store
@@ -60,6 +60,7 @@ __all__ = [
     "WorkloadFile",
     "WorkloadFileError",
     "WorkloadStats",
+    "at_seconds",
     "best_split",
     "calibrate",
     "comparable",

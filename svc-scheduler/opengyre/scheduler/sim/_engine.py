@@ -8,6 +8,7 @@ import uuid
 from bisect import bisect_left, insort
 from collections import deque
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from opengyre.events import (
     CellRegistered,
@@ -22,16 +23,26 @@ from .._commands import CommandRefused, arrival_role, check_role_request, core_h
 from .._packing import MicroStep
 from .._policy import Decision, DispatchRequest, Policy, RoleRequest, View
 from .._rules import TRAINING_ROLES
-from .._state import SchedulerState, as_seconds
+from .._state import SchedulerState
 from ._config import SimConfig
 from ._queue import EventQueue
 from ._result import SimResult, StepRecord, Usage, ideal_bound
 from ._slots import Slots
 from ._workload import GroupDurations
 
-__all__ = ["EPOCH", "SimulationStalled", "Simulator", "simulate"]
+__all__ = ["EPOCH", "SimulationStalled", "Simulator", "at_seconds", "simulate"]
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_EPOCH_US = (EPOCH - datetime(1970, 1, 1, tzinfo=UTC)) // _US
+
+
+def at_seconds(t: float) -> float:
+    """``as_seconds(EPOCH + timedelta(seconds=t))`` (what the fold records for an event at simulated time ``t``),
+    bit for bit, without building the datetime: the same microsecond rounding, one exact integer division."""
+    return (_EPOCH_US + timedelta(seconds=t) // _US) / 1_000_000
+
+
 _EXEC, _SWITCH, _MICRO, _STEP = 0, 1, 2, 3
 # GPU series the utilisation accounting follows (see ``Usage``).
 _BUSY, _ROLLOUT, _TRAIN_BUSY, _TRAINING, _OTHER = range(5)
@@ -44,12 +55,13 @@ def _category(role: str) -> int:
 class _Exec:
     """One dispatched execution as the simulator tracks it (queued, then running on a cell)."""
 
-    __slots__ = ("delay", "dur", "end", "gid", "t0", "token", "xid")
+    __slots__ = ("cell", "delay", "dur", "end", "gid", "start_no", "t0", "token", "xid")
 
     def __init__(self, xid: str, gid: str, dur: float) -> None:
         self.xid, self.gid, self.dur = xid, gid, dur
         self.t0 = self.end = self.delay = 0.0
-        self.token = 0
+        self.token = self.start_no = 0
+        self.cell = ""  # the rollout cell it runs on
 
 
 class SimulationStalled(RuntimeError):
@@ -84,8 +96,8 @@ class Simulator:
         )
         self._next_group = 0
         self._queue: deque[_Exec] = deque()
-        self._slots = Slots()
-        self._runs: dict[str, _Exec] = {}  # running executions
+        self._slots: Slots[_Exec] = Slots()  # the running executions, on their cells
+        self._started = 0  # executions started so far (an execution's ``start_no``)
         self._gidx: dict[str, int] = {}  # group -> its index in the duration stream
         self._gslot: dict[str, float] = {}  # group -> slot-seconds its finished members held
         self._trained: list[int] = []  # indices of trained groups, in training order
@@ -104,6 +116,8 @@ class Simulator:
         self.move_gpu_s = 0.0
         self.switches = 0
         self._ref_gpus = config.costs.reference_gpus
+        self._record = config.record_events
+        self._view = View(self.state, 0.0, self.loop)
 
     # --- plumbing ------------------------------------------------------------------------------------
 
@@ -135,8 +149,8 @@ class Simulator:
         if event.from_role == "rollout":
             moved = self._slots.close(cell.cell_id)
             self._usage.jump(_BUSY, self.t, -len(moved) * cell.gpus / max(cell.capacity, 1))
-            for xid in moved:
-                self._move(xid)
+            for x in moved:
+                self._move(x)
         was, now = event.from_role in TRAINING_ROLES, event.to_role in TRAINING_ROLES
         if now and not was:
             insort(self._idle, (-cell.gpus, cell.order, cell.cell_id))
@@ -149,13 +163,8 @@ class Simulator:
     def _at(self) -> datetime:
         if self.t != self._at_t:
             self._at_t, self._at_v = self.t, EPOCH + timedelta(seconds=self.t)
-            self._at_s = as_seconds(self._at_v)
+            self._at_s = at_seconds(self.t)
         return self._at_v
-
-    def _at_seconds(self) -> float:
-        """``as_seconds(self._at())``: what the fold records for an event now."""
-        self._at()
-        return self._at_s
 
     def _schedule(self, at: float, kind: int, key: str, payload: object = None) -> None:
         self._tie += 1
@@ -176,19 +185,21 @@ class Simulator:
             )  # fmt: skip
         self._settle()
         heap, state, steps = self._heap, self.state, self.loop.steps
-        pop, peek = heap.pop, heap.peek_time
+        pop, pop_at = heap.pop, heap.pop_at
         finish, handle, settle = self._finish, self._handle, self._settle
         while state.trained_step < steps:
             if not heap:
                 raise self._stalled(self._why_idle())
-            now = peek()
-            self.t = now
-            while heap and peek() == now:
-                _, _, kind, key, payload = pop()
+            first = pop()
+            now = self.t = first[0]
+            entry: tuple[float, int, int, Any, Any] | None = first
+            while entry is not None:  # every event of this instant, then the policy once
+                _, _, kind, key, payload = entry
                 if kind == _EXEC:  # most events: keep their path short
                     finish(key, payload)
                 else:
                     handle(kind, key, payload)
+                entry = pop_at(now)
             settle()
         trained = self._source.groups(self._trained)
         return SimResult.build(
@@ -234,18 +245,18 @@ class Simulator:
                 finished += 1
             else:
                 running += 1
-        slot_s += sum(self.t - x.t0 for x in self._runs.values())
+        # In start order, so the float sum is the same whichever cells they ended up on.
+        slot_s += sum(self.t - x.t0 for x in sorted(self._slots.placed(), key=lambda x: x.start_no))
         return finished, running, slot_s
 
-    def _finish(self, key: str, token: object) -> None:
-        x = self._runs.get(key)
-        if x is None or x.token != token:
+    def _finish(self, x: _Exec, token: int) -> None:
+        if x.token != token:
             return  # the execution moved: a later finish event replaced this one
-        del self._runs[key]
+        key = x.xid
         t = self.t
-        self._usage.jump(_BUSY, t, -self._slots.remove(key))
+        self._usage.jump(_BUSY, t, -self._slots.remove(x, x.cell))
         self._gslot[x.gid] = self._gslot.get(x.gid, 0.0) + t - x.t0
-        if self.cfg.record_events:
+        if self._record:
             timed_out = x.dur >= self.cfg.workload.timeout_s
             self._emit(
                 ExecutionFinished(
@@ -256,7 +267,7 @@ class Simulator:
         else:  # the same fold, without building the event nobody keeps (a long run has millions)
             self.seq += 1
             st = self.state
-            st.finish_execution(key, True, self._at_seconds())
+            st.finish_execution(key, True, at_seconds(t))
             st.last_seq = self.seq
 
     def _handle(self, kind: int, key: str, payload: object) -> None:
@@ -279,11 +290,13 @@ class Simulator:
 
     def _settle(self) -> None:
         """Let the policy act on this instant until it has nothing more to say, then fill slots and trainers."""
+        view = self._view
+        view.now = self.t  # one view, moved to this instant (policies keep nothing of it)
         for _ in range(16):
             if self._queue:
                 self._start_queued()
-            d = self.policy.decide(View(self.state, self.t, self.loop))
-            if not d:
+            d = self.policy.decide(view)
+            if not (d.roles or d.dispatch):
                 break  # the common case: nothing to do now
             if self.cfg.record_events:
                 self.decisions.append((self.seq, self.t, d))
@@ -339,29 +352,35 @@ class Simulator:
         return True
 
     def _start_queued(self) -> None:
-        queue, slots = self._queue, self._slots
+        queue, slots, heap, t = self._queue, self._slots, self._heap, self.t
+        jump = self._usage.jump
         while queue:
             x = queue[0]
-            cell = slots.place(x.xid)
+            cell = slots.place(x)
             if cell is None:
                 return
             queue.popleft()
-            self._usage.jump(_BUSY, self.t, slots.gpus_per_slot(cell))
-            x.t0 = self.t
-            self._runs[x.xid] = x
-            self._finish_at(x, self.t + x.dur)
+            jump(_BUSY, t, slots.gpus_per_slot(cell))
+            x.t0, x.cell = t, cell
+            x.start_no = self._started = self._started + 1
+            # ``_finish_at``, inlined: a burst starts hundreds of thousands
+            self._micro_token += 1
+            x.end, x.token = end, token = t + x.dur, self._micro_token
+            self._tie += 1
+            heap.push((end, self._tie, _EXEC, x, token))
 
     def _finish_at(self, x: _Exec, at: float) -> None:
         self._micro_token += 1
         x.end, x.token = at, self._micro_token
-        self._schedule(at, _EXEC, x.xid, self._micro_token)
+        self._tie += 1
+        self._heap.push((at, self._tie, _EXEC, x, self._micro_token))
 
-    def _move(self, xid: str) -> None:
+    def _move(self, x: _Exec) -> None:
         """The proxy re-issues a running execution's call on the least-loaded engine left; it pays the move."""
-        x = self._runs[xid]
-        cell = self._slots.place(xid)
+        cell = self._slots.place(x)
         if cell is None:  # the watermark rule guarantees room for every live execution
-            raise RuntimeError(f"no rollout slot for moved execution {xid}: the watermark rule did not hold")
+            raise RuntimeError(f"no rollout slot for moved execution {x.xid}: the watermark rule did not hold")
+        x.cell = cell
         per_slot = self._slots.gpus_per_slot(cell)
         self._usage.jump(_BUSY, self.t, per_slot)  # ``_follow_role`` took it off the old cell's GPUs
         progress = (self.t - x.t0 - x.delay) / max(x.dur, 1e-9)

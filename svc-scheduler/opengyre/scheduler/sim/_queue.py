@@ -2,8 +2,10 @@
 
 A large run keeps hundreds of thousands of executions' finish events pending; one binary heap over all of them
 pays a cache miss at every level of every pop. Here events fall into buckets of ``width`` simulated seconds
-(appended, unsorted); only the bucket being drained is a heap, small enough to stay in cache. Pops come out in
-exactly the order one heap over ``(time, tie)`` would give.
+(appended, unsorted). The bucket being drained is sorted once (in C) and popped from its end; the few events
+pushed into it afterwards (a moved execution's new finish, a switch or micro-step ending soon) go to a small
+heap beside it, and a pop takes the smaller head of the two. Pops come out in exactly the order one heap over
+``(time, tie)`` would give.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ class EventQueue:
         self.width = width
         self._buckets: dict[int, list[Entry]] = {}
         self._keys: list[int] = []  # heap of bucket indices with entries
-        self._now: list[Entry] = []  # the bucket being drained, a heap
+        self._now: list[Entry] = []  # the bucket being drained, sorted latest first
+        self._late: list[Entry] = []  # a heap: entries pushed into that bucket after it was sorted
         self._now_key = -1
         self._size = 0
 
@@ -35,7 +38,7 @@ class EventQueue:
         self._size += 1
         b = int(entry[0] // self.width)
         if b <= self._now_key:  # no event is ever earlier than the one being handled
-            heapq.heappush(self._now, entry)
+            heapq.heappush(self._late, entry)
             return
         bucket = self._buckets.get(b)
         if bucket is None:
@@ -45,16 +48,38 @@ class EventQueue:
             bucket.append(entry)
 
     def _fill(self) -> None:
-        while not self._now and self._keys:
+        if not self._now and not self._late and self._keys:
             self._now_key = heapq.heappop(self._keys)
             self._now = self._buckets.pop(self._now_key)
-            heapq.heapify(self._now)
+            self._now.sort(reverse=True)
 
     def peek_time(self) -> float:
         self._fill()
-        return self._now[0][0]
+        now, late = self._now, self._late
+        if late and (not now or late[0] < now[-1]):
+            return late[0][0]
+        return now[-1][0]
 
     def pop(self) -> Entry:
         self._fill()
         self._size -= 1
-        return heapq.heappop(self._now)
+        now, late = self._now, self._late
+        if late and (not now or late[0] < now[-1]):
+            return heapq.heappop(late)
+        return now.pop()
+
+    def pop_at(self, t: float) -> Entry | None:
+        """The next entry if it is due at exactly ``t`` (the instant being handled), else None."""
+        if not self._size:
+            return None
+        self._fill()
+        now, late = self._now, self._late
+        if late and (not now or late[0] < now[-1]):
+            if late[0][0] != t:
+                return None
+            self._size -= 1
+            return heapq.heappop(late)
+        if now[-1][0] != t:
+            return None
+        self._size -= 1
+        return now.pop()
