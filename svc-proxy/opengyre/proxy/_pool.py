@@ -17,7 +17,7 @@ from typing import Protocol
 
 import httpx
 
-from ._client import EngineClient
+from ._client import EngineClient, RolloutEngine
 from ._vllm import VLLM_SCHEME, VllmClient
 
 __all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
@@ -37,12 +37,13 @@ class NoCapacity(Exception):
 class EngineHandle:
     engine_id: str
     url: str
-    client: EngineClient
+    client: RolloutEngine
     source: str = "static"  # "static" | "cell" | "grpc"
     state: str = "active"  # active | unhealthy | draining | gone
     inflight: set[str] = field(default_factory=set)
     failures: int = 0  # consecutive failed requests
     incremental: bool = False  # the engine streams deltas (SGLang's --incremental-streaming-output)
+    context_length: int | None = None  # what the engine said it serves (None: it did not say)
     served: int = 0
     rerouted: int = 0
     added_at: float = field(default_factory=time.time)
@@ -127,8 +128,10 @@ class EnginePool:
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
             old = h
-            kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
-            client = kind(
+            kind: type[EngineClient] | type[VllmClient] = (
+                VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
+            )
+            client: RolloutEngine = kind(
                 url,
                 api_key=self.api_key,
                 http=self._http,
@@ -137,6 +140,7 @@ class EnginePool:
             )
             h = EngineHandle(engine_id, url.rstrip("/"), client, source)
             h.incremental = await h.client.incremental_streaming()
+            h.context_length = await h.client.context_length()
             self._engines[engine_id] = h
             if old is not None:
                 await old.client.close()  # its keep-alive connections (requests on it finish first)
