@@ -293,12 +293,17 @@ def _openai_finish(turn: Turn) -> str:
 
 
 def _token_str(codec: ChatCodec, tid: int) -> str:
-    return codec.decode([tid], skip_special=False)
+    """A token as OpenAI shows it: its text, or ``bytes:\\xNN`` for part of a character (as OpenAI does)."""
+    text = codec.decode([tid], skip_special=False)
+    if "\ufffd" in text:
+        raw = codec.token_bytes(tid)
+        if raw != text.encode():
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
 
 
 def _token_entry(codec: ChatCodec, tid: int, lp: float) -> dict[str, Any]:
-    tok = _token_str(codec, tid)
-    return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+    return {"token": _token_str(codec, tid), "logprob": lp, "bytes": list(codec.token_bytes(tid))}
 
 
 def _chat_logprobs(
