@@ -1,7 +1,8 @@
 """The harness dialects the gateway speaks, as a table: how each parses, answers, streams and fails.
 
 The gateway's call path is one piece of code; what differs between OpenAI Chat Completions, legacy
-Completions and Anthropic Messages is looked up here, so a new dialect is a new entry, not a new branch.
+Completions, the Responses API and Anthropic Messages is looked up here, so a new dialect is a new entry,
+not a new branch.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from typing import Any
 
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
+from . import _responses as responses_api
 from ._assembly import Outcome, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest
+from ._tito import ExecutionTrajectory
 
-__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "Dialect", "StreamFn"]
+__all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "RESPONSES", "Dialect", "StreamFn"]
 
 TokenSource = AsyncIterator[tuple[list[int], list[float]]]
 OnTurn = Callable[[Turn], Any]
@@ -40,6 +43,8 @@ class Dialect:
     overloaded_status: int = 503  # Anthropic says 529
     tool_prefix: str = "call_"
     parse_tools: bool = True  # legacy completions return raw text, tool-call tags included
+    # Completes the parsed request from the execution's state (the Responses API's previous_response_id).
+    resolve: Callable[[GenRequest, ExecutionTrajectory], None] | None = None
 
 
 CHAT = Dialect(
@@ -75,4 +80,15 @@ ANTHROPIC = Dialect(
     tool_prefix="toolu_",
 )
 
-DIALECTS = {d.name: d for d in (CHAT, COMPLETIONS, ANTHROPIC)}
+RESPONSES = Dialect(
+    name="openai-responses",
+    parse=responses_api.parse_responses,
+    respond=responses_api.response_body,
+    stream=responses_api.response_stream,
+    error_body=openai_api.error_body,
+    stream_error=responses_api.stream_error,
+    context_error=openai_api.context_error,
+    resolve=responses_api.resolve_previous,
+)
+
+DIALECTS = {d.name: d for d in (CHAT, COMPLETIONS, RESPONSES, ANTHROPIC)}

@@ -42,7 +42,7 @@ from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
 from ._chat import ChatCodec
-from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, Dialect
+from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch
 from ._errors import ApiError
 from ._http import HttpServer
@@ -441,6 +441,8 @@ class Gateway:
                     dialect.overloaded_status, "overloaded", f"recording is behind: {exc}", retry_after=exc.retry_after
                 ) from exc
             traj = await self.trajectory(eid)
+            if dialect.resolve is not None:
+                dialect.resolve(req, traj)
             plan = self._plan(traj, req)
             if not claimed and self.config.infer_roles:
                 role = self._infer_role(traj, plan)
@@ -508,6 +510,7 @@ class Gateway:
             return route
 
         chat, completions, messages = call_route(CHAT), call_route(COMPLETIONS), call_route(ANTHROPIC)
+        responses = call_route(RESPONSES)
 
         async def count_tokens(request: Request) -> Response:
             try:
@@ -566,6 +569,7 @@ class Gateway:
             routes += [
                 Route(f"{base}/chat/completions", chat, methods=["POST"]),
                 Route(f"{base}/completions", completions, methods=["POST"]),
+                Route(f"{base}/responses", responses, methods=["POST"]),
                 Route(f"{base}/messages", messages, methods=["POST"]),
                 Route(f"{base}/messages/count_tokens", count_tokens, methods=["POST"]),
                 Route(f"{base}/models", models, methods=["GET"]),

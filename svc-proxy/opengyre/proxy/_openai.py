@@ -17,6 +17,7 @@ from ._structured import ToolChoice, response_format_schema
 from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = [
+    "chat_logprobs_content",
     "chat_response",
     "chat_stream",
     "completion_response",
@@ -306,15 +307,22 @@ def _token_entry(codec: ChatCodec, tid: int, lp: float) -> dict[str, Any]:
     return {"token": _token_str(codec, tid), "logprob": lp, "bytes": list(codec.token_bytes(tid))}
 
 
-def _chat_logprobs(
+def chat_logprobs_content(
     codec: ChatCodec, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """Per token: its text, bytes, logprob and ``k`` most likely alternatives (Chat and Responses share it)."""
     content = []
     for tid, lp, top in zip(ids, lps, tops, strict=False):
         entry = _token_entry(codec, tid, lp)
         entry["top_logprobs"] = [_token_entry(codec, t, v) for t, v in top[:k]]
         content.append(entry)
-    return {"content": content}
+    return content
+
+
+def _chat_logprobs(
+    codec: ChatCodec, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int
+) -> dict[str, Any]:
+    return {"content": chat_logprobs_content(codec, ids, lps, tops, k)}
 
 
 def _tool_calls_json(turn: Turn) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ Message = dict[str, Any]
 
 @dataclass
 class GenRequest:
-    dialect: str  # "openai-chat" | "openai-completions" | "anthropic"
+    dialect: str  # "openai-chat" | "openai-completions" | "openai-responses" | "anthropic"
     model: str
     stream: bool
     messages: list[Message] | None = None  # chat: OpenAI-shaped messages for the chat template
@@ -33,6 +33,7 @@ class GenRequest:
     echo: bool = False
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("auto"))
     json_schema: dict[str, Any] | None = None  # the answer's text must be JSON of this schema
+    echo_fields: dict[str, Any] = field(default_factory=dict)  # what a dialect's response repeats of the request
 
 
 def check_number(body: dict[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:
