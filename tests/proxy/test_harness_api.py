@@ -257,3 +257,18 @@ async def test_message_start_and_delta_agree_and_unknown_routes_answer_json(stac
         assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
         r = await http.get(f"{gw.url}/x/ex-usage/v1/messages", headers={**key, "anthropic-version": "2023-06-01"})
         assert r.status_code == 405 and r.json()["type"] == "error"
+
+
+async def test_the_httpx_engine_transport_records_the_same_calls(event_log: EventLog, engine_a: EngineServer) -> None:
+    """The benchmark's baseline transport is a working engine client, not a stub (streamed and not)."""
+    st = await make_stack(event_log, {"e0": engine_a}, engine_transport="httpx")
+    try:
+        oai = st.openai("ex-httpx")
+        msgs: list[Any] = [{"role": "user", "content": "hi"}]
+        await oai.chat.completions.create(model=M, messages=msgs, max_tokens=6)
+        stream = await oai.chat.completions.create(model=M, messages=msgs, max_tokens=6, stream=True)
+        assert [ch async for ch in stream]
+        events = await st.assert_recorded_matches_engines()
+        assert len(events) == 2
+    finally:
+        await st.gateway.stop()

@@ -6,16 +6,17 @@ chunks (SGLang's default) and turns them into token deltas.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 import msgspec
 
-from ._http1 import Http1Error, Http1Pool, Http1Response
+from ._http1 import Http1Error, Http1Pool
 
 __all__ = [
     "EngineBadReply",
@@ -24,6 +25,7 @@ __all__ = [
     "EngineFailed",
     "EngineRejected",
     "EngineReply",
+    "EngineResponse",
     "RolloutEngine",
     "behaviour_logprobs",
     "sse_chunks",
@@ -121,7 +123,7 @@ def _error_message(body: bytes) -> str:
     return str(obj)
 
 
-async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
+async def sse_chunks(r: EngineResponse) -> AsyncGenerator[Any, None]:
     """The JSON chunks of a server-sent-events body; an error chunk raises EngineRejected (4xx) or EngineFailed.
 
     ``[DONE]`` is skipped and the body read on to its end, so the connection goes back to the pool.
@@ -168,9 +170,54 @@ class RolloutEngine(Protocol):
     async def close(self) -> None: ...
 
 
+class EngineResponse(Protocol):
+    """A hot-path response being read: what the HTTP/1 client and the httpx adapter both give."""
+
+    status: int
+
+    async def read(self) -> bytes: ...
+
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+class _HttpxResponse:
+    """An httpx streamed response behind ``EngineResponse`` (the benchmark's baseline transport)."""
+
+    def __init__(self, r: httpx.Response) -> None:
+        self._r = r
+        self.status = r.status_code
+
+    async def read(self) -> bytes:
+        try:
+            return await self._r.aread()
+        except httpx.HTTPError as exc:
+            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        try:
+            async for line in self._r.aiter_lines():
+                yield line.encode()
+        except httpx.HTTPError as exc:
+            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._r.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
 class EngineConnection:
     """One engine's HTTP plumbing, shared by every client kind: the hand-written HTTP/1 pool for the hot path
-    (with a read timeout), an httpx client for everything else, the auth header, and error mapping."""
+    (with a read timeout), an httpx client for everything else, the auth header, and error mapping.
+
+    ``transport="httpx"`` sends the hot path through httpx instead, with the same read timeout: the baseline
+    svc-proxy/bench/proxy_bench.py measures the hand-written client against (docs/benchmarks.md).
+    """
 
     def __init__(
         self,
@@ -180,15 +227,20 @@ class EngineConnection:
         http: httpx.AsyncClient | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
         """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
         keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
+        if transport not in ("http1", "httpx"):
+            raise ValueError(f"unknown engine transport {transport!r} (http1 or httpx)")
         self.base_url = base_url.rstrip("/")
+        self.transport = transport
         self._own = http is None
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
         self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
+        self._read_timeout = httpx.Timeout(read_timeout_s, connect=5.0)
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"
@@ -198,10 +250,18 @@ class EngineConnection:
         if self._own:
             await self.http.aclose()
 
-    async def post(self, path: str, payload: dict[str, Any]) -> Http1Response:
+    async def post(self, path: str, payload: dict[str, Any]) -> EngineResponse:
         """POST on the hot path; an engine that cannot be reached raises EngineFailed."""
         try:
+            if self.transport == "httpx":
+                req = self.http.build_request(
+                    "POST", self.base_url + path, content=_enc.encode(payload), headers=self.headers,
+                    timeout=self._read_timeout,
+                )  # fmt: skip
+                return _HttpxResponse(await self.http.send(req, stream=True))
             return await self.fast.request("POST", path, _enc.encode(payload), self.headers)
+        except httpx.HTTPError as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
         except Http1Error as exc:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
 
@@ -241,9 +301,15 @@ class EngineClient:
         http: httpx.AsyncClient | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
         self.conn = EngineConnection(
-            base_url, api_key=api_key, http=http, idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s
+            base_url,
+            api_key=api_key,
+            http=http,
+            idle_timeout_s=idle_timeout_s,
+            read_timeout_s=read_timeout_s,
+            transport=transport,
         )
 
     @property

@@ -91,6 +91,7 @@ class GatewayConfig:
     engine_idle_timeout_s: float = 4.0
     # The longest an engine may stay silent mid-response; a non-streamed generation is silent until it ends.
     engine_read_timeout_s: float = 600.0
+    engine_transport: str = "http1"  # "httpx": the hot path through httpx (the benchmark's baseline)
     # Where answered calls wait for the log (SQLite, fsync'd); None keeps them in memory (lost if the process dies).
     outbox_path: str | None = None
     outbox_fsync: bool = True  # False: survives the process dying, not the machine (no fsync per call)
@@ -134,6 +135,7 @@ class Gateway:
             api_key=c.engine_api_key,
             idle_timeout_s=c.engine_idle_timeout_s,
             read_timeout_s=c.engine_read_timeout_s,
+            transport=c.engine_transport,
         )
         self.recorder = Recorder(
             event_log,

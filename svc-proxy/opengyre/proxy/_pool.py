@@ -84,7 +84,9 @@ class EnginePool:
         api_key: str | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
+        self.transport = transport  # the hot path's HTTP client: "http1" (ours) or "httpx" (the bench baseline)
         self.max_inflight = max_inflight_per_engine
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
@@ -137,6 +139,7 @@ class EnginePool:
                 http=self._http,
                 idle_timeout_s=self.idle_timeout_s,
                 read_timeout_s=self.read_timeout_s,
+                transport=self.transport,
             )
             h = EngineHandle(engine_id, url.rstrip("/"), client, source)
             h.incremental = await h.client.incremental_streaming()

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from ._client import EngineConnection, EngineFailed, EngineReply, behaviour_logprobs, sse_chunks
-from ._http1 import Http1Error, Http1Pool, Http1Response
+from ._client import EngineConnection, EngineFailed, EngineReply, EngineResponse, behaviour_logprobs, sse_chunks
+from ._http1 import Http1Error, Http1Pool
 
 __all__ = ["VLLM_SCHEME", "VllmClient"]
 
@@ -104,6 +104,7 @@ class VllmClient:
         http: httpx.AsyncClient | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
         self.conn = EngineConnection(
             base_url.removeprefix(VLLM_SCHEME),
@@ -111,9 +112,10 @@ class VllmClient:
             http=http,
             idle_timeout_s=idle_timeout_s,
             read_timeout_s=read_timeout_s,
+            transport=transport,
         )
         self.model: str | None = None
-        self._streams: dict[str, Http1Response] = {}
+        self._streams: dict[str, EngineResponse] = {}
         self._aborted: set[str] = set()
 
     @property
