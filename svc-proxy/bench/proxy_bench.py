@@ -3,6 +3,7 @@
     .venv/bin/python svc-proxy/bench/proxy_bench.py            # everything (a few minutes on 2 cores)
     .venv/bin/python svc-proxy/bench/proxy_bench.py --quick    # fewer calls
     .venv/bin/python svc-proxy/bench/proxy_bench.py --outbox   # only: what the durable outbox costs a call
+    .venv/bin/python svc-proxy/bench/proxy_bench.py --clients  # only: our HTTP/1 engine client vs httpx, per route
 
 Each engine, the gateway and this client run as separate processes (the client's own cost is the same on
 both paths, so it cancels out of the ratio but not out of the absolute figures); the gateway records every
@@ -55,16 +56,25 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-async def _run(c: httpx.AsyncClient, url: str, n: int, conc: int, base: str) -> list[float]:
+MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say ok."}]
+CHAT = {"model": M, "messages": MSGS, "max_tokens": 16, "temperature": 0}
+# The same conversation and budget as a Responses API request (instructions = the system message).
+RESPONSES = {"model": M, "instructions": MSGS[0]["content"], "input": MSGS[1]["content"], "max_output_tokens": 16,
+             "temperature": 0}  # fmt: skip
+ROUTES = {"chat": ("/chat/completions", CHAT), "responses": ("/responses", RESPONSES)}
+
+
+async def _run(
+    c: httpx.AsyncClient, url: str, n: int, conc: int, base: str, body: dict[str, Any] = CHAT
+) -> list[float]:
     lat: list[float] = []
     sem = asyncio.Semaphore(conc)
-    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say ok."}]
 
     async def one(i: int) -> None:
         async with sem:
             u = url.format(i=f"{base}-{i}")
             t0 = time.perf_counter()
-            r = await c.post(u, json={"model": M, "messages": msgs, "max_tokens": 16, "temperature": 0})
+            r = await c.post(u, json=body)
             lat.append(time.perf_counter() - t0)
             assert r.status_code == 200, r.text
 
@@ -77,23 +87,26 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs) * 1e3, xs[int(0.9 * (len(xs) - 1))] * 1e3
 
 
-async def latency(engine_url: str, proxy_url: str, n: int, label: str) -> list[str]:
+async def latency(engine_url: str, proxy_url: str, n: int, label: str, route: str = "chat") -> list[str]:
+    """Direct (the engine's own chat route) against the gateway's ``route`` carrying the same conversation."""
     rows = []
+    path, body = ROUTES[route]
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
         direct_url = engine_url + "/v1/chat/completions"
-        proxy_tpl = proxy_url + "/x/{i}/v1/chat/completions"
+        proxy_tpl = proxy_url + "/x/{i}/v1" + path
         for conc in (1, 64):
             calls = n if conc == 1 else n * 4
             await _run(c, direct_url, 32, conc, "warm")
-            await _run(c, proxy_tpl, 32, conc, "warm")
+            await _run(c, proxy_tpl, 32, conc, "warm", body)
             d: list[float] = []
             p: list[float] = []
             for rep in range(3):  # alternate blocks so drift in machine load hits both paths alike
                 d += await _run(c, direct_url, calls // 3, conc, f"d{conc}-{rep}")
-                p += await _run(c, proxy_tpl, calls // 3, conc, f"p{conc}-{rep}")
+                p += await _run(c, proxy_tpl, calls // 3, conc, f"p{route}{conc}-{rep}", body)
             (dm, d90), (pm, p90) = _stats(d), _stats(p)
             rows.append(
-                f"| {label} | {conc} | {len(d)} | {dm:.2f} | {pm:.2f} | {pm / dm:.3f} | {pm - dm:+.2f} | {d90:.2f} | {p90:.2f} |"
+                f"| {label} | {route} | {conc} | {len(d)} | {dm:.2f} | {pm:.2f} | {pm / dm:.3f} | {pm - dm:+.2f}"
+                f" | {d90:.2f} | {p90:.2f} |"
             )
             print(rows[-1], flush=True)
     return rows
@@ -231,14 +244,72 @@ async def outbox_cost(n: int) -> None:
             nats.stop()
 
 
+async def client_cost(n: int) -> None:
+    """The gateway twice in front of the fast stand-in, its engine client our HTTP/1 one or httpx (same load,
+    same read timeout), on the chat and Responses routes; the engine's own chat route is the baseline.
+
+    Blocks alternate between direct, http1 and httpx so load drift hits all alike; the ratio is httpx over
+    http1 (above 1: httpx is slower), the added figures are each gateway's median over direct.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        nats = EmbeddedNats(t / "nats")
+        url = nats.start()
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            procs.append(await _spawn([str(HERE / "fast_engine.py"), "--tokens", "16"], t / "fast.url"))
+            engine = (t / "fast.url").read_text().strip()
+            gateways = {}
+            for name in ("http1", "httpx"):
+                cmd = [str(HERE / "proxy_server.py"), "--nats", url, "--engine", engine, "--stream", name.upper()]
+                procs.append(await _spawn([*cmd, "--engine-transport", name], t / f"{name}.url"))
+                gateways[name] = (t / f"{name}.url").read_text().strip()
+            print(
+                "| route | concurrency | calls per path | direct median ms | http1 median ms | httpx median ms"
+                " | httpx / http1 | http1 added ms | httpx added ms | http1 p90 | httpx p90 |"
+            )
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
+                for route, (path, body) in ROUTES.items():
+                    for conc in (1, 64):
+                        calls = n if conc == 1 else n * 4
+                        urls = {"direct": engine + "/v1/chat/completions"}
+                        urls.update({k: v + "/x/{i}/v1" + path for k, v in gateways.items()})
+                        bodies = {"direct": CHAT, "http1": body, "httpx": body}
+                        for k in urls:
+                            await _run(c, urls[k], 32, conc, f"warm-{k}", bodies[k])
+                        lat: dict[str, list[float]] = {k: [] for k in urls}
+                        for rep in range(3):
+                            for k in urls:
+                                lat[k] += await _run(c, urls[k], calls // 3, conc, f"{k}{route}{conc}-{rep}", bodies[k])
+                        (dm, _), (am, a90), (bm, b90) = (
+                            _stats(lat["direct"]),
+                            _stats(lat["http1"]),
+                            _stats(lat["httpx"]),
+                        )
+                        print(
+                            f"| {route} | {conc} | {len(lat['direct'])} | {dm:.2f} | {am:.2f} | {bm:.2f} | {bm / am:.3f}"
+                            f" | {am - dm:+.2f} | {bm - dm:+.2f} | {a90:.2f} | {b90:.2f} |",
+                            flush=True,
+                        )
+        finally:
+            for p in procs:
+                _stop(p)
+            nats.stop()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--outbox", action="store_true", help="only compare a durable outbox with one in memory")
+    ap.add_argument("--clients", action="store_true", help="only compare the gateway's HTTP/1 engine client with httpx")
     args = ap.parse_args()
     n = 60 if args.quick else 300
     if args.outbox:
         await outbox_cost(n)
+        return
+    if args.clients:
+        await client_cost(n)
         return
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -257,10 +328,12 @@ async def main() -> None:
             procs.append(proxy)
             proxy_url = (t / "proxy.url").read_text().strip()
             print(
-                "| engine | concurrency | calls | direct median ms | proxy median ms | ratio | added ms | direct p90 | proxy p90 |"
+                "| engine | route | concurrency | calls | direct median ms | proxy median ms | ratio | added ms"
+                " | direct p90 | proxy p90 |"
             )
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             lat_rows += await latency(fast_url, proxy_url, n, "fast (stand-in for SGLang)")
+            lat_rows += await latency(fast_url, proxy_url, n, "fast (stand-in for SGLang)", "responses")
             rate = await recorded_rate(url, "FAST", proxy_url, n * 4)
             growth = await tree_vs_flat(url, "FAST", proxy_url)
             for p in procs:

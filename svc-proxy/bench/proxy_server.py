@@ -23,6 +23,7 @@ async def main() -> None:
     ap.add_argument("--port-file", type=Path, required=True)
     ap.add_argument("--outbox", help="a durable outbox file (default: in memory)")
     ap.add_argument("--no-fsync", action="store_true", help="commit the outbox without fsync")
+    ap.add_argument("--engine-transport", default="http1", choices=("http1", "httpx"), help="the hot path's client")
     args = ap.parse_args()
     log = await EventLog.connect(
         args.nats, LogConfig(stream=args.stream, prefix=f"{args.stream.lower()}.ev", blob_bucket=f"{args.stream}_B")
@@ -33,6 +34,7 @@ async def main() -> None:
             require_key=False,
             outbox_path=args.outbox,
             outbox_fsync=not args.no_fsync,
+            engine_transport=args.engine_transport,
         ),
         event_log=log,
     )

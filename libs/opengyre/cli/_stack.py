@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -111,6 +112,14 @@ def up(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `opengyre down`")
     ] = False,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine",
+            help="A rollout engine the proxy routes to (repeat for several): http://host:port for SGLang or the "
+            "CPU engine, vllm+http://host:port for vLLM [default: OPENGYRE_PROXY_ENGINES, else what was recorded]",
+        ),
+    ] = None,
 ) -> None:
     """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service.
 
@@ -118,6 +127,8 @@ def up(
     next `up`, use them without being told again.
     """
     settings = settings_from(data_dir, nats_url, db_url, stream)
+    if engine is not None:
+        settings = dataclasses.replace(settings, proxy_engines=tuple(engine))
     names = _parse_services(services)
     if detach:
         _detach(settings, names)
@@ -149,6 +160,8 @@ def _detach(settings: Settings, names: list[str]) -> None:
         "--stream",
         settings.log.stream,
     ]
+    for url in settings.proxy_engines:
+        args += ["--engine", url]
     # Given even when empty: '' sets a recorded URL back to the default.
     if settings.nats_url is not None:
         args += ["--nats-url", settings.nats_url]

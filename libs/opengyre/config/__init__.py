@@ -30,7 +30,7 @@ PROXY_HTTP_PORT = 8080
 # The key of the proxy's HTTP port in ``Settings.explicit_ports``.
 PROXY_HTTP = "proxy_http"
 # What `opengyre up` records for the commands that come after it.
-RECORDED = ("nats_url", "db_url", "stream", "prefix")
+RECORDED = ("nats_url", "db_url", "stream", "prefix", "proxy_engines")
 
 
 class SettingsError(ValueError):
@@ -65,6 +65,9 @@ class Settings:
     explicit_ports: frozenset[str] = frozenset()
     # The supervisor restarts a nats-server whose store failed a write once this much space is free again.
     log_min_free_mb: int = 64
+    # Rollout engines the proxy routes to from the start (``http://`` SGLang or the CPU engine, ``vllm+http://``
+    # vLLM); more join through scheduler cells or gRPC AddEngine. `opengyre up --engine`, OPENGYRE_PROXY_ENGINES.
+    proxy_engines: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -101,7 +104,14 @@ class Settings:
             )
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc
+        if "proxy_engines" in clean:
+            engines = tuple(str(u) for u in clean.pop("proxy_engines"))  # type: ignore[attr-defined]
+        elif env.get("OPENGYRE_PROXY_ENGINES"):
+            engines = tuple(u.strip() for u in env["OPENGYRE_PROXY_ENGINES"].split(",") if u.strip())
+        else:
+            engines = tuple(str(u) for u in recorded.get("proxy_engines") or [])
         s = cls(
+            proxy_engines=engines,
             data_dir=data_dir,
             nats_url=pick("nats_url", "OPENGYRE_NATS_URL", None),
             nats_monitor_url=env.get("OPENGYRE_NATS_MONITOR_URL") or None,
@@ -143,7 +153,13 @@ class Settings:
 
     def record(self) -> None:
         """Write what later commands must agree on (``opengyre up`` does, before anything starts)."""
-        data = {"nats_url": self.nats_url, "db_url": self.db_url, "stream": self.log.stream, "prefix": self.log.prefix}
+        data = {
+            "nats_url": self.nats_url,
+            "db_url": self.db_url,
+            "stream": self.log.stream,
+            "prefix": self.log.prefix,
+            "proxy_engines": list(self.proxy_engines),
+        }
         tmp = self.settings_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(self.settings_file)

@@ -13,8 +13,18 @@ from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arg
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number
+from ._structured import ToolChoice
+from ._tooldefs import ANTHROPIC_NAME, check_schema, check_tool_name
 
-__all__ = ["count_tokens_request", "error_body", "message_response", "message_stream", "parse_messages"]
+__all__ = [
+    "context_error",
+    "count_tokens_request",
+    "error_body",
+    "message_response",
+    "message_stream",
+    "parse_messages",
+    "stream_error",
+]
 
 _enc = msgspec.json.Encoder()
 
@@ -36,6 +46,21 @@ def error_body(err: ApiError, request_id: str | None = None) -> dict[str, Any]:
         "error": {"type": _ERROR_TYPES.get(err.kind, "invalid_request_error"), "message": err.message},
         "request_id": request_id or f"req_{uuid.uuid4().hex[:24]}",
     }
+
+
+def stream_error(message: str, overload: bool) -> bytes:
+    """The event that ends a stream whose generation failed after the 200 went out."""
+    kind = "overloaded_error" if overload else "api_error"
+    return _event("error", {"type": "error", "error": {"type": kind, "message": message}})
+
+
+def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:
+    if max_tokens is None:
+        return ApiError.invalid(f"prompt is too long: {prompt_tokens} tokens > {context_length - 1} maximum")
+    return ApiError.invalid(
+        f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_tokens} > {context_length}, "
+        "decrease input length or `max_tokens` and try again"
+    )
 
 
 def _text_of(content: object, where: str) -> str:
@@ -131,12 +156,18 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
         raise ApiError.invalid("tools: must be a list")
     out = []
     for i, t in enumerate(raw):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        if not isinstance(t, dict):
+            raise ApiError.invalid(f"tools.{i}: must be an object")
+        if t.get("type") not in (None, "custom"):
+            raise ApiError.invalid(f"tools.{i}.type: server tool {t.get('type')!r} is not supported by this model")
+        if "name" not in t:
             raise ApiError.invalid(f"tools.{i}.name: Field required")
-        fn: dict[str, Any] = {"name": t["name"]}
+        fn: dict[str, Any] = {"name": check_tool_name(t["name"], ANTHROPIC_NAME, f"tools.{i}.name")}
         if t.get("description"):
             fn["description"] = t["description"]
-        fn["parameters"] = t.get("input_schema", {"type": "object"})
+        if "input_schema" not in t:
+            raise ApiError.invalid(f"tools.{i}.input_schema: Field required")
+        fn["parameters"] = check_schema(t["input_schema"], f"tools.{i}.input_schema", require_object=True)
         out.append({"type": "function", "function": fn})
     return out or None
 
@@ -161,6 +192,14 @@ def parse_messages(raw: object) -> GenRequest:
     req = GenRequest(dialect="anthropic", model=model, stream=stream, max_tokens=mt)
     req.messages = _convert_messages(body.get("messages"), _system(body.get("system")))
     req.tools = _tools(body.get("tools"))
+    req.tool_choice = ToolChoice.anthropic(body, req.tools)
+    thinking = body.get("thinking")
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            raise ApiError.invalid("thinking.type: must be 'enabled' or 'disabled'")
+        if thinking["type"] == "enabled":
+            # The served model's chat template has no reasoning format: no thinking block could be real.
+            raise ApiError.invalid(f"thinking: model {model!r} does not support extended thinking")
     t = check_number(body, "temperature", 0.0, 1.0)
     if t is not None:
         req.sampling["temperature"] = t
@@ -221,16 +260,20 @@ def _partial_json(arguments: str) -> str:
     return json.dumps(arguments_object(arguments))
 
 
-def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
+def _usage(prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Anthropic usage. The engine's prefix cache is not Anthropic's prompt caching (``cache_control`` blocks),
+    so every prompt token is an input token, the same in ``message_start`` and at the end."""
     return {
-        "input_tokens": prompt_tokens - cached,
+        "input_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
+        "cache_read_input_tokens": 0,
     }
 
 
-def message_response(req: GenRequest, outcome: Outcome, turn: Turn, prompt_ids: list[int], rid: str) -> dict[str, Any]:
+def message_response(
+    req: GenRequest, codec: ChatCodec, outcome: Outcome, turn: Turn, prompt_ids: list[int], rid: str
+) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if turn.content:
         content.append({"type": "text", "text": turn.content})
@@ -244,7 +287,7 @@ def message_response(req: GenRequest, outcome: Outcome, turn: Turn, prompt_ids: 
         "content": content,
         "stop_reason": _stop_reason(turn),
         "stop_sequence": turn.stop_string,
-        "usage": _usage(len(prompt_ids), len(outcome.output_ids), outcome.cached_tokens),
+        "usage": _usage(len(prompt_ids), len(outcome.output_ids)),
     }
 
 
@@ -270,11 +313,11 @@ async def message_stream(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": len(prompt_ids), "output_tokens": 0},
+        "usage": _usage(len(prompt_ids), 0),
     }
     yield _event("message_start", {"type": "message_start", "message": start_msg})
     yield _event("ping", {"type": "ping"})
-    asm = StreamAssembler(codec, req.stop, "toolu_")
+    asm = StreamAssembler(codec, req.stop, "toolu_", forced_calls=req.tool_choice.forced)
     index = -1
     text_open = False
 
@@ -350,7 +393,7 @@ async def message_stream(
         r = on_turn(turn)
         if hasattr(r, "__await__"):
             await r
-    usage = _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)
+    usage = _usage(len(prompt_ids), len(final.output_ids))
     yield _event(
         "message_delta",
         {

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._chat import ChatCodec, IncrementalDecoder, parse_tool_call
+from ._structured import parse_forced_calls
 
 __all__ = [
     "Outcome",
@@ -54,11 +55,19 @@ class Outcome:
 
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    # Per output token, the most likely alternatives as (token id, logprob), when the call asked for them.
+    output_top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     weight_version: str = "default"
     weight_spans: list[tuple[str, int, int]] = field(default_factory=list)  # per-token versions over outputs
     cached_tokens: int = 0
     prompt_tokens: int = 0
+
+    def top_for(self, ids: Sequence[int]) -> list[list[tuple[int, float]]]:
+        """The alternatives of ``ids``, the last tokens added to ``output_ids`` ([] where none came)."""
+        end = len(self.output_ids)
+        start = end - len(ids)
+        return [self.output_top[i] if i < len(self.output_top) else [] for i in range(start, end)]
 
     @property
     def kind(self) -> str:
@@ -96,10 +105,17 @@ def _finish(outcome: Outcome, has_tools: bool) -> str:
     return "tool_calls" if has_tools else "stop"
 
 
-def assemble(codec: ChatCodec, outcome: Outcome, tool_prefix: str = "call_", *, parse_tools: bool = True) -> Turn:
+def assemble(
+    codec: ChatCodec,
+    outcome: Outcome,
+    tool_prefix: str = "call_",
+    *,
+    parse_tools: bool = True,
+    forced_calls: bool = False,
+) -> Turn:
     """The whole turn at once; the same code path as streaming, so both give identical text and calls."""
     stop = [outcome.stop_string] if outcome.stop_string else []
-    asm = StreamAssembler(codec, stop, tool_prefix, parse_tools=parse_tools)
+    asm = StreamAssembler(codec, stop, tool_prefix, parse_tools=parse_tools, forced_calls=forced_calls)
     asm.push(outcome.output_ids)
     return asm.finish(outcome)[1]
 
@@ -119,14 +135,23 @@ class StreamAssembler:
     """Feed generated ids as they come; get text pieces and whole tool calls, in order.
 
     Text is held back by the longest stop string (plus slack for multi-character tokens) so a stop string
-    that completes later is never sent; a tool call is emitted once its closing tag arrives.
+    that completes later is never sent; a tool call is emitted once its closing tag arrives. A forced turn
+    (``forced_calls``: generated under ``_structured``'s constraint) is one JSON array of calls, parsed at
+    the end; if it is not one (cut by the length limit), its text is the content.
     """
 
     def __init__(
-        self, codec: ChatCodec, stop: Sequence[str] = (), tool_prefix: str = "call_", *, parse_tools: bool = True
+        self,
+        codec: ChatCodec,
+        stop: Sequence[str] = (),
+        tool_prefix: str = "call_",
+        *,
+        parse_tools: bool = True,
+        forced_calls: bool = False,
     ) -> None:
         self.codec = codec
         self.parse_tools = parse_tools
+        self.forced_calls = forced_calls
         self.tool_prefix = tool_prefix
         self._text = IncrementalDecoder(codec)
         self._hold = (max(len(s) for s in stop) + 16) if stop else 0
@@ -149,6 +174,9 @@ class StreamAssembler:
 
     def push(self, ids: Sequence[int]) -> list[TextPiece | ToolPiece]:
         out: list[TextPiece | ToolPiece] = []
+        if self.forced_calls:  # nothing is shown before the whole array is there
+            self.ids.extend(ids)
+            return out
         start = self.codec.tool_start if self.parse_tools else None
         end = self.codec.tool_end
         run: list[int] = []  # consecutive text ids, decoded together
@@ -183,7 +211,24 @@ class StreamAssembler:
         self.tool_calls.append(call)
         out.append(ToolPiece(len(self.tool_calls) - 1, call))
 
+    def _finish_forced(self, outcome: Outcome) -> tuple[list[TextPiece | ToolPiece], Turn]:
+        out: list[TextPiece | ToolPiece] = []
+        text = self.codec.decode(self.ids)
+        calls = parse_forced_calls(text)
+        if calls is None:
+            self._hold = 0
+            self._emit_text(text, out)
+        else:
+            for name, arguments in calls:
+                self.tool_calls.append(ToolCallOut(new_tool_id(self.tool_prefix), name, arguments))
+                out.append(ToolPiece(len(self.tool_calls) - 1, self.tool_calls[-1]))
+        calls_out = tuple(self.tool_calls)
+        turn = Turn(self.content, calls_out, _finish(outcome, bool(calls_out)), outcome.stop_string)
+        return out, turn
+
     def finish(self, outcome: Outcome) -> tuple[list[TextPiece | ToolPiece], Turn]:
+        if self.forced_calls:
+            return self._finish_forced(outcome)
         out: list[TextPiece | ToolPiece] = []
         if self._in_tool is not None:  # an unterminated tool call is text
             body = self._in_tool

@@ -51,6 +51,22 @@ def parse_tool_call(text: str) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args)
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character a byte-level BPE token uses for each byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars = list(keep)
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
 class ChatCodec:
     """Tokenizer + chat template of one served model."""
 
@@ -117,6 +133,16 @@ class ChatCodec:
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special))
+
+    def token_bytes(self, tid: int) -> bytes:
+        """The bytes one token stands for (a byte-level token may be part of a character: not text alone)."""
+        text = self.decode([tid], skip_special=False)
+        if "\ufffd" not in text or tid in self.special_ids:
+            return text.encode()
+        piece = self._backend.id_to_token(tid) or ""
+        if piece and all(ch in _BYTE_DECODER for ch in piece):
+            return bytes(_BYTE_DECODER[ch] for ch in piece)
+        return text.encode()
 
 
 class IncrementalDecoder:

@@ -6,25 +6,30 @@ chunks (SGLang's default) and turns them into token deltas.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
 
-from ._http1 import Http1Error, Http1Pool, Http1Response
+from ._http1 import Http1Error, Http1Pool
 
 __all__ = [
     "EngineBadReply",
     "EngineClient",
+    "EngineConnection",
     "EngineFailed",
     "EngineRejected",
     "EngineReply",
+    "EngineResponse",
+    "RolloutEngine",
     "behaviour_logprobs",
     "sse_chunks",
+    "top_alternatives",
 ]
 
 _enc = msgspec.json.Encoder()
@@ -82,12 +87,22 @@ def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) ->
     return out
 
 
+def top_alternatives(entry: object) -> list[tuple[int, float]]:
+    """SGLang's ``[[logprob, id, text], ...]`` for one token as ``(id, logprob)`` pairs (malformed ones dropped)."""
+    out: list[tuple[int, float]] = []
+    for e in entry if isinstance(entry, list) else []:
+        if isinstance(e, list | tuple) and len(e) >= 2 and isinstance(e[1], int) and (v := _number(e[0])) is not None:
+            out.append((e[1], v))
+    return out
+
+
 @dataclass(slots=True)
 class EngineReply:
     """Cumulative output of one ``/generate`` request as the chunks arrive."""
 
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[list[tuple[int, float]]] = field(default_factory=list)  # alternatives, when asked for
     finish: dict[str, Any] | None = None
     weight_version: str = "default"
     weight_spans: list[tuple[str, int, int]] = field(default_factory=list)  # as the engine reported them
@@ -108,7 +123,7 @@ def _error_message(body: bytes) -> str:
     return str(obj)
 
 
-async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
+async def sse_chunks(r: EngineResponse) -> AsyncGenerator[Any, None]:
     """The JSON chunks of a server-sent-events body; an error chunk raises EngineRejected (4xx) or EngineFailed.
 
     ``[DONE]`` is skipped and the body read on to its end, so the connection goes back to the pool.
@@ -130,8 +145,152 @@ async def sse_chunks(r: Http1Response) -> AsyncGenerator[Any, None]:
         yield chunk
 
 
+class RolloutEngine(Protocol):
+    """What the dispatcher and the pool need of an engine client; SGLang's and vLLM's clients implement it."""
+
+    raw_logprobs: bool  # its logprobs are of the raw logits, not at the sampling temperature (``_temperature``)
+    conn: EngineConnection
+
+    def generate(
+        self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = False
+    ) -> AsyncGenerator[tuple[list[int], list[float]], None]:
+        """Run SGLang's ``/generate`` payload; yield ``(new ids, new logprobs)``, filling ``reply``."""
+        ...
+
+    async def abort(self, rid: str) -> None: ...
+
+    async def health(self) -> bool: ...
+
+    async def incremental_streaming(self) -> bool: ...
+
+    async def context_length(self) -> int | None:
+        """The longest prompt + output the engine serves, as it reports it (None if it does not)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class EngineResponse(Protocol):
+    """A hot-path response being read: what the HTTP/1 client and the httpx adapter both give."""
+
+    status: int
+
+    async def read(self) -> bytes: ...
+
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+class _HttpxResponse:
+    """An httpx streamed response behind ``EngineResponse`` (the benchmark's baseline transport)."""
+
+    def __init__(self, r: httpx.Response) -> None:
+        self._r = r
+        self.status = r.status_code
+
+    async def read(self) -> bytes:
+        try:
+            return await self._r.aread()
+        except httpx.HTTPError as exc:
+            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        try:
+            async for line in self._r.aiter_lines():
+                yield line.encode()
+        except httpx.HTTPError as exc:
+            raise Http1Error(f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._r.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
+class EngineConnection:
+    """One engine's HTTP plumbing, shared by every client kind: the hand-written HTTP/1 pool for the hot path
+    (with a read timeout), an httpx client for everything else, the auth header, and error mapping.
+
+    ``transport="httpx"`` sends the hot path through httpx instead, with the same read timeout: the baseline
+    svc-proxy/bench/proxy_bench.py measures the hand-written client against (docs/benchmarks.md).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        idle_timeout_s: float = 4.0,
+        read_timeout_s: float = 600.0,
+        transport: str = "http1",
+    ) -> None:
+        """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
+        keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
+        if transport not in ("http1", "httpx"):
+            raise ValueError(f"unknown engine transport {transport!r} (http1 or httpx)")
+        self.base_url = base_url.rstrip("/")
+        self.transport = transport
+        self._own = http is None
+        self.http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        )
+        self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
+        self._read_timeout = httpx.Timeout(read_timeout_s, connect=5.0)
+        self.headers = {"content-type": "application/json"}
+        if api_key:
+            self.headers["authorization"] = f"Bearer {api_key}"
+
+    async def close(self) -> None:
+        await self.fast.close()
+        if self._own:
+            await self.http.aclose()
+
+    async def post(self, path: str, payload: dict[str, Any]) -> EngineResponse:
+        """POST on the hot path; an engine that cannot be reached raises EngineFailed."""
+        try:
+            if self.transport == "httpx":
+                req = self.http.build_request(
+                    "POST", self.base_url + path, content=_enc.encode(payload), headers=self.headers,
+                    timeout=self._read_timeout,
+                )  # fmt: skip
+                return _HttpxResponse(await self.http.send(req, stream=True))
+            return await self.fast.request("POST", path, _enc.encode(payload), self.headers)
+        except httpx.HTTPError as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        except Http1Error as exc:
+            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def get_json(self, path: str) -> Any:
+        """GET a JSON document (admin paths); None if the engine cannot answer it."""
+        try:
+            r = await self.http.get(self.base_url + path, headers=self.headers, timeout=5.0)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def healthy(self) -> bool:
+        try:
+            r = await self.http.get(self.base_url + "/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    @staticmethod
+    def raise_for(status: int, body: bytes) -> None:
+        msg = _error_message(body)
+        if 400 <= status < 500 and status not in (408, 429):
+            raise EngineRejected(status, msg)
+        raise EngineFailed(f"engine answered {status}: {msg}")
+
+
 class EngineClient:
-    # The logprobs it returns are of the raw logits (not at the sampling temperature): see ``_temperature``.
+    """SGLang's native ``/generate`` (and the CPU engine, which serves the same API)."""
+
     raw_logprobs = False
 
     def __init__(
@@ -142,24 +301,23 @@ class EngineClient:
         http: httpx.AsyncClient | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
-        """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
-        keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
-        self.base_url = base_url.rstrip("/")
-        self._own = http is None
-        self.http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        self.conn = EngineConnection(
+            base_url,
+            api_key=api_key,
+            http=http,
+            idle_timeout_s=idle_timeout_s,
+            read_timeout_s=read_timeout_s,
+            transport=transport,
         )
-        # The hot path: /generate.
-        self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
-        self.headers = {"content-type": "application/json"}
-        if api_key:
-            self.headers["authorization"] = f"Bearer {api_key}"
+
+    @property
+    def fast(self) -> Http1Pool:
+        return self.conn.fast
 
     async def close(self) -> None:
-        await self.fast.close()
-        if self._own:
-            await self.http.aclose()
+        await self.conn.close()
 
     @staticmethod
     def _apply(reply: EngineReply, chunk: dict[str, Any], incremental: bool) -> tuple[list[int], list[float]]:
@@ -178,6 +336,10 @@ class EngineClient:
         else:
             n = len(reply.output_ids)
             new_ids, new_lps = ids[n:], lps[n:]
+        tops = meta.get("output_top_logprobs")
+        if isinstance(tops, list):
+            new_tops = tops if incremental else tops[len(reply.output_top) :]
+            reply.output_top.extend(top_alternatives(t) for t in new_tops)
         reply.output_ids.extend(new_ids)
         reply.output_logprobs.extend(new_lps)
         reply.finish = meta.get("finish_reason")
@@ -196,54 +358,50 @@ class EngineClient:
 
         With ``payload["stream"]`` false there is one delta, at the end.
         """
+        r = await self.conn.post("/generate", payload)
         try:
-            r = await self.fast.request("POST", "/generate", _enc.encode(payload), self.headers)
-            try:
-                if r.status >= 400:
-                    self._raise(r.status, await r.read())
-                if not payload.get("stream"):
-                    yield self._apply(reply, _dec.decode(await r.read()), False)
-                    return
-                async for chunk in sse_chunks(r):
-                    yield self._apply(reply, chunk, incremental)
-            finally:
-                r.close()  # a no-op once the body was read to the end (the connection is then pooled)
+            if r.status >= 400:
+                self.conn.raise_for(r.status, await r.read())
+            if not payload.get("stream"):
+                yield self._apply(reply, _dec.decode(await r.read()), False)
+                return
+            async for chunk in sse_chunks(r):
+                yield self._apply(reply, chunk, incremental)
         except (Http1Error, msgspec.DecodeError) as exc:
             raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            r.close()  # a no-op once the body was read to the end (the connection is then pooled)
         if reply.finish is None:
             raise EngineFailed("the engine's stream ended without a finish reason")
 
-    @staticmethod
-    def _raise(status: int, body: bytes) -> None:
-        msg = _error_message(body)
-        if 400 <= status < 500 and status not in (408, 429):
-            raise EngineRejected(status, msg)
-        raise EngineFailed(f"engine answered {status}: {msg}")
-
     async def abort(self, rid: str) -> None:
         with contextlib.suppress(httpx.HTTPError):
-            await self.http.post(
-                self.base_url + "/abort_request", content=_enc.encode({"rid": rid}), headers=self.headers, timeout=5.0
+            await self.conn.http.post(
+                self.conn.base_url + "/abort_request",
+                content=_enc.encode({"rid": rid}),
+                headers=self.conn.headers,
+                timeout=5.0,
             )
 
     async def health(self) -> bool:
-        try:
-            r = await self.http.get(self.base_url + "/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 200
+        return await self.conn.healthy()
 
     async def incremental_streaming(self) -> bool:
         """Whether the engine streams deltas instead of cumulative chunks (from ``/server_info``; off if unknown)."""
-        try:
-            r = await self.http.get(self.base_url + "/server_info", headers=self.headers, timeout=5.0)
-            info = r.json() if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
-            return False
+        info = await self.conn.get_json("/server_info")
         return isinstance(info, dict) and info.get("incremental_streaming_output") is True
 
+    async def context_length(self) -> int | None:
+        """SGLang reports ``context_length`` in ``/server_info`` (its server args) and ``/model_info``."""
+        for path in ("/model_info", "/server_info"):
+            info = await self.conn.get_json(path)
+            value = info.get("context_length") if isinstance(info, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     async def model_info(self) -> dict[str, Any]:
-        r = await self.http.get(self.base_url + "/model_info", headers=self.headers, timeout=5.0)
+        r = await self.conn.http.get(self.conn.base_url + "/model_info", headers=self.conn.headers, timeout=5.0)
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out

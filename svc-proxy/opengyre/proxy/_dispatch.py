@@ -44,6 +44,7 @@ class Dispatch:
         affinity: str,
         stream: bool = True,
         max_attempts: int = 8,
+        top_logprobs: int = 0,
     ) -> None:
         self.pool = pool
         self.prompt_ids = prompt_ids
@@ -52,6 +53,7 @@ class Dispatch:
         self.affinity = affinity
         self.stream = stream
         self.max_attempts = max_attempts
+        self.top_logprobs = top_logprobs  # alternatives per output token (0: none asked)
         self.outcome = Outcome(prompt_tokens=len(prompt_ids))
         self.engines: list[str] = []
         self.raw_logprobs = False  # an engine that answered returns raw-logit logprobs (see ``_temperature``)
@@ -121,6 +123,8 @@ class Dispatch:
                     "return_logprob": True,
                     "stream": self.stream,
                 }
+                if self.top_logprobs:
+                    payload["top_logprobs_num"] = self.top_logprobs
                 reply = EngineReply()
                 broke = False
                 offset = len(out.output_ids)
@@ -138,6 +142,9 @@ class Dispatch:
                                     self.ttft_ms = (time.perf_counter() - self.t0) * 1e3
                                 out.output_ids.extend(ids)
                                 out.output_logprobs.extend(lps)
+                                if self.top_logprobs:
+                                    got = reply.output_top[len(out.output_ids) - offset - len(ids) :]
+                                    out.output_top.extend(got[: len(ids)] + [[]] * (len(ids) - len(got)))
                                 yield ids, lps
                 except EngineRejected as exc:
                     raise ApiError(

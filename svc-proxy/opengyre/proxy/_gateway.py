@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -41,14 +42,17 @@ from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
 from ._chat import ChatCodec
+from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch
 from ._errors import ApiError
 from ._http import HttpServer
+from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
+from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
 
@@ -87,6 +91,7 @@ class GatewayConfig:
     engine_idle_timeout_s: float = 4.0
     # The longest an engine may stay silent mid-response; a non-streamed generation is silent until it ends.
     engine_read_timeout_s: float = 600.0
+    engine_transport: str = "http1"  # "httpx": the hot path through httpx (the benchmark's baseline)
     # Where answered calls wait for the log (SQLite, fsync'd); None keeps them in memory (lost if the process dies).
     outbox_path: str | None = None
     outbox_fsync: bool = True  # False: survives the process dying, not the machine (no fsync per call)
@@ -104,13 +109,6 @@ class GatewayStats:
     rejected: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
     drift: int = 0
     rerouted: int = 0
-
-
-class _Json(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return _enc.encode(content)
 
 
 class Gateway:
@@ -137,6 +135,7 @@ class Gateway:
             api_key=c.engine_api_key,
             idle_timeout_s=c.engine_idle_timeout_s,
             read_timeout_s=c.engine_read_timeout_s,
+            transport=c.engine_transport,
         )
         self.recorder = Recorder(
             event_log,
@@ -310,14 +309,14 @@ class Gateway:
         except msgspec.DecodeError as exc:
             raise ApiError.invalid(f"malformed JSON body: {exc}") from None
 
-    def _error(self, err: ApiError, anthropic: bool) -> Response:
+    def _error(self, err: ApiError, dialect: Dialect) -> Response:
         self.stats.rejected[f"{err.status}"] += 1
-        body = anthropic_api.error_body(err) if anthropic else openai_api.error_body(err)
+        body = dialect.error_body(err)
         headers = {}
         if err.retry_after is not None:
             headers["retry-after"] = str(max(1, round(err.retry_after)))
             headers["x-should-retry"] = "true"
-        return _Json(body, status_code=err.status, headers=headers)
+        return Json(body, status_code=err.status, headers=headers)
 
     # --- the call path ----------------------------------------------------------------------------------
 
@@ -329,18 +328,20 @@ class Gateway:
             raise ApiError.invalid("the prompt is empty", param="prompt")
         return traj.plan_tokens(ids)
 
-    def _check_context(self, plan: Plan, anthropic: bool) -> int:
+    def effective_context(self) -> int:
+        """The context a call can count on: the gateway's, or less where an engine told the pool less."""
+        known = [h.context_length for h in self.pool.engines() if h.state == "active" and h.context_length]
+        return min([self.context_length, *known])
+
+    def _check_context(self, plan: Plan, req: GenRequest, dialect: Dialect) -> int:
+        """Room left for output; a call that can never fit is refused before anything is sent (400)."""
         n = len(plan.prompt_ids)
-        if n >= self.context_length:
-            if anthropic:
-                raise ApiError.invalid(f"prompt is too long: {n} tokens > {self.context_length - 1} maximum")
-            raise ApiError.invalid(
-                f"This model's maximum context length is {self.context_length} tokens. However, your messages "
-                f"resulted in {n} tokens. Please reduce the length of the messages.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        return self.context_length - n
+        context = self.effective_context()
+        if n >= context:
+            raise dialect.context_error(n, context, None)
+        if req.max_tokens is not None and req.max_tokens_explicit and n + req.max_tokens > context:
+            raise dialect.context_error(n, context, req.max_tokens)
+        return context - n
 
     def _sampling(self, req: GenRequest, room: int) -> dict[str, Any]:
         sp = dict(req.sampling)
@@ -348,6 +349,7 @@ class Gateway:
         sp["max_new_tokens"] = min(req.max_tokens or self.config.default_max_tokens, room)
         if req.stop:
             sp["stop"] = list(req.stop)
+        structured_sampling(sp, req.tools, req.tool_choice, req.json_schema, self.codec.tool_start)
         return sp
 
     async def _record(
@@ -421,17 +423,11 @@ class Gateway:
         written.add_done_callback(commit)  # runs before this coroutine resumes: the state is there first
         await asyncio.shield(written)  # shielded: a caller that leaves does not cancel what the others share
 
-    async def _call(self, request: Request, kind: str) -> Response:
-        anthropic = kind == "anthropic"
+    async def _call(self, request: Request, dialect: Dialect) -> Response:
         try:
             eid, role, claimed = self._authorize(request)
             body = await self._body(request)
-            if kind == "chat":
-                req = openai_api.parse_chat(body)
-            elif kind == "completions":
-                req = openai_api.parse_completion(body)
-            else:
-                req = anthropic_api.parse_messages(body)
+            req = dialect.parse(body)
             if not self._known_model(req.model):
                 raise ApiError(
                     404,
@@ -444,13 +440,15 @@ class Gateway:
                 self.recorder.admit()  # a call is answered only if it can be recorded
             except RecorderFull as exc:
                 raise ApiError(
-                    529 if anthropic else 503, "overloaded", f"recording is behind: {exc}", retry_after=exc.retry_after
+                    dialect.overloaded_status, "overloaded", f"recording is behind: {exc}", retry_after=exc.retry_after
                 ) from exc
             traj = await self.trajectory(eid)
+            if dialect.resolve is not None:
+                dialect.resolve(req, traj)
             plan = self._plan(traj, req)
             if not claimed and self.config.infer_roles:
                 role = self._infer_role(traj, plan)
-            room = self._check_context(plan, anthropic)
+            room = self._check_context(plan, req, dialect)
             call_id = uuid.uuid4().hex
             dispatch = Dispatch(
                 self.pool,
@@ -460,13 +458,14 @@ class Gateway:
                 affinity=eid,
                 stream=req.stream or self.config.engine_streaming,
                 max_attempts=self.config.max_attempts,
+                top_logprobs=req.top_logprobs if req.logprobs else 0,
             )
             try:
                 await dispatch.start()
             except NoCapacity as exc:
                 raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
         except ApiError as err:
-            return self._error(err, anthropic)
+            return self._error(err, dialect)
 
         async def on_turn(turn: Turn) -> None:
             await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
@@ -474,20 +473,9 @@ class Gateway:
         prompt = plan.prompt_ids
         if req.stream:
             source = _guard(dispatch.deltas(), dispatch.outcome)
-            if kind == "chat":
-                stream = openai_api.chat_stream(
-                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
-                )
-            elif kind == "completions":
-                stream = openai_api.completion_stream(
-                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
-                )
-            else:
-                stream = anthropic_api.message_stream(
-                    req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn
-                )
+            stream = dialect.stream(req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn)
             return _CallStream(
-                _stream_errors(stream, dispatch.outcome, anthropic),
+                _stream_errors(stream, dispatch.outcome, dialect),
                 dispatch,
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
@@ -496,33 +484,35 @@ class Gateway:
             async for _ in dispatch.deltas():
                 pass
         except ApiError as err:
-            return self._error(err, anthropic)
+            return self._error(err, dialect)
         out = dispatch.outcome
         if out.kind == "abort":
             msg = str((out.finish or {}).get("message", "the generation was aborted"))
-            return self._error(ApiError(529 if anthropic else 503, "overloaded", msg), anthropic)
-        turn = assemble(self.codec, out, "toolu_" if anthropic else "call_", parse_tools=kind != "completions")
+            return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect)
+        turn = assemble(
+            self.codec,
+            out,
+            dialect.tool_prefix,
+            parse_tools=dialect.parse_tools,
+            forced_calls=req.tool_choice.forced,
+        )
         try:
             await on_turn(turn)
         except RecordFailed as exc:
-            return self._error(ApiError(500, "api_error", _not_recorded(exc)), anthropic)
-        if kind == "chat":
-            return _Json(openai_api.chat_response(req, self.codec, out, turn, prompt, call_id))
-        if kind == "completions":
-            return _Json(openai_api.completion_response(req, self.codec, out, turn.content, prompt, call_id))
-        return _Json(anthropic_api.message_response(req, out, turn, prompt, call_id))
+            return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+        return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
 
     # --- routes -------------------------------------------------------------------------------------------
 
     def _build_app(self) -> Starlette:
-        async def chat(request: Request) -> Response:
-            return await self._call(request, "chat")
+        def call_route(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+            async def route(request: Request) -> Response:
+                return await self._call(request, dialect)
 
-        async def completions(request: Request) -> Response:
-            return await self._call(request, "completions")
+            return route
 
-        async def messages(request: Request) -> Response:
-            return await self._call(request, "anthropic")
+        chat, completions, messages = call_route(CHAT), call_route(COMPLETIONS), call_route(ANTHROPIC)
+        responses = call_route(RESPONSES)
 
         async def count_tokens(request: Request) -> Response:
             try:
@@ -532,21 +522,21 @@ class Gateway:
                     raise ApiError(404, "not_found", f"model: {req.model}")
                 plan = (await self.trajectory(eid)).plan(req.messages or [], req.tools)
             except ApiError as err:
-                return self._error(err, True)
-            return _Json({"input_tokens": len(plan.prompt_ids)})
+                return self._error(err, ANTHROPIC)
+            return Json({"input_tokens": len(plan.prompt_ids)})
 
         async def models(request: Request) -> Response:
             anthropic = "anthropic-version" in request.headers
             try:
                 self._authorize(request)
             except ApiError as err:
-                return self._error(err, anthropic)
+                return self._error(err, ANTHROPIC if anthropic else CHAT)
             names = self.model_names()
             if anthropic:
                 data = [
                     {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in names
                 ]
-                return _Json(
+                return Json(
                     {
                         "data": data,
                         "has_more": False,
@@ -554,7 +544,7 @@ class Gateway:
                         "last_id": names[-1] if names else None,
                     }
                 )
-            return _Json(openai_api.models_body(names))
+            return Json(openai_api.models_body(names))
 
         async def model(request: Request) -> Response:
             anthropic = "anthropic-version" in request.headers
@@ -564,14 +554,14 @@ class Gateway:
                 if not self._known_model(name):
                     raise ApiError(404, "not_found", f"The model `{name}` does not exist", code="model_not_found")
             except ApiError as err:
-                return self._error(err, anthropic)
+                return self._error(err, ANTHROPIC if anthropic else CHAT)
             if anthropic:
-                return _Json({"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"})
-            return _Json({"id": name, "object": "model", "created": 0, "owned_by": "opengyre"})
+                return Json({"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"})
+            return Json({"id": name, "object": "model", "created": 0, "owned_by": "opengyre"})
 
         async def health(request: Request) -> Response:
             engines = [h for h in self.pool.engines() if h.state == "active"]
-            return _Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
+            return Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
 
         async def metrics(request: Request) -> Response:
             return Response(render_metrics(self), media_type="text/plain; version=0.0.4")
@@ -581,12 +571,29 @@ class Gateway:
             routes += [
                 Route(f"{base}/chat/completions", chat, methods=["POST"]),
                 Route(f"{base}/completions", completions, methods=["POST"]),
+                Route(f"{base}/responses", responses, methods=["POST"]),
                 Route(f"{base}/messages", messages, methods=["POST"]),
                 Route(f"{base}/messages/count_tokens", count_tokens, methods=["POST"]),
                 Route(f"{base}/models", models, methods=["GET"]),
                 Route(f"{base}/models/{{model:path}}", model, methods=["GET"]),
             ]
-        return Starlette(routes=routes)
+
+        async def unknown(request: Request, exc: Exception) -> Response:
+            """No such route (or method): the dialect's JSON error, never a plain-text page."""
+            status = getattr(exc, "status_code", 404)
+            anthropic = "anthropic-version" in request.headers or request.url.path.endswith(
+                ("/messages", "/count_tokens")
+            )
+            what = "method" if status == 405 else "route"
+            err = ApiError(
+                status,
+                "not_found" if status == 404 else "invalid_request",
+                f"no {what} {request.method} {request.url.path} on this server",
+                code="unknown_url" if status == 404 else None,
+            )
+            return self._error(err, ANTHROPIC if anthropic else CHAT)
+
+        return Starlette(routes=routes, exception_handlers={HTTPException: unknown})
 
 
 class _CallStream(StreamingResponse):
@@ -618,7 +625,7 @@ def _not_recorded(exc: RecordFailed) -> str:
     return f"the call could not be recorded, so it is not answered (nothing was recorded): {exc}"
 
 
-async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthropic: bool) -> AsyncIterator[bytes]:
+async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect) -> AsyncIterator[bytes]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
     The dialect streams stop before their final frames when the outcome is an abort, so no client
@@ -633,16 +640,4 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, anthrop
     if outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
         # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.
-        overload = outcome.finish.get("status_code") in (None, 503, 529)
-        if anthropic:
-            kind = "overloaded_error" if overload else "api_error"
-            yield (
-                b"event: error\ndata: "
-                + _enc.encode({"type": "error", "error": {"type": kind, "message": msg}})
-                + b"\n\n"
-            )
-        else:
-            code = "engine_unavailable" if overload else "engine_error"
-            err = {"message": msg, "type": "server_error", "param": None, "code": code}
-            yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
-            yield b"data: [DONE]\n\n"
+        yield dialect.stream_error(msg, outcome.finish.get("status_code") in (None, 503, 529))

@@ -13,19 +13,26 @@ from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
+from ._structured import ToolChoice, response_format_schema
+from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = [
+    "chat_logprobs_content",
     "chat_response",
     "chat_stream",
     "completion_response",
     "completion_stream",
+    "context_error",
     "error_body",
     "models_body",
     "parse_chat",
     "parse_completion",
+    "stream_error",
 ]
 
 _enc = msgspec.json.Encoder()
+
+DONE = b"data: [DONE]\n\n"
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -50,6 +57,28 @@ def error_body(err: ApiError) -> dict[str, Any]:
             "code": err.code,
         }
     }
+
+
+def stream_error(message: str, overload: bool) -> bytes:
+    """The frames that end a stream whose generation failed after the 200 went out."""
+    code = "engine_unavailable" if overload else "engine_error"
+    err = {"message": message, "type": "server_error", "param": None, "code": code}
+    return b"data: " + _enc.encode({"error": err}) + b"\n\n" + DONE
+
+
+def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:
+    if max_tokens is None:
+        msg = (
+            f"This model's maximum context length is {context_length} tokens. However, your messages "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+    else:
+        msg = (
+            f"This model's maximum context length is {context_length} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion."
+        )
+    return ApiError.invalid(msg, param="messages", code="context_length_exceeded")
 
 
 def models_body(names: list[str]) -> dict[str, Any]:
@@ -159,8 +188,9 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
             raise ApiError.invalid(f"tools[{i}] must be a function tool", param=f"tools[{i}]")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ApiError.invalid(f"tools[{i}].function.name is required", param=f"tools[{i}].function.name")
+        check_tool_name(fn.get("name"), OPENAI_NAME, f"tools[{i}].function.name")
+        if fn.get("parameters") is not None:
+            check_schema(fn["parameters"], f"tools[{i}].function.parameters", require_object=False)
         out.append({"type": "function", "function": fn})
     return out or None
 
@@ -203,6 +233,8 @@ def parse_chat(raw: object) -> GenRequest:
     req = GenRequest(dialect="openai-chat", model=model, stream=stream)
     req.messages = [_message(i, m) for i, m in enumerate(msgs)]
     req.tools = _tools(body)
+    req.tool_choice = ToolChoice.openai(body, req.tools)
+    req.json_schema = response_format_schema(body.get("response_format"))
     req.max_tokens = _max_tokens(body, "max_tokens", "max_completion_tokens")
     _common_sampling(body, req)
     lp = body.get("logprobs")
@@ -232,6 +264,7 @@ def parse_completion(raw: object) -> GenRequest:
     req.max_tokens = _max_tokens(body, "max_tokens")
     if req.max_tokens is None and body.get("max_tokens") is None:
         req.max_tokens = 16  # the Completions API's documented default
+        req.max_tokens_explicit = False
     _common_sampling(body, req)
     lp = body.get("logprobs")
     if lp is not None:
@@ -261,15 +294,35 @@ def _openai_finish(turn: Turn) -> str:
 
 
 def _token_str(codec: ChatCodec, tid: int) -> str:
-    return codec.decode([tid], skip_special=False)
+    """A token as OpenAI shows it: its text, or ``bytes:\\xNN`` for part of a character (as OpenAI does)."""
+    text = codec.decode([tid], skip_special=False)
+    if "\ufffd" in text:
+        raw = codec.token_bytes(tid)
+        if raw != text.encode():
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
 
 
-def _chat_logprobs(codec: ChatCodec, ids: list[int], lps: list[float]) -> dict[str, Any]:
+def _token_entry(codec: ChatCodec, tid: int, lp: float) -> dict[str, Any]:
+    return {"token": _token_str(codec, tid), "logprob": lp, "bytes": list(codec.token_bytes(tid))}
+
+
+def chat_logprobs_content(
+    codec: ChatCodec, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int
+) -> list[dict[str, Any]]:
+    """Per token: its text, bytes, logprob and ``k`` most likely alternatives (Chat and Responses share it)."""
     content = []
-    for tid, lp in zip(ids, lps, strict=False):
-        tok = _token_str(codec, tid)
-        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
-    return {"content": content}
+    for tid, lp, top in zip(ids, lps, tops, strict=False):
+        entry = _token_entry(codec, tid, lp)
+        entry["top_logprobs"] = [_token_entry(codec, t, v) for t, v in top[:k]]
+        content.append(entry)
+    return content
+
+
+def _chat_logprobs(
+    codec: ChatCodec, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int
+) -> dict[str, Any]:
+    return {"content": chat_logprobs_content(codec, ids, lps, tops, k)}
 
 
 def _tool_calls_json(turn: Turn) -> list[dict[str, Any]]:
@@ -288,7 +341,11 @@ def chat_response(
     choice: dict[str, Any] = {
         "index": 0,
         "message": message,
-        "logprobs": _chat_logprobs(codec, outcome.output_ids, outcome.output_logprobs) if req.logprobs else None,
+        "logprobs": _chat_logprobs(
+            codec, outcome.output_ids, outcome.output_logprobs, outcome.top_for(outcome.output_ids), req.top_logprobs
+        )
+        if req.logprobs
+        else None,
         "finish_reason": _openai_finish(turn),
     }
     out: dict[str, Any] = {
@@ -309,8 +366,6 @@ def chat_response(
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + _enc.encode(obj) + b"\n\n"
 
-
-DONE = b"data: [DONE]\n\n"
 
 TokenSource = AsyncIterator[tuple[list[int], list[float]]]
 
@@ -348,7 +403,7 @@ async def chat_stream(
         )
     else:
         yield chunk(first)
-    asm = StreamAssembler(codec, req.stop, "call_")
+    asm = StreamAssembler(codec, req.stop, "call_", forced_calls=req.tool_choice.forced)
 
     def pieces_out(pieces: list[TextPiece | ToolPiece]) -> list[bytes]:
         out = []
@@ -378,7 +433,8 @@ async def chat_stream(
         pieces = asm.push(ids)
         if req.logprobs and ids:
             # Logprobs ride on their own empty-content chunk so text hold-back cannot misalign them.
-            yield chunk({"content": ""}, logprobs=_chat_logprobs(codec, ids, lps))
+            tops = outcome().top_for(ids)
+            yield chunk({"content": ""}, logprobs=_chat_logprobs(codec, ids, lps, tops, req.top_logprobs))
         for b in pieces_out(pieces):
             yield b
     final = outcome()
@@ -405,23 +461,27 @@ async def _maybe_await(x: Any) -> None:
         await x
 
 
-def _completion_logprobs(codec: ChatCodec, ids: list[int], lps: list[float], offset: int) -> dict[str, Any]:
+def _completion_logprobs(
+    codec: ChatCodec, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int, offset: int
+) -> dict[str, Any]:
+    """Legacy logprobs: per token, the ``k`` most likely tokens and the chosen one (as OpenAI documents)."""
     tokens = [_token_str(codec, t) for t in ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {
-        "text_offset": offsets,
-        "token_logprobs": lps,
-        "tokens": tokens,
-        "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=False)],
-    }
+    alternatives = []
+    for tok, lp, top in zip(tokens, lps, tops, strict=False):
+        alt = {_token_str(codec, t): v for t, v in top[:k]}
+        alt.setdefault(tok, lp)
+        alternatives.append(alt)
+    return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": alternatives}
 
 
 def completion_response(
-    req: GenRequest, codec: ChatCodec, outcome: Outcome, text: str, prompt_ids: list[int], rid: str
+    req: GenRequest, codec: ChatCodec, outcome: Outcome, turn: Turn, prompt_ids: list[int], rid: str
 ) -> dict[str, Any]:
+    text = turn.content
     finish = "length" if outcome.kind == "length" else "stop"
     prefix = codec.decode(prompt_ids) if req.echo else ""
     choice: dict[str, Any] = {
@@ -429,7 +489,14 @@ def completion_response(
         "text": prefix + text,
         "finish_reason": finish,
         "stop_reason": outcome.stop_string,
-        "logprobs": _completion_logprobs(codec, outcome.output_ids, outcome.output_logprobs, len(prefix))
+        "logprobs": _completion_logprobs(
+            codec,
+            outcome.output_ids,
+            outcome.output_logprobs,
+            outcome.top_for(outcome.output_ids),
+            req.top_logprobs,
+            len(prefix),
+        )
         if req.logprobs
         else None,
     }
@@ -478,7 +545,7 @@ async def completion_stream(
             if first:
                 extra["prompt_token_ids"] = prompt_ids
         if req.logprobs and ids:
-            extra["logprobs"] = _completion_logprobs(codec, ids, lps, offset)
+            extra["logprobs"] = _completion_logprobs(codec, ids, lps, outcome().top_for(ids), req.top_logprobs, offset)
         offset += len(text)
         if text or extra:
             yield chunk(text, **extra)

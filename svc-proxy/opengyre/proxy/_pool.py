@@ -17,7 +17,7 @@ from typing import Protocol
 
 import httpx
 
-from ._client import EngineClient
+from ._client import EngineClient, RolloutEngine
 from ._vllm import VLLM_SCHEME, VllmClient
 
 __all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
@@ -37,12 +37,13 @@ class NoCapacity(Exception):
 class EngineHandle:
     engine_id: str
     url: str
-    client: EngineClient
+    client: RolloutEngine
     source: str = "static"  # "static" | "cell" | "grpc"
     state: str = "active"  # active | unhealthy | draining | gone
     inflight: set[str] = field(default_factory=set)
     failures: int = 0  # consecutive failed requests
     incremental: bool = False  # the engine streams deltas (SGLang's --incremental-streaming-output)
+    context_length: int | None = None  # what the engine said it serves (None: it did not say)
     served: int = 0
     rerouted: int = 0
     added_at: float = field(default_factory=time.time)
@@ -83,7 +84,9 @@ class EnginePool:
         api_key: str | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
+        self.transport = transport  # the hot path's HTTP client: "http1" (ours) or "httpx" (the bench baseline)
         self.max_inflight = max_inflight_per_engine
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
@@ -127,16 +130,20 @@ class EnginePool:
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
             old = h
-            kind = VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
-            client = kind(
+            kind: type[EngineClient] | type[VllmClient] = (
+                VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
+            )
+            client: RolloutEngine = kind(
                 url,
                 api_key=self.api_key,
                 http=self._http,
                 idle_timeout_s=self.idle_timeout_s,
                 read_timeout_s=self.read_timeout_s,
+                transport=self.transport,
             )
             h = EngineHandle(engine_id, url.rstrip("/"), client, source)
             h.incremental = await h.client.incremental_streaming()
+            h.context_length = await h.client.context_length()
             self._engines[engine_id] = h
             if old is not None:
                 await old.client.close()  # its keep-alive connections (requests on it finish first)

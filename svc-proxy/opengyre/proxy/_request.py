@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ApiError
+from ._structured import ToolChoice
 
 __all__ = ["GenRequest", "check_number", "content_text"]
 
@@ -14,7 +15,7 @@ Message = dict[str, Any]
 
 @dataclass
 class GenRequest:
-    dialect: str  # "openai-chat" | "openai-completions" | "anthropic"
+    dialect: str  # "openai-chat" | "openai-completions" | "openai-responses" | "anthropic"
     model: str
     stream: bool
     messages: list[Message] | None = None  # chat: OpenAI-shaped messages for the chat template
@@ -22,6 +23,7 @@ class GenRequest:
     prompt_ids: list[int] | None = None  # completions given token ids
     prompt_text: str | None = None  # completions given text
     max_tokens: int | None = None
+    max_tokens_explicit: bool = True  # False: the dialect's default (legacy completions' 16), not the caller's
     stop: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)  # SGLang sampling_params, less max_new_tokens/stop
     include_usage: bool = False
@@ -29,6 +31,9 @@ class GenRequest:
     top_logprobs: int = 0
     return_token_ids: bool = False
     echo: bool = False
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("auto"))
+    json_schema: dict[str, Any] | None = None  # the answer's text must be JSON of this schema
+    echo_fields: dict[str, Any] = field(default_factory=dict)  # what a dialect's response repeats of the request
 
 
 def check_number(body: dict[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:

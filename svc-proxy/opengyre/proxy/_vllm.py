@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from ._client import EngineClient, EngineFailed, EngineReply, behaviour_logprobs, sse_chunks
-from ._http1 import Http1Error, Http1Response
+from ._client import EngineConnection, EngineFailed, EngineReply, EngineResponse, behaviour_logprobs, sse_chunks
+from ._http1 import Http1Error, Http1Pool
 
 __all__ = ["VLLM_SCHEME", "VllmClient"]
 
@@ -58,12 +58,26 @@ def to_vllm(payload: dict[str, Any], model: str) -> dict[str, Any]:
         "stream": True,
         "request_id": payload.get("rid"),
     }
+    k = payload.get("top_logprobs_num")
+    if k:
+        # Alternatives keyed "token_id:N", not by text (text does not name a token uniquely).
+        body["logprobs"] = k
+        body["return_tokens_as_token_ids"] = True
     for k, v in sp.items():
         if k in _RENAME:
             body[_RENAME[k]] = v
         elif k in _SAME:
             body[k] = {str(t): b for t, b in v.items()} if k == "logit_bias" else v
     return body
+
+
+def _alternatives(entry: object) -> list[tuple[int, float]]:
+    """vLLM's ``{"token_id:N": logprob}`` for one token as ``(id, logprob)`` pairs, most likely first."""
+    out = []
+    for key, lp in entry.items() if isinstance(entry, dict) else ():
+        if isinstance(key, str) and key.startswith("token_id:") and isinstance(lp, int | float):
+            out.append((int(key[9:]), float(lp)))
+    return sorted(out, key=lambda p: -p[1])
 
 
 def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
@@ -77,7 +91,9 @@ def _finish(choice: dict[str, Any], n: int) -> dict[str, Any] | None:
     return {"type": "abort", "message": str(reason), "status_code": 500 if reason == "error" else None}
 
 
-class VllmClient(EngineClient):
+class VllmClient:
+    """vLLM's ``/v1/completions`` with token ids, behind the same ``RolloutEngine`` protocol as SGLang's client."""
+
     raw_logprobs = True  # vLLM's default --logprobs-mode raw_logprobs
 
     def __init__(
@@ -88,41 +104,58 @@ class VllmClient(EngineClient):
         http: httpx.AsyncClient | None = None,
         idle_timeout_s: float = 4.0,
         read_timeout_s: float = 600.0,
+        transport: str = "http1",
     ) -> None:
-        super().__init__(
+        self.conn = EngineConnection(
             base_url.removeprefix(VLLM_SCHEME),
             api_key=api_key,
             http=http,
             idle_timeout_s=idle_timeout_s,
             read_timeout_s=read_timeout_s,
+            transport=transport,
         )
         self.model: str | None = None
-        self._streams: dict[str, Http1Response] = {}
+        self._streams: dict[str, EngineResponse] = {}
         self._aborted: set[str] = set()
+
+    @property
+    def fast(self) -> Http1Pool:
+        return self.conn.fast
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def health(self) -> bool:
+        return await self.conn.healthy()
 
     async def _model(self) -> str:
         if self.model is None:
-            r = await self.http.get(self.base_url + "/v1/models", headers=self.headers, timeout=5.0)
-            data = r.json().get("data") or [{}]
+            models = await self.conn.get_json("/v1/models")
+            if not isinstance(models, dict):
+                raise EngineFailed("the engine did not list its model (GET /v1/models)")
+            data = models.get("data") or [{}]
             self.model = str(data[0].get("id", "default"))
         return self.model
 
     async def incremental_streaming(self) -> bool:
         return True  # vLLM streams deltas
 
+    async def context_length(self) -> int | None:
+        """vLLM lists ``max_model_len`` with its model in ``/v1/models``."""
+        models = await self.conn.get_json("/v1/models")
+        data = (models.get("data") if isinstance(models, dict) else None) or [{}]
+        value = data[0].get("max_model_len") if isinstance(data[0], dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     async def generate(
         self, payload: dict[str, Any], reply: EngineReply, *, incremental: bool = True
     ) -> AsyncGenerator[tuple[list[int], list[float]], None]:
         rid = str(payload.get("rid", ""))
-        try:
-            body = to_vllm(payload, await self._model())
-            r = await self.fast.request("POST", "/v1/completions", _enc.encode(body), self.headers)
-        except (Http1Error, httpx.HTTPError, ValueError) as exc:
-            raise EngineFailed(f"{type(exc).__name__}: {exc}") from exc
+        r = await self.conn.post("/v1/completions", to_vllm(payload, await self._model()))
         self._streams[rid] = r
         try:
             if r.status >= 400:
-                self._raise(r.status, await r.read())
+                self.conn.raise_for(r.status, await r.read())
             async for chunk in sse_chunks(r):
                 for choice in chunk.get("choices") or []:
                     ids = list(choice.get("token_ids") or [])
@@ -130,6 +163,9 @@ class VllmClient(EngineClient):
                     lps = behaviour_logprobs(lp, len(ids), len(reply.output_ids), "logprobs.token_logprobs")
                     reply.output_ids.extend(ids)
                     reply.output_logprobs.extend(lps)
+                    tops = (choice.get("logprobs") or {}).get("top_logprobs")
+                    if isinstance(tops, list):
+                        reply.output_top.extend(_alternatives(t) for t in tops)
                     reply.finish = _finish(choice, len(reply.output_ids)) or reply.finish
                     if ids:
                         yield ids, lps

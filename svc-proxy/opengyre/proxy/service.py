@@ -48,7 +48,7 @@ class ProxyService(Service):
 
     def __init__(self, config: GatewayConfig | None = None, engines: Sequence[str] = ()) -> None:
         self._config = config
-        self._static = list(engines) or list(_env_list("OPENGYRE_PROXY_ENGINES"))
+        self._static = list(engines)  # else the settings' proxy_engines (`up --engine`, OPENGYRE_PROXY_ENGINES)
         self.gateway: Gateway | None = None
         self._cells: CellWatcher | None = None
 
@@ -100,7 +100,7 @@ class ProxyService(Service):
             return restore_trajectory(execution_id, self.gateway.codec, calls, contexts)
 
         self.gateway = Gateway(self._gateway_config(ctx), event_log=ctx.log, restore=restore)
-        for i, url in enumerate(self._static):
+        for i, url in enumerate(self._static or ctx.settings.proxy_engines):
             await self.gateway.pool.add(f"static-{i}", url)
         await self.gateway.start()
         # Where harnesses find the gateway (the port may differ from the configured one if that was taken).

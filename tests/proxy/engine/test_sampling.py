@@ -13,7 +13,10 @@ from opengyre.proxy.engine._sampling import sample_next
     "raw",
     [
         {"bogus": 1},
-        {"regex": "a+"},
+        {"ebnf": "root ::= 'a'"},
+        {"regex": "("},
+        {"regex": "a", "json_schema": "{}"},
+        {"json_schema": '{"$ref": "#/x"}'},
         {"n": 2},
         {"temperature": -1},
         {"top_p": 0},

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
 import torch
 from transformers import LlamaConfig
 
 from opengyre.models import build_model, load_checkpoint, load_tokenizer, load_weights, model_config
 
 from .._chat import ChatCodec
+from ._constraint import TokenConstraint, TokenVocabulary
 from ._runner import ModelRunner
 from ._sampling import SamplingParams
 from ._scheduler import EngineRequest, RequestRecord, Scheduler, StepUpdate
@@ -103,7 +105,8 @@ class CpuEngine:
         self.scheduler = Scheduler(
             self.runner,
             eos_ids=frozenset(eos),
-            decode_tail=lambda ids: self.codec.decode(ids, skip_special=False),
+            # Stop strings match the decoded text only: a special token's spelling is not text.
+            decode_tail=lambda ids: self.codec.decode(ids),
             weight_version=version,
             max_running=config.max_running,
             prefill_chunk=config.prefill_chunk,
@@ -113,6 +116,13 @@ class CpuEngine:
         )
         self.paused = False
         self._started = False
+        self._vocabulary: TokenVocabulary | None = None
+
+    def constraint(self, pattern: str) -> TokenConstraint:
+        """A fresh decoding constraint for one request (the token texts are gathered on first use)."""
+        if self._vocabulary is None:
+            self._vocabulary = TokenVocabulary(self.codec, self.vocab_size)
+        return TokenConstraint(regex.compile(pattern), self._vocabulary, self.scheduler.eos_ids)
 
     @property
     def weight_version(self) -> str:
@@ -157,6 +167,7 @@ class CpuEngine:
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
+            constraint=self.constraint(params.constraint) if params.constraint is not None else None,
         )
         gen = Generation(rid=rid, prompt_len=len(input_ids), weight_version=self.weight_version)
         self.scheduler.submit(req)

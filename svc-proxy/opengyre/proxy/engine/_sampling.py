@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex
 import torch
+
+from ._schema_regex import schema_regex
 
 __all__ = ["SUPPORTED_KEYS", "SamplingError", "SamplingParams", "sample_next"]
 
@@ -38,9 +42,12 @@ SUPPORTED_KEYS = frozenset(
         "sampling_seed",
         "custom_params",
         "stream_interval",
+        "json_schema",
+        "regex",
     }
 )
-_UNSUPPORTED_KEYS = frozenset({"json_schema", "regex", "ebnf", "structural_tag", "stop_regex"})
+# Structured output the CPU engine has no grammar for: refused explicitly, never silently ignored.
+_UNSUPPORTED_KEYS = frozenset({"ebnf", "structural_tag", "stop_regex"})
 
 
 def _num(d: dict[str, Any], key: str, default: float, *, lo: float | None = None, hi: float | None = None) -> float:
@@ -93,6 +100,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
+    constraint: str | None = None  # a regular expression the output text must match (regex / json_schema)
 
     @property
     def greedy(self) -> bool:
@@ -150,6 +158,7 @@ class SamplingParams:
         if top_k == 0 or top_k < -1:
             raise SamplingError("sampling_params.top_k must be -1 (off) or >= 1")
         return cls(
+            constraint=_constraint(raw),
             max_new_tokens=max_new,
             min_new_tokens=_int(raw, "min_new_tokens", 0, lo=0) or 0,
             stop=stop,
@@ -170,6 +179,30 @@ class SamplingParams:
         )
 
 
+def _constraint(raw: dict[str, Any]) -> str | None:
+    """SGLang's ``regex`` or ``json_schema`` (a JSON string) as one regular expression; at most one of them."""
+    given = [k for k in ("regex", "json_schema") if raw.get(k) is not None]
+    if len(given) > 1:
+        raise SamplingError("Only one of regex, json_schema, or ebnf can be set.")
+    if not given:
+        return None
+    value = raw[given[0]]
+    if not isinstance(value, str):
+        raise SamplingError(f"sampling_params.{given[0]} must be a string")
+    if given[0] == "regex":
+        pattern = value
+    else:
+        try:
+            pattern = schema_regex(json.loads(value))
+        except ValueError as exc:  # SchemaUnsupported is one, and so is malformed JSON
+            raise SamplingError(f"sampling_params.json_schema: {exc}") from None
+    try:
+        regex.compile(pattern)
+    except regex.error as exc:
+        raise SamplingError(f"sampling_params.regex does not compile: {exc}") from None
+    return pattern
+
+
 def sample_next(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -177,6 +210,7 @@ def sample_next(
     *,
     counts: torch.Tensor | None,
     ban: frozenset[int],
+    allow: torch.Tensor | None = None,
 ) -> tuple[int, torch.Tensor]:
     """One token from a row of logits (float32, [vocab]) and the behaviour logprobs it was drawn under.
 
@@ -196,6 +230,8 @@ def sample_next(
     if ban:
         x = x.clone()
         x[list(ban)] = float("-inf")
+    if allow is not None:  # constrained decoding: the behaviour distribution is the masked one
+        x = x.masked_fill(~allow, float("-inf"))
     if params.greedy:
         return int(torch.argmax(x)), torch.log_softmax(x, dim=-1)
     scaled = x / params.temperature

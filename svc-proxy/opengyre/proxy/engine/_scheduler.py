@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._constraint import TokenConstraint
 from ._prefix_cache import PrefixCache
 from ._runner import KVCache, ModelRunner
 from ._sampling import SamplingParams, sample_next
@@ -79,6 +80,7 @@ class EngineRequest:
     counts: torch.Tensor | None = None
     created: float = field(default_factory=time.time)
     aborted: bool = False
+    constraint: TokenConstraint | None = None  # constrained decoding (regex / json_schema)
 
 
 class Scheduler:
@@ -288,7 +290,10 @@ class Scheduler:
         ban: frozenset[int] = frozenset()
         if len(req.output_ids) < p.min_new_tokens:
             ban = self.eos_ids | p.stop_token_ids
-        tok, lps = sample_next(logits, p, req.generator, counts=req.counts, ban=ban)
+        allow = req.constraint.allowed() if req.constraint is not None else None
+        tok, lps = sample_next(logits, p, req.generator, counts=req.counts, ban=ban, allow=allow)
+        if req.constraint is not None and tok not in self.eos_ids:
+            req.constraint.advance(self._decode_tail([tok]))
         lp = float(lps[tok])
         top = None
         if req.top_logprobs_num > 0:

@@ -1,0 +1,159 @@
+"""The CPU engine's admin routes (SGLang's names): weights, pause/continue, cache, info, health, request log."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from .._json import Json
+from ._common import json_body, native_error
+from ._engine import CpuEngine
+from ._native import Parsed, run_once
+from ._sampling import SamplingParams
+
+__all__ = ["admin_routes"]
+
+
+def admin_routes(engine: CpuEngine) -> list[Route]:
+    cfg = engine.config
+
+    async def update_weights_from_disk(request: Request) -> Response:
+        body = await json_body(request)
+        path = body.get("model_path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not path:
+            return Json({"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400)
+        version = body.get("weight_version")
+        try:
+            new = await engine.update_weights_from_disk(
+                path, str(version) if version else None, abort_all_requests=bool(body.get("abort_all_requests"))
+            )
+        except Exception as exc:
+            return Json(
+                {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0}, 400
+            )
+        return Json(
+            {
+                "success": True,
+                "message": f"Succeeded to update model weights (weight_version={new}).",
+                "num_paused_requests": 0,
+                "weight_version": new,
+            }
+        )
+
+    async def update_weight_version(request: Request) -> Response:
+        body = await json_body(request)
+        v = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(v, str) or not v:
+            return Json({"success": False, "message": "new_version is required"}, 400)
+        if body.get("abort_all_requests", True):
+            engine.abort("", abort_all=True)
+        await engine.set_weight_version(v)
+        return Json({"success": True, "message": "Weight version updated", "new_version": v})
+
+    async def pause_generation(request: Request) -> Response:
+        body = await json_body(request)
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return native_error("mode must be abort, retract or in_place")
+        if mode == "abort":
+            engine.abort("", abort_all=True)
+        # retract and in_place both keep the requests (and, here, their KV) until continue_generation.
+        engine.scheduler.set_paused(True)
+        return Json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(request: Request) -> Response:
+        engine.scheduler.set_paused(False)
+        return Json({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def flush_cache(request: Request) -> Response:
+        await engine.flush_cache()
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details.")
+
+    def model_info_body() -> dict[str, Any]:
+        return {
+            "model_path": engine.model_path,
+            "served_model_name": cfg.model_name,
+            "tokenizer_path": "opengyre.models:byte-chatml",
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            "load_format": "safetensors",
+            "reasoning_parser": None,
+            "tool_call_parser": "qwen",
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "context_length": engine.context_length,
+        }
+
+    async def model_info(request: Request) -> Response:
+        return Json(model_info_body())
+
+    async def server_info(request: Request) -> Response:
+        return Json(
+            {
+                "served_model_name": cfg.model_name,
+                "context_length": engine.context_length,
+                "max_running_requests": cfg.max_running,
+                "chunked_prefill_size": cfg.prefill_chunk,
+                "incremental_streaming_output": cfg.incremental_streaming_output,
+                "weight_version": engine.weight_version,
+                "internal_states": [
+                    {
+                        "load": engine.scheduler.load,
+                        "steps": engine.scheduler.steps,
+                        "prefix_cache_tokens": engine.scheduler.prefix_cache.tokens,
+                        "prefix_cache_hits": engine.scheduler.prefix_cache.hits,
+                        "prefix_cache_hit_tokens": engine.scheduler.prefix_cache.hit_tokens,
+                    }
+                ],
+                "version": "opengyre-cpu-0.1.0",
+            }
+        )
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def health_generate(request: Request) -> Response:
+        try:
+            async with asyncio.timeout(20):
+                await run_once(
+                    engine,
+                    Parsed(
+                        uuid.uuid4().hex, [0], SamplingParams(max_new_tokens=1, temperature=0.0), False, -1, 0, False
+                    ),
+                )
+        except TimeoutError:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def request_log(request: Request) -> Response:
+        rid = request.query_params.get("rid")
+        return Json([_record(r) for r in engine.request_log(rid)])
+
+    return [
+        Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
+        Route("/update_weight_version", update_weight_version, methods=["POST"]),
+        Route("/pause_generation", pause_generation, methods=["POST"]),
+        Route("/continue_generation", continue_generation, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/og/request_log", request_log, methods=["GET"]),
+    ]
+
+
+def _record(r: Any) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in r.__dataclass_fields__}

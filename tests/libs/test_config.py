@@ -1,0 +1,23 @@
+"""Settings: where the proxy's rollout engines come from (an option, the environment, what `up` recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opengyre.config import Settings
+
+
+def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENGYRE_PROXY_ENGINES", raising=False)
+    tmp_path.mkdir(exist_ok=True)
+    assert Settings.from_env(data_dir=tmp_path).proxy_engines == ()
+    given = Settings.from_env(data_dir=tmp_path, proxy_engines=["http://a:30000", "vllm+http://b:8000"])
+    given.record()  # what `opengyre up --engine ... --engine ...` does before starting the services
+    assert Settings.from_env(data_dir=tmp_path).proxy_engines == ("http://a:30000", "vllm+http://b:8000")
+    monkeypatch.setenv("OPENGYRE_PROXY_ENGINES", "http://c:1, http://d:2")
+    assert Settings.from_env(data_dir=tmp_path).proxy_engines == ("http://c:1", "http://d:2")
+    assert Settings.from_env(data_dir=tmp_path, proxy_engines=[]).proxy_engines == ()
