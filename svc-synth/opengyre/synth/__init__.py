@@ -1,3 +1,48 @@
 """Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop."""
 
-__all__: list[str] = []
+from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
+from ._build import BuiltTask, build_task, write_task
+from ._gates import GATES, GateLimits, Verdict, validate_task
+from ._harbor import HarborTask, export_task, import_task
+from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
+from ._run import Outcome, RunLimits, run_solution
+from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
+from ._synth import draft_blueprint, task_id_for
+
+__all__ = [
+    "DIMENSIONS",
+    "GATES",
+    "SUBSTRATE_BINS",
+    "Blueprint",
+    "Boundary",
+    "BuiltTask",
+    "Challenge",
+    "Dimension",
+    "GateLimits",
+    "HarborTask",
+    "IngestReport",
+    "Material",
+    "Outcome",
+    "Pattern",
+    "Precondition",
+    "Rejection",
+    "RubricItem",
+    "RunLimits",
+    "Skill",
+    "SkillLimits",
+    "Verdict",
+    "build_task",
+    "derive_capabilities",
+    "draft_blueprint",
+    "export_task",
+    "fill_contract",
+    "get_pattern",
+    "import_task",
+    "ingest",
+    "materials",
+    "pattern_ids",
+    "run_solution",
+    "task_id_for",
+    "validate_task",
+    "write_task",
+]
