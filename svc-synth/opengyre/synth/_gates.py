@@ -83,26 +83,38 @@ def _consistency(task_dir: Path, bp: Blueprint) -> Verdict:
 
 
 def _preconditions(task_dir: Path, bp: Blueprint) -> Verdict:
+    """Each challenge's preconditions on one copy of the initial workspace (challenges live in folders of their own,
+    so one's checks cannot disturb another's)."""
     failed: list[str] = []
-    n = 0
+    pres = [pre for _, m in materials(bp) for pre in m.preconditions]
+    if not pres:
+        return Verdict("preconditions", True, "no preconditions to check")
     try:
         with LocalSandbox(SandboxLimits(timeout_s=20.0, memory_mb=1024), prefix="og-synth-pre-") as sb:
-            for _, m in materials(bp):
-                for pre in m.preconditions:
-                    n += 1
-                    sb.close()
-                    sb.open()  # each precondition on a fresh copy of the initial workspace
-                    sb.copy_in(task_dir / "environment" / "workspace", "app")
-                    r = sb.run(pre.argv, cwd="app")
-                    if r.timed_out or (r.exit_code == 0) != (pre.expect_exit == "zero"):
-                        failed.append(f"{pre.what}: exit {r.exit_code}")
+            sb.copy_in(task_dir / "environment" / "workspace", "app")
+            for pre in pres:
+                r = sb.run(pre.argv, cwd="app")
+                if r.timed_out or (r.exit_code == 0) != (pre.expect_exit == "zero"):
+                    failed.append(f"{pre.what}: exit {r.exit_code}")
     except SandboxError as exc:
         return Verdict("preconditions", False, f"sandbox: {exc}")
-    return Verdict("preconditions", not failed, "; ".join(failed) or f"{n} precondition(s) hold")
+    return Verdict("preconditions", not failed, "; ".join(failed) or f"{len(pres)} precondition(s) hold")
 
 
 def _score_gate(gate: str, o: Outcome, want: str) -> Verdict:
     return Verdict(gate, False, f"{want}; got {o.score} ({o.failure_class}: {o.detail[:300]})")
+
+
+def _easy_challenges(bp: Blueprint, noop: Outcome) -> list[str]:
+    """Challenges whose own items a no-op already passes: every challenge must be work, not just the task."""
+    easy = []
+    for c in bp.challenges:
+        items = [i for i in bp.acceptance if i.challenge == c.cid and i.kind != "judge"]
+        total = sum(i.weight for i in items)
+        got = sum(i.weight * noop.metrics.get(f"item.{i.id}", 0.0) for i in items)
+        if total and got / total >= bp.pass_threshold:
+            easy.append(f"{c.cid} ({c.pattern_id})")
+    return easy
 
 
 def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verdict]:
@@ -115,8 +127,11 @@ def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verd
     out.append(Verdict("reference", True, "reference scores 1.0") if ref.score == 1.0
                else _score_gate("reference", ref, "reference must score 1.0"))
     noop = run_solution(task_dir, None, limits.run)
-    if noop.score is not None and noop.score < bp.pass_threshold:
-        out.append(Verdict("noop", True, f"doing nothing scores {noop.score} < {bp.pass_threshold}"))
+    easy = _easy_challenges(bp, noop)
+    if noop.score is not None and noop.score < bp.pass_threshold and not easy:
+        out.append(Verdict("noop", True, f"doing nothing scores {noop.score} < {bp.pass_threshold}, on every challenge"))
+    elif easy:
+        out.append(Verdict("noop", False, f"doing nothing passes challenge(s) {', '.join(easy)}"))
     else:
         out.append(_score_gate("noop", noop, f"doing nothing must score below {bp.pass_threshold}"))
     hang_limits = dataclasses.replace(
