@@ -3,11 +3,15 @@
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
 from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
+from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
 from ._harbor import HarborTask, export_task, import_task
 from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
+from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
 from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
+from ._solver import ShortcutSolver, SolverRun
 from ._synth import draft_blueprint, task_id_for
+from ._tasks import TasksProjection, task_lineage
 
 __all__ = [
     "DIMENSIONS",
@@ -17,9 +21,11 @@ __all__ = [
     "Boundary",
     "BuiltTask",
     "Challenge",
+    "Diagnosis",
     "Dimension",
     "GateLimits",
     "HarborTask",
+    "HardeningProjection",
     "IngestReport",
     "Material",
     "Outcome",
@@ -28,11 +34,17 @@ __all__ = [
     "Rejection",
     "RubricItem",
     "RunLimits",
+    "ShortcutSolver",
     "Skill",
     "SkillLimits",
+    "SolverRun",
+    "Synthesizer",
+    "TaskBuild",
+    "TasksProjection",
     "Verdict",
     "build_task",
     "derive_capabilities",
+    "diagnose",
     "draft_blueprint",
     "export_task",
     "fill_contract",
@@ -41,8 +53,10 @@ __all__ = [
     "ingest",
     "materials",
     "pattern_ids",
+    "propose",
     "run_solution",
     "task_id_for",
+    "task_lineage",
     "validate_task",
     "write_task",
 ]

@@ -12,6 +12,7 @@ from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 
 from ._tasks import TasksProjection
+from ._hardening import HardeningProjection
 
 __all__ = ["SynthService"]
 
@@ -41,7 +42,7 @@ class SynthService(Service):
     )
 
     def projections(self) -> Sequence[Projection]:
-        return (TasksProjection(),)
+        return (TasksProjection(), HardeningProjection())
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         synth_pb2_grpc.add_SynthServiceServicer_to_server(_Servicer(self, ctx), server)
