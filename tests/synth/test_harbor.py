@@ -18,8 +18,14 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_an_exported_task_round_trips_through_import(tmp_path: Path) -> None:
     skill = next(s for s in ingest(EXAMPLES, tmp_path / "skills").accepted if s.name == "log-triage")
-    bp = draft_blueprint(skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
-                         capabilities=skill.capabilities, seed=5, level=1)
+    bp = draft_blueprint(
+        skill_id=skill.skill_id,
+        skill_name=skill.name,
+        description=skill.description,
+        capabilities=skill.capabilities,
+        seed=5,
+        level=1,
+    )
     built = build_task(bp)
     out = export_task(built, tmp_path / "export")
     conf = tomllib.loads((out / "task.toml").read_text())
@@ -40,12 +46,14 @@ def _foreign(root: Path) -> Path:
     (root / "environment").mkdir(parents=True)
     (root / "tests").mkdir()
     (root / "solution").mkdir()
-    (root / "task.toml").write_text('schema_version = "1.3"\n[task]\nname = "acme/hello"\n[verifier]\ntimeout_sec = 30.0\n')
+    (root / "task.toml").write_text(
+        'schema_version = "1.3"\n[task]\nname = "acme/hello"\n[verifier]\ntimeout_sec = 30.0\n'
+    )
     (root / "instruction.md").write_text("Write hello to /app/out.txt\n")
     (root / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
     (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/out.txt\n")
     (root / "tests" / "test.sh").write_text(
-        '#!/bin/bash\nif grep -qx hello /app/out.txt; then echo 1 > /logs/verifier/reward.txt; '
+        "#!/bin/bash\nif grep -qx hello /app/out.txt; then echo 1 > /logs/verifier/reward.txt; "
         "else echo 0 > /logs/verifier/reward.txt; fi\n"
     )
     return root

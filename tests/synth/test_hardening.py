@@ -34,11 +34,21 @@ EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 
 
 def _bp(sources: int) -> Blueprint:
-    return fill_contract(Blueprint(
-        task_id="t", version=1, skill_id="s", skill_name="s", goal="g", seed=1, capabilities={},
-        challenges=[Challenge(cid="c0", pattern_id="sparse-signal", knobs={"distractors": 4}),
-                    Challenge(cid="c1", pattern_id="distributed-evidence", knobs={"sources": sources})],
-    ))
+    return fill_contract(
+        Blueprint(
+            task_id="t",
+            version=1,
+            skill_id="s",
+            skill_name="s",
+            goal="g",
+            seed=1,
+            capabilities={},
+            challenges=[
+                Challenge(cid="c0", pattern_id="sparse-signal", knobs={"distractors": 4}),
+                Challenge(cid="c1", pattern_id="distributed-evidence", knobs={"sources": sources}),
+            ],
+        )
+    )
 
 
 def test_the_diagnosis_finds_the_bypassed_instance_and_the_proposal_raises_it() -> None:
@@ -78,13 +88,20 @@ async def test_a_too_easy_task_is_hardened_and_rebuild_equals_live(
             run = await asyncio.to_thread(solver.solve, build.task_dir, f"run{i}")
             assert run.outcome.score == 1.0  # level 0: the shortcut works
             ex = f"ex{i}"
-            await event_log.append_many([
-                ExecutionDispatched(execution_id=ex, task_id=build.blueprint.task_id, group_id="g", task_version=1),
-                *[ModelCallRecorded(execution_id=ex, call_id=f"{ex}-{k}",
-                                    tool_calls=[ToolCallPayload(id=f"t{k}", name="bash", arguments=a)])
-                  for k, a in enumerate(run.actions)],
-                ExecutionFinished(execution_id=ex, status="completed", score=run.outcome.score),
-            ])
+            await event_log.append_many(
+                [
+                    ExecutionDispatched(execution_id=ex, task_id=build.blueprint.task_id, group_id="g", task_version=1),
+                    *[
+                        ModelCallRecorded(
+                            execution_id=ex,
+                            call_id=f"{ex}-{k}",
+                            tool_calls=[ToolCallPayload(id=f"t{k}", name="bash", arguments=a)],
+                        )
+                        for k, a in enumerate(run.actions)
+                    ],
+                    ExecutionFinished(execution_id=ex, status="completed", score=run.outcome.score),
+                ]
+            )
         await await_until(lambda: synth.pending(engine), "the version is flagged too easy")
         ((task_id, version),) = synth.pending(engine)
         events = await asyncio.to_thread(synth.harden, engine, task_id, version, hardening)

@@ -32,16 +32,32 @@ def _blueprint(level: int, seed: int = 7) -> Blueprint:
     for i, pid in enumerate(pattern_ids()):
         knobs = {k: v[min(level, len(v) - 1)] for k, v in get_pattern(pid).knobs.items()}
         challenges.append(Challenge(cid=f"c{i}", pattern_id=pid, knobs=knobs))
-    bp = Blueprint(task_id=f"all-l{level}", version=1, skill_id="test", skill_name="test", goal="every pattern",
-                   seed=seed, capabilities={}, challenges=challenges)
+    bp = Blueprint(
+        task_id=f"all-l{level}",
+        version=1,
+        skill_id="test",
+        skill_name="test",
+        goal="every pattern",
+        seed=seed,
+        capabilities={},
+        challenges=challenges,
+    )
     return fill_contract(bp)
 
 
 def test_the_pool_covers_every_dimension_and_the_named_patterns() -> None:
     dims = {get_pattern(p).dimension for p in pattern_ids()}
     assert len(dims) == 5
-    for named in ("distributed-evidence", "nested-discovery", "sparse-signal", "state-dependency",
-                  "coupled-constraints", "missing-dependency", "broken-configuration", "failing-step"):
+    for named in (
+        "distributed-evidence",
+        "nested-discovery",
+        "sparse-signal",
+        "state-dependency",
+        "coupled-constraints",
+        "missing-dependency",
+        "broken-configuration",
+        "failing-step",
+    ):
         assert named in pattern_ids()
 
 
@@ -61,8 +77,9 @@ def test_a_higher_level_measurably_changes_the_workspace() -> None:
         seen = []
         for level in p.knobs[p.primary]:
             c = Challenge(cid="c0", pattern_id=pid, knobs={p.primary: level})
-            bp = Blueprint(task_id="m", version=1, skill_id="s", skill_name="s", goal="g", seed=3, capabilities={},
-                           challenges=[c])
+            bp = Blueprint(
+                task_id="m", version=1, skill_id="s", skill_name="s", goal="g", seed=3, capabilities={}, challenges=[c]
+            )
             ((_, m),) = materials(bp)
             seen.append(p.measure(m.files, m.facts, f"c0-{pid}"))
         assert seen == sorted(seen) and len(set(seen)) == len(seen), (pid, p.primary, seen)

@@ -64,7 +64,10 @@ def test_malformed_front_matter_is_rejected(tmp_path: Path, text: str, why: str)
 @pytest.mark.parametrize(
     ("meta", "why"),
     [
-        ("  openclaw:\n    requires: {bins: [photoshop]}", "runtime incompatible: requires binaries the substrate lacks: photoshop"),
+        (
+            "  openclaw:\n    requires: {bins: [photoshop]}",
+            "runtime incompatible: requires binaries the substrate lacks: photoshop",
+        ),
         ("  openclaw:\n    os: [darwin]", "runtime incompatible: runs only on darwin"),
         ("  openclaw:\n    requires: {env: [STRIPE_KEY]}", "not deployable: needs secrets STRIPE_KEY"),
         ("  openclaw:\n    primaryEnv: OPENAI_API_KEY", "not deployable: needs secrets OPENAI_API_KEY"),
@@ -130,7 +133,9 @@ def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarI
         ([_link("s/hard", "/etc/passwd", tarfile.LNKTYPE)], "is a link"),
     ],
 )
-def test_unsafe_tar_archives_are_rejected_and_write_nothing(tmp_path: Path, entries: list[tarfile.TarInfo], why: str) -> None:
+def test_unsafe_tar_archives_are_rejected_and_write_nothing(
+    tmp_path: Path, entries: list[tarfile.TarInfo], why: str
+) -> None:
     archive = _tar(tmp_path / "bundle.tar.gz", entries)
     out = tmp_path / "work" / "out"
     out.mkdir(parents=True)
@@ -151,7 +156,7 @@ def test_unsafe_zip_entries_are_rejected(tmp_path: Path) -> None:
     z = tmp_path / "link.zip"
     with zipfile.ZipFile(z, "w") as zf:
         info = zipfile.ZipInfo("s/link")
-        info.external_attr = (0o120777 << 16)
+        info.external_attr = 0o120777 << 16
         zf.writestr(info, "/etc/passwd")
     assert "is a link" in ingest(z, tmp_path / "out").rejected[0].reason
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))

@@ -3,8 +3,8 @@
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
 from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
-from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
 from ._harbor import HarborTask, export_task, import_task
+from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
 from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
 from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution

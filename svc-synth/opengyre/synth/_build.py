@@ -51,20 +51,25 @@ def build_task(bp: Blueprint) -> BuiltTask:
     files["instruction.md"] = "".join(parts).encode()
     files["solution/solve.py"] = "".join(solve).encode()
     files["solution/solve.sh"] = (
-        '#!/bin/bash\n# Reference solution.\nset -e\nhere="$(cd "$(dirname "$0")" && pwd)"\n'
-        'cd "${APP_DIR:-/app}"\npython3 "$here/solve.py"\n'
-    ).encode()
+        b'#!/bin/bash\n# Reference solution.\nset -e\nhere="$(cd "$(dirname "$0")" && pwd)"\n'
+        b'cd "${APP_DIR:-/app}"\npython3 "$here/solve.py"\n'
+    )
     files["tests/test.sh"] = TEST_SH.encode()
     files["tests/grade.py"] = GRADER_SOURCE.lstrip().encode()
-    files["tests/rubric.json"] = msgspec.json.format(
-        msgspec.json.encode({"pass_threshold": bp.pass_threshold, "items": bp.acceptance}), indent=2
-    ) + b"\n"
+    files["tests/rubric.json"] = (
+        msgspec.json.format(
+            msgspec.json.encode({"pass_threshold": bp.pass_threshold, "items": bp.acceptance}), indent=2
+        )
+        + b"\n"
+    )
     files["tests/blueprint.json"] = msgspec.json.format(msgspec.json.encode(bp), indent=2) + b"\n"
     extra = sorted(_APT[b] for b in bins - _BASE_BINS if b in _APT)
     docker = ["FROM python:3.12-slim\n"]
     if extra:
-        docker.append(f"RUN apt-get update && apt-get install -y --no-install-recommends {' '.join(extra)} "
-                      "&& rm -rf /var/lib/apt/lists/*\n")
+        docker.append(
+            f"RUN apt-get update && apt-get install -y --no-install-recommends {' '.join(extra)} "
+            "&& rm -rf /var/lib/apt/lists/*\n"
+        )
     docker += ["WORKDIR /app\n", "COPY workspace/ /app/\n"]
     files["environment/Dockerfile"] = "".join(docker).encode()
     files["task.toml"] = dumps_toml(

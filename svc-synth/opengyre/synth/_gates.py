@@ -32,7 +32,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class GateLimits:
-    run: RunLimits = RunLimits()
+    run: RunLimits = dataclasses.field(default_factory=RunLimits)
     hang_timeout_s: float = 2.0  # the hanging solution is cut here: it only has to be long enough to be a hang
 
 
@@ -124,12 +124,17 @@ def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verd
     bp = msgspec.json.decode((task_dir / "tests" / "blueprint.json").read_bytes(), type=Blueprint)
     out = [_consistency(task_dir, bp), _preconditions(task_dir, bp)]
     ref = run_solution(task_dir, 'bash "$SOLUTION_DIR/solve.sh"\n', limits.run)
-    out.append(Verdict("reference", True, "reference scores 1.0") if ref.score == 1.0
-               else _score_gate("reference", ref, "reference must score 1.0"))
+    out.append(
+        Verdict("reference", True, "reference scores 1.0")
+        if ref.score == 1.0
+        else _score_gate("reference", ref, "reference must score 1.0")
+    )
     noop = run_solution(task_dir, None, limits.run)
     easy = _easy_challenges(bp, noop)
     if noop.score is not None and noop.score < bp.pass_threshold and not easy:
-        out.append(Verdict("noop", True, f"doing nothing scores {noop.score} < {bp.pass_threshold}, on every challenge"))
+        out.append(
+            Verdict("noop", True, f"doing nothing scores {noop.score} < {bp.pass_threshold}, on every challenge")
+        )
     elif easy:
         out.append(Verdict("noop", False, f"doing nothing passes challenge(s) {', '.join(easy)}"))
     else:

@@ -6,7 +6,7 @@ because no judge is configured. Reads only regular files of bounded size: a syml
 (to /dev/zero, outside the workspace) scores the item 0 instead of hanging or exhausting the grader.
 """
 
-GRADER_SOURCE = r'''
+GRADER_SOURCE = r"""
 import json, os, subprocess, sys
 
 MAX = 1 << 20
@@ -75,7 +75,7 @@ def main():
         json.dump(result, f, sort_keys=True)
 
 main()
-'''
+"""
 
 TEST_SH = """#!/bin/bash
 # Grades the workspace (/app) against the rubric; writes /logs/verifier/reward.json.

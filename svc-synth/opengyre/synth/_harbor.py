@@ -49,9 +49,11 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
     if not (src / "tests" / "test.sh").is_file():
         raise ValueError(f"{src}: no tests/test.sh (the verifier)")
     env = conf.get("environment", {})
-    if not (src / "environment" / "Dockerfile").is_file() and not env.get("docker_image") and not (
-        src / "environment" / "docker-compose.yaml"
-    ).is_file():
+    if (
+        not (src / "environment" / "Dockerfile").is_file()
+        and not env.get("docker_image")
+        and not (src / "environment" / "docker-compose.yaml").is_file()
+    ):
         raise ValueError(f"{src}: no environment/Dockerfile, docker-compose.yaml or [environment] docker_image")
     for p in src.rglob("*"):
         if p.is_symlink() and not p.resolve().is_relative_to(src.resolve()):
@@ -71,5 +73,12 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
             raise FileExistsError(f"{dest} exists")
         shutil.copytree(src, dest, symlinks=True)
         where = Path(dest)
-    return HarborTask(task_id, name, version, (src / "instruction.md").read_text(), where, bp,
-                      (src / "solution" / "solve.sh").is_file())
+    return HarborTask(
+        task_id,
+        name,
+        version,
+        (src / "instruction.md").read_text(),
+        where,
+        bp,
+        (src / "solution" / "solve.sh").is_file(),
+    )

@@ -85,51 +85,81 @@ class HardeningProjection(Projection):
     def apply(self, tx: Connection, event: Event, seq: int) -> None:
         if isinstance(event, ExecutionDispatched):
             if not tx.execute(select(_E.c.execution_id).where(_E.c.execution_id == event.execution_id)).first():
-                tx.execute(insert(_E).values(execution_id=event.execution_id, task_id=event.task_id,
-                                             task_version=event.task_version, score=None, actions="[]",
-                                             updated_seq=seq))
+                tx.execute(
+                    insert(_E).values(
+                        execution_id=event.execution_id,
+                        task_id=event.task_id,
+                        task_version=event.task_version,
+                        score=None,
+                        actions="[]",
+                        updated_seq=seq,
+                    )
+                )
         elif isinstance(event, ModelCallRecorded):
             row = tx.execute(select(_E.c.actions).where(_E.c.execution_id == event.execution_id)).first()
             if row is None or not event.tool_calls:
                 return
             actions = json.loads(row.actions)
             actions += [str(tc.arguments) for tc in event.tool_calls][: max(0, _MAX_ACTIONS - len(actions))]
-            tx.execute(update(_E).where(_E.c.execution_id == event.execution_id)
-                       .values(actions=json.dumps(actions), updated_seq=seq))
+            tx.execute(
+                update(_E)
+                .where(_E.c.execution_id == event.execution_id)
+                .values(actions=json.dumps(actions), updated_seq=seq)
+            )
         elif isinstance(event, ExecutionFinished):
             ex = tx.execute(select(_E).where(_E.c.execution_id == event.execution_id)).first()
             if ex is None or event.score is None:
                 return  # not one of ours, or no valid score (an evaluator or infrastructure failure): no signal
-            tx.execute(update(_E).where(_E.c.execution_id == event.execution_id)
-                       .values(score=event.score, updated_seq=seq))
+            tx.execute(
+                update(_E).where(_E.c.execution_id == event.execution_id).values(score=event.score, updated_seq=seq)
+            )
             self._reward(tx, ex.task_id, ex.task_version, float(event.score), seq)
         elif isinstance(event, TaskTooEasy):
             self._window(tx, event.task_id, event.task_version, seq)
-            tx.execute(update(_W).where(_W.c.task_id == event.task_id, _W.c.task_version == event.task_version)
-                       .values(too_easy_seq=seq, updated_seq=seq))
+            tx.execute(
+                update(_W)
+                .where(_W.c.task_id == event.task_id, _W.c.task_version == event.task_version)
+                .values(too_easy_seq=seq, updated_seq=seq)
+            )
         elif isinstance(event, TaskHardened):
             self._window(tx, event.task_id, event.from_version, seq)
-            tx.execute(update(_W).where(_W.c.task_id == event.task_id, _W.c.task_version == event.from_version)
-                       .values(hardened=True, updated_seq=seq))
+            tx.execute(
+                update(_W)
+                .where(_W.c.task_id == event.task_id, _W.c.task_version == event.from_version)
+                .values(hardened=True, updated_seq=seq)
+            )
 
     def _window(self, tx: Connection, task_id: str, version: int, seq: int) -> WindowRow:
         row = tx.execute(select(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)).first()
         if row is None:
-            tx.execute(insert(_W).values(task_id=task_id, task_version=version, rewards="[]", n=0, mean=None,
-                                         flagged_seq=None, too_easy_seq=None, hardened=False, updated_seq=seq))
+            tx.execute(
+                insert(_W).values(
+                    task_id=task_id,
+                    task_version=version,
+                    rewards="[]",
+                    n=0,
+                    mean=None,
+                    flagged_seq=None,
+                    too_easy_seq=None,
+                    hardened=False,
+                    updated_seq=seq,
+                )
+            )
             row = tx.execute(select(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)).first()
         return row  # type: ignore[return-value]
 
     def _reward(self, tx: Connection, task_id: str, version: int, score: float, seq: int) -> None:
         w = self._window(tx, task_id, version, seq)
-        rewards = (json.loads(w.rewards) + [score])[-self.window :]
+        rewards = ([*json.loads(w.rewards), score])[-self.window :]
         mean = sum(rewards) / len(rewards)
         flag = w.flagged_seq
         if flag is None and len(rewards) >= self.window and mean > self.threshold:
             flag = seq
-        tx.execute(update(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)
-                   .values(rewards=json.dumps(rewards), n=w.n + 1, mean=round(mean, 9), flagged_seq=flag,
-                           updated_seq=seq))
+        tx.execute(
+            update(_W)
+            .where(_W.c.task_id == task_id, _W.c.task_version == version)
+            .values(rewards=json.dumps(rewards), n=w.n + 1, mean=round(mean, 9), flagged_seq=flag, updated_seq=seq)
+        )
 
 
 @dataclass(frozen=True)
@@ -159,8 +189,10 @@ def diagnose(bp: Blueprint, trajectories: Sequence[Sequence[str]]) -> Diagnosis:
     for c, m in materials(bp):
         cov = sum(_touched(t, m.evidence) for t in trajectories) / max(len(trajectories), 1)
         if best is None or cov < best.coverage:
-            why = (f"{c.cid} ({c.pattern_id}) scored while the solvers read {cov:.0%} of its {len(m.evidence)} "
-                   "evidence file(s)")
+            why = (
+                f"{c.cid} ({c.pattern_id}) scored while the solvers read {cov:.0%} of its {len(m.evidence)} "
+                "evidence file(s)"
+            )
             best = Diagnosis(c.cid, c.pattern_id, cov, why)
     assert best is not None  # a blueprint has at least one challenge
     if best.coverage >= 1.0:  # nothing skipped: the challenge with the most headroom is simply too weak
@@ -182,7 +214,7 @@ def propose(bp: Blueprint, d: Diagnosis) -> tuple[Blueprint, str]:
     c = challenges[i]
     p = get_pattern(c.pattern_id)
     reason = ""
-    for knob in [p.primary] + sorted(k for k in p.knobs if k != p.primary):
+    for knob in [p.primary, *sorted(k for k in p.knobs if k != p.primary)]:
         levels = p.knobs[knob]
         at = levels.index(c.knobs[knob])
         if at + 1 < len(levels):

@@ -13,11 +13,57 @@ from typing import Any
 
 __all__ = ["WORDS", "jdump", "name", "tar_gz", "token", "words", "zip_bytes"]
 
-WORDS = (
-    "amber basil cedar delta ember fjord garnet harbor indigo juniper kelp lumen maple nectar onyx pepper quartz"
-    " raven sable tundra umber velvet willow xenon yarrow zephyr aster birch cobalt dune ether flint grove heron"
-    " iris jade kestrel lotus marsh nova opal pine quill reef slate thistle ultra vale wren"
-).split()
+WORDS = [
+    "amber",
+    "basil",
+    "cedar",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kelp",
+    "lumen",
+    "maple",
+    "nectar",
+    "onyx",
+    "pepper",
+    "quartz",
+    "raven",
+    "sable",
+    "tundra",
+    "umber",
+    "velvet",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+    "aster",
+    "birch",
+    "cobalt",
+    "dune",
+    "ether",
+    "flint",
+    "grove",
+    "heron",
+    "iris",
+    "jade",
+    "kestrel",
+    "lotus",
+    "marsh",
+    "nova",
+    "opal",
+    "pine",
+    "quill",
+    "reef",
+    "slate",
+    "thistle",
+    "ultra",
+    "vale",
+    "wren",
+]
 
 
 def name(rng: random.Random, n: int = 2) -> str:

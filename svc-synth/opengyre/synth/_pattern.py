@@ -28,9 +28,7 @@ __all__ = [
     "register",
 ]
 
-Dimension = Literal[
-    "environment-understanding", "planning", "skill-use", "long-horizon-consistency", "error-recovery"
-]
+Dimension = Literal["environment-understanding", "planning", "skill-use", "long-horizon-consistency", "error-recovery"]
 DIMENSIONS: tuple[Dimension, ...] = (
     "environment-understanding",
     "planning",
@@ -162,8 +160,9 @@ def answer_items(cid: str, facts: Mapping[str, Any], weight: float = 1.0) -> lis
     """One json_equals item per answer key: partial credit per fact."""
     per = weight / max(len(facts), 1)
     return [
-        RubricItem(id=f"{cid}.{k}", challenge=cid, weight=per, kind="json_equals", file=answer_path(cid), key=k,
-                   expected=v)
+        RubricItem(
+            id=f"{cid}.{k}", challenge=cid, weight=per, kind="json_equals", file=answer_path(cid), key=k, expected=v
+        )
         for k, v in facts.items()
     ]
 

@@ -77,16 +77,31 @@ class Synthesizer:
     def ingest(self, source: Path) -> tuple[IngestReport, list[SkillIngested]]:
         report = ingest(source, self.store / "skills")
         events = [
-            SkillIngested(skill_id=s.skill_id, name=s.name, description=s.description, source=str(source),
-                          digest=s.digest, domain=s.domain, capabilities=s.capabilities,
-                          metadata={"license": s.license, "requires_bins": " ".join(s.requires_bins)})
+            SkillIngested(
+                skill_id=s.skill_id,
+                name=s.name,
+                description=s.description,
+                source=str(source),
+                digest=s.digest,
+                domain=s.domain,
+                capabilities=s.capabilities,
+                metadata={"license": s.license, "requires_bins": " ".join(s.requires_bins)},
+            )
             for s in report.accepted
         ]
         for r in report.rejected:
             slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in r.name)[:80] or "skill"
-            events.append(SkillIngested(skill_id=f"{slug}-{(r.digest or _eid(r.source))[:10]}", name=r.name[:64],
-                                        description="", source=r.source, digest=r.digest, accepted=False,
-                                        reason=r.reason))
+            events.append(
+                SkillIngested(
+                    skill_id=f"{slug}-{(r.digest or _eid(r.source))[:10]}",
+                    name=r.name[:64],
+                    description="",
+                    source=r.source,
+                    digest=r.digest,
+                    accepted=False,
+                    reason=r.reason,
+                )
+            )
         return report, events
 
     def _materialize(self, bp: Blueprint) -> Path:
@@ -103,23 +118,38 @@ class Synthesizer:
         tmp.rename(out)
         return out
 
-    def synthesize(self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0,
-                   patterns: Sequence[str] | None = None) -> TaskBuild:
-        bp = draft_blueprint(skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
-                             capabilities=skill.capabilities, seed=seed, n_challenges=n_challenges, level=level,
-                             patterns=patterns)
+    def synthesize(
+        self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0, patterns: Sequence[str] | None = None
+    ) -> TaskBuild:
+        bp = draft_blueprint(
+            skill_id=skill.skill_id,
+            skill_name=skill.name,
+            description=skill.description,
+            capabilities=skill.capabilities,
+            seed=seed,
+            n_challenges=n_challenges,
+            level=level,
+            patterns=patterns,
+        )
         return self.build_and_validate(bp)
 
     def build_and_validate(self, bp: Blueprint) -> TaskBuild:
         out = self._materialize(bp)
         verdicts = validate_task(out, self.gates)
-        synthesized = TaskSynthesized(task_id=bp.task_id, skill_id=bp.skill_id, task_version=bp.version,
-                                      patterns=_uses(bp), blueprint=msgspec.to_builtins(bp), task_dir=str(out),
-                                      capabilities=bp.capabilities)
+        synthesized = TaskSynthesized(
+            task_id=bp.task_id,
+            skill_id=bp.skill_id,
+            task_version=bp.version,
+            patterns=_uses(bp),
+            blueprint=msgspec.to_builtins(bp),
+            task_dir=str(out),
+            capabilities=bp.capabilities,
+        )
         return TaskBuild(bp, out, verdicts, [synthesized, validated_event(bp, verdicts)])
 
-    def synthesize_many(self, jobs: Sequence[tuple[Skill, int]], *, n_challenges: int = 2, level: int = 0,
-                        progress: object = None) -> list[TaskBuild]:
+    def synthesize_many(
+        self, jobs: Sequence[tuple[Skill, int]], *, n_challenges: int = 2, level: int = 0, progress: object = None
+    ) -> list[TaskBuild]:
         """Tasks built and validated concurrently (the sandboxes are processes; threads wait on them)."""
         with ThreadPoolExecutor(self.workers) as pool:
             futs = [pool.submit(self.synthesize, s, seed, n_challenges=n_challenges, level=level) for s, seed in jobs]
@@ -145,16 +175,27 @@ class Synthesizer:
         """task-too-easy for the flagged version, then the diagnosed, raised, validated next version."""
         with engine.connect() as conn:
             w = conn.execute(select(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)).one()
-            trajs = [json.loads(r.actions) for r in conn.execute(
-                select(_E.c.actions).where(_E.c.task_id == task_id, _E.c.task_version == version,
-                                           _E.c.score.is_not(None)).order_by(_E.c.updated_seq)
-            )][-projection.window :]
+            trajs = [
+                json.loads(r.actions)
+                for r in conn.execute(
+                    select(_E.c.actions)
+                    .where(_E.c.task_id == task_id, _E.c.task_version == version, _E.c.score.is_not(None))
+                    .order_by(_E.c.updated_seq)
+                )
+            ][-projection.window :]
         rewards = json.loads(w.rewards)
         events: list[Event] = []
         if w.too_easy_seq is None:
-            events.append(TaskTooEasy(event_id=_eid("too-easy", task_id, version), task_id=task_id,
-                                      task_version=version, mean_reward=float(w.mean), n_samples=len(rewards),
-                                      threshold=projection.threshold))
+            events.append(
+                TaskTooEasy(
+                    event_id=_eid("too-easy", task_id, version),
+                    task_id=task_id,
+                    task_version=version,
+                    mean_reward=float(w.mean),
+                    n_samples=len(rewards),
+                    threshold=projection.threshold,
+                )
+            )
         src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
         bp = msgspec.json.decode(src.read_bytes(), type=Blueprint)
         d = diagnose(bp, trajs)
@@ -162,10 +203,19 @@ class Synthesizer:
             nxt, reason = propose(bp, d)
             build = self.build_and_validate(nxt)
             if build.ok:
-                events.append(TaskHardened(event_id=_eid("hardened", task_id, version), task_id=task_id,
-                                           from_version=version, to_version=nxt.version, patterns=_uses(nxt),
-                                           reason=reason, bypassed=d.cid, blueprint=msgspec.to_builtins(nxt),
-                                           task_dir=str(build.task_dir)))
+                events.append(
+                    TaskHardened(
+                        event_id=_eid("hardened", task_id, version),
+                        task_id=task_id,
+                        from_version=version,
+                        to_version=nxt.version,
+                        patterns=_uses(nxt),
+                        reason=reason,
+                        bypassed=d.cid,
+                        blueprint=msgspec.to_builtins(nxt),
+                        task_dir=str(build.task_dir),
+                    )
+                )
                 v = build.events[1]
                 events.append(msgspec.structs.replace(v, event_id=_eid("validated", task_id, nxt.version)))
                 return events

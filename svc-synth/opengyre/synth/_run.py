@@ -20,8 +20,12 @@ __all__ = ["Outcome", "RunLimits", "run_solution"]
 
 @dataclass(frozen=True)
 class RunLimits:
-    solve: SandboxLimits = SandboxLimits(timeout_s=30.0, memory_mb=1024, group_memory_mb=256)
-    grade: SandboxLimits = SandboxLimits(timeout_s=30.0, memory_mb=1024, group_memory_mb=512)
+    solve: SandboxLimits = dataclasses.field(
+        default_factory=lambda: SandboxLimits(timeout_s=30.0, memory_mb=1024, group_memory_mb=256)
+    )
+    grade: SandboxLimits = dataclasses.field(
+        default_factory=lambda: SandboxLimits(timeout_s=30.0, memory_mb=1024, group_memory_mb=512)
+    )
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,13 @@ def run_solution(
                 r = sb.run(["bash", str(script)], cwd="app", env=env)
                 code = r.exit_code
                 if r.timed_out:
-                    return Outcome(0.0, "agent-timeout", f"the solution ran past {limits.solve.timeout_s:g} s", {}, code)
+                    return Outcome(
+                        0.0, "agent-timeout", f"the solution ran past {limits.solve.timeout_s:g} s", {}, code
+                    )
                 if r.memory_exceeded:
-                    return Outcome(0.0, "agent-oom", f"the solution exceeded {limits.solve.group_memory_mb} MB", {}, code)
+                    return Outcome(
+                        0.0, "agent-oom", f"the solution exceeded {limits.solve.group_memory_mb} MB", {}, code
+                    )
                 if r.signal is not None or code > 128:
                     return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", {}, code)
             ev = HarborVerifier(limits.grade).evaluate(task_dir, app)

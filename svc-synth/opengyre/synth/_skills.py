@@ -9,7 +9,6 @@ under the output folder only (never ``extractall``). Every rejection carries its
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 import stat
 import tarfile
@@ -22,12 +21,53 @@ import yaml
 
 from ._pattern import DIMENSIONS
 
-__all__ = ["IngestReport", "Rejection", "Skill", "SkillLimits", "SUBSTRATE_BINS", "derive_capabilities", "ingest"]
+__all__ = ["SUBSTRATE_BINS", "IngestReport", "Rejection", "Skill", "SkillLimits", "derive_capabilities", "ingest"]
 
 # What the execution substrate (python:3.12-slim plus the apt packages the Dockerfile may add) provides.
 SUBSTRATE_BINS = frozenset(
-    "bash sh python3 python tar gzip gunzip sed grep awk sort uniq cut head tail wc cat find xargs tr diff cmp "
-    "cp mv rm mkdir ls chmod ln date sleep env test printf echo unzip zip git jq sqlite3 patch".split()
+    [
+        "bash",
+        "sh",
+        "python3",
+        "python",
+        "tar",
+        "gzip",
+        "gunzip",
+        "sed",
+        "grep",
+        "awk",
+        "sort",
+        "uniq",
+        "cut",
+        "head",
+        "tail",
+        "wc",
+        "cat",
+        "find",
+        "xargs",
+        "tr",
+        "diff",
+        "cmp",
+        "cp",
+        "mv",
+        "rm",
+        "mkdir",
+        "ls",
+        "chmod",
+        "ln",
+        "date",
+        "sleep",
+        "env",
+        "test",
+        "printf",
+        "echo",
+        "unzip",
+        "zip",
+        "git",
+        "jq",
+        "sqlite3",
+        "patch",
+    ]
 )
 _SKILL_FILES = ("SKILL.md", "skill.md", "skills.md")
 _ALLOWED_KEYS = {"name", "description", "license", "allowed-tools", "metadata", "compatibility"}
@@ -300,7 +340,9 @@ def _filters(
     oses = [str(o) for o in claw.get("os") or ()]
     if oses and "linux" not in oses:
         return f"runtime incompatible: runs only on {', '.join(oses)}"
-    secrets = [str(e) for e in requires.get("env") or ()] + ([str(claw["primaryEnv"])] if claw.get("primaryEnv") else [])
+    secrets = [str(e) for e in requires.get("env") or ()] + (
+        [str(claw["primaryEnv"])] if claw.get("primaryEnv") else []
+    )
     secrets += [str(e.get("name")) for e in claw.get("envVars") or () if isinstance(e, dict) and e.get("required")]
     if secrets:
         return f"not deployable: needs secrets {', '.join(sorted(set(secrets)))}"
@@ -312,7 +354,17 @@ def _filters(
 
 
 _CUES: dict[str, tuple[str, ...]] = {
-    "environment-understanding": ("find", "search", "inspect", "read", "evidence", "nested", "archive", "log", "locate"),
+    "environment-understanding": (
+        "find",
+        "search",
+        "inspect",
+        "read",
+        "evidence",
+        "nested",
+        "archive",
+        "log",
+        "locate",
+    ),
     "planning": ("order", "step", "plan", "depend", "chain", "schedule", "join", "constraint"),
     "skill-use": ("script", "command", "`", "tool", "run", "regular expression", "csv", "json", "git"),
     "long-horizon-consistency": ("every", "consistent", "across", "keep", "track", "state", "many files", "each"),

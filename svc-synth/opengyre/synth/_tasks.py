@@ -7,7 +7,6 @@ import json
 from collections.abc import Sequence
 
 import msgspec
-
 from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -101,7 +100,9 @@ class TasksProjection(Projection):
                     updated_seq=seq,
                 )
             )
-            self._version(tx, event.task_id, event.task_version, None, event.patterns, event.task_dir, "synthesized", seq)
+            self._version(
+                tx, event.task_id, event.task_version, None, event.patterns, event.task_dir, "synthesized", seq
+            )
         elif isinstance(event, TaskValidated):
             cur = self._current(tx, event.task_id)
             if cur.task_version == event.task_version:
@@ -130,7 +131,14 @@ class TasksProjection(Projection):
                 validated=None,
             )
             self._version(
-                tx, event.task_id, event.to_version, event.from_version, event.patterns, event.task_dir, event.reason, seq
+                tx,
+                event.task_id,
+                event.to_version,
+                event.from_version,
+                event.patterns,
+                event.task_dir,
+                event.reason,
+                seq,
             )
 
     @staticmethod

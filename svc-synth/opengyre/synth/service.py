@@ -11,8 +11,8 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 
-from ._tasks import TasksProjection
 from ._hardening import HardeningProjection
+from ._tasks import TasksProjection
 
 __all__ = ["SynthService"]
 

@@ -6,7 +6,7 @@ import io
 import random
 import tarfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -24,7 +24,7 @@ class ArchiveManifest(Pattern):
     dimension = "skill-use"
     summary = "count and total size of the .log members of a tarball"
     config = Config
-    knobs = {"members": (3, 6, 12, 24)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"members": (3, 6, 12, 24)}
     primary = "members"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -41,9 +41,14 @@ class ArchiveManifest(Pattern):
         ) + write_answer_py(cid, "{'count': len(ms), 'bytes': sum(m.size for m in ms)}")
         return Material(
             files=files,
-            instruction=(f"How many `.log` members does `{ns}/backup.tar.gz` hold, and how many bytes together? Write "
-                         f'`{{"count": n, "bytes": b}}` to `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"How many `.log` members does `{ns}/backup.tar.gz` hold, and how many bytes together? Write "
+                f'`{{"count": n, "bytes": b}}` to `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

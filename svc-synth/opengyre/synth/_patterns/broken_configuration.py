@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -16,7 +16,7 @@ class Config(msgspec.Struct, frozen=True):
     faults: int
 
 
-_SERVICE = '''import sys
+_SERVICE = """import sys
 spec = dict(l.split(":", 1) for l in open(sys.argv[1] + "/SPEC.txt").read().split("\\n") if ":" in l)
 spec = {k.strip(): v.strip() for k, v in spec.items()}
 conf = {}
@@ -37,7 +37,7 @@ for k, kind in spec.items():
     if kind == "bool" and v not in ("true", "false"):
         sys.exit(f"{k}: not a bool")
 print("OK " + ",".join(f"{k}={conf[k]}" for k in sorted(spec)))
-'''
+"""
 
 
 @register
@@ -46,11 +46,11 @@ class BrokenConfiguration(Pattern):
     dimension = "error-recovery"
     summary = "a service refuses its configuration: missing keys, wrong types, malformed lines against a spec"
     config = Config
-    knobs = {"faults": (1, 2, 4)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"faults": (1, 2, 4)}
     primary = "faults"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
-        keys = []
+        keys: list[str] = []
         while len(keys) < 6:
             k = name(rng, 1) + "_" + rng.choice(("port", "workers", "enabled", "retries", "debug", "limit"))
             if k not in keys:
@@ -86,13 +86,18 @@ class BrokenConfiguration(Pattern):
                 f"starts and prints OK, keeping the intended values in `{ns}/NOTES.txt` (do not edit service.py)."
             ),
             facts={"output": expect},
-            rubric=[RubricItem(id=f"{cid}.starts", challenge=cid, weight=1.0, kind="command", argv=argv,
-                               expect_stdout=expect)],
+            rubric=[
+                RubricItem(
+                    id=f"{cid}.starts", challenge=cid, weight=1.0, kind="command", argv=argv, expect_stdout=expect
+                )
+            ],
             solution=f"open({ns + '/service.conf'!r}, 'w').write({fixed!r})\n",
             given=["the failing command"],
             discover=[f"{cfg.faults} faults against SPEC.txt and the intended values"],
             evidence=sorted(files),
-            preconditions=[Precondition(what="the service refuses the initial config", argv=argv, expect_exit="nonzero")],
+            preconditions=[
+                Precondition(what="the service refuses the initial config", argv=argv, expect_exit="nonzero")
+            ],
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:
@@ -102,5 +107,9 @@ class BrokenConfiguration(Pattern):
             if "=" in line:
                 k, v = (x.strip() for x in line.split("=", 1))
                 conf[k] = v
-        ok = sum(1 for k, t in spec.items() if k in conf and (conf[k].isdigit() if t == "int" else conf[k] in ("true", "false")))
+        ok = sum(
+            1
+            for k, t in spec.items()
+            if k in conf and (conf[k].isdigit() if t == "int" else conf[k] in ("true", "false"))
+        )
         return float(len(spec) - ok)

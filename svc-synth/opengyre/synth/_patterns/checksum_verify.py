@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ class ChecksumVerify(Pattern):
     dimension = "skill-use"
     summary = "files checked against a sha256 manifest to find the corrupted ones"
     config = Config
-    knobs = {"files": (3, 6, 12, 24)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (3, 6, 12, 24)}
     primary = "files"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -40,14 +40,20 @@ class ChecksumVerify(Pattern):
         sol = (
             f"import hashlib\nbad = []\nfor line in open({ns + '/SHA256SUMS'!r}):\n"
             "    h, fn = line.split()\n"
-            f"    if hashlib.sha256(open(os.path.join({ns + '/data'!r}, fn), 'rb').read()).hexdigest() != h: bad.append(fn)\n"
+            f"    data = open(os.path.join({ns + '/data'!r}, fn), 'rb').read()\n"
+            "    if hashlib.sha256(data).hexdigest() != h: bad.append(fn)\n"
         ) + write_answer_py(cid, "{'corrupted': sorted(bad)}")
         facts = {"corrupted": sorted(bad)}
         return Material(
             files=files,
-            instruction=(f"Some files in `{ns}/data/` do not match `{ns}/SHA256SUMS`. Write their names, sorted, as "
-                         f'`{{"corrupted": [...]}}` to `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"Some files in `{ns}/data/` do not match `{ns}/SHA256SUMS`. Write their names, sorted, as "
+                f'`{{"corrupted": [...]}}` to `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            evidence=sorted(files),
             bins=("bash", "python3", "sha256sum"),
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -24,7 +24,7 @@ class ConfigLayers(Pattern):
     dimension = "environment-understanding"
     summary = "effective settings after layered config overrides, with a precedence file to honour"
     config = Config
-    knobs = {"layers": (1, 2, 3, 5)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}
     primary = "layers"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -47,10 +47,15 @@ class ConfigLayers(Pattern):
         ) + write_answer_py(cid, "eff")
         return Material(
             files=files,
-            instruction=(f"The settings in `{ns}/conf.d/` override each other in the order `{ns}/PRECEDENCE.txt` "
-                         f"gives. Write the effective value of {', '.join(_KEYS)} (as strings) as JSON to "
-                         f"`answers/{cid}.json`."),
-            facts=eff, rubric=answer_items(cid, eff), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"The settings in `{ns}/conf.d/` override each other in the order `{ns}/PRECEDENCE.txt` "
+                f"gives. Write the effective value of {', '.join(_KEYS)} (as strings) as JSON to "
+                f"`answers/{cid}.json`."
+            ),
+            facts=eff,
+            rubric=answer_items(cid, eff),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class ConsistentRename(Pattern):
     dimension = "long-horizon-consistency"
     summary = "a function renamed consistently in every module that defines or calls it"
     config = Config
-    knobs = {"files": (2, 4, 8, 16)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (2, 4, 8, 16)}
     primary = "files"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -50,15 +50,24 @@ class ConsistentRename(Pattern):
         main = ["python3", f"{ns}/main.py"]
         return Material(
             files=files,
-            instruction=(f"Rename the function `{old}` to `{new}` everywhere under `{ns}/` (definition, imports, calls "
-                         f"and comments) so that `python3 {ns}/main.py` runs; no trace of the old name may remain."),
+            instruction=(
+                f"Rename the function `{old}` to `{new}` everywhere under `{ns}/` (definition, imports, calls "
+                f"and comments) so that `python3 {ns}/main.py` runs; no trace of the old name may remain."
+            ),
             facts={"output": total},
             rubric=[
                 RubricItem(id=f"{cid}.runs", challenge=cid, weight=0.5, kind="command", argv=main, expect_stdout=total),
-                RubricItem(id=f"{cid}.no-old-name", challenge=cid, weight=0.5, kind="command",
-                           argv=["bash", "-c", f"test -d {ns} && ! grep -rq --include=*.py {old} {ns}"]),
+                RubricItem(
+                    id=f"{cid}.no-old-name",
+                    challenge=cid,
+                    weight=0.5,
+                    kind="command",
+                    argv=["bash", "-c", f"test -d {ns} && ! grep -rq --include=*.py {old} {ns}"],
+                ),
             ],
-            solution=sol, given=["old and new name"], discover=[f"{cfg.files} files using it"],
+            solution=sol,
+            given=["old and new name"],
+            discover=[f"{cfg.files} files using it"],
             evidence=sorted(files),
             preconditions=[Precondition(what="main.py fails before the rename", argv=main, expect_exit="nonzero")],
         )

@@ -1,10 +1,10 @@
-"""Corrupted records (error recovery): a loader crashes on malformed rows that must be skipped and counted (knob: bad)."""
+"""Corrupted records (error recovery): malformed rows to skip and count (knob: bad)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -28,7 +28,7 @@ class CorruptedRecords(Pattern):
     dimension = "error-recovery"
     summary = "a loader that crashes on malformed rows; the valid total and the rejects are wanted"
     config = Config
-    knobs = {"bad": (1, 5, 15, 40)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"bad": (1, 5, 15, 40)}
     primary = "bad"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -41,7 +41,10 @@ class CorruptedRecords(Pattern):
             kind = j % 3
             rows.append([f"x{j},,{rng.randrange(9)}", f"x{j},{rng.randrange(9)},n/a", f"x{j},{rng.randrange(9)}"][kind])
         rng.shuffle(rows)
-        files = {f"{ns}/orders.csv": ("id,qty,price\n" + "\n".join(rows) + "\n").encode(), f"{ns}/load.py": _LOADER.encode()}
+        files = {
+            f"{ns}/orders.csv": ("id,qty,price\n" + "\n".join(rows) + "\n").encode(),
+            f"{ns}/load.py": _LOADER.encode(),
+        }
         facts = {"total": total, "rejected": cfg.bad}
         sol = (
             "import csv\nt = r = 0\n"
@@ -52,10 +55,15 @@ class CorruptedRecords(Pattern):
         argv = ["python3", f"{ns}/load.py", f"{ns}/orders.csv"]
         return Material(
             files=files,
-            instruction=(f"`python3 {ns}/load.py {ns}/orders.csv` crashes on malformed rows (missing or non-integer "
-                         "qty/price). Compute the total of qty*price over the valid rows and count the malformed ones; "
-                         f'write `{{"total": t, "rejected": n}}` to `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"`python3 {ns}/load.py {ns}/orders.csv` crashes on malformed rows (missing or non-integer "
+                "qty/price). Compute the total of qty*price over the valid rows and count the malformed ones; "
+                f'write `{{"total": t, "rejected": n}}` to `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            evidence=sorted(files),
             preconditions=[Precondition(what="the loader crashes on the data", argv=argv, expect_exit="nonzero")],
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -26,7 +26,7 @@ class CoupledConstraints(Pattern):
     dimension = "planning"
     summary = "per-team requirements that share decision variables and must be solved jointly"
     config = Config
-    knobs = {"coupled": (0, 2, 4, 6)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"coupled": (0, 2, 4, 6)}
     primary = "coupled"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -44,8 +44,14 @@ class CoupledConstraints(Pattern):
             lhs = " + ".join(f"{k}*{v}" for k, v in zip(c["coef"], c["vars"], strict=True))
             files[f"{ns}/requirements/team_{i:02d}.txt"] = f"requirement: {lhs} {c['op']} {c['rhs']}\n".encode()
         rubric = [
-            RubricItem(id=f"{cid}.req{i:02d}", challenge=cid, weight=1.0 / len(cons), kind="json_constraint",
-                       file=answer_path(cid), constraint={**c, "lo": _LO, "hi": _HI})
+            RubricItem(
+                id=f"{cid}.req{i:02d}",
+                challenge=cid,
+                weight=1.0 / len(cons),
+                kind="json_constraint",
+                file=answer_path(cid),
+                constraint={**c, "lo": _LO, "hi": _HI},
+            )
             for i, c in enumerate(cons)
         ]
         sol = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class CrossReference(Pattern):
     dimension = "long-horizon-consistency"
     summary = "every order checked against the inventory for dangling SKU references"
     config = Config
-    knobs = {"orders": (5, 15, 40, 100)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"orders": (5, 15, 40, 100)}
     primary = "orders"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -44,9 +44,14 @@ class CrossReference(Pattern):
         ) + write_answer_py(cid, "{'dangling': sorted(bad)}")
         return Material(
             files=files,
-            instruction=(f"Which orders in `{ns}/orders/` reference a SKU missing from `{ns}/inventory.csv`? Write "
-                         f'their ids sorted as `{{"dangling": [...]}}` to `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"Which orders in `{ns}/orders/` reference a SKU missing from `{ns}/inventory.csv`? Write "
+                f'their ids sorted as `{{"dangling": [...]}}` to `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ class CsvAggregate(Pattern):
     dimension = "skill-use"
     summary = "group-by totals over a CSV table"
     config = Config
-    knobs = {"rows": (10, 40, 160, 640)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"rows": (10, 40, 160, 640)}
     primary = "rows"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -40,10 +40,16 @@ class CsvAggregate(Pattern):
         ) + write_answer_py(cid, "t")
         return Material(
             files=files,
-            instruction=(f"Total the `amount` of `{ns}/sales.csv` per region ({', '.join(_REGIONS)}) and write the "
-                         f"totals as a JSON object region -> integer to `answers/{cid}.json`."),
-            facts=totals, rubric=answer_items(cid, totals), solution=sol,
-            given=["regions"], infer=["per-region totals"], evidence=sorted(files),
+            instruction=(
+                f"Total the `amount` of `{ns}/sales.csv` per region ({', '.join(_REGIONS)}) and write the "
+                f"totals as a JSON object region -> integer to `answers/{cid}.json`."
+            ),
+            facts=totals,
+            rubric=answer_items(cid, totals),
+            solution=sol,
+            given=["regions"],
+            infer=["per-region totals"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class DeepTreeSearch(Pattern):
     dimension = "environment-understanding"
     summary = "the one file carrying a marker, deep in a tree of look-alike folders"
     config = Config
-    knobs = {"depth": (1, 3, 5, 8)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 3, 5, 8)}
     primary = "depth"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -43,10 +43,15 @@ class DeepTreeSearch(Pattern):
         facts = {"path": rel, "marker": marker}
         return Material(
             files=files,
-            instruction=(f"Somewhere under `{ns}/tree/` one notes file holds a live marker (expired ones end in "
-                         f'`-expired`). Write `{{"path": "<path relative to {ns}>", "marker": "..."}}` to '
-                         f"`answers/{cid}.json`."),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, discover=[f"a file {cfg.depth} levels deep"],
+            instruction=(
+                f"Somewhere under `{ns}/tree/` one notes file holds a live marker (expired ones end in "
+                f'`-expired`). Write `{{"path": "<path relative to {ns}>", "marker": "..."}}` to '
+                f"`answers/{cid}.json`."
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            discover=[f"a file {cfg.depth} levels deep"],
             evidence=[f"{path}/notes.txt"],
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class DistributedEvidence(Pattern):
     dimension = "environment-understanding"
     summary = "complementary facts of one record split across several source files"
     config = Config
-    knobs = {"sources": (1, 2, 4, 6)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"sources": (1, 2, 4, 6)}
     primary = "sources"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:

@@ -6,7 +6,7 @@ import base64
 import gzip
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -37,7 +37,7 @@ class EncodedEvidence(Pattern):
     dimension = "skill-use"
     summary = "a value under several layers of tagged encodings"
     config = Config
-    knobs = {"layers": (1, 2, 3, 5)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}
     primary = "layers"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -62,9 +62,14 @@ class EncodedEvidence(Pattern):
         ) + write_answer_py(cid, "{'value': d.decode().split('=', 1)[1]}")
         return Material(
             files=files,
-            instruction=(f"`{ns}/payload.txt` is encoded in tagged layers (`b64:`, `hex:`, `gz:` = gzip then base64). "
-                         f'Decode it down to `value=...` and write `{{"value": "..."}}` to `answers/{cid}.json`.'),
-            facts={"value": secret}, rubric=answer_items(cid, {"value": secret}), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"`{ns}/payload.txt` is encoded in tagged layers (`b64:`, `hex:`, `gz:` = gzip then base64). "
+                f'Decode it down to `value=...` and write `{{"value": "..."}}` to `answers/{cid}.json`.'
+            ),
+            facts={"value": secret},
+            rubric=answer_items(cid, {"value": secret}),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

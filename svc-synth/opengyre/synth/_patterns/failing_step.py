@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -21,7 +21,7 @@ class FailingStep(Pattern):
     dimension = "error-recovery"
     summary = "a multi-step shell pipeline with one failing step to diagnose and repair"
     config = Config
-    knobs = {"steps": (2, 4, 6, 9)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"steps": (2, 4, 6, 9)}
     primary = "steps"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -36,19 +36,29 @@ class FailingStep(Pattern):
                 f'#!/bin/bash\nset -e\nx=$(cat "{src}")\necho $(( x + {add} )) > data/s{i + 1}.txt\n'
             ).encode()
             v += add
-        runner = "#!/bin/bash\nset -e\ncd \"$(dirname \"$0\")\"\n" + "".join(
-            f"bash steps/step{i + 1}.sh\n" for i in range(cfg.steps)
-        ) + f"cat data/s{cfg.steps}.txt\n"
+        runner = (
+            '#!/bin/bash\nset -e\ncd "$(dirname "$0")"\n'
+            + "".join(f"bash steps/step{i + 1}.sh\n" for i in range(cfg.steps))
+            + f"cat data/s{cfg.steps}.txt\n"
+        )
         files[f"{ns}/pipeline.sh"] = runner.encode()
         argv = ["bash", f"{ns}/pipeline.sh"]
         step = f"{ns}/steps/step{bad + 1}.sh"
         return Material(
             files=files,
-            instruction=f"`bash {ns}/pipeline.sh` fails part-way. Find the failing step and fix it so the pipeline completes.",
+            instruction=(
+                f"`bash {ns}/pipeline.sh` fails part-way. Find the failing step and fix it so the pipeline completes."
+            ),
             facts={"output": str(v)},
-            rubric=[RubricItem(id=f"{cid}.completes", challenge=cid, weight=1.0, kind="command", argv=argv,
-                               expect_stdout=str(v))],
-            solution=f"p = {step!r}\ntext = open(p).read()\nopen(p, 'w').write(text.replace('data/S{bad}.txt', 'data/s{bad}.txt'))\n",
+            rubric=[
+                RubricItem(
+                    id=f"{cid}.completes", challenge=cid, weight=1.0, kind="command", argv=argv, expect_stdout=str(v)
+                )
+            ],
+            solution=(
+                f"p = {step!r}\ntext = open(p).read()\n"
+                f"open(p, 'w').write(text.replace('data/S{bad}.txt', 'data/s{bad}.txt'))\n"
+            ),
             given=["the failing command"],
             discover=[f"which of {cfg.steps} steps fails and why"],
             evidence=[f"{ns}/pipeline.sh", step],

@@ -1,10 +1,10 @@
-"""Incremental updates (long-horizon consistency): a base state and ordered patches, deletions included (knob: patches)."""
+"""Incremental updates (long-horizon consistency): a base and ordered patches, with deletions (knob: patches)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class IncrementalUpdates(Pattern):
     dimension = "long-horizon-consistency"
     summary = "final state from a base and an ordered series of patches (null deletes)"
     config = Config
-    knobs = {"patches": (1, 3, 6, 10)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"patches": (1, 3, 6, 10)}
     primary = "patches"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -48,9 +48,14 @@ class IncrementalUpdates(Pattern):
         ) + write_answer_py(cid, "{'state': s}")
         return Material(
             files=files,
-            instruction=(f"Apply the patches in `{ns}/patches/` in order to `{ns}/base.json` (a null value deletes the "
-                         f'key) and write `{{"state": {{...}}}}` to `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"Apply the patches in `{ns}/patches/` in order to `{ns}/base.json` (a null value deletes the "
+                f'key) and write `{{"state": {{...}}}}` to `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

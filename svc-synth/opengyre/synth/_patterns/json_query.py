@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ class JsonQuery(Pattern):
     dimension = "skill-use"
     summary = "a setting of one named service nested deep in a JSON inventory among siblings"
     config = Config
-    knobs = {"depth": (1, 2, 3, 5)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 5)}
     primary = "depth"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -54,10 +54,16 @@ class JsonQuery(Pattern):
         ) + write_answer_py(cid, "{'timeout_ms': v}")
         return Material(
             files=files,
-            instruction=(f"Find the `timeout_ms` of service `{target}` in `{ns}/inventory.json` and write "
-                         f'`{{"timeout_ms": <integer>}}` to `answers/{cid}.json`.'),
-            facts={"timeout_ms": value}, rubric=answer_items(cid, {"timeout_ms": value}), solution=sol,
-            given=["service name"], discover=[f"the service {cfg.depth} levels deep"], evidence=sorted(files),
+            instruction=(
+                f"Find the `timeout_ms` of service `{target}` in `{ns}/inventory.json` and write "
+                f'`{{"timeout_ms": <integer>}}` to `answers/{cid}.json`.'
+            ),
+            facts={"timeout_ms": value},
+            rubric=answer_items(cid, {"timeout_ms": value}),
+            solution=sol,
+            given=["service name"],
+            discover=[f"the service {cfg.depth} levels deep"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

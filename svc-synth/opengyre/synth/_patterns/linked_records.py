@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ class LinkedRecords(Pattern):
     dimension = "environment-understanding"
     summary = "the owner's contact reached through a chain of related records"
     config = Config
-    knobs = {"hops": (1, 2, 4, 6)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"hops": (1, 2, 4, 6)}
     primary = "hops"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -50,10 +50,15 @@ class LinkedRecords(Pattern):
         ) + write_answer_py(cid, "{'contact': r['contact']}")
         return Material(
             files=files,
-            instruction=(f"Record `{chain[0]}` in `{ns}/records/` is owned by another record, and so on. Find the "
-                         f'contact of its ultimate owner and write `{{"contact": "..."}}` to `answers/{cid}.json`.'),
-            facts={"contact": contact}, rubric=answer_items(cid, {"contact": contact}), solution=sol,
-            discover=[f"{cfg.hops} ownership hops"], evidence=[f"{ns}/records/{r}.json" for r in chain],
+            instruction=(
+                f"Record `{chain[0]}` in `{ns}/records/` is owned by another record, and so on. Find the "
+                f'contact of its ultimate owner and write `{{"contact": "..."}}` to `answers/{cid}.json`.'
+            ),
+            facts={"contact": contact},
+            rubric=answer_items(cid, {"contact": contact}),
+            solution=sol,
+            discover=[f"{cfg.hops} ownership hops"],
+            evidence=[f"{ns}/records/{r}.json" for r in chain],
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -24,7 +24,7 @@ class LogCount(Pattern):
     dimension = "skill-use"
     summary = "error codes counted across every service log"
     config = Config
-    knobs = {"files": (1, 3, 6, 10)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (1, 3, 6, 10)}
     primary = "files"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -48,10 +48,15 @@ class LogCount(Pattern):
         ) + write_answer_py(cid, "c")
         return Material(
             files=files,
-            instruction=(f"Count the ERROR lines per code ({', '.join(_CODES)}) across all logs in `{ns}/logs/` (INFO "
-                         f"lines mentioning a code do not count); write code -> count as JSON to `answers/{cid}.json`."),
-            facts=counts, rubric=answer_items(cid, counts), solution=sol,
-            discover=[f"{cfg.files} log files"], evidence=sorted(files),
+            instruction=(
+                f"Count the ERROR lines per code ({', '.join(_CODES)}) across all logs in `{ns}/logs/` (INFO "
+                f"lines mentioning a code do not count); write code -> count as JSON to `answers/{cid}.json`."
+            ),
+            facts=counts,
+            rubric=answer_items(cid, counts),
+            solution=sol,
+            discover=[f"{cfg.files} log files"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -1,10 +1,10 @@
-"""Missing dependency (error recovery): a script fails on imports whose modules sit, renamed, in vendor/ (knob: missing)."""
+"""Missing dependency (error recovery): imports missing, renamed in vendor/ (knob: missing)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class MissingDependency(Pattern):
     dimension = "error-recovery"
     summary = "a report script fails on missing modules that exist under other names in vendor/"
     config = Config
-    knobs = {"missing": (1, 2, 3)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"missing": (1, 2, 3)}
     primary = "missing"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -44,8 +44,9 @@ class MissingDependency(Pattern):
             files=files,
             instruction=f"`python3 {ns}/app/report.py` fails. Make it run and print its value (do not edit report.py).",
             facts={"output": total},
-            rubric=[RubricItem(id=f"{cid}.runs", challenge=cid, weight=1.0, kind="command", argv=argv,
-                               expect_stdout=total)],
+            rubric=[
+                RubricItem(id=f"{cid}.runs", challenge=cid, weight=1.0, kind="command", argv=argv, expect_stdout=total)
+            ],
             solution=sol,
             given=["the failing command"],
             discover=["which modules are missing and where they are vendored"],

@@ -7,7 +7,7 @@ import random
 import tarfile
 import zipfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -25,7 +25,7 @@ class NestedDiscovery(Pattern):
     dimension = "environment-understanding"
     summary = "evidence hidden in nested archives (tar.gz and zip alternating), decoys at every layer"
     config = Config
-    knobs = {"depth": (1, 2, 3, 4)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 4)}
     primary = "depth"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -51,7 +51,8 @@ class NestedDiscovery(Pattern):
             f"for fn in os.listdir({ns!r}):\n"
             f"    for nm, data in _walk(fn, open(os.path.join({ns!r}, fn), 'rb').read()):\n"
             "        for line in data.decode().splitlines():\n"
-            "            if line.startswith('access-code: ') and line.split(': ')[1] != 'none': code = line.split(': ')[1]\n"
+            "            if line.startswith('access-code: ') and line.split(': ')[1] != 'none':\n"
+            "                code = line.split(': ')[1]\n"
         ) + write_answer_py(cid, "{'access_code': code}")
         return Material(
             files=files,

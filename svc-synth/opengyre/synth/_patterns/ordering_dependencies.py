@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -38,7 +38,7 @@ class OrderingDependencies(Pattern):
     dimension = "planning"
     summary = "jobs and prerequisites scheduled in the one canonical topological order"
     config = Config
-    knobs = {"jobs": (3, 6, 10, 15)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"jobs": (3, 6, 10, 15)}
     primary = "jobs"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -51,7 +51,8 @@ class OrderingDependencies(Pattern):
             "import heapq\n"
             f"d = {ns + '/jobs'!r}\n"
             "deps = {fn[:-4]: open(os.path.join(d, fn)).read().split(':', 1)[1].split() for fn in os.listdir(d)}\n"
-            "indeg = {j: len(x) for j, x in deps.items()}\nready = sorted(j for j, n in indeg.items() if n == 0)\nout = []\n"
+            "indeg = {j: len(x) for j, x in deps.items()}\n"
+            "ready = sorted(j for j, n in indeg.items() if n == 0)\nout = []\n"
             "while ready:\n    j = heapq.heappop(ready); out.append(j)\n"
             "    for k, x in deps.items():\n        if j in x:\n            indeg[k] -= 1\n"
             "            if indeg[k] == 0: heapq.heappush(ready, k)\n"
@@ -59,10 +60,16 @@ class OrderingDependencies(Pattern):
         facts = {"order": order}
         return Material(
             files=files,
-            instruction=(f"Each file in `{ns}/jobs/` lists a job's prerequisites. Give the execution order that runs "
-                         "every job after its prerequisites, choosing the alphabetically smallest ready job at each "
-                         f'step, as `{{"order": [...]}}` in `answers/{cid}.json`.'),
-            facts=facts, rubric=answer_items(cid, facts), solution=sol, infer=["the order"], evidence=sorted(files),
+            instruction=(
+                f"Each file in `{ns}/jobs/` lists a job's prerequisites. Give the execution order that runs "
+                "every job after its prerequisites, choosing the alphabetically smallest ready job at each "
+                f'step, as `{{"order": [...]}}` in `answers/{cid}.json`.'
+            ),
+            facts=facts,
+            rubric=answer_items(cid, facts),
+            solution=sol,
+            infer=["the order"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -1,10 +1,10 @@
-"""Permission denied (error recovery): a runner calls helper scripts some of which lost their exec bit (knob: helpers)."""
+"""Permission denied (error recovery): helpers that lost their exec bit (knob: broken)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -21,7 +21,7 @@ class PermissionDenied(Pattern):
     dimension = "error-recovery"
     summary = "a runner fails with 'Permission denied' on helpers that lost their executable bit"
     config = Config
-    knobs = {"broken": (1, 2, 4, 6)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"broken": (1, 2, 4, 6)}
     primary = "broken"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -35,18 +35,26 @@ class PermissionDenied(Pattern):
             if i not in broken:
                 execs.add(f"{ns}/bin/step{i}.sh")
         files[f"{ns}/run.sh"] = (
-            "#!/bin/bash\nset -e\ncd \"$(dirname \"$0\")\"\nt=0\n"
-            + "".join(f"v=$(./bin/step{i}.sh)\nt=$(( t + v ))\n" for i in range(n)) + "echo $t\n"
+            '#!/bin/bash\nset -e\ncd "$(dirname "$0")"\nt=0\n'
+            + "".join(f"v=$(./bin/step{i}.sh)\nt=$(( t + v ))\n" for i in range(n))
+            + "echo $t\n"
         ).encode()
         argv = ["bash", f"{ns}/run.sh"]
         sol = f"for fn in os.listdir({ns + '/bin'!r}): os.chmod(os.path.join({ns + '/bin'!r}, fn), 0o755)\n"
         return Material(
             files=files,
-            instruction=f"`bash {ns}/run.sh` stops with an error. Repair the helpers (do not edit run.sh) so it prints its total.",
+            instruction=(
+                f"`bash {ns}/run.sh` stops with an error. Repair the helpers (not run.sh) so it prints its total."
+            ),
             facts={"output": str(total)},
-            rubric=[RubricItem(id=f"{cid}.runs", challenge=cid, weight=1.0, kind="command", argv=argv,
-                               expect_stdout=str(total))],
-            solution=sol, evidence=sorted(files), executables=execs | {f"{ns}/run.sh"},
+            rubric=[
+                RubricItem(
+                    id=f"{cid}.runs", challenge=cid, weight=1.0, kind="command", argv=argv, expect_stdout=str(total)
+                )
+            ],
+            solution=sol,
+            evidence=sorted(files),
+            executables=execs | {f"{ns}/run.sh"},
             preconditions=[Precondition(what="run.sh fails before the repair", argv=argv, expect_exit="nonzero")],
         )
 

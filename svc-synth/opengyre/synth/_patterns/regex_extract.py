@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -26,7 +26,7 @@ class RegexExtract(Pattern):
     dimension = "skill-use"
     summary = "identifiers in mixed notations extracted and normalised"
     config = Config
-    knobs = {"formats": (1, 2, 3, 4)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"formats": (1, 2, 3, 4)}
     primary = "formats"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -48,11 +48,16 @@ class RegexExtract(Pattern):
         ) + write_answer_py(cid, "{'tickets': sorted(found)}")
         return Material(
             files=files,
-            instruction=(f"`{ns}/notes.txt` mentions OPS tickets in various notations (OPX is another project). "
-                         f'Write every distinct ticket as `OPS-<number>`, sorted, as `{{"tickets": [...]}}` to '
-                         f"`answers/{cid}.json`."),
-            facts={"tickets": answer}, rubric=answer_items(cid, {"tickets": answer}), solution=sol,
-            discover=["the notations in use"], evidence=sorted(files),
+            instruction=(
+                f"`{ns}/notes.txt` mentions OPS tickets in various notations (OPX is another project). "
+                f'Write every distinct ticket as `OPS-<number>`, sorted, as `{{"tickets": [...]}}` to '
+                f"`answers/{cid}.json`."
+            ),
+            facts={"tickets": answer},
+            rubric=answer_items(cid, {"tickets": answer}),
+            solution=sol,
+            discover=["the notations in use"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

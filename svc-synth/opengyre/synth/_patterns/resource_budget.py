@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class ResourceBudget(Pattern):
     dimension = "planning"
     summary = "the most valuable set of upgrades that fits a budget (greedy is not enough)"
     config = Config
-    knobs = {"items": (4, 8, 12, 16)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"items": (4, 8, 12, 16)}
     primary = "items"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -35,8 +35,10 @@ class ResourceBudget(Pattern):
             for b in range(budget, c - 1, -1):
                 dp[b] = max(dp[b], dp[b - c] + v)
         best = dp[budget]
-        files = {f"{ns}/upgrades.csv": ("name,cost,value\n" + "".join(f"{n},{c},{v}\n" for n, c, v in items)).encode(),
-                 f"{ns}/BUDGET.txt": f"{budget}\n".encode()}
+        files = {
+            f"{ns}/upgrades.csv": ("name,cost,value\n" + "".join(f"{n},{c},{v}\n" for n, c, v in items)).encode(),
+            f"{ns}/BUDGET.txt": f"{budget}\n".encode(),
+        }
         sol = (
             f"import csv\nrows = list(csv.DictReader(open({ns + '/upgrades.csv'!r})))\n"
             f"B = int(open({ns + '/BUDGET.txt'!r}).read())\ndp = [0] * (B + 1)\n"
@@ -45,11 +47,16 @@ class ResourceBudget(Pattern):
         ) + write_answer_py(cid, "{'best_value': dp[B]}")
         return Material(
             files=files,
-            instruction=(f"Pick upgrades from `{ns}/upgrades.csv` (each at most once) whose total cost stays within "
-                         f"`{ns}/BUDGET.txt`, maximising the total value; write "
-                         f'`{{"best_value": <integer>}}` to `answers/{cid}.json`.'),
-            facts={"best_value": best}, rubric=answer_items(cid, {"best_value": best}), solution=sol,
-            infer=["the optimal subset's value"], evidence=sorted(files),
+            instruction=(
+                f"Pick upgrades from `{ns}/upgrades.csv` (each at most once) whose total cost stays within "
+                f"`{ns}/BUDGET.txt`, maximising the total value; write "
+                f'`{{"best_value": <integer>}}` to `answers/{cid}.json`.'
+            ),
+            facts={"best_value": best},
+            rubric=answer_items(cid, {"best_value": best}),
+            solution=sol,
+            infer=["the optimal subset's value"],
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ class RunningLedger(Pattern):
     dimension = "long-horizon-consistency"
     summary = "balances carried through many transactions spread over monthly files, overdrafts refused"
     config = Config
-    knobs = {"transactions": (5, 20, 60, 150)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"transactions": (5, 20, 60, 150)}
     primary = "transactions"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -37,7 +37,10 @@ class RunningLedger(Pattern):
                 bal[src] -= amt
                 bal[dst] += amt
         files = {f"{ns}/ledger/2026-{m:02d}.txt": ("\n".join(v) + "\n").encode() for m, v in months.items()}
-        files[f"{ns}/RULES.txt"] = b"Every account opens with 100. Apply transfers in sequence order; a transfer that would make the source negative is refused (skipped).\n"
+        files[f"{ns}/RULES.txt"] = (
+            b"Every account opens with 100. Apply transfers in sequence order; a transfer that would make the source"
+            b" negative is refused (skipped).\n"
+        )
         sol = (
             f"b = dict.fromkeys({list(_ACCOUNTS)!r}, 100)\nrows = []\nd = {ns + '/ledger'!r}\n"
             "for fn in os.listdir(d): rows += [l.split() for l in open(os.path.join(d, fn)) if l.strip()]\n"
@@ -46,9 +49,14 @@ class RunningLedger(Pattern):
         ) + write_answer_py(cid, "b")
         return Material(
             files=files,
-            instruction=(f"Apply the transfers in `{ns}/ledger/` following `{ns}/RULES.txt` and write the final "
-                         f"balances (account -> integer) as JSON to `answers/{cid}.json`."),
-            facts=bal, rubric=answer_items(cid, bal), solution=sol, infer=["balances after every transfer"],
+            instruction=(
+                f"Apply the transfers in `{ns}/ledger/` following `{ns}/RULES.txt` and write the final "
+                f"balances (account -> integer) as JSON to `answers/{cid}.json`."
+            ),
+            facts=bal,
+            rubric=answer_items(cid, bal),
+            solution=sol,
+            infer=["balances after every transfer"],
             evidence=sorted(files),
         )
 

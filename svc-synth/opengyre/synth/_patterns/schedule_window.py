@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,7 +22,7 @@ class ScheduleWindow(Pattern):
     dimension = "planning"
     summary = "the earliest 60-minute slot free in every calendar (half-hour grid, 09:00-17:00)"
     config = Config
-    knobs = {"calendars": (2, 3, 5, 8)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"calendars": (2, 3, 5, 8)}
     primary = "calendars"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -49,10 +49,15 @@ class ScheduleWindow(Pattern):
         ) + write_answer_py(cid, "{'start': f'{s // 2:02d}:{30 * (s % 2):02d}'}")
         return Material(
             files=files,
-            instruction=(f"Each file in `{ns}/calendars/` lists busy half-hours (`busy HH:MM`). Find the earliest "
-                         "start of a 60-minute meeting between 09:00 and 17:00 free for everyone; write "
-                         f'`{{"start": "HH:MM"}}` to `answers/{cid}.json`.'),
-            facts={"start": hhmm}, rubric=answer_items(cid, {"start": hhmm}), solution=sol, evidence=sorted(files),
+            instruction=(
+                f"Each file in `{ns}/calendars/` lists busy half-hours (`busy HH:MM`). Find the earliest "
+                "start of a 60-minute meeting between 09:00 and 17:00 free for everyone; write "
+                f'`{{"start": "HH:MM"}}` to `answers/{cid}.json`.'
+            ),
+            facts={"start": hhmm},
+            rubric=answer_items(cid, {"start": hhmm}),
+            solution=sol,
+            evidence=sorted(files),
         )
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -24,7 +24,7 @@ class SparseSignal(Pattern):
     dimension = "environment-understanding"
     summary = "the one relevant fact buried among near-topic distractor lines"
     config = Config
-    knobs = {"distractors": (4, 20, 80, 240)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"distractors": (4, 20, 80, 240)}
     primary = "distractors"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
@@ -35,7 +35,9 @@ class SparseSignal(Pattern):
             if rng.random() < 0.5:  # same order, another refund state
                 lines.append(f"order={order} event={rng.choice(_NEAR)} amount={rng.randrange(100, 99999)}")
             else:  # same state, another order
-                lines.append(f"order={order + rng.randrange(1, 50)} event=refund completed amount={rng.randrange(100, 99999)}")
+                lines.append(
+                    f"order={order + rng.randrange(1, 50)} event=refund completed amount={rng.randrange(100, 99999)}"
+                )
         rng.shuffle(lines)
         log = "".join(f"2026-11-{1 + i % 28:02d}T10:{i % 60:02d}:00Z {line}\n" for i, line in enumerate(lines))
         files = {f"{ns}/payments.log": log.encode()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -22,11 +22,11 @@ class StateDependency(Pattern):
     dimension = "planning"
     summary = "later operations depend on earlier outputs: a chain of steps, each naming the next"
     config = Config
-    knobs = {"depth": (1, 3, 5, 8)}
+    knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 3, 5, 8)}
     primary = "depth"
 
     def build(self, cfg: Config, rng: random.Random, ns: str, cid: str) -> Material:
-        keys = []
+        keys: list[str] = []
         while len(keys) < cfg.depth + 3:
             k = name(rng, 2)
             if k not in keys:
@@ -41,7 +41,9 @@ class StateDependency(Pattern):
             files[f"{ns}/steps/{k}.txt"] = f"multiply {mul}\nadd {add}\nnext {nxt}\n".encode()
             value = (value * mul + add) % 10007
         for k in decoys:
-            files[f"{ns}/steps/{k}.txt"] = f"multiply {rng.randrange(2, 5)}\nadd {rng.randrange(1, 20)}\nnext END\n".encode()
+            files[f"{ns}/steps/{k}.txt"] = (
+                f"multiply {rng.randrange(2, 5)}\nadd {rng.randrange(1, 20)}\nnext END\n".encode()
+            )
         sol = (
             f"v, k = {start}, {chain[0]!r}\n"
             "while k != 'END':\n"
@@ -67,8 +69,11 @@ class StateDependency(Pattern):
 
     def measure(self, files: Mapping[str, bytes], facts: Mapping[str, Any], ns: str) -> float:
         # Length of the chain: steps reachable by "next" from a step no other step names.
-        nxt = {p.rsplit("/", 1)[1][:-4]: b.decode().split("next ")[1].strip() for p, b in files.items()
-               if p.startswith(ns + "/steps/")}
+        nxt = {
+            p.rsplit("/", 1)[1][:-4]: b.decode().split("next ")[1].strip()
+            for p, b in files.items()
+            if p.startswith(ns + "/steps/")
+        }
         named = set(nxt.values())
         return float(max(_len(k, nxt) for k in nxt if k not in named))
 

@@ -1,4 +1,5 @@
 """Sum a numeric column of a CSV grouped by another column: python3 sum_by.py FILE GROUP VALUE."""
+
 import csv
 import sys
 from collections import defaultdict
