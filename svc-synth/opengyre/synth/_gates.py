@@ -142,17 +142,21 @@ def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verd
     hang_limits = dataclasses.replace(
         limits.run, solve=dataclasses.replace(limits.run.solve, timeout_s=limits.hang_timeout_s)
     )
+    # The memory gate needs only to cross a limit, not a large one: a small group limit keeps it cheap.
+    oom_limits = dataclasses.replace(
+        limits.run,
+        solve=dataclasses.replace(limits.run.solve, group_memory_mb=min(64, limits.run.solve.group_memory_mb or 64)),
+    )
     for gate, script, cls, run_limits in (
         ("hang", _HANG, "agent-timeout", hang_limits),
         ("crash", _CRASH, "agent-crash", limits.run),
-        ("oom", _OOM, "agent-oom", limits.run),
+        ("oom", _OOM, "agent-oom", oom_limits),
     ):
-        o = run_solution(task_dir, script, run_limits)
-        if o.score == 0.0 and o.failure_class == cls:
-            out.append(Verdict(gate, True, f"scores 0 as the solver's fault ({cls})"))
-        else:
+        o = run_solution(task_dir, script, run_limits, grade_faults=gate == "crash")
+        if not (o.score == 0.0 and o.failure_class == cls):
             out.append(_score_gate(gate, o, f"must score 0 as {cls}"))
-    wreck = run_solution(task_dir, _CRASH.replace("kill -SEGV $$", "exit 0"), limits.run)
-    if not (wreck.valid and wreck.score is not None and wreck.score < bp.pass_threshold):
-        out[-2] = _score_gate("crash", wreck, "the grader must give a valid low score on a crashed solution's wreck")
+        elif gate == "crash" and not (o.metrics.get("grader_valid") and o.metrics["reward"] < bp.pass_threshold):
+            out.append(Verdict(gate, False, f"the grader must give a valid low score on the wreck; got {o.metrics}"))
+        else:
+            out.append(Verdict(gate, True, f"scores 0 as the solver's fault ({cls})"))
     return out

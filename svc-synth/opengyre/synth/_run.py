@@ -43,10 +43,17 @@ class Outcome:
 
 
 def run_solution(
-    task_dir: Path, solve_sh: str | None, limits: RunLimits | None = None, *, keep_workspace: bool = False
+    task_dir: Path,
+    solve_sh: str | None,
+    limits: RunLimits | None = None,
+    *,
+    keep_workspace: bool = False,
+    grade_faults: bool = False,
 ) -> Outcome:
     """``solve_sh``: a bash script run in the workspace (``None``: do nothing). The task's ``solution/`` folder is
-    available to it as ``$SOLUTION_DIR``."""
+    available to it as ``$SOLUTION_DIR``. ``grade_faults``: grade the wreck a faulty solution left too (the
+    score stays 0; ``metrics`` then holds the grader's, with ``grader_valid`` 1 or 0), which checks that the
+    grader itself copes with whatever a dying solution leaves behind."""
     limits = limits or RunLimits()
     task_dir = Path(task_dir)
     try:
@@ -71,7 +78,11 @@ def run_solution(
                         0.0, "agent-oom", f"the solution exceeded {limits.solve.group_memory_mb} MB", {}, code
                     )
                 if r.signal is not None or code > 128:
-                    return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", {}, code)
+                    wreck: dict[str, float] = {}
+                    if grade_faults:
+                        ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
+                        wreck = {**(ev.metrics or {}), "grader_valid": float(ev.valid)}
+                    return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", wreck, code)
             ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
             kept = _snapshot(app) if keep_workspace else None
             return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept)
