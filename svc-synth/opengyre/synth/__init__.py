@@ -5,6 +5,7 @@ from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._harbor import HarborTask, export_task, import_task
 from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
+from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
 from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
 from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
@@ -27,6 +28,8 @@ __all__ = [
     "HarborTask",
     "HardeningProjection",
     "IngestReport",
+    "LlmConfig",
+    "LlmDraftError",
     "Material",
     "Outcome",
     "Pattern",
@@ -46,6 +49,7 @@ __all__ = [
     "derive_capabilities",
     "diagnose",
     "draft_blueprint",
+    "draft_blueprint_llm",
     "export_task",
     "fill_contract",
     "get_pattern",

@@ -24,6 +24,7 @@ from ._blueprint import Blueprint
 from ._build import build_task, write_task
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
+from ._llm import LlmConfig, draft_blueprint_llm
 from ._skills import IngestReport, Skill, ingest
 from ._synth import draft_blueprint
 
@@ -66,8 +67,11 @@ def validated_event(bp: Blueprint, verdicts: Sequence[Verdict]) -> TaskValidated
 
 
 class Synthesizer:
-    def __init__(self, store: Path, gates: GateLimits | None = None, *, workers: int = 4) -> None:
+    def __init__(
+        self, store: Path, gates: GateLimits | None = None, *, workers: int = 4, llm: LlmConfig | None = None
+    ) -> None:
         self.store = Path(store)
+        self.llm = llm  # a synthesis model drafts the blueprints; None: the procedural mode
         self.gates = gates or GateLimits()
         self.workers = workers
 
@@ -121,16 +125,28 @@ class Synthesizer:
     def synthesize(
         self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0, patterns: Sequence[str] | None = None
     ) -> TaskBuild:
-        bp = draft_blueprint(
-            skill_id=skill.skill_id,
-            skill_name=skill.name,
-            description=skill.description,
-            capabilities=skill.capabilities,
-            seed=seed,
-            n_challenges=n_challenges,
-            level=level,
-            patterns=patterns,
-        )
+        if self.llm is not None and patterns is None:
+            bp = draft_blueprint_llm(
+                self.llm,
+                skill_id=skill.skill_id,
+                skill_name=skill.name,
+                description=skill.description,
+                body=skill.body,
+                capabilities=skill.capabilities,
+                seed=seed,
+                n_challenges=n_challenges,
+            )
+        else:
+            bp = draft_blueprint(
+                skill_id=skill.skill_id,
+                skill_name=skill.name,
+                description=skill.description,
+                capabilities=skill.capabilities,
+                seed=seed,
+                n_challenges=n_challenges,
+                level=level,
+                patterns=patterns,
+            )
         return self.build_and_validate(bp)
 
     def build_and_validate(self, bp: Blueprint) -> TaskBuild:

@@ -26,6 +26,7 @@ from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 
 from ._blueprint import Blueprint
 from ._hardening import HardeningProjection
+from ._llm import LlmConfig
 from ._pipeline import Synthesizer, TaskBuild
 from ._skills import Skill
 from ._tasks import SkillRow, TaskRow, TasksProjection, task_lineage
@@ -214,8 +215,9 @@ class SynthService(Service):
         "difficulty-pattern pool (30 patterns, five dimensions) with control knobs",
         "blueprints, Harbor task directories, rubric evaluators, validation gates",
         "hardening loop (windowed mean reward > 0.7) with lineage",
+        "LLM synthesis mode (OPENGYRE_SYNTH_LLM_URL/_MODEL: any OpenAI-compatible endpoint), else procedural",
     )
-    not_implemented = ("LLM synthesis mode (an OpenAI-compatible synthesis model drafting blueprints)",)
+    not_implemented = ()
     poll_s = 2.0
 
     def __init__(self) -> None:
@@ -226,7 +228,7 @@ class SynthService(Service):
 
     def synth(self, ctx: ServiceContext) -> Synthesizer:
         if self._synth is None:
-            self._synth = Synthesizer(ctx.settings.data_dir / "synth")
+            self._synth = Synthesizer(ctx.settings.data_dir / "synth", llm=LlmConfig.from_env())
         return self._synth
 
     def projections(self) -> Sequence[Projection]:
