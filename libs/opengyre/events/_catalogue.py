@@ -55,6 +55,11 @@ class SkillIngested(Event, frozen=True, kw_only=True, tag="skill-ingested"):
     source: str = ""
     digest: str = ""
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    # Skill2Env's filters: a rejected skill is recorded too, with the reason (accepted=False).
+    accepted: bool = True
+    reason: str = ""
+    domain: str = ""
+    capabilities: dict[str, float] = msgspec.field(default_factory=dict)  # the five dimensions, 0..1
 
 
 class PatternUse(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +79,7 @@ class TaskSynthesized(Event, frozen=True, kw_only=True, tag="task-synthesized"):
     patterns: list[PatternUse] = msgspec.field(default_factory=list)
     blueprint: dict[str, object] = msgspec.field(default_factory=dict)
     task_dir: str = ""
+    capabilities: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class TaskValidated(Event, frozen=True, kw_only=True, tag="task-validated"):
@@ -85,6 +91,7 @@ class TaskValidated(Event, frozen=True, kw_only=True, tag="task-validated"):
     ok: bool
     checks: dict[str, bool] = msgspec.field(default_factory=dict)
     reason: str = ""
+    reasons: dict[str, str] = msgspec.field(default_factory=dict)  # each gate's verdict, explained
 
 
 class TaskTooEasy(Event, frozen=True, kw_only=True, tag="task-too-easy"):
@@ -107,6 +114,10 @@ class TaskHardened(Event, frozen=True, kw_only=True, tag="task-hardened"):
     to_version: int
     patterns: list[PatternUse] = msgspec.field(default_factory=list)
     reason: str = ""
+    # The diagnosis: the challenge (pattern instance) the solver bypassed, and the new version's contract.
+    bypassed: str = ""
+    blueprint: dict[str, object] = msgspec.field(default_factory=dict)
+    task_dir: str = ""
 
 
 # --- system layer (svc-scheduler, svc-proxy, svc-trainer, QwenGyre) ---------------------------------

@@ -25,13 +25,55 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/synth.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto2S\n\x0cSynthService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/synth.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"%\n\x13IngestSkillsRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\"\xc8\x01\n\x0cSkillVerdict\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x41\n\x0c\x63\x61pabilities\x18\x05 \x03(\x0b\x32+.opengyre.v1.SkillVerdict.CapabilitiesEntry\x1a\x33\n\x11\x43\x61pabilitiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\">\n\x11IngestSkillsReply\x12)\n\x06skills\x18\x01 \x03(\x0b\x32\x19.opengyre.v1.SkillVerdict\"p\n\x11\x42uildTasksRequest\x12\x11\n\tskill_ids\x18\x01 \x03(\t\x12\x17\n\x0ftasks_per_skill\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nchallenges\x18\x04 \x01(\r\x12\r\n\x05level\x18\x05 \x01(\r\"7\n\x0bGateVerdict\x12\x0c\n\x04gate\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"w\n\x0cTaskVerdicts\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\'\n\x05gates\x18\x04 \x03(\x0b\x32\x18.opengyre.v1.GateVerdict\x12\x10\n\x08task_dir\x18\x05 \x01(\t\";\n\x0f\x42uildTasksReply\x12(\n\x05tasks\x18\x01 \x03(\x0b\x32\x19.opengyre.v1.TaskVerdicts\"\x12\n\x10ListTasksRequest\"\x84\x01\n\x0bTaskSummary\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08skill_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x11\n\tvalidated\x18\x04 \x01(\t\x12\x16\n\x0etoo_easy_count\x18\x05 \x01(\r\x12\x16\n\x0ehardened_count\x18\x06 \x01(\r\"9\n\x0eListTasksReply\x12\'\n\x05tasks\x18\x01 \x03(\x0b\x32\x18.opengyre.v1.TaskSummary\"7\n\x13ValidateTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"C\n\x11\x45xportTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x65st\x18\x03 \x01(\t\"\x1f\n\x0f\x45xportTaskReply\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x14\n\x12HardenTasksRequest\"h\n\tHardening\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_version\x18\x02 \x01(\r\x12\x12\n\nto_version\x18\x03 \x01(\r\x12\x10\n\x08\x62ypassed\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"<\n\x10HardenTasksReply\x12(\n\x08hardened\x18\x01 \x03(\x0b\x32\x16.opengyre.v1.Hardening\"$\n\x11GetLineageRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x97\x01\n\x0bTaskVersion\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x16\n\x0eparent_version\x18\x02 \x01(\r\x12\x15\n\rpatterns_json\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tvalidated\x18\x05 \x01(\t\x12\x13\n\x0b\x63hecks_json\x18\x06 \x01(\t\x12\x10\n\x08task_dir\x18\x07 \x01(\t\"F\n\x07Lineage\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12*\n\x08versions\x18\x02 \x03(\x0b\x32\x18.opengyre.v1.TaskVersion2\xe6\x04\n\x0cSynthService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12P\n\x0cIngestSkills\x12 .opengyre.v1.IngestSkillsRequest\x1a\x1e.opengyre.v1.IngestSkillsReply\x12J\n\nBuildTasks\x12\x1e.opengyre.v1.BuildTasksRequest\x1a\x1c.opengyre.v1.BuildTasksReply\x12G\n\tListTasks\x12\x1d.opengyre.v1.ListTasksRequest\x1a\x1b.opengyre.v1.ListTasksReply\x12K\n\x0cValidateTask\x12 .opengyre.v1.ValidateTaskRequest\x1a\x19.opengyre.v1.TaskVerdicts\x12J\n\nExportTask\x12\x1e.opengyre.v1.ExportTaskRequest\x1a\x1c.opengyre.v1.ExportTaskReply\x12M\n\x0bHardenTasks\x12\x1f.opengyre.v1.HardenTasksRequest\x1a\x1d.opengyre.v1.HardenTasksReply\x12\x42\n\nGetLineage\x12\x1e.opengyre.v1.GetLineageRequest\x1a\x14.opengyre.v1.Lineageb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'opengyre.v1.synth_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SYNTHSERVICE']._serialized_start=66
-  _globals['_SYNTHSERVICE']._serialized_end=149
+  _globals['_SKILLVERDICT_CAPABILITIESENTRY']._loaded_options = None
+  _globals['_SKILLVERDICT_CAPABILITIESENTRY']._serialized_options = b'8\001'
+  _globals['_INGESTSKILLSREQUEST']._serialized_start=66
+  _globals['_INGESTSKILLSREQUEST']._serialized_end=103
+  _globals['_SKILLVERDICT']._serialized_start=106
+  _globals['_SKILLVERDICT']._serialized_end=306
+  _globals['_SKILLVERDICT_CAPABILITIESENTRY']._serialized_start=255
+  _globals['_SKILLVERDICT_CAPABILITIESENTRY']._serialized_end=306
+  _globals['_INGESTSKILLSREPLY']._serialized_start=308
+  _globals['_INGESTSKILLSREPLY']._serialized_end=370
+  _globals['_BUILDTASKSREQUEST']._serialized_start=372
+  _globals['_BUILDTASKSREQUEST']._serialized_end=484
+  _globals['_GATEVERDICT']._serialized_start=486
+  _globals['_GATEVERDICT']._serialized_end=541
+  _globals['_TASKVERDICTS']._serialized_start=543
+  _globals['_TASKVERDICTS']._serialized_end=662
+  _globals['_BUILDTASKSREPLY']._serialized_start=664
+  _globals['_BUILDTASKSREPLY']._serialized_end=723
+  _globals['_LISTTASKSREQUEST']._serialized_start=725
+  _globals['_LISTTASKSREQUEST']._serialized_end=743
+  _globals['_TASKSUMMARY']._serialized_start=746
+  _globals['_TASKSUMMARY']._serialized_end=878
+  _globals['_LISTTASKSREPLY']._serialized_start=880
+  _globals['_LISTTASKSREPLY']._serialized_end=937
+  _globals['_VALIDATETASKREQUEST']._serialized_start=939
+  _globals['_VALIDATETASKREQUEST']._serialized_end=994
+  _globals['_EXPORTTASKREQUEST']._serialized_start=996
+  _globals['_EXPORTTASKREQUEST']._serialized_end=1063
+  _globals['_EXPORTTASKREPLY']._serialized_start=1065
+  _globals['_EXPORTTASKREPLY']._serialized_end=1096
+  _globals['_HARDENTASKSREQUEST']._serialized_start=1098
+  _globals['_HARDENTASKSREQUEST']._serialized_end=1118
+  _globals['_HARDENING']._serialized_start=1120
+  _globals['_HARDENING']._serialized_end=1224
+  _globals['_HARDENTASKSREPLY']._serialized_start=1226
+  _globals['_HARDENTASKSREPLY']._serialized_end=1286
+  _globals['_GETLINEAGEREQUEST']._serialized_start=1288
+  _globals['_GETLINEAGEREQUEST']._serialized_end=1324
+  _globals['_TASKVERSION']._serialized_start=1327
+  _globals['_TASKVERSION']._serialized_end=1478
+  _globals['_LINEAGE']._serialized_start=1480
+  _globals['_LINEAGE']._serialized_end=1550
+  _globals['_SYNTHSERVICE']._serialized_start=1553
+  _globals['_SYNTHSERVICE']._serialized_end=2167
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,502 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class IngestSkillsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestSkillsRequest: _TypeAlias = IngestSkillsRequest  # noqa: Y015
+
+@_typing.final
+class SkillVerdict(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CapabilitiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SKILL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    skill_id: _builtins.str
+    name: _builtins.str
+    accepted: _builtins.bool
+    reason: _builtins.str
+    @_builtins.property
+    def capabilities(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        skill_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        accepted: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        capabilities: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "capabilities", b"capabilities", "name", b"name", "reason", b"reason", "skill_id", b"skill_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkillVerdict: _TypeAlias = SkillVerdict  # noqa: Y015
+
+@_typing.final
+class IngestSkillsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKILLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def skills(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkillVerdict]: ...
+    def __init__(
+        self,
+        *,
+        skills: _abc.Iterable[Global___SkillVerdict] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["skills", b"skills"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestSkillsReply: _TypeAlias = IngestSkillsReply  # noqa: Y015
+
+@_typing.final
+class BuildTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKILL_IDS_FIELD_NUMBER: _builtins.int
+    TASKS_PER_SKILL_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    CHALLENGES_FIELD_NUMBER: _builtins.int
+    LEVEL_FIELD_NUMBER: _builtins.int
+    tasks_per_skill: _builtins.int
+    """Tasks per skill, seeds seed, seed+1, ..."""
+    seed: _builtins.int
+    challenges: _builtins.int
+    level: _builtins.int
+    @_builtins.property
+    def skill_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Skills to build from (empty: every accepted skill)."""
+
+    def __init__(
+        self,
+        *,
+        skill_ids: _abc.Iterable[_builtins.str] | None = ...,
+        tasks_per_skill: _builtins.int = ...,
+        seed: _builtins.int = ...,
+        challenges: _builtins.int = ...,
+        level: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenges", b"challenges", "level", b"level", "seed", b"seed", "skill_ids", b"skill_ids", "tasks_per_skill", b"tasks_per_skill"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BuildTasksRequest: _TypeAlias = BuildTasksRequest  # noqa: Y015
+
+@_typing.final
+class GateVerdict(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GATE_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    gate: _builtins.str
+    ok: _builtins.bool
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        gate: _builtins.str = ...,
+        ok: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate", "ok", b"ok", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GateVerdict: _TypeAlias = GateVerdict  # noqa: Y015
+
+@_typing.final
+class TaskVerdicts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    GATES_FIELD_NUMBER: _builtins.int
+    TASK_DIR_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    version: _builtins.int
+    ok: _builtins.bool
+    task_dir: _builtins.str
+    @_builtins.property
+    def gates(self) -> _containers.RepeatedCompositeFieldContainer[Global___GateVerdict]: ...
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        gates: _abc.Iterable[Global___GateVerdict] | None = ...,
+        task_dir: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gates", b"gates", "ok", b"ok", "task_dir", b"task_dir", "task_id", b"task_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskVerdicts: _TypeAlias = TaskVerdicts  # noqa: Y015
+
+@_typing.final
+class BuildTasksReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskVerdicts]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___TaskVerdicts] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BuildTasksReply: _TypeAlias = BuildTasksReply  # noqa: Y015
+
+@_typing.final
+class ListTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class TaskSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SKILL_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    VALIDATED_FIELD_NUMBER: _builtins.int
+    TOO_EASY_COUNT_FIELD_NUMBER: _builtins.int
+    HARDENED_COUNT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    skill_id: _builtins.str
+    version: _builtins.int
+    validated: _builtins.str
+    """"true", "false" or "" (not validated yet)."""
+    too_easy_count: _builtins.int
+    hardened_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        skill_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        validated: _builtins.str = ...,
+        too_easy_count: _builtins.int = ...,
+        hardened_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hardened_count", b"hardened_count", "skill_id", b"skill_id", "task_id", b"task_id", "too_easy_count", b"too_easy_count", "validated", b"validated", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskSummary: _TypeAlias = TaskSummary  # noqa: Y015
+
+@_typing.final
+class ListTasksReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskSummary]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___TaskSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksReply: _TypeAlias = ListTasksReply  # noqa: Y015
+
+@_typing.final
+class ValidateTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ValidateTaskRequest: _TypeAlias = ValidateTaskRequest  # noqa: Y015
+
+@_typing.final
+class ExportTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    DEST_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    version: _builtins.int
+    dest: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        dest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest", b"dest", "task_id", b"task_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportTaskRequest: _TypeAlias = ExportTaskRequest  # noqa: Y015
+
+@_typing.final
+class ExportTaskReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportTaskReply: _TypeAlias = ExportTaskReply  # noqa: Y015
+
+@_typing.final
+class HardenTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HardenTasksRequest: _TypeAlias = HardenTasksRequest  # noqa: Y015
+
+@_typing.final
+class Hardening(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    FROM_VERSION_FIELD_NUMBER: _builtins.int
+    TO_VERSION_FIELD_NUMBER: _builtins.int
+    BYPASSED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    from_version: _builtins.int
+    to_version: _builtins.int
+    bypassed: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        from_version: _builtins.int = ...,
+        to_version: _builtins.int = ...,
+        bypassed: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bypassed", b"bypassed", "from_version", b"from_version", "reason", b"reason", "task_id", b"task_id", "to_version", b"to_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Hardening: _TypeAlias = Hardening  # noqa: Y015
+
+@_typing.final
+class HardenTasksReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HARDENED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hardened(self) -> _containers.RepeatedCompositeFieldContainer[Global___Hardening]: ...
+    def __init__(
+        self,
+        *,
+        hardened: _abc.Iterable[Global___Hardening] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hardened", b"hardened"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HardenTasksReply: _TypeAlias = HardenTasksReply  # noqa: Y015
+
+@_typing.final
+class GetLineageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLineageRequest: _TypeAlias = GetLineageRequest  # noqa: Y015
+
+@_typing.final
+class TaskVersion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    PARENT_VERSION_FIELD_NUMBER: _builtins.int
+    PATTERNS_JSON_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    VALIDATED_FIELD_NUMBER: _builtins.int
+    CHECKS_JSON_FIELD_NUMBER: _builtins.int
+    TASK_DIR_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    parent_version: _builtins.int
+    """0: the first version."""
+    patterns_json: _builtins.str
+    reason: _builtins.str
+    validated: _builtins.str
+    checks_json: _builtins.str
+    task_dir: _builtins.str
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        parent_version: _builtins.int = ...,
+        patterns_json: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        validated: _builtins.str = ...,
+        checks_json: _builtins.str = ...,
+        task_dir: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks_json", b"checks_json", "parent_version", b"parent_version", "patterns_json", b"patterns_json", "reason", b"reason", "task_dir", b"task_dir", "validated", b"validated", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskVersion: _TypeAlias = TaskVersion  # noqa: Y015
+
+@_typing.final
+class Lineage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskVersion]: ...
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        versions: _abc.Iterable[Global___TaskVersion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lineage: _TypeAlias = Lineage  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
+from opengyre.v1 import synth_pb2 as opengyre_dot_v1_dot_synth__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -39,6 +40,41 @@ class SynthServiceStub:
                 request_serializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
                 _registered_method=True)
+        self.IngestSkills = channel.unary_unary(
+                '/opengyre.v1.SynthService/IngestSkills',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.IngestSkillsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.IngestSkillsReply.FromString,
+                _registered_method=True)
+        self.BuildTasks = channel.unary_unary(
+                '/opengyre.v1.SynthService/BuildTasks',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.BuildTasksRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.BuildTasksReply.FromString,
+                _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/opengyre.v1.SynthService/ListTasks',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.ListTasksReply.FromString,
+                _registered_method=True)
+        self.ValidateTask = channel.unary_unary(
+                '/opengyre.v1.SynthService/ValidateTask',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.ValidateTaskRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.TaskVerdicts.FromString,
+                _registered_method=True)
+        self.ExportTask = channel.unary_unary(
+                '/opengyre.v1.SynthService/ExportTask',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.ExportTaskRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.ExportTaskReply.FromString,
+                _registered_method=True)
+        self.HardenTasks = channel.unary_unary(
+                '/opengyre.v1.SynthService/HardenTasks',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.HardenTasksRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.HardenTasksReply.FromString,
+                _registered_method=True)
+        self.GetLineage = channel.unary_unary(
+                '/opengyre.v1.SynthService/GetLineage',
+                request_serializer=opengyre_dot_v1_dot_synth__pb2.GetLineageRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_synth__pb2.Lineage.FromString,
+                _registered_method=True)
 
 
 class SynthServiceServicer:
@@ -51,6 +87,56 @@ class SynthServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IngestSkills(self, request, context):
+        """Read Agent Skills from a folder, .zip or .tar.gz on the service's machine; every skill, accepted or rejected
+        with its reason, is recorded as skill-ingested.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildTasks(self, request, context):
+        """Synthesize tasks from ingested skills (procedural mode), validate them, record task-synthesized/-validated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """The task catalogue: current versions, validation, too-easy and hardened counts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateTask(self, request, context):
+        """Re-run every gate on a task version (records task-validated).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportTask(self, request, context):
+        """Copy a task version's Harbor directory to a path on the service's machine.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HardenTasks(self, request, context):
+        """Harden every version the hardening projection flagged too easy, now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLineage(self, request, context):
+        """Every version of a task with its parent, patterns and gate verdicts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SynthServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +144,41 @@ def add_SynthServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.SerializeToString,
+            ),
+            'IngestSkills': grpc.unary_unary_rpc_method_handler(
+                    servicer.IngestSkills,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.IngestSkillsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.IngestSkillsReply.SerializeToString,
+            ),
+            'BuildTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildTasks,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.BuildTasksRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.BuildTasksReply.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.ListTasksRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.ListTasksReply.SerializeToString,
+            ),
+            'ValidateTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateTask,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.ValidateTaskRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.TaskVerdicts.SerializeToString,
+            ),
+            'ExportTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportTask,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.ExportTaskRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.ExportTaskReply.SerializeToString,
+            ),
+            'HardenTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.HardenTasks,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.HardenTasksRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.HardenTasksReply.SerializeToString,
+            ),
+            'GetLineage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLineage,
+                    request_deserializer=opengyre_dot_v1_dot_synth__pb2.GetLineageRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_synth__pb2.Lineage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +208,195 @@ class SynthService:
             '/opengyre.v1.SynthService/GetStatus',
             opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestSkills(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/IngestSkills',
+            opengyre_dot_v1_dot_synth__pb2.IngestSkillsRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.IngestSkillsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/BuildTasks',
+            opengyre_dot_v1_dot_synth__pb2.BuildTasksRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.BuildTasksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/ListTasks',
+            opengyre_dot_v1_dot_synth__pb2.ListTasksRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.ListTasksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/ValidateTask',
+            opengyre_dot_v1_dot_synth__pb2.ValidateTaskRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.TaskVerdicts.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/ExportTask',
+            opengyre_dot_v1_dot_synth__pb2.ExportTaskRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.ExportTaskReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HardenTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/HardenTasks',
+            opengyre_dot_v1_dot_synth__pb2.HardenTasksRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.HardenTasksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLineage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SynthService/GetLineage',
+            opengyre_dot_v1_dot_synth__pb2.GetLineageRequest.SerializeToString,
+            opengyre_dot_v1_dot_synth__pb2.Lineage.FromString,
             options,
             channel_credentials,
             insecure,

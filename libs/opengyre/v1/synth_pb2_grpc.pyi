@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from opengyre.v1 import common_pb2 as _common_pb2
+from opengyre.v1 import synth_pb2 as _synth_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -33,12 +34,44 @@ class SynthServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SynthServiceAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    IngestSkills: _grpc.UnaryUnaryMultiCallable[_synth_pb2.IngestSkillsRequest, _synth_pb2.IngestSkillsReply]
+    """Read Agent Skills from a folder, .zip or .tar.gz on the service's machine; every skill, accepted or rejected
+    with its reason, is recorded as skill-ingested.
+    """
+    BuildTasks: _grpc.UnaryUnaryMultiCallable[_synth_pb2.BuildTasksRequest, _synth_pb2.BuildTasksReply]
+    """Synthesize tasks from ingested skills (procedural mode), validate them, record task-synthesized/-validated."""
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_synth_pb2.ListTasksRequest, _synth_pb2.ListTasksReply]
+    """The task catalogue: current versions, validation, too-easy and hardened counts."""
+    ValidateTask: _grpc.UnaryUnaryMultiCallable[_synth_pb2.ValidateTaskRequest, _synth_pb2.TaskVerdicts]
+    """Re-run every gate on a task version (records task-validated)."""
+    ExportTask: _grpc.UnaryUnaryMultiCallable[_synth_pb2.ExportTaskRequest, _synth_pb2.ExportTaskReply]
+    """Copy a task version's Harbor directory to a path on the service's machine."""
+    HardenTasks: _grpc.UnaryUnaryMultiCallable[_synth_pb2.HardenTasksRequest, _synth_pb2.HardenTasksReply]
+    """Harden every version the hardening projection flagged too easy, now."""
+    GetLineage: _grpc.UnaryUnaryMultiCallable[_synth_pb2.GetLineageRequest, _synth_pb2.Lineage]
+    """Every version of a task with its parent, patterns and gate verdicts."""
 
 @_typing.type_check_only
 class SynthServiceAsyncStub(SynthServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]  # type: ignore[assignment]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    IngestSkills: _aio.UnaryUnaryMultiCallable[_synth_pb2.IngestSkillsRequest, _synth_pb2.IngestSkillsReply]  # type: ignore[assignment]
+    """Read Agent Skills from a folder, .zip or .tar.gz on the service's machine; every skill, accepted or rejected
+    with its reason, is recorded as skill-ingested.
+    """
+    BuildTasks: _aio.UnaryUnaryMultiCallable[_synth_pb2.BuildTasksRequest, _synth_pb2.BuildTasksReply]  # type: ignore[assignment]
+    """Synthesize tasks from ingested skills (procedural mode), validate them, record task-synthesized/-validated."""
+    ListTasks: _aio.UnaryUnaryMultiCallable[_synth_pb2.ListTasksRequest, _synth_pb2.ListTasksReply]  # type: ignore[assignment]
+    """The task catalogue: current versions, validation, too-easy and hardened counts."""
+    ValidateTask: _aio.UnaryUnaryMultiCallable[_synth_pb2.ValidateTaskRequest, _synth_pb2.TaskVerdicts]  # type: ignore[assignment]
+    """Re-run every gate on a task version (records task-validated)."""
+    ExportTask: _aio.UnaryUnaryMultiCallable[_synth_pb2.ExportTaskRequest, _synth_pb2.ExportTaskReply]  # type: ignore[assignment]
+    """Copy a task version's Harbor directory to a path on the service's machine."""
+    HardenTasks: _aio.UnaryUnaryMultiCallable[_synth_pb2.HardenTasksRequest, _synth_pb2.HardenTasksReply]  # type: ignore[assignment]
+    """Harden every version the hardening projection flagged too easy, now."""
+    GetLineage: _aio.UnaryUnaryMultiCallable[_synth_pb2.GetLineageRequest, _synth_pb2.Lineage]  # type: ignore[assignment]
+    """Every version of a task with its parent, patterns and gate verdicts."""
 
 class SynthServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -48,5 +81,63 @@ class SynthServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceStatus, _abc.Awaitable[_common_pb2.ServiceStatus]]:
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+
+    @_abc_1.abstractmethod
+    def IngestSkills(
+        self,
+        request: _synth_pb2.IngestSkillsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.IngestSkillsReply, _abc.Awaitable[_synth_pb2.IngestSkillsReply]]:
+        """Read Agent Skills from a folder, .zip or .tar.gz on the service's machine; every skill, accepted or rejected
+        with its reason, is recorded as skill-ingested.
+        """
+
+    @_abc_1.abstractmethod
+    def BuildTasks(
+        self,
+        request: _synth_pb2.BuildTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.BuildTasksReply, _abc.Awaitable[_synth_pb2.BuildTasksReply]]:
+        """Synthesize tasks from ingested skills (procedural mode), validate them, record task-synthesized/-validated."""
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _synth_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.ListTasksReply, _abc.Awaitable[_synth_pb2.ListTasksReply]]:
+        """The task catalogue: current versions, validation, too-easy and hardened counts."""
+
+    @_abc_1.abstractmethod
+    def ValidateTask(
+        self,
+        request: _synth_pb2.ValidateTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.TaskVerdicts, _abc.Awaitable[_synth_pb2.TaskVerdicts]]:
+        """Re-run every gate on a task version (records task-validated)."""
+
+    @_abc_1.abstractmethod
+    def ExportTask(
+        self,
+        request: _synth_pb2.ExportTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.ExportTaskReply, _abc.Awaitable[_synth_pb2.ExportTaskReply]]:
+        """Copy a task version's Harbor directory to a path on the service's machine."""
+
+    @_abc_1.abstractmethod
+    def HardenTasks(
+        self,
+        request: _synth_pb2.HardenTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.HardenTasksReply, _abc.Awaitable[_synth_pb2.HardenTasksReply]]:
+        """Harden every version the hardening projection flagged too easy, now."""
+
+    @_abc_1.abstractmethod
+    def GetLineage(
+        self,
+        request: _synth_pb2.GetLineageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_synth_pb2.Lineage, _abc.Awaitable[_synth_pb2.Lineage]]:
+        """Every version of a task with its parent, patterns and gate verdicts."""
 
 def add_SynthServiceServicer_to_server(servicer: SynthServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

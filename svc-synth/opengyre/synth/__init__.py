@@ -1,3 +1,66 @@
 """Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop."""
 
-__all__: list[str] = []
+from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
+from ._build import BuiltTask, build_task, write_task
+from ._gates import GATES, GateLimits, Verdict, validate_task
+from ._harbor import HarborTask, export_task, import_task
+from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
+from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
+from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
+from ._pipeline import Synthesizer, TaskBuild
+from ._run import Outcome, RunLimits, run_solution
+from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
+from ._solver import ShortcutSolver, SolverRun
+from ._synth import draft_blueprint, task_id_for
+from ._tasks import TasksProjection, task_lineage
+
+__all__ = [
+    "DIMENSIONS",
+    "GATES",
+    "SUBSTRATE_BINS",
+    "Blueprint",
+    "Boundary",
+    "BuiltTask",
+    "Challenge",
+    "Diagnosis",
+    "Dimension",
+    "GateLimits",
+    "HarborTask",
+    "HardeningProjection",
+    "IngestReport",
+    "LlmConfig",
+    "LlmDraftError",
+    "Material",
+    "Outcome",
+    "Pattern",
+    "Precondition",
+    "Rejection",
+    "RubricItem",
+    "RunLimits",
+    "ShortcutSolver",
+    "Skill",
+    "SkillLimits",
+    "SolverRun",
+    "Synthesizer",
+    "TaskBuild",
+    "TasksProjection",
+    "Verdict",
+    "build_task",
+    "derive_capabilities",
+    "diagnose",
+    "draft_blueprint",
+    "draft_blueprint_llm",
+    "export_task",
+    "fill_contract",
+    "get_pattern",
+    "import_task",
+    "ingest",
+    "materials",
+    "pattern_ids",
+    "propose",
+    "run_solution",
+    "task_id_for",
+    "task_lineage",
+    "validate_task",
+    "write_task",
+]

@@ -1,17 +1,20 @@
-"""The task catalogue: skills ingested, tasks synthesized, validated, found too easy and hardened."""
+"""The task catalogue: skills ingested (or rejected, with why), tasks synthesized, validated, found too easy and
+hardened; every task version with its parent (the lineage)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
+import msgspec
 from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import Event, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
+from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
 from opengyre.projection import Projection, Rejected
 from opengyre.store import STREAM_SEQ, Base
 
-__all__ = ["SkillRow", "TaskRow", "TasksProjection"]
+__all__ = ["SkillRow", "TaskRow", "TaskVersionRow", "TasksProjection", "task_lineage"]
 
 
 class SkillRow(Base):
@@ -22,6 +25,9 @@ class SkillRow(Base):
     description: Mapped[str] = mapped_column(Text)
     digest: Mapped[str] = mapped_column(String(128))
     ingested_seq: Mapped[int] = mapped_column(STREAM_SEQ)
+    accepted: Mapped[bool] = mapped_column(Boolean, server_default="1")
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+    capabilities: Mapped[str] = mapped_column(Text, server_default="{}")  # JSON, the five dimensions
 
 
 class TaskRow(Base):
@@ -37,7 +43,22 @@ class TaskRow(Base):
     updated_seq: Mapped[int] = mapped_column(STREAM_SEQ)
 
 
+class TaskVersionRow(Base):
+    __tablename__ = "synth_task_versions"
+
+    task_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    parent_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    patterns: Mapped[str] = mapped_column(Text)  # JSON [{pattern_id, knobs}]
+    task_dir: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)  # why this version exists (synthesized, or the hardening's reason)
+    validated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    checks: Mapped[str] = mapped_column(Text)  # JSON {gate: reason}
+    created_seq: Mapped[int] = mapped_column(STREAM_SEQ)
+
+
 _S: Table = SkillRow.__table__  # type: ignore[assignment]
+_V: Table = TaskVersionRow.__table__  # type: ignore[assignment]
 _T: Table = TaskRow.__table__  # type: ignore[assignment]
 
 
@@ -47,11 +68,19 @@ class TasksProjection(Projection):
 
     @property
     def tables(self) -> Sequence[Table]:
-        return (_T, _S)
+        return (_T, _S, _V)
 
     def apply(self, tx: Connection, event: Event, seq: int) -> None:
         if isinstance(event, SkillIngested):
-            row = {"name": event.name, "description": event.description, "digest": event.digest, "ingested_seq": seq}
+            row = {
+                "name": event.name,
+                "description": event.description,
+                "digest": event.digest,
+                "ingested_seq": seq,
+                "accepted": event.accepted,
+                "reason": event.reason,
+                "capabilities": json.dumps(event.capabilities, sort_keys=True),
+            }
             if tx.execute(select(_S.c.skill_id).where(_S.c.skill_id == event.skill_id)).first():
                 tx.execute(update(_S).where(_S.c.skill_id == event.skill_id).values(**row))
             else:
@@ -71,8 +100,19 @@ class TasksProjection(Projection):
                     updated_seq=seq,
                 )
             )
+            self._version(
+                tx, event.task_id, event.task_version, None, event.patterns, event.task_dir, "synthesized", seq
+            )
         elif isinstance(event, TaskValidated):
-            self._update(tx, event.task_id, seq, validated=event.ok)
+            cur = self._current(tx, event.task_id)
+            if cur.task_version == event.task_version:
+                self._update(tx, event.task_id, seq, validated=event.ok)
+            checks = json.dumps(event.reasons or {k: str(v) for k, v in event.checks.items()}, sort_keys=True)
+            tx.execute(
+                update(_V)
+                .where(_V.c.task_id == event.task_id, _V.c.version == event.task_version)
+                .values(validated=event.ok, checks=checks)
+            )
         elif isinstance(event, TaskTooEasy):
             cur = self._current(tx, event.task_id)
             self._update(
@@ -90,6 +130,43 @@ class TasksProjection(Projection):
                 hardened_count=cur.hardened_count + 1,
                 validated=None,
             )
+            self._version(
+                tx,
+                event.task_id,
+                event.to_version,
+                event.from_version,
+                event.patterns,
+                event.task_dir,
+                event.reason,
+                seq,
+            )
+
+    @staticmethod
+    def _version(
+        tx: Connection,
+        task_id: str,
+        version: int,
+        parent: int | None,
+        patterns: Sequence[PatternUse],
+        task_dir: str,
+        reason: str,
+        seq: int,
+    ) -> None:
+        if tx.execute(select(_V.c.version).where(_V.c.task_id == task_id, _V.c.version == version)).first():
+            raise Rejected(f"task {task_id} v{version} already exists")
+        tx.execute(
+            insert(_V).values(
+                task_id=task_id,
+                version=version,
+                parent_version=parent,
+                patterns=json.dumps([msgspec.to_builtins(p) for p in patterns], sort_keys=True),
+                task_dir=task_dir,
+                reason=reason,
+                validated=None,
+                checks="{}",
+                created_seq=seq,
+            )
+        )
 
     @staticmethod
     def _current(tx: Connection, task_id: str) -> TaskRow:
@@ -102,3 +179,8 @@ class TasksProjection(Projection):
         res = tx.execute(update(_T).where(_T.c.task_id == task_id).values(updated_seq=seq, **values))
         if res.rowcount != 1:
             raise Rejected(f"unknown task {task_id}")
+
+
+def task_lineage(conn: Connection, task_id: str) -> list[TaskVersionRow]:
+    """Every version of a task, oldest first, each with its parent version, patterns and gate verdicts."""
+    return list(conn.execute(select(_V).where(_V.c.task_id == task_id).order_by(_V.c.version)))  # type: ignore[arg-type]

@@ -53,8 +53,9 @@ async def test_a_skeleton_service_answers_health_reflection_and_status(synth: tu
         assert {"opengyre.v1.SynthService", "grpc.health.v1.Health"} <= names
         status = await synth_pb2_grpc.SynthServiceStub(ch).GetStatus(common_pb2.StatusRequest())
     assert status.service == "synth"
-    assert "hardening loop (reward > 0.7)" in status.not_implemented  # says what it does not do yet
-    assert [p.name for p in status.projections] == ["tasks"]
+    assert not status.not_implemented  # Skill2Env is implemented: nothing listed as missing
+    assert any("hardening loop" in c for c in status.capabilities)
+    assert [p.name for p in status.projections] == ["tasks", "hardening"]
 
 
 async def test_status_reports_projection_progress(synth: tuple[int, Settings], nats_server: EmbeddedNats) -> None:

@@ -1,0 +1,97 @@
+"""The blueprint: the author-side contract a task is derived from (goal, challenges with knob values, facts and
+derivations, information boundary, acceptance criteria), and the procedural drafting of one from a skill."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import msgspec
+
+from ._pattern import DIMENSIONS, Material, RubricItem, get_pattern
+
+__all__ = ["Blueprint", "Boundary", "Challenge", "materials", "seeded_rng"]
+
+
+class Challenge(msgspec.Struct, frozen=True, kw_only=True):
+    cid: str  # c0, c1, ...: names the challenge's folder and answer file
+    pattern_id: str
+    knobs: dict[str, int]
+
+
+class Boundary(msgspec.Struct, frozen=True, kw_only=True):
+    given: list[str] = msgspec.field(default_factory=list)
+    discover: list[str] = msgspec.field(default_factory=list)
+    infer: list[str] = msgspec.field(default_factory=list)
+
+
+class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
+    task_id: str
+    version: int
+    skill_id: str
+    skill_name: str
+    goal: str
+    seed: int
+    capabilities: dict[str, float]  # the five dimensions, each 0..1
+    challenges: list[Challenge]
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)  # "<cid>.<fact>" -> value
+    derivations: list[str] = msgspec.field(default_factory=list)
+    boundary: Boundary = msgspec.field(default_factory=Boundary)
+    acceptance: list[RubricItem] = msgspec.field(default_factory=list)
+    pass_threshold: float = 0.5
+    parent_version: int | None = None
+    origin: str = "procedural"  # or "llm": both pass the same gates
+
+    def validate(self) -> None:
+        if not self.challenges:
+            raise ValueError("a blueprint needs at least one challenge")
+        if set(self.capabilities) - set(DIMENSIONS):
+            raise ValueError(f"unknown capability dimension(s) {sorted(set(self.capabilities) - set(DIMENSIONS))}")
+        if len({c.cid for c in self.challenges}) != len(self.challenges):
+            raise ValueError("challenge ids repeat")
+        for c in self.challenges:
+            get_pattern(c.pattern_id).make_config(c.knobs)
+        if not 0.0 < self.pass_threshold <= 1.0:
+            raise ValueError("pass_threshold must be in (0, 1]")
+
+    def digest(self) -> str:
+        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()
+
+
+def seeded_rng(seed: int, c: Challenge) -> random.Random:
+    knobs = ",".join(f"{k}={v}" for k, v in sorted(c.knobs.items()))
+    return random.Random(f"{seed}/{c.cid}/{c.pattern_id}/{knobs}")
+
+
+def materials(bp: Blueprint) -> list[tuple[Challenge, Material]]:
+    """Each challenge's material, built from its pattern, knobs and the blueprint's seed (deterministic)."""
+    out = []
+    for c in bp.challenges:
+        p = get_pattern(c.pattern_id)
+        out.append((c, p.build(p.make_config(c.knobs), seeded_rng(bp.seed, c), f"{c.cid}-{p.id}", c.cid)))
+    return out
+
+
+def fill_contract(bp: Blueprint) -> Blueprint:
+    """The blueprint with its facts, derivations, boundary and acceptance criteria derived from its challenges."""
+    facts: dict[str, Any] = {}
+    derivations: list[str] = []
+    given: list[str] = []
+    discover: list[str] = []
+    infer: list[str] = []
+    acceptance: list[RubricItem] = []
+    for c, m in materials(bp):
+        facts.update({f"{c.cid}.{k}": v for k, v in m.facts.items()})
+        derivations += [f"{c.cid}: {d}" for d in m.derivations]
+        given += [f"{c.cid}: {g}" for g in m.given]
+        discover += [f"{c.cid}: {d}" for d in m.discover]
+        infer += [f"{c.cid}: {i}" for i in m.infer]
+        acceptance += m.rubric
+    return msgspec.structs.replace(
+        bp,
+        facts=facts,
+        derivations=derivations,
+        boundary=Boundary(given=given, discover=discover, infer=infer),
+        acceptance=acceptance,
+    )

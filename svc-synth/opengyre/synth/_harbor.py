@@ -1,0 +1,84 @@
+"""Harbor task directories: export a built task, import one from elsewhere (ours round-trip to the same blueprint;
+a foreign one becomes a runnable task with what its task.toml and files say)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from ._blueprint import Blueprint
+from ._build import BuiltTask, write_task
+
+__all__ = ["HarborTask", "export_task", "import_task"]
+
+_TASK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class HarborTask:
+    task_id: str  # a subject-safe id
+    name: str  # task.toml's [task] name (org/name)
+    version: int
+    instruction: str
+    path: Path
+    blueprint: Blueprint | None  # ours carry it under tests/; a foreign task has none
+    has_solution: bool
+
+
+def export_task(task: BuiltTask, out_dir: Path) -> Path:
+    return write_task(task, out_dir)
+
+
+def import_task(src: Path, dest: Path | None = None) -> HarborTask:
+    """Check a Harbor task directory and (with ``dest``) copy it there. Raises ``ValueError`` saying what is wrong."""
+    src = Path(src)
+    toml_path = src / "task.toml"
+    if not toml_path.is_file():
+        raise ValueError(f"{src}: no task.toml")
+    try:
+        conf = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{src}: task.toml does not parse: {exc}") from None
+    if not (src / "instruction.md").is_file():
+        raise ValueError(f"{src}: no instruction.md")
+    if not (src / "tests" / "test.sh").is_file():
+        raise ValueError(f"{src}: no tests/test.sh (the verifier)")
+    env = conf.get("environment", {})
+    if (
+        not (src / "environment" / "Dockerfile").is_file()
+        and not env.get("docker_image")
+        and not (src / "environment" / "docker-compose.yaml").is_file()
+    ):
+        raise ValueError(f"{src}: no environment/Dockerfile, docker-compose.yaml or [environment] docker_image")
+    for p in src.rglob("*"):
+        if p.is_symlink() and not p.resolve().is_relative_to(src.resolve()):
+            raise ValueError(f"{src}: {p.relative_to(src)} links out of the task")
+    task = conf.get("task", {})
+    name = str(task.get("name") or f"imported/{src.name}")
+    if not _TASK_NAME.match(name) or ".." in name:
+        raise ValueError(f"{src}: [task] name {name!r} is not org/name")
+    meta = conf.get("metadata", {})
+    version = int(meta.get("task_version", 1))
+    bp_path = src / "tests" / "blueprint.json"
+    bp = msgspec.json.decode(bp_path.read_bytes(), type=Blueprint) if bp_path.is_file() else None
+    task_id = bp.task_id if bp else re.sub(r"[^A-Za-z0-9_-]", "-", name.replace("/", "--"))[:120]
+    where = src
+    if dest is not None:
+        if Path(dest).exists():
+            raise FileExistsError(f"{dest} exists")
+        shutil.copytree(src, dest, symlinks=True)
+        where = Path(dest)
+    return HarborTask(
+        task_id,
+        name,
+        version,
+        (src / "instruction.md").read_text(),
+        where,
+        bp,
+        (src / "solution" / "solve.sh").is_file(),
+    )

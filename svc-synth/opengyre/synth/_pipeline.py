@@ -1,0 +1,240 @@
+"""Skill2Env end to end over a task store: ingest skills, synthesize and validate tasks, harden flagged versions.
+
+Each step returns the events to append (svc-synth is their only producer); hardening's events have ids derived
+from the task version, so a step repeated before its events were folded appends nothing twice (the log
+de-duplicates by event id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from sqlalchemy import Engine, select
+
+from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
+
+from ._blueprint import Blueprint
+from ._build import build_task, write_task
+from ._gates import GateLimits, Verdict, validate_task
+from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
+from ._llm import LlmConfig, draft_blueprint_llm
+from ._skills import IngestReport, Skill, ingest
+from ._synth import draft_blueprint
+
+__all__ = ["Synthesizer", "TaskBuild"]
+
+_E = ExecutionRow.__table__
+_W = WindowRow.__table__
+
+
+def _eid(*parts: object) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+def _uses(bp: Blueprint) -> list[PatternUse]:
+    return [PatternUse(pattern_id=c.pattern_id, knobs={k: float(v) for k, v in c.knobs.items()}) for c in bp.challenges]
+
+
+@dataclass(frozen=True)
+class TaskBuild:
+    blueprint: Blueprint
+    task_dir: Path
+    verdicts: list[Verdict]
+    events: list[Event]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def validated_event(bp: Blueprint, verdicts: Sequence[Verdict]) -> TaskValidated:
+    failed = [v for v in verdicts if not v.ok]
+    return TaskValidated(
+        task_id=bp.task_id,
+        task_version=bp.version,
+        ok=not failed,
+        checks={v.gate: v.ok for v in verdicts},
+        reasons={v.gate: v.reason for v in verdicts},
+        reason="; ".join(f"{v.gate}: {v.reason}" for v in failed) or "every gate passed",
+    )
+
+
+class Synthesizer:
+    def __init__(
+        self, store: Path, gates: GateLimits | None = None, *, workers: int = 4, llm: LlmConfig | None = None
+    ) -> None:
+        self.store = Path(store)
+        self.llm = llm  # a synthesis model drafts the blueprints; None: the procedural mode
+        self.gates = gates or GateLimits()
+        self.workers = workers
+
+    def task_dir(self, task_id: str, version: int) -> Path:
+        return self.store / "tasks" / task_id / f"v{version}"
+
+    def ingest(self, source: Path) -> tuple[IngestReport, list[SkillIngested]]:
+        report = ingest(source, self.store / "skills")
+        events = [
+            SkillIngested(
+                skill_id=s.skill_id,
+                name=s.name,
+                description=s.description,
+                source=str(source),
+                digest=s.digest,
+                domain=s.domain,
+                capabilities=s.capabilities,
+                metadata={"license": s.license, "requires_bins": " ".join(s.requires_bins)},
+            )
+            for s in report.accepted
+        ]
+        for r in report.rejected:
+            slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in r.name)[:80] or "skill"
+            events.append(
+                SkillIngested(
+                    skill_id=f"{slug}-{(r.digest or _eid(r.source))[:10]}",
+                    name=r.name[:64],
+                    description="",
+                    source=r.source,
+                    digest=r.digest,
+                    accepted=False,
+                    reason=r.reason,
+                )
+            )
+        return report, events
+
+    def _materialize(self, bp: Blueprint) -> Path:
+        built = build_task(bp)
+        out = self.task_dir(bp.task_id, bp.version)
+        if out.exists():  # a step repeated: the same blueprint builds the same bytes, anything else is refused
+            have = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+            if have != built.files:
+                raise FileExistsError(f"{out} holds another build of {bp.task_id} v{bp.version}")
+            return out
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_task(built, tmp)
+        tmp.rename(out)
+        return out
+
+    def synthesize(
+        self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0, patterns: Sequence[str] | None = None
+    ) -> TaskBuild:
+        if self.llm is not None and patterns is None:
+            bp = draft_blueprint_llm(
+                self.llm,
+                skill_id=skill.skill_id,
+                skill_name=skill.name,
+                description=skill.description,
+                body=skill.body,
+                capabilities=skill.capabilities,
+                seed=seed,
+                n_challenges=n_challenges,
+            )
+        else:
+            bp = draft_blueprint(
+                skill_id=skill.skill_id,
+                skill_name=skill.name,
+                description=skill.description,
+                capabilities=skill.capabilities,
+                seed=seed,
+                n_challenges=n_challenges,
+                level=level,
+                patterns=patterns,
+            )
+        return self.build_and_validate(bp)
+
+    def build_and_validate(self, bp: Blueprint) -> TaskBuild:
+        out = self._materialize(bp)
+        verdicts = validate_task(out, self.gates)
+        synthesized = TaskSynthesized(
+            task_id=bp.task_id,
+            skill_id=bp.skill_id,
+            task_version=bp.version,
+            patterns=_uses(bp),
+            blueprint=msgspec.to_builtins(bp),
+            task_dir=str(out),
+            capabilities=bp.capabilities,
+        )
+        return TaskBuild(bp, out, verdicts, [synthesized, validated_event(bp, verdicts)])
+
+    def synthesize_many(
+        self, jobs: Sequence[tuple[Skill, int]], *, n_challenges: int = 2, level: int = 0, progress: object = None
+    ) -> list[TaskBuild]:
+        """Tasks built and validated concurrently (the sandboxes are processes; threads wait on them)."""
+        with ThreadPoolExecutor(self.workers) as pool:
+            futs = [pool.submit(self.synthesize, s, seed, n_challenges=n_challenges, level=level) for s, seed in jobs]
+            out = []
+            for f in futs:
+                out.append(f.result())
+                if callable(progress):
+                    progress()
+            return out
+
+    # --- hardening -------------------------------------------------------------------------------------
+
+    def pending(self, engine: Engine) -> list[tuple[str, int]]:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(_W.c.task_id, _W.c.task_version)
+                .where(_W.c.flagged_seq.is_not(None), _W.c.hardened.is_(False))
+                .order_by(_W.c.flagged_seq)
+            )
+            return [(r.task_id, r.task_version) for r in rows]
+
+    def harden(self, engine: Engine, task_id: str, version: int, projection: HardeningProjection) -> list[Event]:
+        """task-too-easy for the flagged version, then the diagnosed, raised, validated next version."""
+        with engine.connect() as conn:
+            w = conn.execute(select(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)).one()
+            trajs = [
+                json.loads(r.actions)
+                for r in conn.execute(
+                    select(_E.c.actions)
+                    .where(_E.c.task_id == task_id, _E.c.task_version == version, _E.c.score.is_not(None))
+                    .order_by(_E.c.updated_seq)
+                )
+            ][-projection.window :]
+        rewards = json.loads(w.rewards)
+        events: list[Event] = []
+        if w.too_easy_seq is None:
+            events.append(
+                TaskTooEasy(
+                    event_id=_eid("too-easy", task_id, version),
+                    task_id=task_id,
+                    task_version=version,
+                    mean_reward=float(w.mean),
+                    n_samples=len(rewards),
+                    threshold=projection.threshold,
+                )
+            )
+        src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
+        bp = msgspec.json.decode(src.read_bytes(), type=Blueprint)
+        d = diagnose(bp, trajs)
+        for _ in range(3):  # a proposal that fails the gates is raised once more
+            nxt, reason = propose(bp, d)
+            build = self.build_and_validate(nxt)
+            if build.ok:
+                events.append(
+                    TaskHardened(
+                        event_id=_eid("hardened", task_id, version),
+                        task_id=task_id,
+                        from_version=version,
+                        to_version=nxt.version,
+                        patterns=_uses(nxt),
+                        reason=reason,
+                        bypassed=d.cid,
+                        blueprint=msgspec.to_builtins(nxt),
+                        task_dir=str(build.task_dir),
+                    )
+                )
+                v = build.events[1]
+                events.append(msgspec.structs.replace(v, event_id=_eid("validated", task_id, nxt.version)))
+                return events
+            bp = msgspec.structs.replace(nxt, version=version)  # raise further from the failed proposal
+            shutil.rmtree(build.task_dir, ignore_errors=True)
+        return events

@@ -1,0 +1,83 @@
+"""Harbor task directories: ours round-trip through import; foreign ones import and run; bad ones say why."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from opengyre.synth import build_task, draft_blueprint, export_task, import_task, ingest, run_solution
+
+EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_an_exported_task_round_trips_through_import(tmp_path: Path) -> None:
+    skill = next(s for s in ingest(EXAMPLES, tmp_path / "skills").accepted if s.name == "log-triage")
+    bp = draft_blueprint(
+        skill_id=skill.skill_id,
+        skill_name=skill.name,
+        description=skill.description,
+        capabilities=skill.capabilities,
+        seed=5,
+        level=1,
+    )
+    built = build_task(bp)
+    out = export_task(built, tmp_path / "export")
+    conf = tomllib.loads((out / "task.toml").read_text())
+    assert conf["schema_version"] == "1.3" and conf["task"]["name"] == f"opengyre/{bp.task_id}"
+    assert conf["environment"]["network_mode"] == "no-network"
+    assert {"instruction.md", "environment/Dockerfile", "solution/solve.sh", "tests/test.sh"} <= set(_files(out))
+    # The grader and everything that gives answers away live under tests/ only.
+    assert [p for p in _files(out) if p.endswith(("rubric.json", "grade.py", "blueprint.json"))] == [
+        p for p in _files(out) if p.startswith("tests/") and p.endswith(("rubric.json", "grade.py", "blueprint.json"))
+    ]
+    imported = import_task(out, tmp_path / "imported")
+    assert imported.blueprint == bp and imported.task_id == bp.task_id and imported.version == 1
+    assert _files(imported.path) == built.files
+    assert run_solution(imported.path, 'bash "$SOLUTION_DIR/solve.sh"\n').score == 1.0
+
+
+def _foreign(root: Path) -> Path:
+    (root / "environment").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "solution").mkdir()
+    (root / "task.toml").write_text(
+        'schema_version = "1.3"\n[task]\nname = "acme/hello"\n[verifier]\ntimeout_sec = 30.0\n'
+    )
+    (root / "instruction.md").write_text("Write hello to /app/out.txt\n")
+    (root / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
+    (root / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/out.txt\n")
+    (root / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif grep -qx hello /app/out.txt; then echo 1 > /logs/verifier/reward.txt; "
+        "else echo 0 > /logs/verifier/reward.txt; fi\n"
+    )
+    return root
+
+
+def test_a_foreign_harbor_task_imports_and_runs(tmp_path: Path) -> None:
+    t = import_task(_foreign(tmp_path / "hello"))
+    assert t.task_id == "acme--hello" and t.blueprint is None and t.has_solution
+    assert run_solution(t.path, "echo hello > out.txt\n").score == 1.0
+    assert run_solution(t.path, None).score == 0.0
+
+
+@pytest.mark.parametrize(
+    ("breakage", "why"),
+    [
+        (lambda r: (r / "task.toml").unlink(), "no task.toml"),
+        (lambda r: (r / "tests" / "test.sh").unlink(), "no tests/test.sh"),
+        (lambda r: (r / "environment" / "Dockerfile").unlink(), "no environment/Dockerfile"),
+        (lambda r: (r / "task.toml").write_text("[task]\nname = 'no-org'\n"), "is not org/name"),
+        (lambda r: (r / "task.toml").write_text("[task\n"), "does not parse"),
+    ],
+)
+def test_a_broken_task_directory_is_refused(tmp_path: Path, breakage: object, why: str) -> None:
+    root = _foreign(tmp_path / "t")
+    breakage(root)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=why):
+        import_task(root)
