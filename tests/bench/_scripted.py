@@ -58,9 +58,9 @@ class ScriptedServer:
         if self.mode == "role_first":
             writer.write(_chunk({"role": "assistant", "content": ""}))
             await writer.drain()
-            self.role_sent_at = time.monotonic()
+            self.role_sent_at = self.role_sent_at or time.monotonic()
             await self.release.wait()
-            self.released_at = time.monotonic()
+            self.released_at = self.released_at or time.monotonic()  # the first request's
             writer.write(_chunk({"content": "hi"}) + _chunk({"content": "!"}))
             writer.write(_chunk({}, usage={"prompt_tokens": 3, "completion_tokens": 2}))
             writer.write(_chunk_done())

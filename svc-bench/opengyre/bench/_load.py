@@ -182,6 +182,8 @@ async def _one(
         rr.error = (
             f"server stalled: no data for {cfg.stall_timeout_s:g} s after {rr.chunks} chunks ({type(e).__name__})"
         )
+    except httpx.RemoteProtocolError as e:
+        rr.error = f"server closed the connection mid-stream after {rr.chunks} chunks: {e}"
     except httpx.HTTPError as e:
         rr.error = f"HTTP failure after {rr.chunks} chunks: {type(e).__name__}: {e}"
     except msgspec.DecodeError as e:

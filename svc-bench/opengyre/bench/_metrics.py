@@ -96,8 +96,9 @@ def cross_check_tokens(requests: Iterable[RequestResult], tokenizer: Any) -> dic
     for r in requests:
         if not r.ok or r.messages is None or r.prompt_tokens is None:
             continue
-        ids = tokenizer.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=True)
+        # render, then encode: apply_chat_template(tokenize=True) returns ids or a BatchEncoding by version
+        text = tokenizer.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False)
         checked += 1
-        if len(ids) != r.prompt_tokens:
+        if len(tokenizer.encode(text, add_special_tokens=False)) != r.prompt_tokens:
             mismatched += 1
     return {"checked": checked, "mismatched": mismatched}
