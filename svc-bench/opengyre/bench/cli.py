@@ -125,9 +125,19 @@ def _slo(ttft: float | None, tpot: float | None, e2el: float | None) -> Any:
     return Slo(ttft, tpot, e2el) if any(v is not None for v in (ttft, tpot, e2el)) else None
 
 
-async def _publish(settings: Any, event: Any) -> None:
-    async with log_session(settings) as log:
-        await log.append(event)
+def _publish(settings: Any, event: Any) -> None:
+    """Append the run's ``bench-run-completed`` (svc-bench owns it); the results on disk stay whatever happens."""
+
+    async def go() -> int:
+        async with log_session(settings) as log:
+            await log.ensure_stream()  # a bare nats-server: the stack would have made it
+            return (await log.append(event)).seq
+
+    try:
+        seq = asyncio.run(go())
+    except Exception as e:
+        raise fail(f"results written, but publishing bench-run-completed failed: {e}") from e
+    console.print(f"published bench-run-completed {event.run_id} at seq {seq}")
 
 
 @bench_app.command("run")
@@ -204,9 +214,7 @@ def run(
     write_requests_csv(out / "requests.csv", result.requests)
     _print_summary(summary)
     if publish:
-        asyncio.run(
-            _publish(settings_from(data_dir, nats_url), completed_event(None, label, concurrency, url, summary))
-        )
+        _publish(settings_from(data_dir, nats_url), completed_event(None, label, concurrency, url, summary))
     if summary["partial"]:
         console.print(f"[yellow]partial result[/]: {'; '.join(summary['errors'])}")
         raise typer.Exit(2)
@@ -279,11 +287,8 @@ def sweep_cmd(
     console.print(f"C* = {result.c_star} (95% CI {result.c_star_ci}); collapse beyond: {result.collapse}")
     if publish and result.c_star is not None:
         best = next(p for p in result.points if p.concurrency == result.c_star)
-        asyncio.run(
-            _publish(
-                settings_from(data_dir, nats_url),
-                completed_event(None, prof.name, result.c_star, url, best.summaries[-1]),
-            )
+        _publish(
+            settings_from(data_dir, nats_url), completed_event(None, prof.name, result.c_star, url, best.summaries[-1])
         )
 
 
