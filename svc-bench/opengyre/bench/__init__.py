@@ -13,6 +13,16 @@ from ._profiles import (
     fit_profile,
     paper_profile,
 )
+from ._report import (
+    completed_event,
+    e2el_mape,
+    plot_per_turn_ttft,
+    plot_roofline,
+    plot_sweep,
+    read_requests_csv,
+    write_json,
+    write_requests_csv,
+)
 from ._roofline import (
     COMPONENTS,
     Capacity,
@@ -54,13 +64,19 @@ __all__ = [
     "TurnPlan",
     "calls_sessions",
     "capacity",
+    "completed_event",
     "cross_check_tokens",
+    "e2el_mape",
     "find_saturation",
     "fit_profile",
     "hardware",
     "paper_profile",
     "percentiles",
     "phase_roofline",
+    "plot_per_turn_ttft",
+    "plot_roofline",
+    "plot_sweep",
+    "read_requests_csv",
     "read_trace",
     "replay_sessions",
     "roofline_report",
@@ -71,4 +87,6 @@ __all__ = [
     "sweep",
     "synthesise_sessions",
     "trace_formats",
+    "write_json",
+    "write_requests_csv",
 ]
