@@ -3,6 +3,150 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class ListProfilesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProfilesRequest: _TypeAlias = ListProfilesRequest  # noqa: Y015
+
+@_typing.final
+class ListProfilesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ProfilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PROFILES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def profiles(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """name -> profile JSON (lengths, turns, the source of every parameter)"""
+
+    def __init__(
+        self,
+        *,
+        profiles: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["profiles", b"profiles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProfilesResponse: _TypeAlias = ListProfilesResponse  # noqa: Y015
+
+@_typing.final
+class RooflineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    HARDWARE_FIELD_NUMBER: _builtins.int
+    ISL_FIELD_NUMBER: _builtins.int
+    OSL_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    TP_FIELD_NUMBER: _builtins.int
+    MEMORY_UTILISATION_FIELD_NUMBER: _builtins.int
+    config_json: _builtins.str
+    """the model's config.json text"""
+    hardware: _builtins.str
+    """H100, H200, B200, A100, L40S, RTX3090, MI300X"""
+    isl: _builtins.int
+    """prompt tokens (required, > 0)"""
+    osl: _builtins.int
+    """output tokens (required, > 0)"""
+    batch: _builtins.int
+    """decode batch; 0 = 1"""
+    tp: _builtins.int
+    """tensor-parallel degree; 0 = 1"""
+    memory_utilisation: _builtins.float
+    """fraction of HBM for weights + KV; 0 = 1.0"""
+    def __init__(
+        self,
+        *,
+        config_json: _builtins.str = ...,
+        hardware: _builtins.str = ...,
+        isl: _builtins.int = ...,
+        osl: _builtins.int = ...,
+        batch: _builtins.int = ...,
+        tp: _builtins.int = ...,
+        memory_utilisation: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "config_json", b"config_json", "hardware", b"hardware", "isl", b"isl", "memory_utilisation", b"memory_utilisation", "osl", b"osl", "tp", b"tp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RooflineRequest: _TypeAlias = RooflineRequest  # noqa: Y015
+
+@_typing.final
+class RooflineResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    RIDGE_FIELD_NUMBER: _builtins.int
+    PREFILL_PROJECTION_OI_FIELD_NUMBER: _builtins.int
+    DECODE_PROJECTION_OI_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    report_json: _builtins.str
+    """per phase and component FLOPs, bytes, OI, bound; capacity wall"""
+    ridge: _builtins.float
+    prefill_projection_oi: _builtins.float
+    decode_projection_oi: _builtins.float
+    max_concurrency: _builtins.int
+    def __init__(
+        self,
+        *,
+        report_json: _builtins.str = ...,
+        ridge: _builtins.float = ...,
+        prefill_projection_oi: _builtins.float = ...,
+        decode_projection_oi: _builtins.float = ...,
+        max_concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_projection_oi", b"decode_projection_oi", "max_concurrency", b"max_concurrency", "prefill_projection_oi", b"prefill_projection_oi", "report_json", b"report_json", "ridge", b"ridge"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RooflineResponse: _TypeAlias = RooflineResponse  # noqa: Y015

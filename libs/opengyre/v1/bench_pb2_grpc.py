@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from opengyre.v1 import bench_pb2 as opengyre_dot_v1_dot_bench__pb2
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -39,6 +40,16 @@ class BenchServiceStub:
                 request_serializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
                 _registered_method=True)
+        self.ListProfiles = channel.unary_unary(
+                '/opengyre.v1.BenchService/ListProfiles',
+                request_serializer=opengyre_dot_v1_dot_bench__pb2.ListProfilesRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_bench__pb2.ListProfilesResponse.FromString,
+                _registered_method=True)
+        self.Roofline = channel.unary_unary(
+                '/opengyre.v1.BenchService/Roofline',
+                request_serializer=opengyre_dot_v1_dot_bench__pb2.RooflineRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_bench__pb2.RooflineResponse.FromString,
+                _registered_method=True)
 
 
 class BenchServiceServicer:
@@ -51,6 +62,21 @@ class BenchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProfiles(self, request, context):
+        """The built-in workload profiles (the paper's typical ones), as JSON documents.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Roofline(self, request, context):
+        """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
+        A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BenchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +84,16 @@ def add_BenchServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=opengyre_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_common__pb2.ServiceStatus.SerializeToString,
+            ),
+            'ListProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProfiles,
+                    request_deserializer=opengyre_dot_v1_dot_bench__pb2.ListProfilesRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_bench__pb2.ListProfilesResponse.SerializeToString,
+            ),
+            'Roofline': grpc.unary_unary_rpc_method_handler(
+                    servicer.Roofline,
+                    request_deserializer=opengyre_dot_v1_dot_bench__pb2.RooflineRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_bench__pb2.RooflineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +123,60 @@ class BenchService:
             '/opengyre.v1.BenchService/GetStatus',
             opengyre_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             opengyre_dot_v1_dot_common__pb2.ServiceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.BenchService/ListProfiles',
+            opengyre_dot_v1_dot_bench__pb2.ListProfilesRequest.SerializeToString,
+            opengyre_dot_v1_dot_bench__pb2.ListProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Roofline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.BenchService/Roofline',
+            opengyre_dot_v1_dot_bench__pb2.RooflineRequest.SerializeToString,
+            opengyre_dot_v1_dot_bench__pb2.RooflineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from opengyre.v1 import bench_pb2 as _bench_pb2
 from opengyre.v1 import common_pb2 as _common_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -33,12 +34,24 @@ class BenchServiceStub:
     def __new__(cls, channel: _aio.Channel) -> BenchServiceAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    ListProfiles: _grpc.UnaryUnaryMultiCallable[_bench_pb2.ListProfilesRequest, _bench_pb2.ListProfilesResponse]
+    """The built-in workload profiles (the paper's typical ones), as JSON documents."""
+    Roofline: _grpc.UnaryUnaryMultiCallable[_bench_pb2.RooflineRequest, _bench_pb2.RooflineResponse]
+    """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
+    A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+    """
 
 @_typing.type_check_only
 class BenchServiceAsyncStub(BenchServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.StatusRequest, _common_pb2.ServiceStatus]  # type: ignore[assignment]
     """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+    ListProfiles: _aio.UnaryUnaryMultiCallable[_bench_pb2.ListProfilesRequest, _bench_pb2.ListProfilesResponse]  # type: ignore[assignment]
+    """The built-in workload profiles (the paper's typical ones), as JSON documents."""
+    Roofline: _aio.UnaryUnaryMultiCallable[_bench_pb2.RooflineRequest, _bench_pb2.RooflineResponse]  # type: ignore[assignment]
+    """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
+    A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+    """
 
 class BenchServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -48,5 +61,23 @@ class BenchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceStatus, _abc.Awaitable[_common_pb2.ServiceStatus]]:
         """Health beyond liveness: capabilities, what is not implemented yet, projection lag."""
+
+    @_abc_1.abstractmethod
+    def ListProfiles(
+        self,
+        request: _bench_pb2.ListProfilesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bench_pb2.ListProfilesResponse, _abc.Awaitable[_bench_pb2.ListProfilesResponse]]:
+        """The built-in workload profiles (the paper's typical ones), as JSON documents."""
+
+    @_abc_1.abstractmethod
+    def Roofline(
+        self,
+        request: _bench_pb2.RooflineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bench_pb2.RooflineResponse, _abc.Awaitable[_bench_pb2.RooflineResponse]]:
+        """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
+        A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+        """
 
 def add_BenchServiceServicer_to_server(servicer: BenchServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,323 @@
+"""Load generation against an OpenAI-compatible server: closed-loop sessions (the snowball) or Poisson arrivals.
+
+Each request streams ``/v1/chat/completions``; times come from ``time.monotonic`` (system-wide on Linux, so
+worker processes share one clock). A session holds its slot for all its turns and appends the server's real
+reply before the next observation. A failed turn ends its session (the snowball cannot go on without the reply)
+and marks the run partial; nothing already measured is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import random
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from ._workload import SessionPlan
+
+__all__ = ["LoadConfig", "RequestResult", "RunResult", "run_load"]
+
+_GENERATED = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    base_url: str  # up to and excluding /v1
+    model: str
+    concurrency: int = 1  # closed loop: sessions in flight
+    rate: float | None = None  # open loop: session arrivals per second (Poisson); concurrency caps in-flight
+    workers: int = 1  # processes; each gets a share of the slots and sessions
+    api_key: str | None = None
+    stall_timeout_s: float = 30.0  # a stream silent this long is a stalled server
+    connect_timeout_s: float = 5.0
+    ignore_eos: bool = True  # generate each turn's recorded length (vLLM/SGLang's extra parameter)
+    record_messages: bool = False  # keep each request's messages (snowball checks, tokenizer cross-check)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    watchdog_interval_s: float = 0.01
+    lag_flag_s: float = 0.05  # a loop tick this late means the client itself is the bottleneck
+
+
+@dataclass
+class RequestResult:
+    session: str
+    turn: int  # 1-based turn index within the session
+    scheduled: float  # monotonic: when the request was due (arrival or previous turn's end)
+    sent: float
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2el: float | None = None
+    prompt_tokens: int | None = None  # usage
+    output_tokens: int | None = None
+    max_tokens: int = 0
+    chunks: int = 0
+    ok: bool = False
+    error: str = ""
+    reply: str = ""
+    messages: list[Mapping[str, Any]] | None = None
+
+    @property
+    def queue_s(self) -> float:
+        return self.sent - self.scheduled
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.e2el is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+
+@dataclass
+class RunResult:
+    requests: list[RequestResult]
+    started: float
+    finished: float
+    sessions_planned: int
+    sessions_completed: int
+    loop_lag_max_s: float
+    loop_lag_p99_s: float
+    client_bottleneck: bool
+    errors: list[str]
+
+    @property
+    def partial(self) -> bool:
+        return self.sessions_completed < self.sessions_planned or any(not r.ok for r in self.requests)
+
+
+class _Watchdog:
+    """Measures how late the event loop wakes; lateness means the client, not the server, set the pace."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(self.interval)
+            self.lags.append(max(0.0, time.monotonic() - t0 - self.interval))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+_decoder = msgspec.json.Decoder()
+
+
+async def _one(
+    client: httpx.AsyncClient, cfg: LoadConfig, messages: list[Mapping[str, Any]], max_tokens: int, rr: RequestResult
+) -> None:
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **({"ignore_eos": True} if cfg.ignore_eos else {}),
+        **cfg.extra_body,
+    }
+    parts: list[str] = []
+    last: float | None = None
+    rr.sent = time.monotonic()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", content=msgspec.json.encode(body)) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                rr.error = f"HTTP {resp.status_code}: {text}"
+                return
+            done = False
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    # read on to the body's end: leaving it unread makes httpx close the connection
+                    done = True
+                    continue
+                now = time.monotonic()
+                chunk = _decoder.decode(data)
+                if "error" in chunk:
+                    rr.error = f"server error mid-stream after {rr.chunks} chunks: {chunk['error']}"
+                    return
+                rr.chunks += 1
+                usage = chunk.get("usage")
+                if usage:
+                    rr.prompt_tokens = usage.get("prompt_tokens")
+                    rr.output_tokens = usage.get("completion_tokens")
+                for ch in chunk.get("choices") or ():
+                    delta = ch.get("delta") or {}
+                    # a role-only chunk (or an empty string) is not generated output: TTFT waits for real tokens
+                    if any(delta.get(k) for k in _GENERATED):
+                        if last is None:
+                            rr.ttft = now - rr.sent
+                        else:
+                            rr.itl.append(now - last)
+                        last = now
+                        if delta.get("content"):
+                            parts.append(delta["content"])
+            if not done:
+                rr.error = f"stream ended without [DONE] after {rr.chunks} chunks"
+                return
+            rr.e2el = time.monotonic() - rr.sent
+            rr.reply = "".join(parts)
+            if rr.ttft is None:
+                rr.error = "the stream carried no generated token"
+                return
+            rr.ok = True
+    except httpx.ConnectError as e:
+        rr.error = f"server unreachable at {cfg.base_url}: {e}"
+    except httpx.TimeoutException as e:
+        rr.error = (
+            f"server stalled: no data for {cfg.stall_timeout_s:g} s after {rr.chunks} chunks ({type(e).__name__})"
+        )
+    except httpx.RemoteProtocolError as e:
+        rr.error = f"server closed the connection mid-stream after {rr.chunks} chunks: {e}"
+    except httpx.HTTPError as e:
+        rr.error = f"HTTP failure after {rr.chunks} chunks: {type(e).__name__}: {e}"
+    except msgspec.DecodeError as e:
+        rr.error = f"malformed stream chunk after {rr.chunks} chunks: {e}"
+
+
+async def _session(
+    client: httpx.AsyncClient, cfg: LoadConfig, plan: SessionPlan, due: float, out: list[RequestResult]
+) -> bool:
+    messages: list[Mapping[str, Any]] = []
+    for k, turn in enumerate(plan.turns, start=1):
+        messages.extend(turn.messages)
+        rr = RequestResult(plan.session_id, k, scheduled=due, sent=due, max_tokens=turn.max_tokens)
+        if cfg.record_messages:
+            rr.messages = list(messages)
+        await _one(client, cfg, messages, turn.max_tokens, rr)
+        out.append(rr)
+        if not rr.ok:
+            return False
+        messages.append({"role": "assistant", "content": rr.reply})
+        due = time.monotonic()
+    return True
+
+
+async def _run_async(cfg: LoadConfig, plans: Sequence[SessionPlan], slots: int, seed: int) -> dict[str, Any]:
+    headers = {"content-type": "application/json"}
+    if cfg.api_key:
+        headers["authorization"] = f"Bearer {cfg.api_key}"
+    timeout = httpx.Timeout(
+        connect=cfg.connect_timeout_s, read=cfg.stall_timeout_s, write=cfg.stall_timeout_s, pool=None
+    )
+    limits = httpx.Limits(max_connections=slots, max_keepalive_connections=slots)
+    out: list[RequestResult] = []
+    completed = 0
+    dog = _Watchdog(cfg.watchdog_interval_s)
+    # TCP_NODELAY: httpx writes a request's head and body separately; with Nagle the body waits for the server's
+    # delayed ACK (~40 ms on Linux), which would cap a connection at ~25 requests/s and inflate every TTFT.
+    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    async with httpx.AsyncClient(
+        base_url=cfg.base_url, headers=headers, timeout=timeout, transport=transport
+    ) as client:
+        dog.start()
+        started = time.monotonic()
+        sem = asyncio.Semaphore(slots)
+
+        async def run(plan: SessionPlan, due: float) -> None:
+            nonlocal completed
+            async with sem:
+                if await _session(client, cfg, plan, due, out):
+                    completed += 1
+
+        if cfg.rate is None:
+            # closed loop: every slot takes the next session as soon as its previous one ends
+            queue = list(plans)
+            queue.reverse()
+
+            async def slot() -> None:
+                nonlocal completed
+                while queue:
+                    plan = queue.pop()
+                    if await _session(client, cfg, plan, time.monotonic(), out):
+                        completed += 1
+
+            await asyncio.gather(*(slot() for _ in range(slots)))
+        else:
+            rng = random.Random(seed)
+            tasks = []
+            due = started
+            for plan in plans:
+                due += rng.expovariate(cfg.rate)
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(run(plan, due)))
+            await asyncio.gather(*tasks)
+        finished = time.monotonic()
+        await dog.stop()
+    return {
+        "requests": [asdict(r) for r in out],
+        "started": started,
+        "finished": finished,
+        "completed": completed,
+        "lags": dog.lags,
+    }
+
+
+def _worker(cfg: LoadConfig, plans: Sequence[SessionPlan], slots: int, seed: int) -> dict[str, Any]:
+    return asyncio.run(_run_async(cfg, plans, slots, seed))
+
+
+def _merge(cfg: LoadConfig, parts: list[dict[str, Any]], planned: int) -> RunResult:
+    reqs = [RequestResult(**r) for p in parts for r in p["requests"]]
+    lags = sorted(x for p in parts for x in p["lags"]) or [0.0]
+    p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+    errors = sorted({r.error for r in reqs if r.error})
+    return RunResult(
+        requests=reqs,
+        started=min(p["started"] for p in parts),
+        finished=max(p["finished"] for p in parts),
+        sessions_planned=planned,
+        sessions_completed=sum(p["completed"] for p in parts),
+        loop_lag_max_s=lags[-1],
+        loop_lag_p99_s=p99,
+        client_bottleneck=p99 > cfg.lag_flag_s,
+        errors=errors,
+    )
+
+
+async def run_load(cfg: LoadConfig, plans: Sequence[SessionPlan]) -> RunResult:
+    """Send every planned session; with ``workers > 1`` the slots and sessions are split over processes."""
+    if cfg.concurrency <= 0:
+        raise ValueError(f"concurrency must be positive, got {cfg.concurrency}")
+    if cfg.workers <= 0 or cfg.workers > cfg.concurrency:
+        raise ValueError(f"workers must be in 1..concurrency ({cfg.concurrency}), got {cfg.workers}")
+    if cfg.rate is not None and cfg.rate <= 0:
+        raise ValueError(f"rate must be positive, got {cfg.rate}")
+    if not plans:
+        raise ValueError("no sessions to send")
+    if cfg.workers == 1:
+        parts = [await _run_async(cfg, plans, cfg.concurrency, cfg.seed)]
+    else:
+        w = cfg.workers
+        shares = [list(plans[i::w]) for i in range(w)]
+        slots = [cfg.concurrency // w + (1 if i < cfg.concurrency % w else 0) for i in range(w)]
+        # Poisson: each worker draws arrivals at its share of the rate, so the union is Poisson at the full rate
+        sub = [LoadConfig(**{**asdict(cfg), "rate": cfg.rate / w if cfg.rate else None}) for _ in range(w)]
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(w, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futs = [
+                loop.run_in_executor(pool, _worker, sub[i], shares[i], slots[i], cfg.seed + i)
+                for i in range(w)
+                if shares[i]
+            ]
+            parts = list(await asyncio.gather(*futs))
+    return _merge(cfg, parts, len(plans))

@@ -1,0 +1,295 @@
+"""Workload profiles: per-turn length distributions, fitted from traces, and the paper's five typical ones.
+
+A session's first request carries ``first_prompt`` tokens (after a ``shared_prefix`` common to all sessions, if
+the profile has one); each later turn appends the server's real reply and an observation of ``observation``
+tokens, so turn k's input is the whole conversation so far (the snowball). ``output`` is each turn's reply length.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "PAPER_PROFILES",
+    "LengthDist",
+    "Profile",
+    "ProfileError",
+    "TraceSession",
+    "TraceTurn",
+    "fit_profile",
+    "paper_profile",
+]
+
+# Dispersion of the built-in profiles' lognormal lengths: the paper publishes means only, so this is an assumption
+# (reported with every run through ``Profile.source``), not a fitted value.
+ASSUMED_SIGMA = 0.5
+ASSUMED_TURN_SIGMA = 0.3
+
+
+class ProfileError(ValueError):
+    """A profile or trace that cannot be used, with what is wrong and where."""
+
+
+_KINDS = ("constant", "lognormal", "empirical")
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A positive integer length: constant, lognormal (by its mean and the sigma of its log) or empirical."""
+
+    kind: str
+    mean: float
+    sigma: float = 0.0
+    values: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ProfileError(f"length kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+        if self.kind == "empirical":
+            if not self.values or any(v <= 0 for v in self.values):
+                raise ProfileError("an empirical length needs positive values")
+        elif not (math.isfinite(self.mean) and self.mean > 0):
+            raise ProfileError(f"a length's mean must be positive, got {self.mean!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ProfileError(f"sigma must be >= 0, got {self.sigma!r}")
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "constant" or (self.kind == "lognormal" and self.sigma == 0):
+            return max(1, round(self.mean))
+        if self.kind == "empirical":
+            return rng.choice(self.values)
+        mu = math.log(self.mean) - self.sigma**2 / 2
+        return max(1, round(rng.lognormvariate(mu, self.sigma)))
+
+    def second_moment(self) -> float:
+        if self.kind == "empirical":
+            return sum(v * v for v in self.values) / len(self.values)
+        if self.kind == "lognormal":
+            return self.mean**2 * math.exp(self.sigma**2)
+        return self.mean**2
+
+    def scaled(self, factor: float) -> LengthDist:
+        if self.kind == "empirical":
+            return replace(self, values=tuple(max(1, round(v * factor)) for v in self.values), mean=self.mean * factor)
+        return replace(self, mean=max(1.0, self.mean * factor))
+
+    @classmethod
+    def fit(cls, values: Sequence[int]) -> LengthDist:
+        """Lognormal by maximum likelihood (the mean and sigma of the logs); constant when all values agree."""
+        vals = [int(v) for v in values if v > 0]
+        if not vals:
+            raise ProfileError("no positive lengths to fit")
+        if len(set(vals)) == 1:
+            return cls("constant", float(vals[0]))
+        logs = [math.log(v) for v in vals]
+        mu = sum(logs) / len(logs)
+        sigma = math.sqrt(sum((x - mu) ** 2 for x in logs) / len(logs))
+        return cls("lognormal", math.exp(mu + sigma**2 / 2), sigma)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "mean": self.mean}
+        if self.kind == "lognormal":
+            d["sigma"] = self.sigma
+        if self.kind == "empirical":
+            d["values"] = list(self.values)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> LengthDist:
+        if not isinstance(d, Mapping):
+            raise ProfileError(f"{where}: expected an object with kind and mean, got {d!r}")
+        unknown = set(d) - {"kind", "mean", "sigma", "values"}
+        if unknown:
+            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+        try:
+            values = tuple(int(v) for v in d.get("values", ()))
+            mean = float(d["mean"]) if "mean" in d else (sum(values) / len(values) if values else math.nan)
+            return cls(str(d["kind"]), mean, float(d.get("sigma", 0.0)), values)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    first_prompt: LengthDist
+    observation: LengthDist
+    output: LengthDist
+    turns: LengthDist
+    shared_prefix: int = 0
+    description: str = ""
+    source: str = ""
+    length_scale: float = 1.0  # applied to every token length: reported with each result
+    turn_scale: float = 1.0
+
+    def scaled(self, length: float = 1.0, turns: float = 1.0) -> Profile:
+        """The profile shrunk for a small server by explicit factors (kept on the profile, reported)."""
+        if length <= 0 or turns <= 0:
+            raise ProfileError("scale factors must be positive")
+        return replace(
+            self,
+            first_prompt=self.first_prompt.scaled(length),
+            observation=self.observation.scaled(length),
+            output=self.output.scaled(length),
+            turns=self.turns.scaled(turns),
+            shared_prefix=round(self.shared_prefix * length),
+            length_scale=self.length_scale * length,
+            turn_scale=self.turn_scale * turns,
+        )
+
+    def expected_isl(self) -> float:
+        """Mean input length over requests (long sessions weigh more: they send more requests)."""
+        t1, t2 = self.turns.mean, self.turns.second_moment()
+        growth = self.output.mean + self.observation.mean
+        # Σ_k ISL_k over a T-turn session = T·(prefix+first) + growth·T(T-1)/2; divide by E[T]
+        return self.shared_prefix + self.first_prompt.mean + growth * (t2 - t1) / (2 * t1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "first_prompt": self.first_prompt.to_dict(),
+            "observation": self.observation.to_dict(),
+            "output": self.output.to_dict(),
+            "turns": self.turns.to_dict(),
+            "shared_prefix": self.shared_prefix,
+            "length_scale": self.length_scale,
+            "turn_scale": self.turn_scale,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Profile:
+        if not isinstance(d, Mapping):
+            raise ProfileError(f"a profile must be a JSON object, got {type(d).__name__}")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ProfileError(f"profile: unknown keys {sorted(unknown)}")
+        missing = [k for k in ("name", "first_prompt", "observation", "output", "turns") if k not in d]
+        if missing:
+            raise ProfileError(f"profile is missing {', '.join(missing)}")
+        try:
+            return cls(
+                name=str(d["name"]),
+                first_prompt=LengthDist.from_dict(d["first_prompt"], "first_prompt"),
+                observation=LengthDist.from_dict(d["observation"], "observation"),
+                output=LengthDist.from_dict(d["output"], "output"),
+                turns=LengthDist.from_dict(d["turns"], "turns"),
+                shared_prefix=int(d.get("shared_prefix", 0)),
+                description=str(d.get("description", "")),
+                source=str(d.get("source", "")),
+                length_scale=float(d.get("length_scale", 1.0)),
+                turn_scale=float(d.get("turn_scale", 1.0)),
+            )
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ProfileError):
+                raise
+            raise ProfileError(f"profile: {e}") from None
+
+
+def _paper(name: str, isl: float, osl: float, turns: float, description: str) -> Profile:
+    """A built-in profile whose request-weighted mean ISL, mean OSL and mean turns are the paper's.
+
+    Unpublished: the split of the first prompt from the per-turn observation. Assumed: the first prompt is
+    one turn's growth (output + observation), which gives growth = 2·ISL·E[T] / (E[T²] + E[T]).
+    """
+    turn_sigma = ASSUMED_TURN_SIGMA if turns > 1 else 0.0
+    t = LengthDist("lognormal" if turn_sigma else "constant", turns, turn_sigma)
+    if turns <= 1:
+        first = isl
+        obs = 1.0  # never used: single-turn sessions have no observation
+    else:
+        growth = 2 * isl * t.mean / (t.second_moment() + t.mean)
+        first, obs = growth, max(1.0, growth - osl)
+    src = (
+        f"AgentPerfBench (arXiv 2609.34683) means ISL {isl:g} / OSL {osl:g} / {turns:g} turns; lognormal "
+        f"sigma {ASSUMED_SIGMA} (lengths) and {turn_sigma} (turns) assumed; first prompt = one turn's growth assumed"
+    )
+    return Profile(
+        name=name,
+        first_prompt=LengthDist("lognormal", first, ASSUMED_SIGMA),
+        observation=LengthDist("lognormal", obs, ASSUMED_SIGMA),
+        output=LengthDist("lognormal", osl, ASSUMED_SIGMA),
+        turns=t,
+        description=description,
+        source=src,
+    )
+
+
+PAPER_PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        _paper("chat", 187, 299, 1, "single-turn chat"),
+        _paper("chatbot", 1291, 169, 10, "multi-turn chatbot conversation"),
+        _paper("coding", 9995, 32, 85, "coding agent (SWE-Bench-like), input:output about 355:1"),
+        _paper("terminal", 7811, 31, 61, "terminal agent (TerminalBench-like)"),
+        _paper("computer-use", 1399, 85, 8, "computer-use agent (OSWorld-like)"),
+    )
+}
+
+
+def paper_profile(name: str) -> Profile:
+    try:
+        return PAPER_PROFILES[name]
+    except KeyError:
+        raise ProfileError(f"unknown profile {name!r}; built in: {', '.join(PAPER_PROFILES)}") from None
+
+
+# --- traces ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceTurn:
+    """One recorded request: what it appended to the conversation and how long its reply was.
+
+    ``new_tokens`` counts the appended messages' tokens (or the prompt growth the recorder saw);
+    ``messages`` is kept for exact replay when the trace has the text (empty when only counts are known).
+    """
+
+    new_tokens: int
+    output_tokens: int
+    messages: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceSession:
+    session_id: str
+    turns: tuple[TraceTurn, ...]
+    shared_prefix: int = 0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Profile:
+    """Fit lognormal lengths (first prompt, observation, output) and the turn count to recorded sessions."""
+    firsts: list[int] = []
+    obs: list[int] = []
+    outs: list[int] = []
+    turns: list[int] = []
+    prefixes: list[int] = []
+    for s in sessions:
+        if not s.turns:
+            raise ProfileError(f"trace session {s.session_id!r} has no turns")
+        turns.append(len(s.turns))
+        prefixes.append(s.shared_prefix)
+        for i, t in enumerate(s.turns):
+            if t.new_tokens <= 0 or t.output_tokens <= 0:
+                raise ProfileError(f"trace session {s.session_id!r} turn {i + 1}: token counts must be positive")
+            (firsts if i == 0 else obs).append(t.new_tokens)
+            outs.append(t.output_tokens)
+    if not turns:
+        raise ProfileError("the trace has no sessions")
+    return Profile(
+        name=name,
+        first_prompt=LengthDist.fit(firsts),
+        observation=LengthDist.fit(obs) if obs else LengthDist("constant", 1.0),
+        output=LengthDist.fit(outs),
+        turns=LengthDist.fit(turns),
+        shared_prefix=min(prefixes),
+        description=f"fitted to {len(turns)} sessions, {len(outs)} requests",
+        source=source,
+    )

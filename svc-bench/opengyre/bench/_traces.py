@@ -1,0 +1,143 @@
+"""Read recorded sessions from ATIF trajectories, ShareGPT JSON and OpenGyre's recorded model calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ._profiles import ProfileError, TraceSession, TraceTurn
+
+__all__ = ["TokenCounter", "calls_sessions", "read_trace", "trace_formats"]
+
+
+class TokenCounter(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    raise ProfileError(f"message content must be text or a list of parts, got {type(content).__name__}")
+
+
+def _count(tok: TokenCounter, text: str) -> int:
+    return len(tok.encode(text, add_special_tokens=False))
+
+
+def _sharegpt(doc: Any, tok: TokenCounter) -> list[TraceSession]:
+    if not isinstance(doc, list):
+        raise ProfileError("ShareGPT: expected a JSON list of conversations")
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    out: list[TraceSession] = []
+    for n, conv in enumerate(doc):
+        msgs = conv.get("conversations") if isinstance(conv, Mapping) else None
+        if not isinstance(msgs, list):
+            raise ProfileError(f"ShareGPT conversation {n}: no 'conversations' list")
+        sid = str(conv.get("id", n))
+        turns: list[TraceTurn] = []
+        pending: list[dict[str, Any]] = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, Mapping) or m.get("from") not in roles or not isinstance(m.get("value"), str):
+                raise ProfileError(
+                    f"ShareGPT conversation {sid!r} message {i}: needs 'from' in {sorted(roles)} and 'value'"
+                )
+            role = roles[str(m["from"])]
+            if role == "assistant":
+                if not pending:
+                    raise ProfileError(f"ShareGPT conversation {sid!r} message {i}: a reply with no request before it")
+                new = sum(_count(tok, str(p["content"])) for p in pending)
+                turns.append(TraceTurn(new, max(1, _count(tok, str(m["value"]))), tuple(pending)))
+                pending = []
+            else:
+                pending.append({"role": role, "content": m["value"]})
+        if turns:
+            out.append(TraceSession(sid, tuple(turns)))
+    return out
+
+
+def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
+    docs = doc if isinstance(doc, list) else [doc]
+    out: list[TraceSession] = []
+    for n, traj in enumerate(docs):
+        if not isinstance(traj, Mapping) or not str(traj.get("schema_version", "")).startswith("ATIF-"):
+            raise ProfileError(f"ATIF trajectory {n}: no schema_version 'ATIF-v1.x'")
+        steps = traj.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise ProfileError(f"ATIF trajectory {n}: 'steps' must be a non-empty list")
+        sid = str(traj.get("session_id") or traj.get("trajectory_id") or n)
+        turns: list[TraceTurn] = []
+        pending: list[dict[str, Any]] = []
+        for i, st in enumerate(steps):
+            if not isinstance(st, Mapping) or st.get("source") not in ("system", "user", "agent"):
+                raise ProfileError(f"ATIF {sid!r} step {i + 1}: 'source' must be system, user or agent")
+            if st["source"] != "agent":
+                pending.append({"role": st["source"], "content": _text(st.get("message"))})
+                continue
+            metrics = st.get("metrics") or {}
+            reply = _text(st.get("message"))
+            out_tokens = metrics.get("completion_tokens") or _count(tok, reply) or 1
+            new = sum(_count(tok, str(p["content"])) for p in pending)
+            if not pending:
+                raise ProfileError(f"ATIF {sid!r} step {i + 1}: an agent step with nothing new before it")
+            turns.append(TraceTurn(max(1, new), int(out_tokens), tuple(pending)))
+            pending = []
+            obs = st.get("observation")
+            if isinstance(obs, Mapping):
+                for r in obs.get("results") or []:
+                    pending.append(
+                        {"role": "user", "content": _text(r.get("content") if isinstance(r, Mapping) else r)}
+                    )
+        if turns:
+            out.append(TraceSession(sid, tuple(turns)))
+    return out
+
+
+_FORMATS: dict[str, Callable[[Any, TokenCounter], list[TraceSession]]] = {"sharegpt": _sharegpt, "atif": _atif}
+
+
+def trace_formats() -> Sequence[str]:
+    return tuple(_FORMATS)
+
+
+def read_trace(doc: Any, fmt: str, tok: TokenCounter) -> list[TraceSession]:
+    """Sessions of a parsed JSON trace; a clear ``ProfileError`` naming the bad record otherwise."""
+    try:
+        reader = _FORMATS[fmt]
+    except KeyError:
+        raise ProfileError(f"unknown trace format {fmt!r}; known: {', '.join(_FORMATS)}") from None
+    sessions = reader(doc, tok)
+    if not sessions:
+        raise ProfileError(f"the {fmt} trace holds no request with a reply")
+    return sessions
+
+
+def calls_sessions(calls: Iterable[Any]) -> list[TraceSession]:
+    """Sessions of OpenGyre's recorded model calls (``ModelCallRecorded``, main role), one per execution.
+
+    A call's new tokens are its prompt beyond what its parent's prompt and output already held; counts only
+    (the store keeps token ids, not messages), so these profiles replay in synthesised form.
+    """
+    by_exec: dict[str, list[Any]] = {}
+    for c in calls:
+        if getattr(c, "role", "main") == "main":
+            by_exec.setdefault(c.execution_id, []).append(c)
+    out: list[TraceSession] = []
+    for ex, cs in by_exec.items():
+        prompt_len: dict[str, int] = {}
+        out_len: dict[str, int] = {}
+        turns: list[TraceTurn] = []
+        for c in cs:
+            plen = c.prefix_len + len(c.prompt_delta_ids)
+            prompt_len[c.call_id], out_len[c.call_id] = plen, len(c.output_ids)
+            parent = c.parent_call_id
+            base = prompt_len[parent] + out_len[parent] if parent in prompt_len else 0
+            new = plen - min(base, c.prefix_len) if parent in prompt_len else plen
+            if len(c.output_ids) > 0 and new > 0:
+                turns.append(TraceTurn(new, len(c.output_ids)))
+        if turns:
+            out.append(TraceSession(ex, tuple(turns)))
+    return out

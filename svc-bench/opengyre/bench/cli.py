@@ -1,0 +1,369 @@
+"""``opengyre bench profiles | fit | run | sweep | roofline | compare``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from opengyre.cli._common import DataDirOpt, NatsUrlOpt, console, fail, log_session, settings_from
+
+__all__ = ["register"]
+
+bench_app = typer.Typer(
+    help="AgentPerfBench: agentic workload profiles, saturation sweeps, roofline.", no_args_is_help=True
+)
+
+UrlOpt = Annotated[str, typer.Option("--url", help="Server base URL (without /v1), OpenAI-compatible")]
+ModelOpt = Annotated[str, typer.Option("--model", help="Model name the server serves")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in profile name or a profile JSON file")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Folder for results (JSON, CSV, plots)")]
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise fail(f"cannot read {what} {path}: {e}") from e
+    except ValueError as e:
+        raise fail(f"{what} {path} is not valid JSON: {e}") from e
+
+
+def _profile(spec: str, length_scale: float, turn_scale: float) -> Any:
+    from opengyre.bench import PAPER_PROFILES, Profile, ProfileError
+
+    try:
+        prof = PAPER_PROFILES.get(spec) or Profile.from_dict(_load_json(Path(spec), "profile"))
+        return prof.scaled(length_scale, turn_scale)
+    except ProfileError as e:
+        raise fail(f"profile {spec}: {e}") from e
+
+
+def _tokenizer(path: str | None) -> Any:
+    from opengyre.models import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+@bench_app.command("profiles")
+def profiles(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the built-in profiles (the paper's five typical ones) with their derived parameters."""
+    from opengyre.bench import PAPER_PROFILES
+
+    if as_json:
+        console.print_json(json.dumps({n: p.to_dict() for n, p in PAPER_PROFILES.items()}))
+        return
+    t = Table(show_edge=False)
+    for col in ("name", "mean ISL", "mean OSL", "turns", "first prompt", "observation", "description"):
+        t.add_column(col)
+    for p in PAPER_PROFILES.values():
+        t.add_row(
+            p.name,
+            f"{p.expected_isl():.0f}",
+            f"{p.output.mean:.0f}",
+            f"{p.turns.mean:g}",
+            f"{p.first_prompt.mean:.0f}",
+            f"{p.observation.mean:.0f}",
+            p.description,
+        )
+    console.print(t)
+    console.print(f"[dim]{next(iter(PAPER_PROFILES.values())).source}[/]")
+
+
+@bench_app.command("fit")
+def fit(
+    trace: Annotated[Path | None, typer.Argument(help="Trace JSON file (ATIF or ShareGPT)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="atif | sharegpt")] = "atif",
+    name: Annotated[str, typer.Option("--name")] = "fitted",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the profile JSON here")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="HF tokenizer folder (default: shipped)")] = None,
+    from_log: Annotated[bool, typer.Option("--from-log", help="Fit OpenGyre's recorded model calls instead")] = False,
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+) -> None:
+    """Fit a profile to a trace, or to this deployment's own rollouts (the trajectory store)."""
+    from opengyre.bench import ProfileError, calls_sessions, fit_profile, read_trace
+
+    try:
+        if from_log:
+            sessions = calls_sessions(asyncio.run(_recorded_calls(settings_from(data_dir, nats_url))))
+            source = "OpenGyre model-call-recorded events"
+            if not sessions:
+                raise fail("the event log holds no recorded model call with output")
+        else:
+            if trace is None:
+                raise fail("give a trace file, or --from-log")
+            sessions = read_trace(_load_json(trace, "trace"), fmt, _tokenizer(tokenizer))
+            source = f"{fmt} trace {trace.name}"
+        prof = fit_profile(name, sessions, source)
+    except ProfileError as e:
+        raise fail(str(e)) from e
+    doc = prof.to_dict()
+    if out:
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {out}")
+    else:
+        console.print_json(json.dumps(doc))
+
+
+async def _recorded_calls(settings: Any) -> list[Any]:
+    from opengyre.events import ModelCallRecorded
+    from opengyre.trajectory import resolve_calls
+
+    async with log_session(settings) as log:
+        calls = [e async for _, e in log.events(ModelCallRecorded)]
+        return list(await resolve_calls(log, calls))
+
+
+def _slo(ttft: float | None, tpot: float | None, e2el: float | None) -> Any:
+    from opengyre.bench import Slo
+
+    return Slo(ttft, tpot, e2el) if any(v is not None for v in (ttft, tpot, e2el)) else None
+
+
+def _publish(settings: Any, event: Any) -> None:
+    """Append the run's ``bench-run-completed`` (svc-bench owns it); the results on disk stay whatever happens."""
+
+    async def go() -> int:
+        async with log_session(settings) as log:
+            await log.ensure_stream()  # a bare nats-server: the stack would have made it
+            return (await log.append(event)).seq
+
+    try:
+        seq = asyncio.run(go())
+    except Exception as e:
+        raise fail(f"results written, but publishing bench-run-completed failed: {e}") from e
+    console.print(f"published bench-run-completed {event.run_id} at seq {seq}")
+
+
+@bench_app.command("run")
+def run(
+    url: UrlOpt,
+    model: ModelOpt,
+    profile: ProfileOpt = "chat",
+    sessions: Annotated[int, typer.Option("--sessions", help="Sessions to send")] = 16,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 4,
+    rate: Annotated[float | None, typer.Option("--rate", help="Open loop: session arrivals/s (Poisson)")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Client processes")] = 1,
+    length_scale: Annotated[float, typer.Option("--length-scale", help="Scale every token length by this")] = 1.0,
+    turn_scale: Annotated[float, typer.Option("--turn-scale", help="Scale the turn count by this")] = 1.0,
+    replay: Annotated[Path | None, typer.Option("--replay", help="Replay this trace exactly instead")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Trace format for --replay")] = "sharegpt",
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    slo_ttft: Annotated[float | None, typer.Option("--slo-ttft", help="Goodput SLO on TTFT (s)")] = None,
+    slo_tpot: Annotated[float | None, typer.Option("--slo-tpot", help="Goodput SLO on TPOT (s)")] = None,
+    slo_e2el: Annotated[float | None, typer.Option("--slo-e2el", help="Goodput SLO on E2EL (s)")] = None,
+    out: OutOpt = Path("bench-results"),
+    publish: Annotated[bool, typer.Option("--publish", help="Append bench-run-completed to the event log")] = False,
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+) -> None:
+    """One load run at a fixed concurrency (closed loop) or arrival rate (open loop)."""
+    from opengyre.bench import (
+        LoadConfig,
+        ProfileError,
+        TokenFill,
+        cross_check_tokens,
+        read_trace,
+        replay_sessions,
+        run_load,
+        summarise,
+        synthesise_sessions,
+    )
+
+    from ._report import completed_event, write_json, write_requests_csv
+
+    tok = _tokenizer(tokenizer)
+    try:
+        if replay is not None:
+            plans = replay_sessions(read_trace(_load_json(replay, "trace"), fmt, tok))
+            label = f"replay:{replay.name}"
+            prof_doc: dict[str, Any] | None = None
+        else:
+            prof = _profile(profile, length_scale, turn_scale)
+            plans = synthesise_sessions(prof, sessions, TokenFill.for_tokenizer(tok), seed=seed)
+            label, prof_doc = prof.name, prof.to_dict()
+        cfg = LoadConfig(
+            url, model, concurrency=concurrency, rate=rate, workers=workers, seed=seed, record_messages=True
+        )
+        with console.status(f"{label}: {len(plans)} sessions, C={concurrency}"):
+            result = asyncio.run(run_load(cfg, plans))
+    except (ProfileError, ValueError) as e:
+        raise fail(str(e)) from e
+    summary = summarise(result, _slo(slo_ttft, slo_tpot, slo_e2el))
+    summary["tokenizer_check"] = cross_check_tokens(result.requests, tok)
+    doc = {
+        "profile": prof_doc or label,
+        "config": {
+            "url": url,
+            "model": model,
+            "concurrency": concurrency,
+            "rate": rate,
+            "workers": workers,
+            "sessions": len(plans),
+            "seed": seed,
+        },
+        "summary": summary,
+    }
+    write_json(out / "run.json", doc)
+    write_requests_csv(out / "requests.csv", result.requests)
+    _print_summary(summary)
+    if publish:
+        _publish(settings_from(data_dir, nats_url), completed_event(None, label, concurrency, url, summary))
+    if summary["partial"]:
+        console.print(f"[yellow]partial result[/]: {'; '.join(summary['errors'])}")
+        raise typer.Exit(2)
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    t = Table(show_edge=False)
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col)
+    for name in ("ttft_s", "tpot_s", "itl_s", "e2el_s", "queue_s"):
+        m = s[name]
+        t.add_row(name, *(f"{m[k]:.4f}" if k in m else "-" for k in ("mean", "p50", "p90", "p99")))
+    console.print(t)
+    console.print(
+        f"requests ok {s['requests_ok']} failed {s['requests_failed']}; {s['request_throughput']:.2f} req/s, "
+        f"{s['output_token_throughput']:.1f} output tok/s; client loop lag p99 {s['client']['loop_lag_p99_s'] * 1e3:.1f} ms"
+        + (" [red](client-bound)[/]" if s["client"]["bottleneck"] else "")
+    )
+
+
+@bench_app.command("sweep")
+def sweep_cmd(
+    url: UrlOpt,
+    model: ModelOpt,
+    profile: ProfileOpt = "chat",
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", help="Increasing list, e.g. 1,2,4,8,16")
+    ] = "1,2,4,8,16,32",
+    sessions_per_slot: Annotated[int, typer.Option("--sessions-per-slot")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats")] = 2,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative gain below which C is saturated")] = 0.05,
+    beyond: Annotated[int, typer.Option("--beyond", help="Points to measure past C* (the collapse)")] = 2,
+    workers: Annotated[int, typer.Option("--workers")] = 1,
+    length_scale: Annotated[float, typer.Option("--length-scale")] = 1.0,
+    turn_scale: Annotated[float, typer.Option("--turn-scale")] = 1.0,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
+    out: OutOpt = Path("bench-results"),
+    publish: Annotated[bool, typer.Option("--publish")] = False,
+    data_dir: DataDirOpt = None,
+    nats_url: NatsUrlOpt = None,
+) -> None:
+    """Closed-loop sweep over concurrency until saturation (C*), then a few points beyond for the collapse."""
+    from opengyre.bench import LoadConfig, TokenFill, run_load, summarise, synthesise_sessions
+
+    from ._report import completed_event, plot_sweep, write_json
+    from ._sweep import sweep
+
+    try:
+        cs = [int(c) for c in concurrency.split(",")]
+    except ValueError as e:
+        raise fail(f"--concurrency must be integers separated by commas: {e}") from e
+    prof = _profile(profile, length_scale, turn_scale)
+    fill = TokenFill.for_tokenizer(_tokenizer(tokenizer))
+
+    async def run_at(c: int, rep: int) -> tuple[Any, dict[str, Any]]:
+        plans = synthesise_sessions(prof, max(c * sessions_per_slot, 4), fill, seed=1000 * rep + c)
+        r = await run_load(LoadConfig(url, model, concurrency=c, workers=min(workers, c), seed=rep), plans)
+        return r, summarise(r)
+
+    def progress(p: Any) -> None:
+        console.print(f"C={p.concurrency}: {p.mean:.2f} req/s ({', '.join(f'{x:.2f}' for x in p.throughputs)})")
+
+    try:
+        result = asyncio.run(sweep(run_at, cs, repeats=repeats, tolerance=tolerance, beyond=beyond, progress=progress))
+    except ValueError as e:
+        raise fail(str(e)) from e
+    doc = {"profile": prof.to_dict(), "url": url, "model": model, **result.to_dict()}
+    write_json(out / "sweep.json", doc)
+    plot_sweep(out / "sweep.png", result, f"{prof.name} on {model}")
+    console.print(f"C* = {result.c_star} (95% CI {result.c_star_ci}); collapse beyond: {result.collapse}")
+    if publish and result.c_star is not None:
+        best = next(p for p in result.points if p.concurrency == result.c_star)
+        _publish(
+            settings_from(data_dir, nats_url), completed_event(None, prof.name, result.c_star, url, best.summaries[-1])
+        )
+
+
+@bench_app.command("roofline")
+def roofline(
+    config: Annotated[Path, typer.Argument(help="A Hugging Face config.json")],
+    hardware_name: Annotated[str, typer.Option("--hardware")] = "H100",
+    profile: Annotated[str | None, typer.Option("--profile", help="Take ISL/OSL from a built-in profile")] = None,
+    isl: Annotated[int, typer.Option("--isl")] = 1024,
+    osl: Annotated[int, typer.Option("--osl")] = 128,
+    batch: Annotated[int, typer.Option("--batch", help="Decode batch")] = 1,
+    tp: Annotated[int, typer.Option("--tp")] = 1,
+    mem_util: Annotated[float, typer.Option("--mem-util")] = 0.9,
+    weight_bytes: Annotated[float, typer.Option("--weight-bytes")] = 2.0,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder for roofline.json and roofline.png")] = None,
+) -> None:
+    """Analytic roofline (per component and phase) and capacity wall, from a config and a hardware spec."""
+    from opengyre.bench import ConfigError, ModelShape, hardware, paper_profile, phase_roofline, roofline_report
+
+    from ._report import plot_roofline, write_json
+
+    try:
+        hw = hardware(hardware_name)
+        shape = ModelShape.from_config(_load_json(config, "config"), name=config.parent.name or config.stem)
+        if profile:
+            p = paper_profile(profile)
+            isl, osl = round(p.expected_isl()), round(p.output.mean)
+        doc = roofline_report(
+            shape, hw, isl=isl, osl=osl, batch=batch, tp=tp, memory_utilisation=mem_util, weight_bytes=weight_bytes
+        )
+    except (ConfigError, KeyError, ValueError) as e:
+        raise fail(str(e)) from e
+    t = Table(show_edge=False, title=f"{shape.name} on {hw.name} (ridge {hw.ridge:.0f} FLOP/B), ISL {isl}, OSL {osl}")
+    for col in ("phase", "component", "GFLOP", "MB", "OI", "bound", "time share"):
+        t.add_column(col)
+    for ph in ("prefill", "decode"):
+        for n, c in doc[ph]["components"].items():
+            t.add_row(
+                ph,
+                n,
+                f"{c['flops'] / 1e9:.2f}",
+                f"{c['bytes'] / 1e6:.1f}",
+                f"{c['oi']:.1f}",
+                c["bound"],
+                f"{c['time_share']:.1%}",
+            )
+    console.print(t)
+    cap = doc["capacity"]
+    console.print(
+        f"capacity: {cap['weights_per_gpu_bytes'] / 1e9:.1f} GB weights/GPU, {cap['kv_per_request_per_gpu_bytes'] / 1e9:.3f} GB KV/request "
+        f"at {isl + osl} tokens; {cap['max_concurrency']} requests fit, the wall is at C={cap['wall_concurrency']}"
+    )
+    if out:
+        write_json(out / "roofline.json", doc)
+        phases = [
+            phase_roofline(shape, hw, "prefill", requests=1, new_tokens=isl, context=0),
+            phase_roofline(shape, hw, "decode", requests=batch, new_tokens=1, context=isl + osl // 2),
+        ]
+        plot_roofline(out / "roofline.png", phases, f"{shape.name} on {hw.name}")
+
+
+@bench_app.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="requests.csv of the reference run (e.g. replay)")],
+    b: Annotated[Path, typer.Argument(help="requests.csv of the other run (e.g. synthetic)")],
+) -> None:
+    """E2EL MAPE of run B against run A (quantiles and per-turn means)."""
+    from ._report import e2el_mape, read_requests_csv
+
+    try:
+        res = e2el_mape(read_requests_csv(a), read_requests_csv(b))
+    except (OSError, ValueError, KeyError) as e:
+        raise fail(f"cannot compare: {e}") from e
+    console.print_json(json.dumps(res))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

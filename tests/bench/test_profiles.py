@@ -1,0 +1,145 @@
+"""Profiles: the paper's means hold, fitting recovers a distribution, traces and profiles are validated."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from opengyre.bench import (
+    PAPER_PROFILES,
+    LengthDist,
+    Profile,
+    ProfileError,
+    TokenFill,
+    TraceSession,
+    TraceTurn,
+    fit_profile,
+    paper_profile,
+    read_trace,
+    replay_sessions,
+    synthesise_sessions,
+)
+from opengyre.models import load_tokenizer
+
+PAPER = {
+    "chat": (187, 299, 1),
+    "chatbot": (1291, 169, 10),
+    "coding": (9995, 32, 85),
+    "terminal": (7811, 31, 61),
+    "computer-use": (1399, 85, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_profiles_reproduce_the_published_means(name: str) -> None:
+    isl, osl, turns = PAPER[name]
+    p = paper_profile(name)
+    assert p.expected_isl() == pytest.approx(isl, rel=1e-9)
+    assert p.output.mean == osl and p.turns.mean == turns
+    # and by sampling: the request-weighted mean of the snowballing input
+    rng = random.Random(1)
+    isls: list[int] = []
+    outs: list[int] = []
+    for _ in range(4000 if turns < 20 else 600):
+        ctx = p.first_prompt.sample(rng)
+        for k in range(p.turns.sample(rng)):
+            if k:
+                ctx += p.observation.sample(rng)
+            isls.append(ctx)
+            o = p.output.sample(rng)
+            outs.append(o)
+            ctx += o
+    assert sum(isls) / len(isls) == pytest.approx(isl, rel=0.08)
+    assert sum(outs) / len(outs) == pytest.approx(osl, rel=0.08)
+
+
+def test_unknown_profile_and_malformed_profile_documents() -> None:
+    with pytest.raises(ProfileError, match="built in: chat"):
+        paper_profile("nope")
+    good = PAPER_PROFILES["chatbot"].to_dict()
+    assert Profile.from_dict(good) == PAPER_PROFILES["chatbot"]
+    with pytest.raises(ProfileError, match="missing output"):
+        Profile.from_dict({k: v for k, v in good.items() if k != "output"})
+    with pytest.raises(ProfileError, match="unknown keys"):
+        Profile.from_dict({**good, "isl": 3})
+    with pytest.raises(ProfileError, match="mean must be positive"):
+        Profile.from_dict({**good, "output": {"kind": "lognormal", "mean": -1}})
+    with pytest.raises(ProfileError, match="kind must be"):
+        Profile.from_dict({**good, "turns": {"kind": "zipf", "mean": 3}})
+
+
+def test_scaling_is_explicit_and_reported() -> None:
+    p = paper_profile("coding").scaled(length=0.05, turns=0.1)
+    assert p.length_scale == 0.05 and p.turn_scale == 0.1
+    assert p.expected_isl() < 9995 * 0.05
+    assert p.to_dict()["length_scale"] == 0.05
+
+
+def test_fit_recovers_a_lognormal() -> None:
+    rng = random.Random(3)
+    true = LengthDist("lognormal", 200.0, 0.6)
+    sessions = [
+        TraceSession(str(i), tuple(TraceTurn(true.sample(rng), true.sample(rng)) for _ in range(5))) for i in range(400)
+    ]
+    p = fit_profile("fitted", sessions, "test")
+    assert p.output.mean == pytest.approx(200, rel=0.1)
+    assert p.output.sigma == pytest.approx(0.6, rel=0.1)
+    assert p.turns.kind == "constant" and p.turns.mean == 5
+
+
+def test_fill_has_exact_token_counts_and_unique_session_prefixes() -> None:
+    tok = load_tokenizer()
+    fill = TokenFill.for_tokenizer(tok)
+    rng = random.Random(0)
+    for n in (1, 7, 300):
+        assert len(tok.encode(fill.text(n, rng), add_special_tokens=False)) == n
+    plans = synthesise_sessions(paper_profile("chatbot").scaled(0.05), 20, fill, seed=1)
+    firsts = [p.turns[0].messages[-1]["content"] for p in plans]
+    # no two sessions share even a short prefix: nothing warms another's prefix cache
+    assert len({f[:4] for f in firsts}) == len(firsts)
+
+
+def test_sharegpt_and_atif_traces_and_their_errors() -> None:
+    tok = load_tokenizer()
+    share = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "hello"},
+                {"from": "gpt", "value": "hi there"},
+                {"from": "human", "value": "more"},
+                {"from": "gpt", "value": "ok"},
+            ],
+        }
+    ]
+    s = read_trace(share, "sharegpt", tok)
+    assert [(t.new_tokens, t.output_tokens) for t in s[0].turns] == [(5, 8), (4, 2)]  # byte-level: one per byte
+    assert replay_sessions(s)[0].turns[1].messages == ({"role": "user", "content": "more"},)
+    atif = {
+        "schema_version": "ATIF-v1.6",
+        "session_id": "x",
+        "agent": {"name": "a", "version": "1"},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": "fix it"},
+            {
+                "step_id": 2,
+                "source": "agent",
+                "message": "run",
+                "metrics": {"completion_tokens": 12},
+                "tool_calls": [{"tool_call_id": "c", "function_name": "bash", "arguments": {}}],
+                "observation": {"results": [{"source_call_id": "c", "content": "1 failed"}]},
+            },
+            {"step_id": 3, "source": "agent", "message": "done"},
+        ],
+    }
+    a = read_trace(atif, "atif", tok)
+    assert [(t.new_tokens, t.output_tokens) for t in a[0].turns] == [(6, 12), (8, 4)]
+    with pytest.raises(ProfileError, match="conversation 0: no 'conversations'"):
+        read_trace([{"x": 1}], "sharegpt", tok)
+    with pytest.raises(ProfileError, match="schema_version"):
+        read_trace({"steps": []}, "atif", tok)
+    with pytest.raises(ProfileError, match="unknown trace format"):
+        read_trace([], "csv", tok)
+    with pytest.raises(ProfileError, match="no request with a reply"):
+        read_trace([{"conversations": [{"from": "human", "value": "x"}]}], "sharegpt", tok)
