@@ -30,8 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import Event, ModelCallRecorded, PayloadsCompacted
-from opengyre.projection import Projection, Rejected
+from opengyre.events import ModelCallRecorded, PayloadsCompacted
+from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
 
 __all__ = [
@@ -129,18 +129,12 @@ EXECUTIONS: Table = ExecutionRow.__table__  # type: ignore[assignment]
 class TrajectoryProjection(Projection):
     name = "trajectories"
     aggregates = ("execution",)
-    event_types = frozenset({ModelCallRecorded.type_name(), PayloadsCompacted.type_name()})
 
     @property
     def tables(self) -> Sequence[Table]:
         return (CALLS, EXECUTIONS)
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ModelCallRecorded):
-            self._call(tx, event, seq)
-        elif isinstance(event, PayloadsCompacted):
-            self._compacted(tx, event, seq)
-
+    @folds(PayloadsCompacted)
     def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
         if (
             tx.execute(select(EXECUTIONS.c.execution_id).where(EXECUTIONS.c.execution_id == e.execution_id)).first()
@@ -159,6 +153,7 @@ class TrajectoryProjection(Projection):
         )
         tx.execute(update(EXECUTIONS).where(EXECUTIONS.c.execution_id == e.execution_id).values(compacted_seq=seq))
 
+    @folds(ModelCallRecorded)
     def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
         ref = e.payload
         if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs or e.context is not None):

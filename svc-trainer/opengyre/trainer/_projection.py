@@ -19,7 +19,6 @@ from sqlalchemy import Connection, Table, func, insert, select, update
 from opengyre.events import (
     CellRegistered,
     CellRoleChanged,
-    Event,
     ExecutionDispatched,
     ExecutionFinished,
     ModelCallRecorded,
@@ -27,7 +26,7 @@ from opengyre.events import (
     TrainingStepCompleted,
     WeightsPublished,
 )
-from opengyre.projection import Projection, Rejected
+from opengyre.projection import Projection, Rejected, folds
 
 from ._admission import ExecutionOutcome, classify_outcome
 from ._codec import encode_floats, encode_ids, encode_spans
@@ -54,45 +53,24 @@ class TrajectoryRejected(Rejected):
 class TrainerProjection(Projection):
     name = "trainer"
     aggregates = ("execution", "training", "weights", "cell")
-    event_types = frozenset(
-        {
-            CellRegistered.type_name(),
-            CellRoleChanged.type_name(),
-            ExecutionDispatched.type_name(),
-            ModelCallRecorded.type_name(),
-            ExecutionFinished.type_name(),
-            TrainingStepCompleted.type_name(),
-            WeightsPublished.type_name(),
-            PayloadsCompacted.type_name(),
-        }
-    )
 
     @property
     def tables(self) -> Sequence[Table]:
         return [_C, _E, _S, _W, _N]
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ExecutionDispatched):
-            self._dispatched(tx, event, seq)
-        elif isinstance(event, ModelCallRecorded):
-            self._call(tx, event, seq)
-        elif isinstance(event, ExecutionFinished):
-            self._finished(tx, event, seq)
-        elif isinstance(event, TrainingStepCompleted):
-            self._step(tx, event, seq)
-        elif isinstance(event, WeightsPublished):
-            self._weights(tx, event, seq)
-        elif isinstance(event, CellRegistered):
-            self._cell(tx, event.cell_id, event.role, event.engine_url, seq, registered=True)
-        elif isinstance(event, CellRoleChanged):
-            self._cell(tx, event.cell_id, event.to_role, event.engine_url, seq, registered=False)
-        elif isinstance(event, PayloadsCompacted):
-            self._compacted(tx, event, seq)
+    @folds(CellRegistered)
+    def _registered(self, tx: Connection, e: CellRegistered, seq: int) -> None:
+        self._cell(tx, e.cell_id, e.role, e.engine_url, seq, registered=True)
+
+    @folds(CellRoleChanged)
+    def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
+        self._cell(tx, e.cell_id, e.to_role, e.engine_url, seq, registered=False)
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
         return row  # type: ignore[return-value]
 
+    @folds(ExecutionDispatched)
     def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
         if self._execution(tx, e.execution_id) is not None:
             raise TrajectoryRejected("duplicate-execution", f"{e.execution_id} was already dispatched")
@@ -112,6 +90,7 @@ class TrainerProjection(Projection):
             )
         )
 
+    @folds(ModelCallRecorded)
     def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
         ex = self._execution(tx, e.execution_id)
         if ex is None:
@@ -183,6 +162,7 @@ class TrainerProjection(Projection):
             .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + n_out)
         )
 
+    @folds(PayloadsCompacted)
     def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
         if self._execution(tx, e.execution_id) is None:
             raise TrajectoryRejected("unknown-execution", f"payloads of unknown execution {e.execution_id} compacted")
@@ -198,6 +178,7 @@ class TrainerProjection(Projection):
         )
         tx.execute(update(_E).where(_E.c.execution_id == e.execution_id).values(compacted_seq=seq))
 
+    @folds(ExecutionFinished)
     def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
         ex = self._execution(tx, e.execution_id)
         if ex is None:
@@ -225,6 +206,7 @@ class TrainerProjection(Projection):
             )
         )
 
+    @folds(TrainingStepCompleted)
     def _step(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
         if tx.execute(select(_S.c.step).where(_S.c.run_id == e.run_id, _S.c.step == e.step)).first() is not None:
             raise TrajectoryRejected("duplicate-step", f"step {e.step} of run {e.run_id} already recorded")
@@ -275,6 +257,7 @@ class TrainerProjection(Projection):
             update(_N).where(_N.c.cell_id == cell_id).values(role=role, engine_url=url or row.engine_url, seq=seq)
         )
 
+    @folds(WeightsPublished)
     def _weights(self, tx: Connection, e: WeightsPublished, seq: int) -> None:
         dup = tx.execute(
             select(func.count()).where(_W.c.run_id == e.run_id, _W.c.weight_version == e.weight_version)
