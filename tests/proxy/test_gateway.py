@@ -310,8 +310,8 @@ async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(
         assert len(events) == 1 and events[0].timings.queued_ms > 0
         async with httpx.AsyncClient() as c:
             text = (await c.get(st.gateway.url + "/metrics")).text
-        assert 'opengyre_proxy_rejected_total{status="429"} 3' in text
-        assert "opengyre_proxy_calls_total 1" in text and "opengyre_proxy_recorded_total 1" in text
+        assert 'opengyre_proxy_rejected_total{status="429"} 3.0' in text
+        assert "opengyre_proxy_calls_total 1.0" in text and "opengyre_proxy_recorded_total 1.0" in text
     finally:
         await st.gateway.stop()
 

@@ -19,9 +19,15 @@ _MARK = "__opengyre_folds__"
 
 
 class Rejected(Exception):
-    """Raised by ``apply`` for an event the projection refuses (e.g. an unknown execution); dead-lettered."""
+    """Raised by ``apply`` for an event the projection refuses (e.g. an unknown execution); dead-lettered with
+    ``reason`` (short, stable: what a reader groups by) and the message."""
 
     reason = "rejected"
+
+    def __init__(self, detail: str = "", *, reason: str | None = None) -> None:
+        super().__init__(detail)
+        if reason is not None:
+            self.reason = reason[:32]
 
 
 def folds(event_type: type[_E]) -> Callable[[_Handler[_P, _E]], _Handler[_P, _E]]:

@@ -27,10 +27,9 @@ from opengyre.events import (
     WeightsPublished,
 )
 from opengyre.projection import Projection, Rejected, folds
+from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
 
 from ._admission import ExecutionOutcome, classify_outcome
-from ._codec import encode_floats, encode_ids, encode_spans
-from ._samples import is_logprob
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["TrainerProjection", "TrajectoryRejected"]
@@ -46,8 +45,7 @@ class TrajectoryRejected(Rejected):
     """A refused event with a precise reason (stored in the dead letter's ``reason`` column)."""
 
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason[:32]
+        super().__init__(detail, reason=reason)
 
 
 class TrainerProjection(Projection):
@@ -97,40 +95,13 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("unknown-execution", f"call {e.call_id} for unknown execution {e.execution_id}")
         if ex.status != "running":
             raise TrajectoryRejected("call-after-finish", f"call {e.call_id} after {e.execution_id} finished")
-        ref = e.payload
-        if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs):
-            raise TrajectoryRejected("ambiguous-tokens", f"call {e.call_id}: tokens both inline and in a payload")
-        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
-            raise TrajectoryRejected("bad-payload-ref", f"call {e.call_id}: negative payload lengths")
-        # A payload's ids and logprobs are checked when a step reads it (``TrainerStore.tree``); inline ones here.
-        if len(e.output_ids) != len(e.output_logprobs):
-            raise TrajectoryRejected(
-                "length-mismatch", f"call {e.call_id}: {len(e.output_ids)} ids, {len(e.output_logprobs)} logprobs"
-            )
-        if any(t < 0 for t in e.prompt_delta_ids) or any(t < 0 for t in e.output_ids):
-            raise TrajectoryRejected("corrupt-tokens", f"call {e.call_id}: negative token id")
-        if not all(is_logprob(x) for x in e.output_logprobs):
-            raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
-        if e.prefix_len < 0:
-            raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")
-        n_out = e.n_output
-        if any(not (0 <= w.start < w.end <= n_out) for w in e.weight_versions):
-            raise TrajectoryRejected(
-                "bad-weight-spans", f"call {e.call_id}: a version span outside its {n_out} outputs"
-            )
         known = tx.execute(select(_C.c.call_id, _C.c.n_tokens).where(_C.c.execution_id == e.execution_id)).all()
         tokens = {r.call_id: r.n_tokens for r in known}
-        if e.call_id in tokens:
-            raise TrajectoryRejected("duplicate-call", f"call {e.call_id} already recorded")
-        if e.parent_call_id is None:
-            if e.prefix_len != 0:
-                raise TrajectoryRejected("bad-prefix", f"root call {e.call_id} has prefix_len {e.prefix_len}")
-        elif e.parent_call_id not in tokens:
-            raise TrajectoryRejected("unknown-parent", f"call {e.call_id}: parent {e.parent_call_id} unknown")
-        elif e.prefix_len > tokens[e.parent_call_id]:
-            raise TrajectoryRejected(
-                "bad-prefix", f"call {e.call_id}: prefix {e.prefix_len} past parent's {tokens[e.parent_call_id]}"
-            )
+        try:
+            check_call(e, known=tokens)
+        except CallRejected as exc:
+            raise TrajectoryRejected(exc.reason, str(exc)) from exc
+        ref, n_out = e.payload, e.n_output
         tx.execute(
             insert(_C).values(
                 execution_id=e.execution_id,
@@ -143,14 +114,14 @@ class TrainerProjection(Projection):
                 n_output=n_out,
                 role=e.role,
                 weight_version=e.weight_version,
-                prompt_delta=encode_ids(e.prompt_delta_ids),
-                output_ids=encode_ids(e.output_ids),
-                output_logprobs=encode_floats(e.output_logprobs),
+                prompt_delta=pack_ids(e.prompt_delta_ids),
+                output_ids=pack_ids(e.output_ids),
+                output_logprobs=pack_logprobs(e.output_logprobs),
                 payload_digest=ref.digest if ref else None,
                 payload_size=ref.size if ref else None,
                 compacted_seq=None,
                 seq=seq,
-                weight_spans=encode_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
+                weight_spans=pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
                 temperature=e.temperature,
                 finish_reason=e.finish_reason[:32],
                 engine_id=e.engine_id[:255],
