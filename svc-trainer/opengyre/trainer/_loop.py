@@ -203,6 +203,7 @@ class OnlineTrainer:
             for i in range(config.satellites)
         ]
         self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
+        self.streaming_buffer: MicroStepBuffer | None = None  # the running streaming step's (its progress)
         self.step_no = store.last_step(config.run_id)
         self._pending: set[str] = set()  # consumed by our steps, not yet folded by the projection
         self.engines: dict[str, EngineState] = {}
@@ -315,7 +316,7 @@ class OnlineTrainer:
         first = await asyncio.to_thread(self.ready)
         if not first:
             return None
-        buffer = MicroStepBuffer()
+        buffer = self.streaming_buffer = MicroStepBuffer()
         self.learner.set_lr(self.lr(self.step_no + 1))
         worker = asyncio.create_task(
             asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites, epochs=self.config.ppo_epochs)
