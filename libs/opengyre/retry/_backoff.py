@@ -54,7 +54,7 @@ def backoff(
 
     return AsyncRetrying(
         retry=retry_if_exception(retryable),
-        wait=wait_exponential_jitter(initial=first_s, max=max_s, jitter=first_s),
+        wait=wait_exponential_jitter(multiplier=first_s, max=max_s, jitter=first_s),
         stop=stop,
         before_sleep=sleeping,
         reraise=True,
