@@ -82,16 +82,11 @@ class SchedulerProjection(Projection):
             raise Rejected(f"execution {e.execution_id} finished but was never dispatched")
         if row.status != "running":
             raise Rejected(f"execution {e.execution_id} already finished")
+        outcome = {"status": e.status, "score": e.score, "failure_class": e.failure_class}
         tx.execute(
             update(_X)
             .where(_X.c.execution_id == e.execution_id)
-            .values(
-                status=e.status,
-                score=e.score,
-                failure_class=e.failure_class,
-                finished_seq=seq,
-                finished_at=e.occurred_at,
-            )
+            .values(**outcome, finished_seq=seq, finished_at=e.occurred_at)
         )
         g = tx.execute(select(_G).where(_G.c.group_id == row.group_id)).one()
         finished = int(g.finished) + 1
