@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.js.errors import NotFoundError
@@ -62,7 +63,34 @@ def _pg_url() -> str | None:
 
 
 _PG = _pg_url()
-STORES = ["sqlite", *(["postgresql"] if _PG else [])]
+_NO_PG = "no PostgreSQL: set OPENGYRE_TEST_PG to a server URL, or run one on 127.0.0.1:5432 (user postgres, trust)"
+# The PostgreSQL variant always exists: where there is no server it is skipped with the reason (marker ``pg``),
+# and the run's summary says how many ran or were skipped (``pytest_terminal_summary``), never silently absent.
+STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)]
+
+
+def _pg_outcomes(stats: dict[str, list[Any]]) -> dict[str, str]:
+    """nodeid -> outcome of every test marked ``pg`` (its PostgreSQL variant)."""
+    out: dict[str, str] = {}
+    for reports in stats.values():
+        for r in reports:
+            # A skip or failure at setup is the outcome; a passed setup is not (its call's is).
+            marked = "pg" in getattr(r, "keywords", {}) and getattr(r, "when", "") in ("setup", "call")
+            if marked and (r.outcome != "passed" or r.when == "call"):
+                out[r.nodeid] = r.outcome
+    return out
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    outcomes = _pg_outcomes(terminalreporter.stats)
+    if not outcomes:
+        return
+    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")}
+    where = f"against {_PG.rsplit('@', 1)[-1]}" if _PG else f"skipped: {_NO_PG}"
+    terminalreporter.write_line(
+        f"PostgreSQL variants: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+        f"({where})"
+    )
 
 
 def _fresh_pg_db(base: str) -> str:
@@ -94,7 +122,8 @@ def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'opengyre.db'}"
         return
-    assert _PG is not None
+    if _PG is None:
+        pytest.skip(_NO_PG)
     url = _fresh_pg_db(_PG)
     try:
         yield url

@@ -20,8 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ChatCodec
-from opengyre.proxy._http import HttpServer
+from opengyre.proxy import ChatCodec, HttpServer
 
 enc = msgspec.json.Encoder()
 dec = msgspec.json.Decoder()

@@ -19,6 +19,7 @@ from opengyre.proxy._assembly import Outcome, assemble
 from opengyre.proxy.engine import EngineServer
 from opengyre.trajectory import TrajectoryTree
 
+from .._polling import await_until
 from ._policy import SYSTEM, TOOL_OUTPUT, TOOLS, USER, conversation
 from .conftest import Stack, make_stack
 
@@ -299,8 +300,12 @@ async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(
         # A request waiting in the queue is served as soon as an engine arrives.
         st.gateway.pool.queue_timeout_s = 30
         waiting = asyncio.create_task(oai.chat.completions.create(model=M, messages=msgs, max_tokens=2))
-        while st.gateway.pool.waiting == 0:
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: st.gateway.pool.waiting != 0,
+            "a request waits for capacity",
+            polls=12000,
+            every=0.01,
+        )
         with pytest.raises(openai.RateLimitError):  # the queue (of one) is full: refused at once
             await oai.chat.completions.create(model=M, messages=msgs, max_tokens=2)
         await st.gateway.pool.add("late", engine_a.url)
@@ -310,8 +315,8 @@ async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(
         assert len(events) == 1 and events[0].timings.queued_ms > 0
         async with httpx.AsyncClient() as c:
             text = (await c.get(st.gateway.url + "/metrics")).text
-        assert 'opengyre_proxy_rejected_total{status="429"} 3' in text
-        assert "opengyre_proxy_calls_total 1" in text and "opengyre_proxy_recorded_total 1" in text
+        assert 'opengyre_proxy_rejected_total{status="429"} 3.0' in text
+        assert "opengyre_proxy_calls_total 1.0" in text and "opengyre_proxy_recorded_total 1.0" in text
     finally:
         await st.gateway.stop()
 
@@ -331,11 +336,19 @@ async def test_a_call_whose_execution_was_evicted_meanwhile_is_still_recorded_in
         ]
         await st.gateway.pool.drain("e0")  # no engine: the next calls wait in the queue after planning
         second = asyncio.create_task(oai.chat.completions.create(model=M, messages=m2, max_tokens=3))
-        while st.gateway.pool.waiting < 1:
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: st.gateway.pool.waiting >= 1,
+            "a request waits for capacity",
+            polls=12000,
+            every=0.01,
+        )
         other = asyncio.create_task(st.openai("ex-other").chat.completions.create(model=M, messages=m1, max_tokens=3))
-        while st.gateway.pool.waiting < 2:  # planned too: its execution took the only live slot
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: st.gateway.pool.waiting >= 2,
+            "planned too: its execution took the only live slot",
+            polls=12000,
+            every=0.01,
+        )
         await st.gateway.pool.add("e0", engine_a.url)
         await asyncio.gather(second, other)
         events = await st.assert_recorded_matches_engines()

@@ -17,6 +17,7 @@ from opengyre.proxy._assembly import Outcome, assemble
 from opengyre.proxy._cells import CellWatcher
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 
+from .._polling import await_until
 from .conftest import Stack, make_stack
 
 M = "opengyre-tiny"
@@ -97,8 +98,12 @@ async def test_cell_role_changes_drain_and_reroute_an_anthropic_stream(
     await watcher.start()
     try:
         await event_log.append(CellRegistered(cell_id="cell-a", role="rollout", engine_url=engine_a.url))
-        while len(st.gateway.pool.engines()) < 1:
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: len(st.gateway.pool.engines()) >= 1,
+            "the pool has an engine",
+            polls=12000,
+            every=0.01,
+        )
         client = st.anthropic("ex-cells")
         msgs: Any = [{"role": "user", "content": "write a lot"}]
         async with client.messages.stream(
@@ -120,8 +125,12 @@ async def test_cell_role_changes_drain_and_reroute_an_anthropic_stream(
         assert watcher.roles == {"cell-a": "draining", "cell-b": "rollout"}
         # Back to rollout: the cell takes requests again, from the URL it registered with.
         await event_log.append(CellRoleChanged(cell_id="cell-a", from_role="training-core", to_role="rollout"))
-        while st.gateway.pool.get("cell-a") is None:
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: st.gateway.pool.get("cell-a") is not None,
+            "the pool has cell-a",
+            polls=12000,
+            every=0.01,
+        )
     finally:
         await watcher.stop()
         await st.gateway.stop()
@@ -178,10 +187,18 @@ async def test_a_non_streamed_call_survives_a_drain(
                 model=M, max_tokens=LONG, messages=[{"role": "user", "content": "x"}], extra_body={"ignore_eos": True}
             )
         )
-        while not any(h.inflight for h in st.gateway.pool.engines()):
-            await asyncio.sleep(0.005)
-        while engine_a.engine.scheduler.steps + engine_b.engine.scheduler.steps < 20:
-            await asyncio.sleep(0.005)
+        await await_until(
+            lambda: any(h.inflight for h in st.gateway.pool.engines()),
+            "a request is in flight",
+            polls=24000,
+            every=0.005,
+        )
+        await await_until(
+            lambda: engine_a.engine.scheduler.steps + engine_b.engine.scheduler.steps >= 20,
+            "the engines stepped 20 times",
+            polls=24000,
+            every=0.005,
+        )
         assert await st.gateway.pool.drain(_busy_engine(st)) == 1
         msg = await task
         assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == LONG
@@ -341,7 +358,11 @@ async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
         assert [e.attempts for e in events[:3]] == [2, 2, 2]  # each paid one failed connect
         assert [e.attempts for e in events[3:]] == [1, 1] and pool.get("dead").state == "unhealthy"  # type: ignore[union-attr]
         async with EngineServer(EngineConfig(port=port, incremental_streaming_output=True)):
-            while pool.get("dead").state != "active":  # type: ignore[union-attr]
-                await asyncio.sleep(0.02)
+            await await_until(
+                lambda: pool.get("dead").state == "active",  # type: ignore[union-attr]
+                "the engine that came back is active",
+                polls=6000,
+                every=0.02,
+            )
     finally:
         await st.gateway.stop()

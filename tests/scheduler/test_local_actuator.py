@@ -20,6 +20,7 @@ from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
 
+from .._polling import await_until
 from ._service import running_scheduler
 
 
@@ -68,8 +69,12 @@ async def test_engine_and_trainer_processes_follow_the_role(
         ctl = svc.controller
         assert ctl is not None
         async with asyncio.timeout(60):
-            while not ctl.packer.is_complete:  # the worker claimed and completed both micro-steps of step 1
-                await asyncio.sleep(0.05)
+            await await_until(
+                lambda: ctl.packer.is_complete,
+                "the worker claimed and completed both micro-steps of step 1",
+                polls=2400,
+                every=0.05,
+            )
         # Back to rollout: the worker stops, a fresh engine comes up.
         back = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="rollout"))
         assert back.cell.role == "rollout" and not worker.alive and actuator.engines["c0"].alive
@@ -105,8 +110,7 @@ async def test_a_child_whose_start_is_abandoned_is_stopped(tmp_path: Path) -> No
     never_ready = [sys.executable, "-c", "import time; time.sleep(120)"]
     child = ChildProcess("never ready", never_ready, ready_file=tmp_path / "r", log_file=tmp_path / "log")
     start = asyncio.create_task(child.start(timeout=120))
-    while child.pid is None:
-        await asyncio.sleep(0.01)
+    await await_until(lambda: child.pid is not None, "the child process started", polls=12000, every=0.01)
     pid = child.pid
     try:
         start.cancel()

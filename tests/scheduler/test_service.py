@@ -24,6 +24,7 @@ from opengyre.scheduler.service import SchedulerService, proxy_address
 from opengyre.scheduler.worker import run_worker
 from opengyre.v1 import scheduler_pb2 as pb
 
+from .._polling import await_until
 from ._service import running_scheduler
 
 
@@ -316,17 +317,19 @@ async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
             await event_log.append(ExecutionFinished(execution_id=f"x{g}", status="completed", score=1.0))
         await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
         worker = asyncio.create_task(run_worker("c1", f"127.0.0.1:{port}", stop=stop, train=train, poll_s=0.05))
-        async with asyncio.timeout(30):
-            while not entered.is_set():
-                await asyncio.sleep(0.02)
+        await await_until(entered.is_set, "the worker entered its micro-step", polls=6000, every=0.02)
     svc = scheduler()
     async with running_scheduler(svc, nats_server, log_config, tmp_path, port=port):
         go_on.set()
         assert svc.controller is not None
-        async with asyncio.timeout(60):
-            while not svc.controller.packer.is_complete:  # both micro-steps of step 1, from the restarted scheduler
-                assert not worker.done(), worker.exception()
-                await asyncio.sleep(0.05)
+        controller = svc.controller
+
+        def step_one_complete() -> bool:
+            assert not worker.done(), worker.exception()  # the worker must outlive the restart
+            return controller.packer.is_complete
+
+        # Both micro-steps of step 1, from the restarted scheduler.
+        await await_until(step_one_complete, "the restarted scheduler completed step 1", polls=2400, every=0.05)
         stop.set()
         assert await worker == 2
     assert sorted(x for _, ids in trained for x in ids) == ["x0", "x0", "x1"]  # x0's micro-step was redone

@@ -22,6 +22,8 @@ from opengyre.scheduler import SchedulerState
 from opengyre.scheduler._actuation import RoleChanger
 from opengyre.scheduler.actuators import SglangMegatronActuator
 
+from .._polling import await_until
+
 
 def _fake_sglang(calls: list[tuple[str, dict[str, object]]]) -> Starlette:
     """Only the routes the actuator uses, with SGLang's request and response shapes."""
@@ -61,8 +63,7 @@ async def sglang() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, object]
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_fake_sglang(calls), host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
+    await await_until(lambda: server.started, "the server started", polls=6000, every=0.02)
     yield f"http://127.0.0.1:{port}", calls
     server.should_exit = True
     await task

@@ -23,6 +23,7 @@ from opengyre.trajectory import resolve_calls
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
+from .._polling import await_until
 from ._service import running_scheduler, running_service
 
 LONG = 1500  # tokens: certainly still generating when the switch comes
@@ -81,9 +82,11 @@ async def test_executions_in_flight_across_a_switch_finish_with_their_full_token
             for c in ("c0", "c1"):
                 await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=4, role="idle"))
                 await stub.ForceRole(pb.ForceRoleRequest(cell_id=c, target="rollout"))  # engine process up
-            async with asyncio.timeout(30):  # the proxy learns both engines from the cell events
-                while len((await pstub.ListEngines(proxy_pb2.ListEnginesRequest())).engines) < 2:
-                    await asyncio.sleep(0.05)
+
+            async def both_engines() -> bool:  # the proxy learns both engines from the cell events
+                return len((await pstub.ListEngines(proxy_pb2.ListEnginesRequest())).engines) >= 2
+
+            await await_until(both_engines, "the proxy knows both engines", polls=2400, every=0.05)
 
             started = [asyncio.Event(), asyncio.Event()]
             harnesses = []

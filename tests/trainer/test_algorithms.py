@@ -109,3 +109,9 @@ def test_group_advantages_edge_cases() -> None:
     adv, mean, std = group_advantages([1.0, 0.0, 0.0, 1.0])
     assert mean == 0.5 and std == pytest.approx(math.sqrt(1 / 3))
     assert sum(adv) == pytest.approx(0.0)
+
+
+def test_an_algorithm_declares_whether_it_needs_a_reference_policy() -> None:
+    assert not get_algorithm("grpo").needs_reference and not get_algorithm("gspo").needs_reference
+    assert get_algorithm("grpo", kl_beta=0.1).needs_reference and get_algorithm("gspo", kl_beta=0.1).needs_reference
+    assert not get_algorithm("sft").needs_reference

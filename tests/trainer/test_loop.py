@@ -24,6 +24,7 @@ from opengyre.trainer import (
 )
 from opengyre.trainer.backends import build_backend
 
+from .._polling import await_until
 from ._events import catch_up, folding, group
 
 
@@ -150,8 +151,13 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
         trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
         initial = trainer.backend.hf_state_dict()
         step = asyncio.create_task(trainer.step_once(poll_s=0.05))
-        await asyncio.sleep(1.0)
-        assert not step.done()  # started on g1, waiting for the step's second group
+
+        def trains_on_g1() -> bool:
+            buf = trainer.streaming_buffer
+            return buf is not None and sum(buf.claims.values()) >= 1
+
+        await await_until(trains_on_g1, "the step started on g1: a learner took its first micro-batch", polls=2400)
+        assert not step.done()  # and waits for the step's second group
         await event_log.append_many(group("g2", [("timed-out", 0.25, None), ("completed", 0.75, None)], seed=1))
         report = await asyncio.wait_for(step, 120)
     finally:

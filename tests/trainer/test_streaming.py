@@ -21,6 +21,7 @@ from opengyre.trainer import (
 from opengyre.trainer.algorithms import GSPO
 from opengyre.trainer.backends import build_backend
 
+from .._polling import wait_until
 from .test_backends import batches
 
 
@@ -88,7 +89,6 @@ def reference_initial(cfg):  # type: ignore[no-untyped-def]
 
 
 def test_a_satellite_joins_a_running_step_on_the_step_start_snapshot() -> None:
-    import time
 
     from opengyre.trainer import StreamingStep
 
@@ -105,8 +105,12 @@ def test_a_satellite_joins_a_running_step_on_the_step_start_snapshot() -> None:
     runner = threading.Thread(target=lambda: out.append(step.finish()))
     runner.start()
     buf.put(mbs[0])
-    while buf.claims.get("core", 0) < 1:  # the step is running: the core has taken its first micro-batch
-        time.sleep(0.01)
+    wait_until(
+        lambda: buf.claims.get("core", 0) >= 1,
+        "the step is running: the core has taken its first micro-batch",
+        polls=12000,
+        every=0.01,
+    )
     sat = Satellite("late", build_backend("megatron", cfg, seed=77), GSPO(eps_low=0.1, eps_high=0.1))
     step.join(sat)
     for mb in mbs[1:]:

@@ -8,7 +8,30 @@ import typer
 
 from . import _db, _demo, _events, _replay, _stack
 
-__all__ = ["app", "main"]
+# What a service's ``cli.register`` builds its commands with: the shared options, settings and session.
+from ._common import (
+    DataDirOpt,
+    DbUrlOpt,
+    NatsUrlOpt,
+    StreamOpt,
+    console,
+    fail,
+    log_session,
+    settings_from,
+)
+
+__all__ = [
+    "DataDirOpt",
+    "DbUrlOpt",
+    "NatsUrlOpt",
+    "StreamOpt",
+    "app",
+    "console",
+    "fail",
+    "log_session",
+    "main",
+    "settings_from",
+]
 
 app = typer.Typer(
     help="OpenGyre: open infrastructure for training long-horizon LLM agents with online RL.",

@@ -31,6 +31,7 @@ from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from ..events import DecodeError, Event, EventRegistry, InvalidEvent, default_registry
+from ..retry import backoff
 from ._acks import AckError, AckPipeline, PubAck
 from ._blobs import BlobReader, BlobUnreadable
 from ._client import FastHeaderClient
@@ -576,19 +577,15 @@ class EventLog:
 
     async def _add_consumer_retrying(self, cfg: ConsumerConfig) -> str:
         """Create an ephemeral consumer, waiting out a server that is away (capped backoff); its name."""
-        delay = 0.5
-        while True:
-            try:
+        async for attempt in backoff(
+            "event log subscription: no consumer yet", first_s=0.5, max_s=5.0, retry_on=TRANSIENT_ERRORS, logger=log
+        ):
+            with attempt:
                 # A short timeout: a request made while disconnected is sent on reconnect, and one that timed
                 # out may still create a consumer then (its inactivity limit removes it).
                 info = await self.js.add_consumer(self.config.stream, cfg, timeout=2.0)
                 return str(info.name)
-            except TRANSIENT_ERRORS as exc:
-                log.warning(
-                    "event log subscription: no consumer yet (%s: %s); retry in %.1f s", type(exc).__name__, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable: the backoff retries for ever")
 
     def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
         return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)

@@ -33,11 +33,13 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Envelope shared by every domain event.
 
     Subclasses set ``tag`` (never changes), ``version`` (bumped on a breaking change, with an upcaster
-    registered for the old one), ``aggregate`` (the subject family) and ``aggregate_key`` (the field
-    whose value names the aggregate instance).
+    registered for the old one), ``owner`` (the one service that produces it: ``tests/libs/events/
+    test_owners.py`` fails when another service's code constructs it), ``aggregate`` (the subject family) and
+    ``aggregate_key`` (the field whose value names the aggregate instance).
     """
 
     version: ClassVar[int] = 1
+    owner: ClassVar[str] = ""
     aggregate: ClassVar[str] = ""
     aggregate_key: ClassVar[str] = ""
 

@@ -46,6 +46,7 @@ __all__ = [
 
 
 class SkillIngested(Event, frozen=True, kw_only=True, tag="skill-ingested"):
+    owner = "synth"
     aggregate = "skill"
     aggregate_key = "skill_id"
 
@@ -70,6 +71,7 @@ class PatternUse(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TaskSynthesized(Event, frozen=True, kw_only=True, tag="task-synthesized"):
+    owner = "synth"
     aggregate = "task"
     aggregate_key = "task_id"
 
@@ -83,6 +85,7 @@ class TaskSynthesized(Event, frozen=True, kw_only=True, tag="task-synthesized"):
 
 
 class TaskValidated(Event, frozen=True, kw_only=True, tag="task-validated"):
+    owner = "synth"
     aggregate = "task"
     aggregate_key = "task_id"
 
@@ -95,6 +98,7 @@ class TaskValidated(Event, frozen=True, kw_only=True, tag="task-validated"):
 
 
 class TaskTooEasy(Event, frozen=True, kw_only=True, tag="task-too-easy"):
+    owner = "synth"
     aggregate = "task"
     aggregate_key = "task_id"
 
@@ -106,6 +110,7 @@ class TaskTooEasy(Event, frozen=True, kw_only=True, tag="task-too-easy"):
 
 
 class TaskHardened(Event, frozen=True, kw_only=True, tag="task-hardened"):
+    owner = "synth"
     aggregate = "task"
     aggregate_key = "task_id"
 
@@ -134,6 +139,7 @@ CellRole = Literal["idle", "rollout", "draining", "switching", "training-core", 
 
 
 class ExecutionDispatched(Event, frozen=True, kw_only=True, tag="execution-dispatched"):
+    owner = "scheduler"
     aggregate = "execution"
     aggregate_key = "execution_id"
 
@@ -154,6 +160,7 @@ class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finishe
     """An execution ended. ``score`` is the evaluator's on the preserved workspace, also after a timeout;
     it is None exactly when no valid score exists (evaluator or infrastructure failure)."""
 
+    owner = "trainer"
     aggregate = "execution"
     aggregate_key = "execution_id"
 
@@ -220,6 +227,7 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-record
     """
 
     version = 2
+    owner = "proxy"
     aggregate = "execution"
     aggregate_key = "execution_id"
 
@@ -271,6 +279,7 @@ class PayloadsCompacted(Event, frozen=True, kw_only=True, tag="payloads-compacte
     replay horizon. Projections keep every count and length and mark those calls compacted; nothing is invented.
     """
 
+    owner = "trainer"
     aggregate = "execution"
     aggregate_key = "execution_id"
 
@@ -283,6 +292,7 @@ class PayloadsCompacted(Event, frozen=True, kw_only=True, tag="payloads-compacte
 
 
 class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):
+    owner = "scheduler"
     aggregate = "cell"
     aggregate_key = "cell_id"
 
@@ -297,6 +307,7 @@ class CellRegistered(Event, frozen=True, kw_only=True, tag="cell-registered"):
 
 
 class CellRoleChanged(Event, frozen=True, kw_only=True, tag="cell-role-changed"):
+    owner = "scheduler"
     aggregate = "cell"
     aggregate_key = "cell_id"
 
@@ -308,6 +319,7 @@ class CellRoleChanged(Event, frozen=True, kw_only=True, tag="cell-role-changed")
 
 
 class TrainingStepCompleted(Event, frozen=True, kw_only=True, tag="training-step-completed"):
+    owner = "trainer"
     aggregate = "training"
     aggregate_key = "run_id"
 
@@ -327,6 +339,7 @@ class TrainingStepCompleted(Event, frozen=True, kw_only=True, tag="training-step
 
 
 class WeightsPublished(Event, frozen=True, kw_only=True, tag="weights-published"):
+    owner = "trainer"
     aggregate = "weights"
     aggregate_key = "run_id"
 
@@ -342,6 +355,7 @@ class WeightsPublished(Event, frozen=True, kw_only=True, tag="weights-published"
 
 
 class BenchRunCompleted(Event, frozen=True, kw_only=True, tag="bench-run-completed"):
+    owner = "bench"
     aggregate = "bench"
     aggregate_key = "run_id"
 

@@ -13,9 +13,10 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 from sqlalchemy import Engine
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import RetryCallState
 
 from ..eventlog import TRANSIENT_ERRORS, EventLog, StoredEvent
+from ..retry import backoff
 from ._apply import BatchOutcome, FoldTransaction, TransientError
 from ._base import Projection
 from ._stream import StreamMismatch, check_stream
@@ -118,19 +119,15 @@ class ProjectionRunner:
             cfg.filter_subject = filters[0]
         else:
             cfg.filter_subjects = filters
-        delay = 0.05
-        for attempt in range(8):
-            try:
+        # Right after a delete, nats-server may still be removing the old consumer's files and answer 10012
+        # ("meta.inf.tmp: no such file or directory"): retry briefly.
+        async for attempt in backoff(
+            f"projection {self.projection.name}: creating its consumer",
+            first_s=0.05, max_s=2.0, attempts=8, retry_on=APIError, logger=log,
+            retry_if=lambda exc: not (isinstance(exc, APIError) and exc.code == 400 and exc.err_code != 10012),
+        ):  # fmt: skip
+            with attempt:
                 await js.add_consumer(stream, cfg)
-                return
-            except APIError as exc:
-                # Right after a delete, nats-server may still be removing the old consumer's files and
-                # answer 10012 ("meta.inf.tmp: no such file or directory"): retry briefly.
-                if attempt == 7 or (exc.code == 400 and exc.err_code != 10012):
-                    raise
-                log.info("projection %s: consumer create failed (%s); retrying", self.projection.name, exc)
-                await asyncio.sleep(delay)
-                delay *= 2
 
     async def delete_consumer(self) -> None:
         with contextlib.suppress(NotFoundError):
@@ -221,21 +218,17 @@ class ProjectionRunner:
         acknowledged: the next start re-creates the consumer at the position)."""
 
         async def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning("projection %s: %s, retrying: %s", self.projection.name, what, exc)
             self.retries += 1
             for m in msgs:
                 with contextlib.suppress(Exception):
                     await m.in_progress()  # keep ack_wait from redelivering while we retry
 
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(transient),
-                wait=wait_exponential(multiplier=self.retry_delay, max=10.0),
-                stop=lambda _state: stop is not None and stop.is_set(),
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
+            async for attempt in backoff(
+                f"projection {self.projection.name}: {what}",
+                first_s=self.retry_delay, max_s=10.0, retry_on=transient, logger=log, before_sleep=before_sleep,
+                until=lambda: stop is not None and stop.is_set(),
+            ):  # fmt: skip
                 with attempt:
                     return await fn()
         except transient:

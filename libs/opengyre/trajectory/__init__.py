@@ -1,11 +1,26 @@
 """Trajectory trees: the shared-prefix structure of one execution's model calls (proxy writes, trainer reads),
+one codec and validator for recorded calls and one row -> node mapping for the stores that fold them,
 and the compact token payload each call stores once, out of its event."""
 
+from ._calls import (
+    CallRejected,
+    check_call,
+    check_payload,
+    is_logprob,
+    node_from_row,
+    pack_ids,
+    pack_logprobs,
+    pack_spans,
+    unpack_ids,
+    unpack_logprobs,
+    unpack_spans,
+)
 from ._payload import PayloadError, PayloadUnavailable, TokenPayload, decode_payload, encode_payload, payload_digest
 from ._stored import join_payload, resolve_calls, split_payload
 from ._tree import Node, PathSequence, TrajectoryError, TrajectoryTree
 
 __all__ = [
+    "CallRejected",
     "Node",
     "PathSequence",
     "PayloadError",
@@ -13,10 +28,20 @@ __all__ = [
     "TokenPayload",
     "TrajectoryError",
     "TrajectoryTree",
+    "check_call",
+    "check_payload",
     "decode_payload",
     "encode_payload",
+    "is_logprob",
     "join_payload",
+    "node_from_row",
+    "pack_ids",
+    "pack_logprobs",
+    "pack_spans",
     "payload_digest",
     "resolve_calls",
     "split_payload",
+    "unpack_ids",
+    "unpack_logprobs",
+    "unpack_spans",
 ]

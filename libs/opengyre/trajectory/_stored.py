@@ -1,8 +1,8 @@
 """A model call's event with its token payload out of band (to append) or back in (to read).
 
 The proxy's recorder splits every call before appending it; readers that need the tokens (the proxy's restore
-and export, tools, tests) join them back from the payload stream. The trainer decodes payloads straight into
-tree nodes (``decode_payload``), never into events.
+and export, tools, tests) join them back from the payload stream. Stores decode a row's payload straight into a
+tree node (``node_from_row``), never into an event.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import msgspec
 
 from ..eventlog import EventLog
 from ..events import ModelCallRecorded, PayloadRef
-from ._payload import PayloadError, PayloadUnavailable, TokenPayload, decode_payload, encode_payload, payload_digest
+from ._calls import check_payload
+from ._payload import PayloadError, PayloadUnavailable, TokenPayload, encode_payload, payload_digest
 
 __all__ = ["join_payload", "resolve_calls", "split_payload"]
 
@@ -37,12 +38,7 @@ def join_payload(e: ModelCallRecorded, raw: bytes) -> ModelCallRecorded:
         return e
     if payload_digest(raw) != ref.digest:
         raise PayloadError(f"call {e.call_id}: the payload's digest is not {ref.digest}")
-    p = decode_payload(raw)
-    if (len(p.prompt_delta_ids), len(p.output_ids)) != (ref.prompt_delta, ref.output):
-        raise PayloadError(
-            f"call {e.call_id}: payload has {len(p.prompt_delta_ids)}+{len(p.output_ids)} tokens, "
-            f"the event says {ref.prompt_delta}+{ref.output}"
-        )
+    p = check_payload(f"call {e.call_id} of {e.execution_id}", raw, ref.prompt_delta, ref.output)
     return msgspec.structs.replace(
         e,
         prompt_delta_ids=list(p.prompt_delta_ids),

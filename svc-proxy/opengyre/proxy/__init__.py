@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._chat import ChatCodec
     from ._client import EngineClient
     from ._gateway import Gateway, GatewayConfig
+    from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._store import TrajectoryProjection
@@ -44,6 +45,7 @@ _WHERE = {
     "EngineClient": "_client",
     "Gateway": "_gateway",
     "GatewayConfig": "_gateway",
+    "HttpServer": "_http",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
     "EngineHandle": "_pool",
@@ -74,6 +76,7 @@ __all__ = [
     "ExecutionTrajectory",
     "Gateway",
     "GatewayConfig",
+    "HttpServer",
     "KVMigrator",
     "KeyClaim",
     "NoCapacity",

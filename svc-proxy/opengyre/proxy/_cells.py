@@ -13,6 +13,7 @@ import logging
 
 from opengyre.eventlog import EventLog
 from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.retry import backoff
 
 from ._pool import EnginePool
 
@@ -48,16 +49,13 @@ class CellWatcher:
         # shape are skipped by the subscription: not ours to judge. The subscription waits out a server that
         # is away; anything else it raises must not end the watcher, which would stop following cells.
         next_seq = 1
-        while True:
-            try:
+        async for attempt in backoff("following cell events failed; resuming", first_s=0.5, max_s=10.0, logger=log):
+            with attempt:
                 cells = self.log.subscribe(CellRegistered, CellRoleChanged, start_seq=next_seq)
                 async with contextlib.aclosing(cells) as events:
                     async for seq, event in events:
                         next_seq = seq + 1
                         await self.apply(event)
-            except Exception:
-                log.exception("following cell events failed; resuming at seq %d", next_seq)
-                await asyncio.sleep(1.0)
 
     async def apply(self, event: object) -> None:
         if isinstance(event, CellRegistered):

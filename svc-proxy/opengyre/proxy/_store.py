@@ -3,7 +3,8 @@
 A call recorded with its tokens out of band (``ModelCallRecorded.payload``, what the gateway writes) keeps
 the reference and the lengths only: the tokens, logprobs and context are stored once, in the payload stream,
 and read back by digest (``_trees.load_execution``). An inline call (v1 events, tools, tests) keeps exactly
-what the event carried, packed as little-endian arrays. ``payloads-compacted`` marks an execution's calls
+what the event carried, packed by the shared codec (``opengyre.trajectory``: int32 ids, float32 logprobs)
+after the shared rules (``check_call``) accepted it. ``payloads-compacted`` marks an execution's calls
 whose payloads retention deleted; their lengths and counts stay. A rebuild from the log gives the same bytes.
 ``proxy_executions`` keeps per-execution counters.
 """
@@ -14,7 +15,6 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-import numpy as np
 from sqlalchemy import (
     Connection,
     DateTime,
@@ -30,9 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import Event, ModelCallRecorded, PayloadsCompacted
-from opengyre.projection import Projection, Rejected
+from opengyre.events import ModelCallRecorded, PayloadsCompacted
+from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
+from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
 
 __all__ = [
     "CALLS",
@@ -40,27 +41,7 @@ __all__ = [
     "CallRow",
     "ExecutionRow",
     "TrajectoryProjection",
-    "pack_floats",
-    "pack_ids",
-    "unpack_floats",
-    "unpack_ids",
 ]
-
-
-def pack_ids(ids: Sequence[int]) -> bytes:
-    return np.asarray(ids, dtype="<i4").tobytes()
-
-
-def unpack_ids(raw: bytes) -> list[int]:
-    return np.frombuffer(raw, dtype="<i4").astype(np.int64).tolist()  # type: ignore[no-any-return]
-
-
-def pack_floats(xs: Sequence[float]) -> bytes:
-    return np.asarray(xs, dtype="<f8").tobytes()
-
-
-def unpack_floats(raw: bytes) -> list[float]:
-    return np.frombuffer(raw, dtype="<f8").tolist()  # type: ignore[no-any-return]
 
 
 class CallRow(Base):
@@ -129,18 +110,12 @@ EXECUTIONS: Table = ExecutionRow.__table__  # type: ignore[assignment]
 class TrajectoryProjection(Projection):
     name = "trajectories"
     aggregates = ("execution",)
-    event_types = frozenset({ModelCallRecorded.type_name(), PayloadsCompacted.type_name()})
 
     @property
     def tables(self) -> Sequence[Table]:
         return (CALLS, EXECUTIONS)
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ModelCallRecorded):
-            self._call(tx, event, seq)
-        elif isinstance(event, PayloadsCompacted):
-            self._compacted(tx, event, seq)
-
+    @folds(PayloadsCompacted)
     def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
         if (
             tx.execute(select(EXECUTIONS.c.execution_id).where(EXECUTIONS.c.execution_id == e.execution_id)).first()
@@ -159,30 +134,19 @@ class TrajectoryProjection(Projection):
         )
         tx.execute(update(EXECUTIONS).where(EXECUTIONS.c.execution_id == e.execution_id).values(compacted_seq=seq))
 
+    @folds(ModelCallRecorded)
     def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
+        # The call itself and its parent: what the shared rules need to know of the execution's calls.
+        known = tx.execute(
+            select(CALLS.c.call_id, CALLS.c.n_tokens).where(
+                CALLS.c.execution_id == e.execution_id, CALLS.c.call_id.in_([e.call_id, e.parent_call_id or e.call_id])
+            )
+        ).all()
+        try:
+            check_call(e, known={r.call_id: r.n_tokens for r in known})
+        except CallRejected as exc:
+            raise Rejected(str(exc), reason=exc.reason) from exc
         ref = e.payload
-        if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs or e.context is not None):
-            raise Rejected(f"call {e.call_id}: tokens or context both inline and in a payload")
-        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
-            raise Rejected(f"call {e.call_id}: negative payload lengths")
-        if len(e.output_ids) != len(e.output_logprobs):
-            raise Rejected(f"call {e.call_id}: {len(e.output_ids)} output ids but {len(e.output_logprobs)} logprobs")
-        key = (CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.call_id)
-        if tx.execute(select(CALLS.c.call_id).where(*key)).first() is not None:
-            raise Rejected(f"call {e.call_id} of {e.execution_id} is already recorded")
-        if e.parent_call_id is None:
-            if e.prefix_len != 0:
-                raise Rejected(f"root call {e.call_id} has prefix_len {e.prefix_len}")
-        else:
-            parent_len = tx.execute(
-                select(CALLS.c.n_tokens).where(
-                    CALLS.c.execution_id == e.execution_id, CALLS.c.call_id == e.parent_call_id
-                )
-            ).scalar()
-            if parent_len is None:
-                raise Rejected(f"call {e.call_id}: unknown parent {e.parent_call_id}")
-            if not 0 <= e.prefix_len <= parent_len:
-                raise Rejected(f"call {e.call_id}: prefix_len {e.prefix_len} outside the parent's {parent_len} tokens")
         prompt_len = e.prefix_len + e.n_prompt_delta
         n_tokens = prompt_len + e.n_output
         d = e.drift
@@ -202,7 +166,7 @@ class TrajectoryProjection(Projection):
                 compacted_seq=None,
                 prompt_delta=pack_ids(e.prompt_delta_ids),
                 output_ids=pack_ids(e.output_ids),
-                output_logprobs=pack_floats(e.output_logprobs),
+                output_logprobs=pack_logprobs(e.output_logprobs),
                 role=e.role,
                 model=e.model,
                 engine_id=e.engine_id,
@@ -221,7 +185,7 @@ class TrajectoryProjection(Projection):
                 context_ref=e.context_ref,
                 attempts=e.attempts,
                 occurred_at=e.occurred_at,
-                weight_versions=json.dumps([[w.version, w.start, w.end] for w in e.weight_versions]),
+                weight_versions=pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
                 temperature=e.temperature,
             )
         )

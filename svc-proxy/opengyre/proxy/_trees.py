@@ -18,9 +18,19 @@ from sqlalchemy import Connection, Engine, Row, select
 
 from opengyre.eventlog import EventLog
 from opengyre.events import CallTimings, DriftReport, ModelCallRecorded, PayloadRef, ToolCallPayload, WeightSpan
-from opengyre.trajectory import PathSequence, PayloadUnavailable, TrajectoryError, TrajectoryTree, resolve_calls
+from opengyre.trajectory import (
+    PathSequence,
+    PayloadUnavailable,
+    TrajectoryError,
+    TrajectoryTree,
+    node_from_row,
+    resolve_calls,
+    unpack_ids,
+    unpack_logprobs,
+    unpack_spans,
+)
 
-from ._store import CALLS, EXECUTIONS, unpack_floats, unpack_ids
+from ._store import CALLS, EXECUTIONS
 
 __all__ = [
     "ExecutionSummary",
@@ -75,7 +85,7 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
         prefix_len=r.prefix_len,
         prompt_delta_ids=unpack_ids(r.prompt_delta),
         output_ids=unpack_ids(r.output_ids),
-        output_logprobs=unpack_floats(r.output_logprobs),
+        output_logprobs=unpack_logprobs(r.output_logprobs),
         role=r.role,
         model=r.model,
         engine_id=r.engine_id,
@@ -89,7 +99,7 @@ def _event(r: Row[Any]) -> ModelCallRecorded:
         context_ref=r.context_ref,
         attempts=r.attempts,
         branch=r.branch,
-        weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in json.loads(r.weight_versions)],
+        weight_versions=[WeightSpan(version=v, start=a, end=b) for v, a, b in unpack_spans(r.weight_versions)],
         temperature=r.temperature,
         payload=PayloadRef(
             digest=r.payload_digest, size=int(r.payload_size or 0), prompt_delta=r.n_prompt_delta, output=r.n_output
@@ -135,8 +145,20 @@ async def load_execution(db: Engine, log: EventLog | None, execution_id: str) ->
 
 
 async def load_tree(db: Engine, log: EventLog | None, execution_id: str) -> TrajectoryTree:
-    """The trajectory tree of one execution from the store (empty if nothing was recorded)."""
-    return TrajectoryTree(execution_id, [c.event for c in await load_execution(db, log, execution_id)])
+    """The trajectory tree of one execution from the store (empty if nothing was recorded): each row becomes
+    a node through ``opengyre.trajectory.node_from_row``, as in the trainer's store. Raises ``PayloadUnavailable``
+    as ``resolve_stored`` does."""
+
+    def q() -> list[Row[Any]]:
+        with db.connect() as conn:
+            return list(
+                conn.execute(select(CALLS).where(CALLS.c.execution_id == execution_id).order_by(CALLS.c.seq)).all()
+            )
+
+    rows = await asyncio.to_thread(q)
+    keys = [(r.execution_id, r.payload_digest) for r in rows if r.payload_digest is not None]
+    payloads = await log.payloads.get_many(keys) if log is not None and keys else None
+    return TrajectoryTree(execution_id, [node_from_row(r, payloads, spans=r.weight_versions) for r in rows])
 
 
 def list_executions(conn: Connection, execution_ids: Sequence[str] | None = None) -> list[ExecutionSummary]:

@@ -8,6 +8,7 @@ from ._commands import (
     check_role_request,
     protocol,
 )
+from ._controller import SchedulerController
 from ._packing import MicroStep, PackingBuffer
 from ._policy import Decision, DispatchRequest, LoopConfig, Packing, Policy, RoleRequest, Target, View, dispatchable
 from ._projection import SchedulerProjection, load_state
@@ -29,6 +30,7 @@ __all__ = [
     "Policy",
     "RoleRequest",
     "RunningExecution",
+    "SchedulerController",
     "SchedulerProjection",
     "SchedulerState",
     "Target",

@@ -112,7 +112,18 @@ class SchedulerController:
         return ack.seq
 
     async def _append_role(self, event: CellRoleChanged) -> int:
-        return await self.append(event)
+        """Append on the cell's stream position as the projection last folded it: a change someone else made
+        to the cell since (another scheduler, an operator's tool) refuses this one instead of being overrun."""
+        cell = (await self.state()).cells.get(event.cell_id)
+        if cell is None:
+            raise CommandRefused("not-found", f"cell {event.cell_id} is not registered")
+        try:
+            return await self.append(event, expected=cell.role_seq)
+        except ConcurrencyError as exc:
+            raise CommandRefused(
+                "failed-precondition",
+                f"cell {event.cell_id} changed since it was read at stream seq {cell.role_seq}; nothing appended",
+            ) from exc
 
     def _changer(self) -> RoleChanger:
         return RoleChanger(self.actuator, self._append_role, self.state, self.release_claims, self._membership)

@@ -13,12 +13,11 @@ from opengyre.events import (
     CellRegistered,
     CellRole,
     CellRoleChanged,
-    Event,
     ExecutionDispatched,
     ExecutionFinished,
     TrainingStepCompleted,
 )
-from opengyre.projection import Projection, Rejected
+from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import Tracking
 
 from ._executions import EXECUTIONS as _X
@@ -35,156 +34,134 @@ __all__ = ["SchedulerProjection", "load_state"]
 class SchedulerProjection(Projection):
     name = "scheduler"
     aggregates = ("execution", "cell", "training")
-    event_types = frozenset(
-        {
-            "execution-dispatched",
-            "execution-finished",
-            "cell-registered",
-            "cell-role-changed",
-            "training-step-completed",
-        }
-    )
 
     @property
     def tables(self) -> Sequence[Table]:
         return (_S, _V, _G, _C, _X)
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ExecutionDispatched):
-            _dispatched(tx, event, seq)
-        elif isinstance(event, ExecutionFinished):
-            _finished(tx, event, seq)
-        elif isinstance(event, CellRegistered):
-            _registered(tx, event, seq)
-        elif isinstance(event, CellRoleChanged):
-            _role_changed(tx, event, seq)
-        elif isinstance(event, TrainingStepCompleted):
-            _step_completed(tx, event, seq)
-
-
-def _dispatched(tx: Connection, e: ExecutionDispatched, seq: int) -> None:
-    if tx.execute(select(_X.c.execution_id).where(_X.c.execution_id == e.execution_id)).first():
-        raise Rejected(f"execution {e.execution_id} was already dispatched")
-    vstep = tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).scalar() or 0
-    tx.execute(
-        insert(_X).values(
-            execution_id=e.execution_id,
-            task_id=e.task_id,
-            group_id=e.group_id,
-            step=e.step,
-            weight_version=e.weight_version,
-            cell_id=e.cell_id,
-            timeout_s=e.timeout_s,
-            dispatched_seq=seq,
-            dispatched_at=e.occurred_at,
-            status="running",
-            version_step=vstep,
-        )
-    )
-    g = tx.execute(select(_G.c.size).where(_G.c.group_id == e.group_id)).first()
-    if g is None:
+    @folds(ExecutionDispatched)
+    def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
+        if tx.execute(select(_X.c.execution_id).where(_X.c.execution_id == e.execution_id)).first():
+            raise Rejected(f"execution {e.execution_id} was already dispatched")
+        vstep = tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).scalar() or 0
         tx.execute(
-            insert(_G).values(
-                group_id=e.group_id, step=e.step, version_step=vstep, size=e.group_size, dispatched=1, finished=0,
-                valid=0, last_finished_at=None, complete_seq=None, consumed_step=None,
+            insert(_X).values(
+                execution_id=e.execution_id,
+                task_id=e.task_id,
+                group_id=e.group_id,
+                step=e.step,
+                weight_version=e.weight_version,
+                cell_id=e.cell_id,
+                timeout_s=e.timeout_s,
+                dispatched_seq=seq,
+                dispatched_at=e.occurred_at,
+                status="running",
+                version_step=vstep,
+            )
+        )
+        g = tx.execute(select(_G.c.size).where(_G.c.group_id == e.group_id)).first()
+        if g is None:
+            tx.execute(
+                insert(_G).values(
+                    group_id=e.group_id, step=e.step, version_step=vstep, size=e.group_size, dispatched=1, finished=0,
+                    valid=0, last_finished_at=None, complete_seq=None, consumed_step=None,
+                )
+            )  # fmt: skip
+        else:
+            # A late member makes a complete group incomplete again: it leaves the ready buffer.
+            tx.execute(
+                update(_G)
+                .where(_G.c.group_id == e.group_id)
+                .values(dispatched=_G.c.dispatched + 1, size=max(int(g.size), e.group_size), complete_seq=None)
+            )
+
+    @folds(ExecutionFinished)
+    def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
+        row = tx.execute(select(_X.c.status, _X.c.group_id).where(_X.c.execution_id == e.execution_id)).first()
+        if row is None:
+            raise Rejected(f"execution {e.execution_id} finished but was never dispatched")
+        if row.status != "running":
+            raise Rejected(f"execution {e.execution_id} already finished")
+        outcome = {"status": e.status, "score": e.score, "failure_class": e.failure_class}
+        tx.execute(
+            update(_X)
+            .where(_X.c.execution_id == e.execution_id)
+            .values(**outcome, finished_seq=seq, finished_at=e.occurred_at)
+        )
+        g = tx.execute(select(_G).where(_G.c.group_id == row.group_id)).one()
+        finished = int(g.finished) + 1
+        complete = finished == int(g.dispatched) and finished >= max(int(g.size), 1)
+        values: dict[str, object] = {
+            "finished": finished,
+            "valid": int(g.valid) + (e.score is not None),
+            "last_finished_at": e.occurred_at,
+        }
+        if complete and g.consumed_step is None:
+            values["complete_seq"] = seq
+        tx.execute(update(_G).where(_G.c.group_id == row.group_id).values(**values))
+
+    @folds(CellRegistered)
+    def _registered(self, tx: Connection, e: CellRegistered, seq: int) -> None:
+        if tx.execute(select(_C.c.cell_id).where(_C.c.cell_id == e.cell_id)).first():
+            raise Rejected(f"cell {e.cell_id} is already registered")
+        if e.capacity < 0 or e.gpus < 0:
+            raise Rejected(f"cell {e.cell_id}: capacity and gpus must be >= 0")
+        ordinal = int(tx.execute(select(func.count()).select_from(_C)).scalar() or 0)
+        tx.execute(
+            insert(_C).values(
+                cell_id=e.cell_id, node=e.node, gpus=e.gpus, capacity=e.capacity, role=e.role, engine_url=e.engine_url,
+                resident=e.resident, ordinal=ordinal, registered_seq=seq, role_seq=seq, role_since=e.occurred_at,
+                switch_from=None,
             )
         )  # fmt: skip
-    else:
-        # A late member makes a complete group incomplete again: it leaves the ready buffer.
-        tx.execute(
-            update(_G)
-            .where(_G.c.group_id == e.group_id)
-            .values(dispatched=_G.c.dispatched + 1, size=max(int(g.size), e.group_size), complete_seq=None)
-        )
 
+    @folds(CellRoleChanged)
+    def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
+        row = tx.execute(select(_C.c.role, _C.c.resident).where(_C.c.cell_id == e.cell_id)).first()
+        check_transition(e.cell_id, cast(CellRole, row.role) if row else None, e.from_role, e.to_role)
+        assert row is not None
+        if e.to_role in TRAINING_ROLES and row.resident:
+            raise Rejected(f"cell {e.cell_id} belongs to the resident rollout pool and never trains")
+        values: dict[str, object] = {
+            "role": e.to_role,
+            "role_seq": seq,
+            "role_since": e.occurred_at,
+            "switch_from": row.role if e.to_role == "switching" else None,
+        }
+        if e.engine_url is not None:
+            values["engine_url"] = e.engine_url
+        tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(**values))
 
-def _finished(tx: Connection, e: ExecutionFinished, seq: int) -> None:
-    row = tx.execute(select(_X.c.status, _X.c.group_id).where(_X.c.execution_id == e.execution_id)).first()
-    if row is None:
-        raise Rejected(f"execution {e.execution_id} finished but was never dispatched")
-    if row.status != "running":
-        raise Rejected(f"execution {e.execution_id} already finished")
-    tx.execute(
-        update(_X)
-        .where(_X.c.execution_id == e.execution_id)
-        .values(
-            status=e.status, score=e.score, failure_class=e.failure_class, finished_seq=seq, finished_at=e.occurred_at
-        )
-    )
-    g = tx.execute(select(_G).where(_G.c.group_id == row.group_id)).one()
-    finished = int(g.finished) + 1
-    complete = finished == int(g.dispatched) and finished >= max(int(g.size), 1)
-    values: dict[str, object] = {
-        "finished": finished,
-        "valid": int(g.valid) + (e.score is not None),
-        "last_finished_at": e.occurred_at,
-    }
-    if complete and g.consumed_step is None:
-        values["complete_seq"] = seq
-    tx.execute(update(_G).where(_G.c.group_id == row.group_id).values(**values))
-
-
-def _registered(tx: Connection, e: CellRegistered, seq: int) -> None:
-    if tx.execute(select(_C.c.cell_id).where(_C.c.cell_id == e.cell_id)).first():
-        raise Rejected(f"cell {e.cell_id} is already registered")
-    if e.capacity < 0 or e.gpus < 0:
-        raise Rejected(f"cell {e.cell_id}: capacity and gpus must be >= 0")
-    ordinal = int(tx.execute(select(func.count()).select_from(_C)).scalar() or 0)
-    tx.execute(
-        insert(_C).values(
-            cell_id=e.cell_id, node=e.node, gpus=e.gpus, capacity=e.capacity, role=e.role, engine_url=e.engine_url,
-            resident=e.resident, ordinal=ordinal, registered_seq=seq, role_seq=seq, role_since=e.occurred_at,
-            switch_from=None,
-        )
-    )  # fmt: skip
-
-
-def _role_changed(tx: Connection, e: CellRoleChanged, seq: int) -> None:
-    row = tx.execute(select(_C.c.role, _C.c.resident).where(_C.c.cell_id == e.cell_id)).first()
-    check_transition(e.cell_id, cast(CellRole, row.role) if row else None, e.from_role, e.to_role)
-    assert row is not None
-    if e.to_role in TRAINING_ROLES and row.resident:
-        raise Rejected(f"cell {e.cell_id} belongs to the resident rollout pool and never trains")
-    values: dict[str, object] = {
-        "role": e.to_role,
-        "role_seq": seq,
-        "role_since": e.occurred_at,
-        "switch_from": row.role if e.to_role == "switching" else None,
-    }
-    if e.engine_url is not None:
-        values["engine_url"] = e.engine_url
-    tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(**values))
-
-
-def _step_completed(tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
-    top = tx.execute(select(func.max(_S.c.step))).scalar()
-    if e.step <= int(top or 0):
-        raise Rejected(f"training step {e.step} is not after step {int(top or 0)}")
-    if tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).first():
-        raise Rejected(f"weight version {e.weight_version} was already published")
-    stale: list[int] = []
-    for xid in dict.fromkeys(e.execution_ids):
-        r = tx.execute(
-            select(_X.c.group_id, _X.c.version_step).where(
-                _X.c.execution_id == xid, _X.c.status != "running", _X.c.consumed_step.is_(None)
+    @folds(TrainingStepCompleted)
+    def _step_completed(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
+        top = tx.execute(select(func.max(_S.c.step))).scalar()
+        if e.step <= int(top or 0):
+            raise Rejected(f"training step {e.step} is not after step {int(top or 0)}")
+        if tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).first():
+            raise Rejected(f"weight version {e.weight_version} was already published")
+        stale: list[int] = []
+        for xid in dict.fromkeys(e.execution_ids):
+            r = tx.execute(
+                select(_X.c.group_id, _X.c.version_step).where(
+                    _X.c.execution_id == xid, _X.c.status != "running", _X.c.consumed_step.is_(None)
+                )
+            ).first()
+            if r is None:
+                continue  # still running, never seen, or already trained on
+            d = sample_staleness(e.step, int(r.version_step))
+            stale.append(d)
+            tx.execute(update(_X).where(_X.c.execution_id == xid).values(consumed_step=e.step, staleness=d))
+            tx.execute(
+                update(_G).where(_G.c.group_id == r.group_id, _G.c.consumed_step.is_(None)).values(consumed_step=e.step)
             )
-        ).first()
-        if r is None:
-            continue  # still running, never seen, or already trained on
-        d = sample_staleness(e.step, int(r.version_step))
-        stale.append(d)
-        tx.execute(update(_X).where(_X.c.execution_id == xid).values(consumed_step=e.step, staleness=d))
         tx.execute(
-            update(_G).where(_G.c.group_id == r.group_id, _G.c.consumed_step.is_(None)).values(consumed_step=e.step)
-        )
-    tx.execute(
-        insert(_S).values(
-            step=e.step, run_id=e.run_id, weight_version=e.weight_version, n_samples=len(stale),
-            staleness_mean=sum(stale) / len(stale) if stale else 0.0, staleness_max=max(stale, default=0),
-            completed_seq=seq, completed_at=e.occurred_at,
-        )
-    )  # fmt: skip
-    tx.execute(insert(_V).values(weight_version=e.weight_version, step=e.step))
+            insert(_S).values(
+                step=e.step, run_id=e.run_id, weight_version=e.weight_version, n_samples=len(stale),
+                staleness_mean=sum(stale) / len(stale) if stale else 0.0, staleness_max=max(stale, default=0),
+                completed_seq=seq, completed_at=e.occurred_at,
+            )
+        )  # fmt: skip
+        tx.execute(insert(_V).values(weight_version=e.weight_version, step=e.step))
 
 
 def _secs(ts: datetime | None) -> float:

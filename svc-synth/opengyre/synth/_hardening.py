@@ -23,14 +23,13 @@ from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text,
 from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.events import (
-    Event,
     ExecutionDispatched,
     ExecutionFinished,
     ModelCallRecorded,
     TaskHardened,
     TaskTooEasy,
 )
-from opengyre.projection import Projection
+from opengyre.projection import Projection, folds
 from opengyre.store import STREAM_SEQ, Base
 
 from ._blueprint import Blueprint, Challenge, fill_contract, materials
@@ -82,52 +81,56 @@ class HardeningProjection(Projection):
     def tables(self) -> Sequence[Table]:
         return (_E, _W)
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ExecutionDispatched):
-            if not tx.execute(select(_E.c.execution_id).where(_E.c.execution_id == event.execution_id)).first():
-                tx.execute(
-                    insert(_E).values(
-                        execution_id=event.execution_id,
-                        task_id=event.task_id,
-                        task_version=event.task_version,
-                        score=None,
-                        actions="[]",
-                        updated_seq=seq,
-                    )
+    @folds(ExecutionDispatched)
+    def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
+        if not tx.execute(select(_E.c.execution_id).where(_E.c.execution_id == e.execution_id)).first():
+            tx.execute(
+                insert(_E).values(
+                    execution_id=e.execution_id,
+                    task_id=e.task_id,
+                    task_version=e.task_version,
+                    score=None,
+                    actions="[]",
+                    updated_seq=seq,
                 )
-        elif isinstance(event, ModelCallRecorded):
-            row = tx.execute(select(_E.c.actions).where(_E.c.execution_id == event.execution_id)).first()
-            if row is None or not event.tool_calls:
-                return
-            actions = json.loads(row.actions)
-            actions += [str(tc.arguments) for tc in event.tool_calls][: max(0, _MAX_ACTIONS - len(actions))]
-            tx.execute(
-                update(_E)
-                .where(_E.c.execution_id == event.execution_id)
-                .values(actions=json.dumps(actions), updated_seq=seq)
             )
-        elif isinstance(event, ExecutionFinished):
-            ex = tx.execute(select(_E).where(_E.c.execution_id == event.execution_id)).first()
-            if ex is None or event.score is None:
-                return  # not one of ours, or no valid score (an evaluator or infrastructure failure): no signal
-            tx.execute(
-                update(_E).where(_E.c.execution_id == event.execution_id).values(score=event.score, updated_seq=seq)
-            )
-            self._reward(tx, ex.task_id, ex.task_version, float(event.score), seq)
-        elif isinstance(event, TaskTooEasy):
-            self._window(tx, event.task_id, event.task_version, seq)
-            tx.execute(
-                update(_W)
-                .where(_W.c.task_id == event.task_id, _W.c.task_version == event.task_version)
-                .values(too_easy_seq=seq, updated_seq=seq)
-            )
-        elif isinstance(event, TaskHardened):
-            self._window(tx, event.task_id, event.from_version, seq)
-            tx.execute(
-                update(_W)
-                .where(_W.c.task_id == event.task_id, _W.c.task_version == event.from_version)
-                .values(hardened=True, updated_seq=seq)
-            )
+
+    @folds(ModelCallRecorded)
+    def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
+        row = tx.execute(select(_E.c.actions).where(_E.c.execution_id == e.execution_id)).first()
+        if row is None or not e.tool_calls:
+            return
+        actions = json.loads(row.actions)
+        actions += [str(tc.arguments) for tc in e.tool_calls][: max(0, _MAX_ACTIONS - len(actions))]
+        tx.execute(
+            update(_E).where(_E.c.execution_id == e.execution_id).values(actions=json.dumps(actions), updated_seq=seq)
+        )
+
+    @folds(ExecutionFinished)
+    def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
+        ex = tx.execute(select(_E).where(_E.c.execution_id == e.execution_id)).first()
+        if ex is None or e.score is None:
+            return  # not one of ours, or no valid score (an evaluator or infrastructure failure): no signal
+        tx.execute(update(_E).where(_E.c.execution_id == e.execution_id).values(score=e.score, updated_seq=seq))
+        self._reward(tx, ex.task_id, ex.task_version, float(e.score), seq)
+
+    @folds(TaskTooEasy)
+    def _too_easy(self, tx: Connection, e: TaskTooEasy, seq: int) -> None:
+        self._window(tx, e.task_id, e.task_version, seq)
+        tx.execute(
+            update(_W)
+            .where(_W.c.task_id == e.task_id, _W.c.task_version == e.task_version)
+            .values(too_easy_seq=seq, updated_seq=seq)
+        )
+
+    @folds(TaskHardened)
+    def _hardened(self, tx: Connection, e: TaskHardened, seq: int) -> None:
+        self._window(tx, e.task_id, e.from_version, seq)
+        tx.execute(
+            update(_W)
+            .where(_W.c.task_id == e.task_id, _W.c.task_version == e.from_version)
+            .values(hardened=True, updated_seq=seq)
+        )
 
     def _window(self, tx: Connection, task_id: str, version: int, seq: int) -> WindowRow:
         row = tx.execute(select(_W).where(_W.c.task_id == task_id, _W.c.task_version == version)).first()

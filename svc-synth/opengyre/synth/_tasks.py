@@ -10,8 +10,8 @@ import msgspec
 from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
-from opengyre.projection import Projection, Rejected
+from opengyre.events import PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
+from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["SkillRow", "TaskRow", "TaskVersionRow", "TasksProjection", "task_lineage"]
@@ -70,76 +70,66 @@ class TasksProjection(Projection):
     def tables(self) -> Sequence[Table]:
         return (_T, _S, _V)
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, SkillIngested):
-            row = {
-                "name": event.name,
-                "description": event.description,
-                "digest": event.digest,
-                "ingested_seq": seq,
-                "accepted": event.accepted,
-                "reason": event.reason,
-                "capabilities": json.dumps(event.capabilities, sort_keys=True),
-            }
-            if tx.execute(select(_S.c.skill_id).where(_S.c.skill_id == event.skill_id)).first():
-                tx.execute(update(_S).where(_S.c.skill_id == event.skill_id).values(**row))
-            else:
-                tx.execute(insert(_S).values(skill_id=event.skill_id, **row))
-        elif isinstance(event, TaskSynthesized):
-            if tx.execute(select(_T.c.task_id).where(_T.c.task_id == event.task_id)).first():
-                raise Rejected(f"task {event.task_id} already exists")
-            tx.execute(
-                insert(_T).values(
-                    task_id=event.task_id,
-                    skill_id=event.skill_id,
-                    task_version=event.task_version,
-                    validated=None,
-                    too_easy_count=0,
-                    last_mean_reward=None,
-                    hardened_count=0,
-                    updated_seq=seq,
-                )
-            )
-            self._version(
-                tx, event.task_id, event.task_version, None, event.patterns, event.task_dir, "synthesized", seq
-            )
-        elif isinstance(event, TaskValidated):
-            cur = self._current(tx, event.task_id)
-            if cur.task_version == event.task_version:
-                self._update(tx, event.task_id, seq, validated=event.ok)
-            checks = json.dumps(event.reasons or {k: str(v) for k, v in event.checks.items()}, sort_keys=True)
-            tx.execute(
-                update(_V)
-                .where(_V.c.task_id == event.task_id, _V.c.version == event.task_version)
-                .values(validated=event.ok, checks=checks)
-            )
-        elif isinstance(event, TaskTooEasy):
-            cur = self._current(tx, event.task_id)
-            self._update(
-                tx, event.task_id, seq, too_easy_count=cur.too_easy_count + 1, last_mean_reward=event.mean_reward
-            )
-        elif isinstance(event, TaskHardened):
-            cur = self._current(tx, event.task_id)
-            if cur.task_version != event.from_version:
-                raise Rejected(f"task {event.task_id} is at v{cur.task_version}, not v{event.from_version}")
-            self._update(
-                tx,
-                event.task_id,
-                seq,
-                task_version=event.to_version,
-                hardened_count=cur.hardened_count + 1,
+    @folds(SkillIngested)
+    def _skill(self, tx: Connection, e: SkillIngested, seq: int) -> None:
+        row = {
+            "name": e.name,
+            "description": e.description,
+            "digest": e.digest,
+            "ingested_seq": seq,
+            "accepted": e.accepted,
+            "reason": e.reason,
+            "capabilities": json.dumps(e.capabilities, sort_keys=True),
+        }
+        if tx.execute(select(_S.c.skill_id).where(_S.c.skill_id == e.skill_id)).first():
+            tx.execute(update(_S).where(_S.c.skill_id == e.skill_id).values(**row))
+        else:
+            tx.execute(insert(_S).values(skill_id=e.skill_id, **row))
+
+    @folds(TaskSynthesized)
+    def _synthesized(self, tx: Connection, e: TaskSynthesized, seq: int) -> None:
+        if tx.execute(select(_T.c.task_id).where(_T.c.task_id == e.task_id)).first():
+            raise Rejected(f"task {e.task_id} already exists")
+        tx.execute(
+            insert(_T).values(
+                task_id=e.task_id,
+                skill_id=e.skill_id,
+                task_version=e.task_version,
                 validated=None,
+                too_easy_count=0,
+                last_mean_reward=None,
+                hardened_count=0,
+                updated_seq=seq,
             )
-            self._version(
-                tx,
-                event.task_id,
-                event.to_version,
-                event.from_version,
-                event.patterns,
-                event.task_dir,
-                event.reason,
-                seq,
-            )
+        )
+        self._version(tx, e.task_id, e.task_version, None, e.patterns, e.task_dir, "synthesized", seq)
+
+    @folds(TaskValidated)
+    def _validated(self, tx: Connection, e: TaskValidated, seq: int) -> None:
+        cur = self._current(tx, e.task_id)
+        if cur.task_version == e.task_version:
+            self._update(tx, e.task_id, seq, validated=e.ok)
+        checks = json.dumps(e.reasons or {k: str(v) for k, v in e.checks.items()}, sort_keys=True)
+        tx.execute(
+            update(_V)
+            .where(_V.c.task_id == e.task_id, _V.c.version == e.task_version)
+            .values(validated=e.ok, checks=checks)
+        )
+
+    @folds(TaskTooEasy)
+    def _too_easy(self, tx: Connection, e: TaskTooEasy, seq: int) -> None:
+        cur = self._current(tx, e.task_id)
+        self._update(tx, e.task_id, seq, too_easy_count=cur.too_easy_count + 1, last_mean_reward=e.mean_reward)
+
+    @folds(TaskHardened)
+    def _hardened(self, tx: Connection, e: TaskHardened, seq: int) -> None:
+        cur = self._current(tx, e.task_id)
+        if cur.task_version != e.from_version:
+            raise Rejected(f"task {e.task_id} is at v{cur.task_version}, not v{e.from_version}")
+        self._update(
+            tx, e.task_id, seq, task_version=e.to_version, hardened_count=cur.hardened_count + 1, validated=None
+        )
+        self._version(tx, e.task_id, e.to_version, e.from_version, e.patterns, e.task_dir, e.reason, seq)
 
     @staticmethod
     def _version(

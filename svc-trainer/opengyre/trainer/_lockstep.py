@@ -46,15 +46,7 @@ def data_parallel_for(backend: Backend, config: TrainerConfig) -> DataParallel:
     replicas = world // (config.tp * config.pp)
     if replicas <= 1:
         return DataParallel()
-    if backend.name == "megatron":
-        from megatron.core import parallel_state
-
-        return DataParallel(
-            parallel_state.get_data_parallel_rank(),
-            parallel_state.get_data_parallel_world_size(),
-            parallel_state.get_data_parallel_group(),
-        )
-    return DataParallel(rank, world, None)
+    return DataParallel(*backend.data_parallel(rank, world, replicas))
 
 
 def optimizer_file(rank: int) -> str:

@@ -46,7 +46,7 @@ from ._schedule import lr_at
 from ._step import Learner, MiniBatch, StepResult
 from ._store import ReadyGroup, TrainerStore
 from ._streaming import MicroStepBuffer, Satellite, streaming_step
-from .algorithms import get_algorithm
+from .algorithms import Algorithm, get_algorithm
 from .backends import Backend, build_backend
 
 __all__ = ["EngineState", "OnlineTrainer", "StepReport", "build_learner", "make_backend"]
@@ -91,10 +91,12 @@ def make_backend(config: TrainerConfig, start: Path | None = None) -> Backend:
     return build_backend(config.backend, model_config(config.model), seed=config.seed, tp=config.tp, pp=config.pp)
 
 
-def build_learner(config: TrainerConfig, backend: Backend, reference: Backend | None) -> Learner:
+def build_learner(
+    config: TrainerConfig, backend: Backend, reference: Backend | None, algorithm: Algorithm | None = None
+) -> Learner:
     return Learner(
         backend,
-        get_algorithm(config.algorithm, **config.algorithm_params),
+        algorithm or get_algorithm(config.algorithm, **config.algorithm_params),
         lr=config.lr,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
@@ -172,15 +174,15 @@ class OnlineTrainer:
                 raise ValueError("multi-process runs step in lockstep: streaming and satellites are single-process")
             tell("start", str(resume_dir) if resume_dir else None)  # the followers build their backends now
         self.backend = backend or make_backend(config, resume_dir)
-        kl = float(config.algorithm_params.get("kl_beta", 0.0) or 0.0) > 0
-        if kl and self.world > 1:
-            raise ValueError("the KL term is single-process for now (no model-parallel reference)")
-        # The KL term needs a reference policy: the run's starting weights, frozen.
-        reference = make_backend(config) if kl else None
+        algorithm = get_algorithm(config.algorithm, **config.algorithm_params)
+        if algorithm.needs_reference and self.world > 1:
+            raise ValueError(f"{algorithm.name}: a reference policy is single-process for now (no model-parallel one)")
+        # The reference policy an algorithm asks for (a KL term's): the run's starting weights, frozen.
+        reference = make_backend(config) if algorithm.needs_reference else None
         if reference is not None:
             for p in reference.parameters():
                 p.requires_grad_(False)
-        self.learner = build_learner(config, self.backend, reference)
+        self.learner = build_learner(config, self.backend, reference, algorithm)
         if backend is None and resume_dir is not None and (resume_dir / optimizer_file(0)).exists():
             state = torch.load(resume_dir / optimizer_file(0), weights_only=True)
             if state.get("backend") == self.backend.name:
@@ -201,6 +203,7 @@ class OnlineTrainer:
             for i in range(config.satellites)
         ]
         self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
+        self.streaming_buffer: MicroStepBuffer | None = None  # the running streaming step's (its progress)
         self.step_no = store.last_step(config.run_id)
         self._pending: set[str] = set()  # consumed by our steps, not yet folded by the projection
         self.engines: dict[str, EngineState] = {}
@@ -313,7 +316,7 @@ class OnlineTrainer:
         first = await asyncio.to_thread(self.ready)
         if not first:
             return None
-        buffer = MicroStepBuffer()
+        buffer = self.streaming_buffer = MicroStepBuffer()
         self.learner.set_lr(self.lr(self.step_no + 1))
         worker = asyncio.create_task(
             asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites, epochs=self.config.ppo_epochs)

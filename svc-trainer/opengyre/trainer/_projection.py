@@ -19,7 +19,6 @@ from sqlalchemy import Connection, Table, func, insert, select, update
 from opengyre.events import (
     CellRegistered,
     CellRoleChanged,
-    Event,
     ExecutionDispatched,
     ExecutionFinished,
     ModelCallRecorded,
@@ -27,11 +26,10 @@ from opengyre.events import (
     TrainingStepCompleted,
     WeightsPublished,
 )
-from opengyre.projection import Projection, Rejected
+from opengyre.projection import Projection, Rejected, folds
+from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
 
 from ._admission import ExecutionOutcome, classify_outcome
-from ._codec import encode_floats, encode_ids, encode_spans
-from ._samples import is_logprob
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["TrainerProjection", "TrajectoryRejected"]
@@ -47,52 +45,30 @@ class TrajectoryRejected(Rejected):
     """A refused event with a precise reason (stored in the dead letter's ``reason`` column)."""
 
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason[:32]
+        super().__init__(detail, reason=reason)
 
 
 class TrainerProjection(Projection):
     name = "trainer"
     aggregates = ("execution", "training", "weights", "cell")
-    event_types = frozenset(
-        {
-            CellRegistered.type_name(),
-            CellRoleChanged.type_name(),
-            ExecutionDispatched.type_name(),
-            ModelCallRecorded.type_name(),
-            ExecutionFinished.type_name(),
-            TrainingStepCompleted.type_name(),
-            WeightsPublished.type_name(),
-            PayloadsCompacted.type_name(),
-        }
-    )
 
     @property
     def tables(self) -> Sequence[Table]:
         return [_C, _E, _S, _W, _N]
 
-    def apply(self, tx: Connection, event: Event, seq: int) -> None:
-        if isinstance(event, ExecutionDispatched):
-            self._dispatched(tx, event, seq)
-        elif isinstance(event, ModelCallRecorded):
-            self._call(tx, event, seq)
-        elif isinstance(event, ExecutionFinished):
-            self._finished(tx, event, seq)
-        elif isinstance(event, TrainingStepCompleted):
-            self._step(tx, event, seq)
-        elif isinstance(event, WeightsPublished):
-            self._weights(tx, event, seq)
-        elif isinstance(event, CellRegistered):
-            self._cell(tx, event.cell_id, event.role, event.engine_url, seq, registered=True)
-        elif isinstance(event, CellRoleChanged):
-            self._cell(tx, event.cell_id, event.to_role, event.engine_url, seq, registered=False)
-        elif isinstance(event, PayloadsCompacted):
-            self._compacted(tx, event, seq)
+    @folds(CellRegistered)
+    def _registered(self, tx: Connection, e: CellRegistered, seq: int) -> None:
+        self._cell(tx, e.cell_id, e.role, e.engine_url, seq, registered=True)
+
+    @folds(CellRoleChanged)
+    def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
+        self._cell(tx, e.cell_id, e.to_role, e.engine_url, seq, registered=False)
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
         return row  # type: ignore[return-value]
 
+    @folds(ExecutionDispatched)
     def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
         if self._execution(tx, e.execution_id) is not None:
             raise TrajectoryRejected("duplicate-execution", f"{e.execution_id} was already dispatched")
@@ -112,6 +88,7 @@ class TrainerProjection(Projection):
             )
         )
 
+    @folds(ModelCallRecorded)
     def _call(self, tx: Connection, e: ModelCallRecorded, seq: int) -> None:
         ex = self._execution(tx, e.execution_id)
         if ex is None:
@@ -124,40 +101,13 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected(
                 "call-after-consumed", f"call {e.call_id} after step {ex.consumed_step} consumed {e.execution_id}"
             )
-        ref = e.payload
-        if ref is not None and (e.prompt_delta_ids or e.output_ids or e.output_logprobs):
-            raise TrajectoryRejected("ambiguous-tokens", f"call {e.call_id}: tokens both inline and in a payload")
-        if ref is not None and min(ref.prompt_delta, ref.output, ref.size) < 0:
-            raise TrajectoryRejected("bad-payload-ref", f"call {e.call_id}: negative payload lengths")
-        # A payload's ids and logprobs are checked when a step reads it (``TrainerStore.tree``); inline ones here.
-        if len(e.output_ids) != len(e.output_logprobs):
-            raise TrajectoryRejected(
-                "length-mismatch", f"call {e.call_id}: {len(e.output_ids)} ids, {len(e.output_logprobs)} logprobs"
-            )
-        if any(t < 0 for t in e.prompt_delta_ids) or any(t < 0 for t in e.output_ids):
-            raise TrajectoryRejected("corrupt-tokens", f"call {e.call_id}: negative token id")
-        if not all(is_logprob(x) for x in e.output_logprobs):
-            raise TrajectoryRejected("corrupt-logprobs", f"call {e.call_id}: a logprob is not in (-inf, 0]")
-        if e.prefix_len < 0:
-            raise TrajectoryRejected("bad-prefix", f"call {e.call_id}: negative prefix_len")
-        n_out = e.n_output
-        if any(not (0 <= w.start < w.end <= n_out) for w in e.weight_versions):
-            raise TrajectoryRejected(
-                "bad-weight-spans", f"call {e.call_id}: a version span outside its {n_out} outputs"
-            )
         known = tx.execute(select(_C.c.call_id, _C.c.n_tokens).where(_C.c.execution_id == e.execution_id)).all()
         tokens = {r.call_id: r.n_tokens for r in known}
-        if e.call_id in tokens:
-            raise TrajectoryRejected("duplicate-call", f"call {e.call_id} already recorded")
-        if e.parent_call_id is None:
-            if e.prefix_len != 0:
-                raise TrajectoryRejected("bad-prefix", f"root call {e.call_id} has prefix_len {e.prefix_len}")
-        elif e.parent_call_id not in tokens:
-            raise TrajectoryRejected("unknown-parent", f"call {e.call_id}: parent {e.parent_call_id} unknown")
-        elif e.prefix_len > tokens[e.parent_call_id]:
-            raise TrajectoryRejected(
-                "bad-prefix", f"call {e.call_id}: prefix {e.prefix_len} past parent's {tokens[e.parent_call_id]}"
-            )
+        try:
+            check_call(e, known=tokens)
+        except CallRejected as exc:
+            raise TrajectoryRejected(exc.reason, str(exc)) from exc
+        ref, n_out = e.payload, e.n_output
         tx.execute(
             insert(_C).values(
                 execution_id=e.execution_id,
@@ -170,14 +120,14 @@ class TrainerProjection(Projection):
                 n_output=n_out,
                 role=e.role,
                 weight_version=e.weight_version,
-                prompt_delta=encode_ids(e.prompt_delta_ids),
-                output_ids=encode_ids(e.output_ids),
-                output_logprobs=encode_floats(e.output_logprobs),
+                prompt_delta=pack_ids(e.prompt_delta_ids),
+                output_ids=pack_ids(e.output_ids),
+                output_logprobs=pack_logprobs(e.output_logprobs),
                 payload_digest=ref.digest if ref else None,
                 payload_size=ref.size if ref else None,
                 compacted_seq=None,
                 seq=seq,
-                weight_spans=encode_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
+                weight_spans=pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
                 temperature=e.temperature,
                 finish_reason=e.finish_reason[:32],
                 engine_id=e.engine_id[:255],
@@ -189,6 +139,7 @@ class TrainerProjection(Projection):
             .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + n_out)
         )
 
+    @folds(PayloadsCompacted)
     def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
         if self._execution(tx, e.execution_id) is None:
             raise TrajectoryRejected("unknown-execution", f"payloads of unknown execution {e.execution_id} compacted")
@@ -204,6 +155,7 @@ class TrainerProjection(Projection):
         )
         tx.execute(update(_E).where(_E.c.execution_id == e.execution_id).values(compacted_seq=seq))
 
+    @folds(ExecutionFinished)
     def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
         ex = self._execution(tx, e.execution_id)
         if ex is None:
@@ -231,6 +183,7 @@ class TrainerProjection(Projection):
             )
         )
 
+    @folds(TrainingStepCompleted)
     def _step(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
         if tx.execute(select(_S.c.step).where(_S.c.run_id == e.run_id, _S.c.step == e.step)).first() is not None:
             raise TrajectoryRejected("duplicate-step", f"step {e.step} of run {e.run_id} already recorded")
@@ -281,6 +234,7 @@ class TrainerProjection(Projection):
             update(_N).where(_N.c.cell_id == cell_id).values(role=role, engine_url=url or row.engine_url, seq=seq)
         )
 
+    @folds(WeightsPublished)
     def _weights(self, tx: Connection, e: WeightsPublished, seq: int) -> None:
         dup = tx.execute(
             select(func.count()).where(_W.c.run_id == e.run_id, _W.c.weight_version == e.weight_version)

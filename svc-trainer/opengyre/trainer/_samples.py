@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from opengyre.trajectory import is_logprob
+
 from ._sampling import SampledPath
 
 __all__ = [
@@ -32,7 +34,6 @@ __all__ = [
     "TrainingSample",
     "execution_samples",
     "execution_weight",
-    "is_logprob",
     "loss_normaliser",
 ]
 
@@ -90,11 +91,6 @@ class TrainingSample:
 
 def _is_temperature(t: float | None) -> bool:
     return t is not None and math.isfinite(t) and t > 0
-
-
-def is_logprob(x: float) -> bool:
-    """A log probability, allowing float noise above 0 (the projection refuses calls with anything else)."""
-    return math.isfinite(x) and x <= 1e-6
 
 
 def execution_samples(

@@ -10,16 +10,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Engine, Row, Table, func, select
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from opengyre.eventlog import TRANSIENT_ERRORS, EventLog, PayloadFetch
+from opengyre.retry import backoff
 from opengyre.store import DeadLetter
-from opengyre.trajectory import Node, PayloadError, PayloadUnavailable, TrajectoryError, TrajectoryTree, decode_payload
+from opengyre.trajectory import TrajectoryError, TrajectoryTree, node_from_row
 
 from ._admission import ExecutionOutcome
-from ._codec import decode_floats, decode_ids, decode_spans
 from ._projection import TrainerProjection
-from ._samples import is_logprob
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
 __all__ = ["ReadyGroup", "TrainerStore"]
@@ -99,17 +97,10 @@ class TrainerStore:
         if log is None or not keys:
             return PayloadFetch(failed=dict.fromkeys(keys, "payload-missing"))
 
-        def waiting(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            _log.warning("trainer: reading token payloads: the log does not answer (%s); retrying", exc)
-
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TRANSIENT_ERRORS),
-            wait=wait_exponential(multiplier=0.2, max=10.0),
-            stop=lambda _state: stop is not None and stop.is_set(),
-            before_sleep=waiting,
-            reraise=True,
-        ):
+        async for attempt in backoff(
+            "trainer: reading token payloads: the log does not answer", first_s=0.2, max_s=10.0,
+            retry_on=TRANSIENT_ERRORS, until=lambda: stop is not None and stop.is_set(), logger=_log,
+        ):  # fmt: skip
             with attempt:
                 return await log.payloads.get_many(keys)
         raise AssertionError("unreachable: AsyncRetrying returns or raises")
@@ -123,29 +114,7 @@ class TrainerStore:
             calls = c.execute(select(_C).where(_C.c.execution_id == execution_id).order_by(_C.c.ordinal)).all()
         tree = TrajectoryTree(execution_id)
         for r in calls:
-            if r.payload_digest is None:
-                prompt, output, logprobs = (
-                    decode_ids(r.prompt_delta),
-                    decode_ids(r.output_ids),
-                    decode_floats(r.output_logprobs),
-                )
-            else:
-                prompt, output, logprobs = _from_payload(r, payloads)
-            tree.add(
-                Node(
-                    call_id=r.call_id,
-                    parent_call_id=r.parent_call_id,
-                    prefix_len=r.prefix_len,
-                    prompt_delta_ids=prompt,
-                    output_ids=output,
-                    output_logprobs=logprobs,
-                    role=r.role,
-                    weight_version=r.weight_version,
-                    weight_spans=decode_spans(r.weight_spans),
-                    temperature=r.temperature,
-                    finish_reason=r.finish_reason,
-                )
-            )
+            tree.add(node_from_row(r, payloads, spans=r.weight_spans))
         if not calls:
             raise TrajectoryError(f"execution {execution_id} has no recorded calls")
         return tree
@@ -234,27 +203,3 @@ class TrainerStore:
         with self.engine.connect() as c:
             r = c.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
         return dict(r._mapping) if r is not None else None
-
-
-def _from_payload(
-    r: Row[Any], payloads: PayloadFetch | None
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
-    """A by-reference call's ids and logprobs, checked as the projection checks inline ones."""
-    who = f"call {r.call_id} of {r.execution_id}"
-    if r.compacted_seq is not None:
-        raise PayloadUnavailable("payload-compacted", f"the payload of {who} was compacted (retention)")
-    key = (r.execution_id, r.payload_digest)
-    raw = payloads.found.get(key) if payloads is not None else None
-    if raw is None:
-        reason = payloads.failed.get(key, "payload-missing") if payloads is not None else "payload-missing"
-        raise PayloadUnavailable(reason, f"the payload of {who} is not available ({reason})")
-    try:
-        p = decode_payload(raw, context=False)
-    except PayloadError as exc:
-        raise PayloadUnavailable("payload-corrupt", f"the payload of {who}: {exc}") from exc
-    if (len(p.prompt_delta_ids), len(p.output_ids)) != (r.n_prompt_delta, r.n_output):
-        raise PayloadUnavailable("payload-corrupt", f"the payload of {who} does not have the recorded lengths")
-    # The payload codec stores float32: the logprobs come back as the trainer's codec gives inline ones.
-    if not all(is_logprob(x) for x in p.output_logprobs):
-        raise PayloadUnavailable("payload-corrupt", f"the payload of {who}: a logprob is not in (-inf, 0]")
-    return tuple(p.prompt_delta_ids), tuple(p.output_ids), tuple(p.output_logprobs)

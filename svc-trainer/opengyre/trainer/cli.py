@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from opengyre.cli._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
+from opengyre.cli import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
 

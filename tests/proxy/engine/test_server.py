@@ -19,6 +19,8 @@ import torch
 from opengyre.models import build_model, load_checkpoint, model_config, save_checkpoint, token_logprobs
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 
+from ..._polling import await_until
+
 PROMPT = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 115, 115, 10]
 
 
@@ -126,8 +128,12 @@ async def test_abort_matches_rid_prefixes_and_returns_partial_output(engine_a: E
                 },
             )
         )
-        while engine_a.engine.scheduler.steps < 5:
-            await asyncio.sleep(0.01)
+        await await_until(
+            lambda: engine_a.engine.scheduler.steps >= 5,
+            "the engine stepped five times",
+            polls=12000,
+            every=0.01,
+        )
         assert (await c.post(engine_a.url + "/abort_request", json={"rid": "grp"})).status_code == 200
         done = [await t for t in tasks]
         other = (await short).json()
@@ -230,9 +236,12 @@ async def test_a_cancelled_start_leaves_no_child_process() -> None:
     proc = EngineProcess(EngineConfig(port=0, threads=1))
     task = asyncio.create_task(proc.start())
     try:
-        while proc.pid is None:
+
+        def started() -> bool:
             assert not task.done()
-            await asyncio.sleep(0.01)
+            return proc.pid is not None
+
+        await await_until(started, "the child process started", polls=12000, every=0.01)
         pid = proc.pid
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -251,8 +260,11 @@ async def test_pause_holds_requests_until_continue(engine_a: EngineServer) -> No
         task = asyncio.create_task(
             c.post(engine_a.url + "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
         )
-        await asyncio.sleep(0.2)
-        assert not task.done() and engine_a.engine.scheduler.steps == steps
+        sched = engine_a.engine.scheduler
+        await await_until(lambda: sched.load >= 1, "the engine received the request")
+        # A control runs on the engine thread once it has taken the request in: paused, it has not stepped.
+        await asyncio.wrap_future(sched.call(lambda: None))
+        assert not task.done() and sched.steps == steps
         assert (await c.post(engine_a.url + "/continue_generation", json={})).status_code == 200
         r = await task
         assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] in ("length", "stop")

@@ -60,7 +60,15 @@ def per_sequence(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Ten
 
 
 class Algorithm(ABC):
+    """A loss over micro-batches, declaring what it needs from the loop (so the loop never reads its params)."""
+
     name: ClassVar[str]
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether ``LossInputs.ref_logprobs`` must be filled: a frozen reference policy (the run's starting
+        weights) scores every micro-batch, e.g. for a KL term."""
+        return False
 
     @abstractmethod
     def loss(self, x: LossInputs) -> LossOutput:

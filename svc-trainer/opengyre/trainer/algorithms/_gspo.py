@@ -40,6 +40,10 @@ class GSPO(Algorithm):
             raise ValueError("kl_beta must be >= 0")
         validate_bounds(self.tis_cap, self.mis_low, self.mis_high)
 
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_beta > 0
+
     def loss(self, x: LossInputs) -> LossOutput:
         zero = torch.zeros_like(x.logprobs)
         idx, n = x.sequence_index()

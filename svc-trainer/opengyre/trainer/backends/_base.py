@@ -11,7 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import LlamaConfig
@@ -85,3 +85,9 @@ class Backend(ABC):
 
     def tokens_per_forward(self, mb: MicroBatch) -> int:
         return mb.padded_tokens
+
+    def data_parallel(self, rank: int, world: int, replicas: int) -> tuple[int, int, Any]:
+        """How this backend runs data-parallel when ``world`` ranks hold ``replicas`` model copies: this
+        rank's replica index, the number of replicas and the process group their gradients reduce over
+        (None: the default group, every rank one replica)."""
+        return rank, world, None

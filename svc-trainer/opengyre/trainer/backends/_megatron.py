@@ -138,6 +138,14 @@ def _rope_theta(cfg: LlamaConfig) -> float:
 class MegatronBackend(Backend):
     name: ClassVar[str] = "megatron"
 
+    def data_parallel(self, rank: int, world: int, replicas: int) -> tuple[int, int, Any]:
+        # Replicas are megatron's data-parallel groups (the ranks of one replica shard it by TP/PP).
+        return (
+            parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size(),
+            parallel_state.get_data_parallel_group(),
+        )
+
     def __init__(self, config: LlamaConfig, hf_state: Mapping[str, torch.Tensor], *, tp: int = 1, pp: int = 1) -> None:
         if (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") != "default":
             raise NotImplementedError("only default RoPE is mapped to megatron")
