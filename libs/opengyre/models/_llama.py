@@ -19,8 +19,10 @@ __all__ = [
     "build_model",
     "checkpoint_info",
     "load_checkpoint",
+    "load_state",
     "load_weights",
     "model_config",
+    "model_state",
     "save_checkpoint",
     "token_logprobs",
 ]
@@ -83,6 +85,33 @@ def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
+def _tied(config: Any) -> bool:
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def model_state(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's tensors as a checkpoint holds them (detached, contiguous, on the CPU); a tied output layer is
+    its embedding, so it is stored once, as ``save_pretrained`` stores it (safetensors refuses shared tensors)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if _tied(model.config):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _optional(model: LlamaForCausalLM, key: str) -> bool:
+    """Keys a checkpoint may lack: buffers rebuilt from the config, and a tied output layer."""
+    return key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and _tied(model.config))
+
+
+def load_state(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) -> None:
+    """Copy a whole state dict into ``model`` (a tied output layer may be absent); ``ValueError`` naming what
+    does not fit."""
+    missing, unexpected = model.load_state_dict(dict(state), strict=False)
+    missing = [m for m in missing if not _optional(model, m)]
+    if missing or unexpected:
+        raise ValueError(f"state does not fit the model: missing={missing} unexpected={unexpected}")
+
+
 def _digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
@@ -99,7 +128,7 @@ def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: st
     the metadata last.
     """
     directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = model_state(model)
     digest = _digest(state)
     fresh = not directory.exists()
     target = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}") if fresh else directory
@@ -164,7 +193,7 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
                 f"{expected[:16]}..."
             )
     own = model.state_dict()
-    missing = [k for k in own if k not in state and not k.endswith("rotary_emb.inv_freq")]
+    missing = [k for k in own if k not in state and not _optional(model, k)]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or wrong:
@@ -177,7 +206,10 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
 
 def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
     directory = Path(directory)
-    config = LlamaConfig.from_json_file(str(directory / "config.json"))
+    try:
+        config = LlamaConfig.from_json_file(str(directory / "config.json"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {directory} has no readable config.json: {exc}") from exc
     config._attn_implementation = "sdpa"
     model = build_model(config)
     version = load_weights(model, directory)

@@ -323,7 +323,7 @@ def build_app(engine: CpuEngine) -> ASGIApp:
         return {
             "model_path": engine.model_path,
             "served_model_name": cfg.model_name,
-            "tokenizer_path": "opengyre.models:byte-chatml",
+            "tokenizer_path": engine.tokenizer_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": engine.weight_version,
