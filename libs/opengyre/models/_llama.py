@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -180,7 +181,7 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
     try:
         state = load_file(str(directory / CHECKPOINT_FILE))
         meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
-    except (OSError, ValueError) as exc:  # a missing or truncated file, a header or metadata that does not parse
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing or truncated file, a header that does not parse
         raise CheckpointError(f"checkpoint {directory} cannot be read: {exc}") from exc
     expected = str(meta.get("sha256", "")) if isinstance(meta, dict) else ""
     if verify and not expected:
