@@ -1,5 +1,6 @@
 """The policy model family and tokenizer shared by the CPU engine (svc-proxy) and the trainer."""
 
+from ._export import export_hf
 from ._gguf import CHATML_TOOLS_TEMPLATE, convert_gguf
 from ._llama import (
     MODEL_PRESETS,
@@ -30,6 +31,7 @@ __all__ = [
     "checkpoint_info",
     "convert_gguf",
     "default_model_cache",
+    "export_hf",
     "load_checkpoint",
     "load_state",
     "load_tokenizer",
