@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -14,6 +15,8 @@ from opengyre.proxy import ChatCodec
 from opengyre.proxy.engine._runner import ModelRunner
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a 135M-parameter model loaded three times on 2 shared cores
 def test_converted_checkpoint_serves_chatml_with_the_engines_forward_equal_to_transformers(
     smollm2: ModelSource, tmp_path: Path
 ) -> None:
