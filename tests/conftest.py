@@ -14,6 +14,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, create_engine, text
 
 from opengyre.eventlog import EventLog, LogConfig
+from opengyre.models import ModelSource, resolve_model
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
 
@@ -158,3 +159,11 @@ def prod_db_url(tmp_path: Path) -> Iterator[str]:
         yield url
     finally:
         _drop_pg_db(_PG, url)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> ModelSource:
+    """SmolLM2-135M-Instruct as our checkpoint, converted once per machine: the conversion is cached by digest
+    in ``<repo>/.opengyre/models`` (``OPENGYRE_TEST_MODEL_CACHE`` elsewhere), as ``--model smollm2-135m`` does."""
+    cache = os.environ.get("OPENGYRE_TEST_MODEL_CACHE") or str(Path(__file__).parents[1] / ".opengyre" / "models")
+    return resolve_model("smollm2-135m", Path(cache))

@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-from . import _db, _demo, _events, _replay, _stack
+from . import _db, _demo, _events, _model, _replay, _stack
 
 # What a service's ``cli.register`` builds its commands with: the shared options, settings and session.
 from ._common import (
@@ -52,6 +52,7 @@ _events.register(events_app)
 _replay.register(app, projections_app)
 _demo.register(app)
 _db.register(db_app)
+_model.register(app)
 
 # Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
 # module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.

@@ -1,29 +1,44 @@
 """The policy model family and tokenizer shared by the CPU engine (svc-proxy) and the trainer."""
 
+from ._export import export_hf
+from ._gguf import CHATML_TOOLS_TEMPLATE, convert_gguf
 from ._llama import (
     MODEL_PRESETS,
     CheckpointError,
     build_model,
     checkpoint_info,
     load_checkpoint,
+    load_state,
     load_weights,
     model_config,
+    model_state,
     save_checkpoint,
     target_logprobs,
     token_logprobs,
 )
+from ._registry import PRETRAINED, ModelSource, Pretrained, default_model_cache, resolve_model
 from ._tokenizer import TOKENIZER_DIR, load_tokenizer
 
 __all__ = [
+    "CHATML_TOOLS_TEMPLATE",
     "MODEL_PRESETS",
+    "PRETRAINED",
     "TOKENIZER_DIR",
     "CheckpointError",
+    "ModelSource",
+    "Pretrained",
     "build_model",
     "checkpoint_info",
+    "convert_gguf",
+    "default_model_cache",
+    "export_hf",
     "load_checkpoint",
+    "load_state",
     "load_tokenizer",
     "load_weights",
     "model_config",
+    "model_state",
+    "resolve_model",
     "save_checkpoint",
     "target_logprobs",
     "token_logprobs",

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -19,8 +20,10 @@ __all__ = [
     "build_model",
     "checkpoint_info",
     "load_checkpoint",
+    "load_state",
     "load_weights",
     "model_config",
+    "model_state",
     "save_checkpoint",
     "token_logprobs",
 ]
@@ -83,6 +86,33 @@ def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
+def _tied(config: Any) -> bool:
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def model_state(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's tensors as a checkpoint holds them (detached, contiguous, on the CPU); a tied output layer is
+    its embedding, so it is stored once, as ``save_pretrained`` stores it (safetensors refuses shared tensors)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if _tied(model.config):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _optional(model: LlamaForCausalLM, key: str) -> bool:
+    """Keys a checkpoint may lack: buffers rebuilt from the config, and a tied output layer."""
+    return key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and _tied(model.config))
+
+
+def load_state(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) -> None:
+    """Copy a whole state dict into ``model`` (a tied output layer may be absent); ``ValueError`` naming what
+    does not fit."""
+    missing, unexpected = model.load_state_dict(dict(state), strict=False)
+    missing = [m for m in missing if not _optional(model, m)]
+    if missing or unexpected:
+        raise ValueError(f"state does not fit the model: missing={missing} unexpected={unexpected}")
+
+
 def _digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
@@ -99,7 +129,7 @@ def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: st
     the metadata last.
     """
     directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = model_state(model)
     digest = _digest(state)
     fresh = not directory.exists()
     target = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}") if fresh else directory
@@ -151,7 +181,7 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
     try:
         state = load_file(str(directory / CHECKPOINT_FILE))
         meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
-    except (OSError, ValueError) as exc:  # a missing or truncated file, a header or metadata that does not parse
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing or truncated file, a header that does not parse
         raise CheckpointError(f"checkpoint {directory} cannot be read: {exc}") from exc
     expected = str(meta.get("sha256", "")) if isinstance(meta, dict) else ""
     if verify and not expected:
@@ -164,7 +194,7 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
                 f"{expected[:16]}..."
             )
     own = model.state_dict()
-    missing = [k for k in own if k not in state and not k.endswith("rotary_emb.inv_freq")]
+    missing = [k for k in own if k not in state and not _optional(model, k)]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or wrong:
@@ -177,7 +207,10 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
 
 def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
     directory = Path(directory)
-    config = LlamaConfig.from_json_file(str(directory / "config.json"))
+    try:
+        config = LlamaConfig.from_json_file(str(directory / "config.json"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {directory} has no readable config.json: {exc}") from exc
     config._attn_implementation = "sdpa"
     model = build_model(config)
     version = load_weights(model, directory)

@@ -28,6 +28,18 @@ __all__ = [
 ]
 
 
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
 def new_tool_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
@@ -157,6 +169,8 @@ class StreamAssembler:
         self._hold = (max(len(s) for s in stop) + 16) if stop else 0
         self._pending = ""
         self._in_tool: list[int] | None = None
+        self._scan = ""  # text-tag mode: decoded text not yet classified (a tag may be completing)
+        self._in_tool_text = False
         self.tool_calls: list[ToolCallOut] = []
         self.content = ""  # all text emitted so far
         self.ids: list[int] = []
@@ -176,6 +190,11 @@ class StreamAssembler:
         out: list[TextPiece | ToolPiece] = []
         if self.forced_calls:  # nothing is shown before the whole array is there
             self.ids.extend(ids)
+            return out
+        if self.parse_tools and self.codec.tool_start is None:
+            # The tags are plain text in this vocabulary (a pretrained BPE without tool tokens): find them in text.
+            self.ids.extend(ids)
+            self._scan_text(self._text.push(ids), out)
             return out
         start = self.codec.tool_start if self.parse_tools else None
         end = self.codec.tool_end
@@ -197,6 +216,39 @@ class StreamAssembler:
         if run:
             self._emit_text(self._text.push(run), out)
         return out
+
+    def _scan_text(self, text: str, out: list[TextPiece | ToolPiece]) -> None:
+        """Text-tag mode: ``<tool_call>`` body ``</tool_call>`` found in the decoded text, held back while a tag
+        may still be completing, so a streamed turn and a whole one split text and calls the same way."""
+        buf = self._scan + text
+        while True:
+            if self._in_tool_text:
+                at = buf.find(TOOL_CLOSE)
+                if at == -1:
+                    break
+                body, buf = buf[:at], buf[at + len(TOOL_CLOSE) :]
+                self._in_tool_text = False
+                self._close_tool_text(body, out)
+                continue
+            at = buf.find(TOOL_OPEN)
+            if at == -1:
+                keep = _partial_suffix(buf, TOOL_OPEN)
+                self._emit_text(buf[: len(buf) - keep], out)
+                buf = buf[len(buf) - keep :]
+                break
+            self._emit_text(buf[:at], out)
+            buf = buf[at + len(TOOL_OPEN) :]
+            self._in_tool_text = True
+        self._scan = buf
+
+    def _close_tool_text(self, body: str, out: list[TextPiece | ToolPiece]) -> None:
+        parsed = parse_tool_call(body.strip())
+        if parsed is None:  # malformed: the model's text, tags included, exactly as it wrote it
+            self._emit_text(TOOL_OPEN + body + TOOL_CLOSE, out)
+            return
+        call = ToolCallOut(new_tool_id(self.tool_prefix), parsed[0], parsed[1])
+        self.tool_calls.append(call)
+        out.append(ToolPiece(len(self.tool_calls) - 1, call))
 
     def _close_tool(self, out: list[TextPiece | ToolPiece]) -> None:
         body_ids = self._in_tool or []
@@ -234,7 +286,13 @@ class StreamAssembler:
             body = self._in_tool
             self._in_tool = None
             self._emit_text(self.codec.decode(body), out)
-        tail = self._pending + self._text.flush()
+        rest = self._text.flush()
+        if self.parse_tools and self.codec.tool_start is None:
+            self._scan_text(rest, out)
+            # an unterminated call or a partial tag is text
+            rest = (TOOL_OPEN if self._in_tool_text else "") + self._scan
+            self._scan, self._in_tool_text = "", False
+        tail = self._pending + rest
         self._pending = ""
         hold, self._hold = self._hold, 0
         stop = outcome.stop_string

@@ -13,7 +13,7 @@ __all__ = ["TrainerConfig"]
 @dataclass
 class TrainerConfig:
     run_id: str = "default"
-    model: str = "tiny"  # opengyre.models preset
+    model: str = "tiny"  # opengyre.models.resolve_model: tiny, small, smollm2-135m, a model folder or a .gguf
     backend: str = "torch"
     algorithm: str = "gspo"
     algorithm_params: dict[str, Any] = field(default_factory=dict)

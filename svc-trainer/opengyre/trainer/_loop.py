@@ -22,7 +22,7 @@ from sqlalchemy import Row
 
 from opengyre.eventlog import EventLog, PayloadFetch
 from opengyre.events import TrainingStepCompleted, WeightsPublished
-from opengyre.models import checkpoint_info, load_checkpoint, model_config
+from opengyre.models import checkpoint_info, load_checkpoint, model_config, model_state, resolve_model
 
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
@@ -82,11 +82,11 @@ class StepReport:
 
 def make_backend(config: TrainerConfig, start: Path | None = None) -> Backend:
     """A backend holding ``start`` (a checkpoint folder), else ``init_checkpoint``, else the seeded init."""
-    source = start or config.init_checkpoint
+    source = start or config.init_checkpoint or resolve_model(config.model).checkpoint  # a pretrained model's
     if source is not None:
         model, _ = load_checkpoint(source)
         return build_backend(
-            config.backend, model.config, model.state_dict(), seed=config.seed, tp=config.tp, pp=config.pp
+            config.backend, model.config, model_state(model), seed=config.seed, tp=config.tp, pp=config.pp
         )
     return build_backend(config.backend, model_config(config.model), seed=config.seed, tp=config.tp, pp=config.pp)
 

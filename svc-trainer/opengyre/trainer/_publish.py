@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential
 
-from opengyre.models import build_model, save_checkpoint
+from opengyre.models import build_model, load_state, save_checkpoint
 
 from .backends import Backend
 
@@ -60,9 +60,7 @@ def weight_version(run_id: str, step: int) -> str:
 def export_checkpoint(backend: Backend, path: Path, version: str) -> str:
     """Write the backend's weights (whatever its layout) as a Hugging Face Llama checkpoint; returns the digest."""
     model = build_model(backend.config)
-    missing, unexpected = model.load_state_dict(backend.hf_state_dict(), strict=False)
-    if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
-        raise ValueError(f"backend weights do not fit the model: missing={missing} unexpected={unexpected}")
+    load_state(model, backend.hf_state_dict())
     return save_checkpoint(model, Path(path), version)
 
 

@@ -78,7 +78,7 @@ def admin_routes(engine: CpuEngine) -> list[Route]:
         return {
             "model_path": engine.model_path,
             "served_model_name": cfg.model_name,
-            "tokenizer_path": "opengyre.models:byte-chatml",
+            "tokenizer_path": engine.tokenizer_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": engine.weight_version,

@@ -13,8 +13,14 @@ __all__ = ["engine_command"]
 
 
 def engine_command(
-    preset: Annotated[str, typer.Option(help="model preset from opengyre.models (tiny, small)")] = "tiny",
+    preset: Annotated[
+        str,
+        typer.Option(
+            "--model", "--preset", help="tiny, small, smollm2-135m, a model folder or a .gguf file (opengyre.models)"
+        ),
+    ] = "tiny",
     checkpoint: Annotated[Path | None, typer.Option(help="load weights from a save_checkpoint folder")] = None,
+    model_cache: Annotated[Path | None, typer.Option(help="pretrained models' conversion cache")] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 30000,
     served_model_name: Annotated[str | None, typer.Option(help="default opengyre-<preset>")] = None,
@@ -37,6 +43,7 @@ def engine_command(
     cfg = EngineConfig(
         preset=preset,
         checkpoint=checkpoint,
+        model_cache=model_cache,
         seed=seed,
         weight_version=weight_version,
         served_model_name=served_model_name,

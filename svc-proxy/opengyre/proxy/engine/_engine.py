@@ -15,7 +15,7 @@ import regex
 import torch
 from transformers import LlamaConfig
 
-from opengyre.models import build_model, load_checkpoint, load_tokenizer, load_weights, model_config
+from opengyre.models import load_checkpoint, load_tokenizer, load_weights, resolve_model
 
 from .._chat import ChatCodec
 from ._constraint import TokenConstraint, TokenVocabulary
@@ -28,8 +28,9 @@ __all__ = ["CpuEngine", "EngineConfig", "Generation"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    preset: str = "tiny"
-    checkpoint: Path | None = None  # a folder written by opengyre.models.save_checkpoint
+    preset: str = "tiny"  # a model name for opengyre.models.resolve_model: tiny, small, smollm2-135m, a folder, a .gguf
+    checkpoint: Path | None = None  # a folder written by opengyre.models.save_checkpoint (weights of that model)
+    model_cache: Path | None = None  # where a pretrained model is converted once (default: <data_dir>/models)
     seed: int = 0
     weight_version: str = "default"
     served_model_name: str | None = None  # default: opengyre-<preset>
@@ -89,13 +90,15 @@ class CpuEngine:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
+        source = resolve_model(config.preset, config.model_cache)
         if config.checkpoint is not None:
             model, version = load_checkpoint(Path(config.checkpoint))
         else:
-            model, version = build_model(model_config(config.preset), seed=config.seed), config.weight_version
+            model, version = source.load(seed=config.seed, weight_version=config.weight_version)
         self.model = model
-        self.model_path = str(config.checkpoint) if config.checkpoint else f"preset:{config.preset}"
-        self.codec = ChatCodec(load_tokenizer())
+        self.model_path = str(config.checkpoint or source.checkpoint or f"preset:{config.preset}")
+        self.tokenizer_path = str(source.tokenizer_dir)
+        self.codec = ChatCodec(load_tokenizer(self.tokenizer_path))
         self.runner = ModelRunner(model)
         cfg: LlamaConfig = model.config
         eos = {self.codec.eos_id}

@@ -94,6 +94,8 @@ def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
     ]
     if config.checkpoint is not None:
         args += ["--checkpoint", str(config.checkpoint)]
+    if config.model_cache is not None:
+        args += ["--model-cache", str(config.model_cache)]
     if config.served_model_name:
         args += ["--served-model-name", config.served_model_name]
     if config.api_key:

@@ -23,6 +23,10 @@ def _dims(cfg: LlamaConfig) -> tuple[int, int, int, int]:
     return heads, groups, head_dim, int(cfg.hidden_size)
 
 
+def _tied(cfg: LlamaConfig) -> bool:
+    return bool(getattr(cfg, "tie_word_embeddings", False))
+
+
 def shard_dim(mcore_name: str) -> int | None:
     """The dimension a megatron parameter is split along under tensor parallelism (None: replicated)."""
     if mcore_name.endswith(("linear_qkv.weight", "linear_fc1.weight", "output_layer.weight", "word_embeddings.weight")):
@@ -60,8 +64,9 @@ def hf_to_mcore(
     out: dict[str, torch.Tensor] = {
         "embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
         "decoder.final_layernorm.weight": sd["model.norm.weight"],
-        "output_layer.weight": sd["lm_head.weight"],
     }
+    if not _tied(cfg):  # tied: megatron's output layer is the embedding (share_embeddings_and_output_weights)
+        out["output_layer.weight"] = sd["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"decoder.layers.{i}."
         wq = sd[p + "self_attn.q_proj.weight"].reshape(groups, heads // groups * d, hidden)
@@ -83,8 +88,9 @@ def mcore_to_hf(sd: Mapping[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
     out: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
         "model.norm.weight": sd["decoder.final_layernorm.weight"],
-        "lm_head.weight": sd["output_layer.weight"],
     }
+    if not _tied(cfg):  # tied: the output layer is the embedding, stored once (as opengyre.models.model_state)
+        out["lm_head.weight"] = sd["output_layer.weight"]
     for i in range(cfg.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"decoder.layers.{i}."
         qkv = sd[q + "self_attention.linear_qkv.weight"].reshape(groups, hq + 2 * d, hidden)

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from opengyre.models import build_model, target_logprobs, token_logprobs
+from opengyre.models import build_model, load_state, model_state, target_logprobs, token_logprobs
 
 from .._packing import MicroBatch
 from ._base import Backend, TokenStats
@@ -44,12 +44,10 @@ class TorchBackend(Backend):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return {k: v.clone() for k, v in model_state(self.model).items()}
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(dict(state), strict=False)
-        if unexpected or [m for m in missing if not m.endswith("rotary_emb.inv_freq")]:
-            raise ValueError(f"state does not fit the model: missing={missing} unexpected={unexpected}")
+        load_state(self.model, dict(state))
 
     def hf_grads(self) -> dict[str, torch.Tensor]:
         return {
