@@ -139,7 +139,9 @@ class _Conversation:
                 self.messages.append({"role": "user", "content": NUDGE})
                 continue
             for tc in message.tool_calls:
-                if tc.type != "function":
+                if tc.type != "function":  # a custom (free-text) tool call: none is offered
+                    self.run.summary.tool_errors += 1
+                    self.messages.append({"role": "tool", "tool_call_id": tc.id, "content": "error: not a function"})
                     continue
                 submitted, text = self.run.tool(tc.function.name, tc.function.arguments, self)
                 if submitted:

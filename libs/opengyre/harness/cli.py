@@ -84,7 +84,8 @@ def launch(
     spec: Annotated[Path | None, typer.Option(help="a harness spec (TOML: name, argv, env); default: built-in")] = None,
     timeout: Annotated[float, typer.Option(help="seconds before the sandbox kills the harness")] = 1800.0,
 ) -> None:
-    """Run a harness in the task's sandbox against one execution; prints the outcome as JSON."""
+    """Run a harness in the task's sandbox against one execution; prints the outcome as JSON; exit 0 when it
+    submitted (or, without a summary, exited 0)."""
     from opengyre.sandbox import SandboxLimits
 
     from ._launch import HarnessTarget, run_harness
@@ -104,7 +105,7 @@ def launch(
         )
     )
     sys.stderr.write(out.stderr[-4000:])
-    raise typer.Exit(0 if out.finish_reason == "submitted" else 1)
+    raise typer.Exit(0 if out.finish_reason in ("submitted", "exited") else 1)
 
 
 def register(app: typer.Typer) -> None:

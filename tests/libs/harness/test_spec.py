@@ -114,3 +114,20 @@ def test_the_cli_prints_its_summary_and_exits_with_the_finish_reason(tmp_path: P
     assert json.loads(run.stdout)["finish_reason"] == "model-error" and "harness: model-error" in run.stderr
     both = cli.invoke(harness_app, [*base, "--task", "t", "--task-file", "f"])
     assert both.exit_code == 2 and "exactly one of --task and --task-file" in both.output
+
+
+def test_the_cli_launches_a_spec_from_toml_in_the_sandbox(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        'name = "sh"\nargv = ["bash", "-c", "cat {instruction_file} > got.txt; echo $K > key.txt"]\n[env]\nK = "{api_key}"\n'
+    )
+    task, ws = tmp_path / "task.md", tmp_path / "ws"
+    task.write_text("do it")
+    ws.mkdir()
+    args = ["launch", "--spec", str(spec), "--base-url", "http://127.0.0.1:9/x/e/v1", "--model", "m"]
+    run = CliRunner().invoke(
+        harness_app, [*args, "--task-file", str(task), "--workdir", str(ws)], env={"OPENGYRE_HARNESS_KEY": "og1.k"}
+    )
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.stdout.splitlines()[0]) == {"exit_code": 0, "finish_reason": "exited", "summary": None}
+    assert (ws / "got.txt").read_text() == "do it" and (ws / "key.txt").read_text() == "og1.k\n"
