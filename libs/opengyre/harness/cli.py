@@ -14,7 +14,9 @@ __all__ = ["EXIT_CODES", "harness_app", "register", "run"]
 # The agent's exit status by finish reason (the JSON summary says the same, with a message).
 EXIT_CODES = {"submitted": 0, "max-turns": 3, "timeout": 4, "model-error": 5}
 
-harness_app = typer.Typer(help="The reference agent harness, and running any harness in a sandbox.")
+harness_app = typer.Typer(
+    help="The reference agent harness, and running any harness in a sandbox.", no_args_is_help=True
+)
 
 
 @harness_app.command("run")

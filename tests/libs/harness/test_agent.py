@@ -147,3 +147,11 @@ async def test_the_turn_limit_ends_an_episode_without_submit(make_stack: MakeSta
     stack = await make_stack([tool_call("run_command", {"command": "true"})] * 3)
     summary = await asyncio.to_thread(run_agent, _config(stack, "ex-turns", tmp_path, max_turns=2), "Loop.")
     assert summary.finish_reason == "max-turns" and summary.turns == 2 and len(stack.engine.replies) == 1
+
+
+async def test_the_time_limit_ends_an_episode_as_a_timeout(make_stack: MakeStack, tmp_path: Path) -> None:
+    stack = await make_stack([tool_call("run_command", {"command": "sleep 60; touch late"}), tool_call("submit", {})])
+    config = _config(stack, "ex-time", tmp_path, time_limit_s=2.0, max_retries=0)
+    summary = await asyncio.to_thread(run_agent, config, "Hang.")
+    assert summary.finish_reason == "timeout" and "time limit of 2 s ran out" in summary.message
+    assert not (tmp_path / "late").exists()  # the command was killed with the episode's time
