@@ -56,7 +56,7 @@ _model.register(app)
 
 # Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
 # module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.
-for _svc in ("synth", "scheduler", "proxy", "trainer", "bench"):
+for _svc in ("synth", "scheduler", "proxy", "trainer", "bench", "harness"):
     try:
         _mod = importlib.import_module(f"opengyre.{_svc}.cli")
     except ModuleNotFoundError as _exc:

@@ -1,0 +1,54 @@
+"""Harnesses: the reference terminal agent, and any harness as a command template run in the task's sandbox.
+
+- ``run_agent(AgentConfig(base_url, api_key, model, workdir), task)``: the built-in agent (OpenAI tool calls:
+  run_command, read_file, write_file, spawn_agent, submit; context compaction; sub-agents). CLI:
+  ``opengyre harness run`` / ``python -m opengyre.harness``.
+- ``HarnessSpec`` (argv/env templates with ``{base_url}``, ``{api_key}``, ``{workdir}``, ...), ``builtin_spec()``,
+  ``run_harness(spec, HarnessTarget(...))``: start any harness in the sandbox. See docs/harness.md.
+
+Names load on first use: the CLI imports this package on every command and must not pay for the openai SDK.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._agent import AgentConfig, AgentSummary, FinishReason, run_agent
+    from ._launch import HarnessOutcome, HarnessTarget, run_harness
+    from ._spec import PLACEHOLDERS, HarnessSpec, builtin_spec
+    from ._tools import Toolbox, ToolError
+
+_WHERE = {
+    "AgentConfig": "_agent",
+    "AgentSummary": "_agent",
+    "FinishReason": "_agent",
+    "run_agent": "_agent",
+    "HarnessOutcome": "_launch",
+    "HarnessTarget": "_launch",
+    "run_harness": "_launch",
+    "PLACEHOLDERS": "_spec",
+    "HarnessSpec": "_spec",
+    "builtin_spec": "_spec",
+    "Toolbox": "_tools",
+    "ToolError": "_tools",
+}
+
+__getattr__ = lazy_exports(__name__, _WHERE)
+
+__all__ = [
+    "PLACEHOLDERS",
+    "AgentConfig",
+    "AgentSummary",
+    "FinishReason",
+    "HarnessOutcome",
+    "HarnessSpec",
+    "HarnessTarget",
+    "ToolError",
+    "Toolbox",
+    "builtin_spec",
+    "run_agent",
+    "run_harness",
+]
