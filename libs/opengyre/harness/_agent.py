@@ -99,6 +99,10 @@ SPAWN = function_schema(
 )
 
 
+class _ContextFull(Exception):
+    """The endpoint refused the prompt as longer than the model's context (400 ``context_length_exceeded``)."""
+
+
 class _Stop(Exception):
     def __init__(self, reason: FinishReason, message: str) -> None:
         super().__init__(message)
@@ -129,7 +133,13 @@ class _Conversation:
         while True:
             if turns >= self.max_turns:
                 return "max-turns", f"no submit within {self.max_turns} turns"
-            reply = self.run.complete(self.messages, self.tools, self.role)
+            try:
+                reply = self.run.complete(self.messages, self.tools, self.role)
+            except _ContextFull as full:
+                if len(self.messages) <= 2:  # nothing left to drop: the task alone does not fit
+                    raise _Stop("model-error", str(full)) from full
+                self.drop_history()
+                continue
             turns += 1
             if self.role == "main":
                 self.run.summary.turns = turns
@@ -151,12 +161,27 @@ class _Conversation:
             if usage is not None and usage.total_tokens > self.run.config.context_budget_tokens:
                 self.compact()
 
+    def drop_history(self) -> None:
+        """The prompt no longer fits at all (so a summary request would not either): keep the task and the gist
+        of the last tool results, drop the rest."""
+        recent = [str(m["content"])[-500:] for m in self.messages[-4:] if m.get("role") == "tool"]
+        note = "Your earlier context was dropped (it outgrew the model's context). The last tool results ended:\n"
+        self.messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": f"{self.task}\n\n{note}" + "\n---\n".join(recent)},
+        ]
+        self.run.summary.compactions += 1
+
     def compact(self) -> None:
         """Ask the model for a summary of the conversation (role ``<role>-summary``), then go on from the task and
         that summary alone. A summary without text falls back to the last turns' tool results."""
         request = [*self.messages, {"role": "user", "content": SUMMARY_REQUEST}]
         summary_role = "main-summary" if self.role == "main" else "sub-agent-summary"
-        reply = self.run.complete(request, self.tools, summary_role)
+        try:
+            reply = self.run.complete(request, self.tools, summary_role)
+        except _ContextFull:  # the summary request itself does not fit
+            self.drop_history()
+            return
         text = (reply.choices[0].message.content or "").strip()
         if not text:
             recent = [m["content"] for m in self.messages[-4:] if m.get("role") == "tool"]
@@ -204,6 +229,10 @@ class _Episode:
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise _Stop("timeout", f"the time limit of {self.config.time_limit_s:g} s ran out") from exc
             raise _Stop("model-error", f"the model endpoint timed out: {exc}") from exc
+        except openai.BadRequestError as exc:
+            if exc.code == "context_length_exceeded":
+                raise _ContextFull(f"the prompt is over the model's context: {exc.message}") from exc
+            raise _Stop("model-error", f"the model endpoint answered {exc.status_code}: {exc.message}") from exc
         except openai.APIStatusError as exc:
             raise _Stop("model-error", f"the model endpoint answered {exc.status_code}: {exc.message}") from exc
         except openai.APIError as exc:  # connection refused, reset, a body that is not a completion

@@ -30,14 +30,14 @@ class Stack:
 
 
 @pytest.fixture
-async def make_stack(event_log: EventLog) -> AsyncIterator[Callable[[list[str]], Awaitable[Stack]]]:
+async def make_stack(event_log: EventLog) -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
     started: list[tuple[Gateway, HttpServer]] = []
 
-    async def make(replies: list[str]) -> Stack:
+    async def make(replies: list[str], **config: object) -> Stack:
         engine = ScriptedEngine(replies)
         srv = HttpServer(engine.app)
         await srv.start()
-        gw = Gateway(GatewayConfig(), event_log=event_log)
+        gw = Gateway(GatewayConfig(**config), event_log=event_log)  # type: ignore[arg-type]
         await gw.start()
         started.append((gw, srv))
         await gw.pool.add("scripted", srv.url)

@@ -16,7 +16,7 @@ from opengyre.trajectory import TrajectoryTree
 from ._scripted_engine import BROKEN, tool_call
 from .conftest import Stack
 
-MakeStack = Callable[[list[str]], Awaitable[Stack]]
+MakeStack = Callable[..., Awaitable[Stack]]
 M = "opengyre-tiny"
 
 
@@ -155,3 +155,17 @@ async def test_the_time_limit_ends_an_episode_as_a_timeout(make_stack: MakeStack
     summary = await asyncio.to_thread(run_agent, config, "Hang.")
     assert summary.finish_reason == "timeout" and "time limit of 2 s ran out" in summary.message
     assert not (tmp_path / "late").exists()  # the command was killed with the episode's time
+
+
+async def test_a_prompt_over_the_context_drops_old_turns_and_goes_on(make_stack: MakeStack, tmp_path: Path) -> None:
+    # The first prompt (system, tools, task) is ~1,750 tokens; with the command's 1,500 bytes back it is past 2,600.
+    stack = await make_stack(
+        [tool_call("run_command", {"command": "printf 'a%.0s' $(seq 1500); echo END"}), tool_call("submit", {})],
+        context_length=2600,
+    )
+    summary = await asyncio.to_thread(run_agent, _config(stack, "ex-ctx", tmp_path), "Print a lot.")
+    assert summary.finish_reason == "submitted" and summary.compactions == 1 and summary.turns == 2
+    p = stack.engine.prompts
+    assert len(p) == 2 and "Your earlier context was dropped" in p[1] and "aEND" in p[1]
+    events = await stack.recorded("ex-ctx")
+    assert [e.branch for e in events] == ["root", "root"]  # the refused call recorded nothing

@@ -17,7 +17,7 @@ from opengyre.sandbox import SandboxLimits
 
 from .conftest import Stack
 
-MakeStack = Callable[[list[str]], Awaitable[Stack]]
+MakeStack = Callable[..., Awaitable[Stack]]
 LIMITS = SandboxLimits(timeout_s=60, network=True)
 
 # A user's own harness: one chat call with the official SDK, the reply written into the workspace ({{ }}: braces).
