@@ -100,7 +100,14 @@ def test_the_gates_catch_a_broken_task(tmp_path: Path) -> None:
     task = write_task(build_task(bp), tmp_path / "task")
     solve = task / "solution" / "solve.py"
     solve.write_text(solve.read_text().replace("_c0()\n", "pass\n", 1))  # the reference skips a challenge
+    grader = task / "tests" / "grade.py"  # and the grader crashes on an answer that is not JSON
+    text = grader.read_text()
+    assert text.count("except ValueError:\n            return 0.0") == 2
+    grader.write_text(
+        text.replace("except ValueError:\n            return 0.0", "except ValueError:\n            raise")
+    )
     verdicts = {v.gate: v for v in validate_task(task, GateLimits(hang_timeout_s=1.0))}
     assert not verdicts["reference"].ok
     assert not verdicts["consistency"].ok  # the directory is not what the blueprint builds
-    assert verdicts["noop"].ok and verdicts["hang"].ok
+    assert not verdicts["crash"].ok and "valid low score on the wreck" in verdicts["crash"].reason
+    assert verdicts["noop"].ok and verdicts["hang"].ok and verdicts["oom"].ok

@@ -185,7 +185,12 @@ class Synthesizer:
                 .where(_W.c.flagged_seq.is_not(None), _W.c.hardened.is_(False))
                 .order_by(_W.c.flagged_seq)
             )
-            return [(r.task_id, r.task_version) for r in rows]
+            # Only versions this store built can be diagnosed and rebuilt (a demo's or an imported task's cannot).
+            return [
+                (r.task_id, r.task_version)
+                for r in rows
+                if (self.task_dir(r.task_id, r.task_version) / "tests" / "blueprint.json").is_file()
+            ]
 
     def harden(self, engine: Engine, task_id: str, version: int, projection: HardeningProjection) -> list[Event]:
         """task-too-easy for the flagged version, then the diagnosed, raised, validated next version."""
