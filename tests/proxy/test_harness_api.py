@@ -272,3 +272,32 @@ async def test_the_httpx_engine_transport_records_the_same_calls(event_log: Even
         assert len(events) == 2
     finally:
         await st.gateway.stop()
+
+
+async def test_n_samples_are_recorded_as_sibling_branches(stack: Stack) -> None:
+    oai = stack.openai("ex-n")
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    r0 = await oai.chat.completions.create(model=M, messages=msgs, max_tokens=4)
+    msgs += [{"role": "assistant", "content": r0.choices[0].message.content or ""}, {"role": "user", "content": "go"}]
+    r1 = await oai.chat.completions.create(model=M, messages=msgs, max_tokens=6, n=3)
+    assert [c.index for c in r1.choices] == [0, 1, 2]
+    stream = await oai.chat.completions.create(
+        model=M, messages=msgs, max_tokens=6, n=3, stream=True, stream_options={"include_usage": True}
+    )
+    finishes: dict[int, str] = {}
+    usage = None
+    async for ch in stream:
+        for c in ch.choices:
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+        usage = ch.usage or usage
+    assert sorted(finishes) == [0, 1, 2]
+    legacy = await oai.completions.create(model=M, prompt="Once", max_tokens=4, n=2)
+    assert [c.index for c in legacy.choices] == [0, 1]
+    events = await stack.assert_recorded_matches_engines()
+    assert len(events) == 1 + 3 + 3 + 2
+    samples = events[1:7]
+    # Every sample is a call of its own, a child of the first call: six branches under one parent.
+    assert len({e.call_id for e in samples}) == 6 and {e.parent_call_id for e in samples} == {events[0].call_id}
+    assert usage is not None and usage.completion_tokens == sum(len(e.output_ids) for e in events[4:7])
+    assert r1.usage is not None and r1.usage.completion_tokens == sum(len(e.output_ids) for e in events[1:4])

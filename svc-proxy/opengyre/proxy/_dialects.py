@@ -43,6 +43,7 @@ class Dialect:
     overloaded_status: int = 503  # Anthropic says 529
     tool_prefix: str = "call_"
     parse_tools: bool = True  # legacy completions return raw text, tool-call tags included
+    multi: bool = False  # answers n > 1 samples as choices (OpenAI Chat and Completions)
     # Completes the parsed request from the execution's state (the Responses API's previous_response_id).
     resolve: Callable[[GenRequest, ExecutionTrajectory], None] | None = None
 
@@ -55,6 +56,7 @@ CHAT = Dialect(
     error_body=openai_api.error_body,
     stream_error=openai_api.stream_error,
     context_error=openai_api.context_error,
+    multi=True,
 )
 
 COMPLETIONS = Dialect(
@@ -66,6 +68,7 @@ COMPLETIONS = Dialect(
     stream_error=openai_api.stream_error,
     context_error=openai_api.context_error,
     parse_tools=False,
+    multi=True,
 )
 
 ANTHROPIC = Dialect(

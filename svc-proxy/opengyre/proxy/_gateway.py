@@ -449,6 +449,10 @@ class Gateway:
             if not claimed and self.config.infer_roles:
                 role = self._infer_role(traj, plan)
             room = self._check_context(plan, req, dialect)
+            if req.n > 1:
+                if not dialect.multi:
+                    raise ApiError.invalid("'n' is not supported by this API", param="n")
+                return await self._samples(dialect, eid, role, req, traj, plan, room)
             call_id = uuid.uuid4().hex
             dispatch = Dispatch(
                 self.pool,
@@ -501,6 +505,99 @@ class Gateway:
         except RecordFailed as exc:
             return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
         return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
+
+    async def _samples(
+        self,
+        dialect: Dialect,
+        eid: str,
+        role: TrajectoryRole,
+        req: GenRequest,
+        traj: ExecutionTrajectory,
+        plan: Plan,
+        room: int,
+    ) -> Response:
+        """``n`` independent samples of one prompt: ``n`` calls planned alike, so each is recorded as its own
+        branch (siblings under the same parent, sharing the prompt's prefix), answered as ``n`` choices."""
+        dispatches: list[Dispatch] = []
+        for i in range(req.n):
+            sp = self._sampling(req, room)
+            if "sampling_seed" in sp:  # one seed, n different samples (vLLM seeds sample i with seed + i)
+                sp["sampling_seed"] += i
+            d = Dispatch(
+                self.pool,
+                plan.prompt_ids,
+                sp,
+                rid=uuid.uuid4().hex,
+                affinity=eid,
+                stream=req.stream or self.config.engine_streaming,
+                max_attempts=self.config.max_attempts,
+                top_logprobs=req.top_logprobs if req.logprobs else 0,
+            )
+            try:
+                await d.start()
+            except NoCapacity as exc:
+                for started in dispatches:
+                    await started.release_if_unstarted()
+                raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
+            dispatches.append(d)
+
+        def on_turn(d: Dispatch) -> Callable[[Turn], Awaitable[None]]:
+            async def record(turn: Turn) -> None:
+                await self._record(eid, traj, d.rid, role, req, plan, d, turn)
+
+            return record
+
+        prompt = plan.prompt_ids
+        if req.stream:
+            streams = [
+                _stream_errors(
+                    dialect.stream(
+                        req, self.codec, _guard(d.deltas(), d.outcome), _outcome_of(d), prompt, d.rid, on_turn(d)
+                    ),
+                    d.outcome,
+                    dialect,
+                )
+                for d in dispatches
+            ]
+            return _CallStream(
+                _merge_choices(streams, req.include_usage),
+                *dispatches,
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+
+        async def drain(d: Dispatch) -> None:
+            async for _ in d.deltas():
+                pass
+
+        try:
+            await asyncio.gather(*(drain(d) for d in dispatches))
+        except ApiError as err:
+            return self._error(err, dialect)
+        for d in dispatches:
+            if d.outcome.kind == "abort":
+                msg = str((d.outcome.finish or {}).get("message", "the generation was aborted"))
+                return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect)
+        bodies = []
+        for d in dispatches:
+            turn = assemble(
+                self.codec,
+                d.outcome,
+                dialect.tool_prefix,
+                parse_tools=dialect.parse_tools,
+                forced_calls=req.tool_choice.forced,
+            )
+            try:
+                await on_turn(d)(turn)
+            except RecordFailed as exc:
+                return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+            bodies.append(dialect.respond(req, self.codec, d.outcome, turn, prompt, d.rid))
+        merged = bodies[0]
+        merged["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+        out_tokens = sum(b["usage"]["completion_tokens"] for b in bodies)
+        merged["usage"] = {**merged["usage"], "completion_tokens": out_tokens}
+        merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"] + out_tokens
+        return Json(merged)
 
     # --- routes -------------------------------------------------------------------------------------------
 
@@ -597,17 +694,70 @@ class Gateway:
 
 
 class _CallStream(StreamingResponse):
-    """A streamed call that gives its engine slot back even if the client leaves before the body starts."""
+    """A streamed call that gives its engine slots back even if the client leaves before the body starts."""
 
-    def __init__(self, content: AsyncIterator[bytes], dispatch: Dispatch, **kw: Any) -> None:
+    def __init__(self, content: AsyncIterator[bytes], *dispatches: Dispatch, **kw: Any) -> None:
         super().__init__(content, **kw)
-        self._dispatch = dispatch
+        self._dispatches = dispatches
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._dispatch.release_if_unstarted()
+            for d in self._dispatches:
+                await d.release_if_unstarted()
+
+
+def _outcome_of(d: Dispatch) -> Callable[[], Outcome]:
+    return lambda: d.outcome
+
+
+async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: bool) -> AsyncIterator[bytes]:
+    """n OpenAI SSE streams as one: sample i's chunks carry choice index i, as they come; one usage chunk
+    (completion tokens summed) and one ``[DONE]`` at the end; the first error frame ends the whole stream."""
+    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[bytes]) -> None:
+        try:
+            async for frame in s:
+                await queue.put((i, frame))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    usage: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
+    running = len(tasks)
+    try:
+        while running:
+            i, frame = await queue.get()
+            if frame is None:
+                running -= 1
+                continue
+            for block in frame.split(b"\n\n"):
+                if not block.startswith(b"data: ") or block == b"data: [DONE]":
+                    continue
+                obj = _dec.decode(block[6:])
+                if "error" in obj:
+                    yield b"data: " + _enc.encode(obj) + b"\n\n" + b"data: [DONE]\n\n"
+                    return
+                if not obj.get("choices"):  # a usage chunk: summed into the one at the end
+                    u = obj.get("usage") or {}
+                    if usage is None:
+                        usage, head = dict(u), {k: v for k, v in obj.items() if k not in ("choices", "usage")}
+                    else:
+                        usage["completion_tokens"] += u.get("completion_tokens", 0)
+                        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                    continue
+                for c in obj["choices"]:
+                    c["index"] = i
+                yield b"data: " + _enc.encode(obj) + b"\n\n"
+        if include_usage and usage is not None and head is not None:
+            yield b"data: " + _enc.encode({**head, "choices": [], "usage": usage}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _guard(

@@ -33,6 +33,7 @@ __all__ = [
 _enc = msgspec.json.Encoder()
 
 DONE = b"data: [DONE]\n\n"
+MAX_N = 16  # samples per call (each is a call of its own on the engines and in the record)
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -142,8 +143,10 @@ def _common_sampling(body: dict[str, Any], req: GenRequest) -> None:
         else:
             raise ApiError.invalid("'stop' must be a string or a list of up to 4 strings", param="stop")
     n = body.get("n")
-    if n is not None and n != 1:
-        raise ApiError.invalid("only n=1 is supported", param="n")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise ApiError.invalid(f"'n' must be an integer in [1, {MAX_N}]", param="n")
+        req.n = n
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):

@@ -31,6 +31,7 @@ class GenRequest:
     top_logprobs: int = 0
     return_token_ids: bool = False
     echo: bool = False
+    n: int = 1  # independent samples of the same prompt (OpenAI dialects), each recorded as its own call
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("auto"))
     json_schema: dict[str, Any] | None = None  # the answer's text must be JSON of this schema
     echo_fields: dict[str, Any] = field(default_factory=dict)  # what a dialect's response repeats of the request

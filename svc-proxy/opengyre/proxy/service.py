@@ -36,6 +36,7 @@ class ProxyService(Service):
         "status",
         "openai-chat",
         "openai-completions",
+        "openai-responses",
         "anthropic-messages",
         "tito",
         "trajectory-tree",

@@ -39,6 +39,8 @@ def openai_routes(engine: CpuEngine) -> list[Route]:
         return Json(openai_api.models_body([cfg.model_name]))
 
     def _prepare(req: GenRequest) -> tuple[list[int], dict[str, Any]]:
+        if req.n > 1:  # the gateway samples n as n calls; this route answers one
+            raise ApiError.invalid("n > 1 is not supported by the OpenGyre CPU engine's OpenAI routes", param="n")
         if req.model != cfg.model_name:
             raise ApiError(404, "not_found", f"The model `{req.model}` does not exist.", code="model_not_found")
         if req.messages is not None:
