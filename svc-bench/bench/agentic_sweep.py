@@ -8,7 +8,7 @@ The engine runs in its own process (tiny preset, one torch thread). Profiles are
 explicit factors printed with every result (the engine is a CPU toy: lengths x0.05, the coding agent's 85
 turns x0.1). ``mape``: a ShareGPT-format trace of real text (this repository's docs, paragraph by paragraph:
 user paragraphs and the next paragraph as the recorded reply, so replies have real recorded lengths) is
-replayed exactly, then sent again as (a) the same lengths with random-token content ("shadow") and (b)
+replayed exactly (after one discarded warm-up replay), then sent again as (a) the same lengths with random-token content ("shadow") and (b)
 sessions synthesised from the profile fitted to the trace; each against the replay, E2EL MAPE over quantiles
 and per-turn means. Repeating the replay itself gives the run-to-run noise floor.
 """
@@ -100,6 +100,7 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     cfg = LoadConfig(eng.url, model, concurrency=concurrency)
     n = len(trace)
     try:
+        await run_load(cfg, replay_sessions(trace))  # warm-up, discarded: a fresh engine's first run is slower
         runs = {
             "replay": await run_load(cfg, replay_sessions(trace)),
             "replay-again": await run_load(cfg, replay_sessions(trace)),
