@@ -111,7 +111,7 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
         await eng.stop()
     for k, r in runs.items():
         assert not r.partial, (k, r.errors)
-    doc = {
+    doc: dict[str, Any] = {
         "sessions": n,
         "requests": len(runs["replay"].requests),
         "concurrency": concurrency,

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import openai
-from _fast_server import start
+from _fast_server import start  # type: ignore[import-not-found]  # the folder beside, put on sys.path above
 
 from opengyre.bench import LoadConfig, SessionPlan, TurnPlan, run_load
 
