@@ -70,7 +70,9 @@ def start(processes: int = 1) -> tuple[str, list[multiprocessing.process.BasePro
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_serve, args=(sock,), daemon=True) for _ in range(processes)]
+    procs: list[multiprocessing.process.BaseProcess] = [
+        ctx.Process(target=_serve, args=(sock,), daemon=True) for _ in range(processes)
+    ]
     for p in procs:
         p.start()
     return f"http://127.0.0.1:{sock.getsockname()[1]}", procs

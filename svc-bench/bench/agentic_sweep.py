@@ -8,7 +8,7 @@ The engine runs in its own process (tiny preset, one torch thread). Profiles are
 explicit factors printed with every result (the engine is a CPU toy: lengths x0.05, the coding agent's 85
 turns x0.1). ``mape``: a ShareGPT-format trace of real text (this repository's docs, paragraph by paragraph:
 user paragraphs and the next paragraph as the recorded reply, so replies have real recorded lengths) is
-replayed exactly, then sent again as (a) the same lengths with random-token content ("shadow") and (b)
+replayed exactly (after one discarded warm-up replay), then sent again as (a) the same lengths with random-token content ("shadow") and (b)
 sessions synthesised from the profile fitted to the trace; each against the replay, E2EL MAPE over quantiles
 and per-turn means. Repeating the replay itself gives the run-to-run noise floor.
 """
@@ -76,28 +76,31 @@ async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
     plot_per_turn_ttft(out / "per-turn-ttft.png", per_turn)
 
 
-def _docs_trace(max_sessions: int) -> list[dict[str, Any]]:
+def _docs_trace(max_sessions: int, turns: int, prompt_chars: int, reply_chars: int) -> list[dict[str, Any]]:
     convs = []
     for path in sorted((ROOT / "docs").glob("*.md"))[:max_sessions]:
         paras = [p.strip() for p in path.read_text().split("\n\n") if 40 <= len(p.strip()) <= 600]
         msgs = []
-        for i, p in enumerate(paras[:12]):
-            msgs.append({"from": "human" if i % 2 == 0 else "gpt", "value": p[:300] if i % 2 else p})
+        for i, p in enumerate(paras[: 2 * turns]):
+            msgs.append(
+                {"from": "human" if i % 2 == 0 else "gpt", "value": p[:reply_chars] if i % 2 else p[:prompt_chars]}
+            )
         if len(msgs) >= 4:
             convs.append({"id": path.stem, "conversations": msgs[: len(msgs) // 2 * 2]})
     return convs
 
 
-async def _mape(out: Path, concurrency: int) -> None:
+async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
     tok = load_tokenizer()
     fill = TokenFill.for_tokenizer(tok)
     model = eng.config.model_name
-    trace = read_trace(_docs_trace(8), "sharegpt", tok)
+    trace = read_trace(_docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars), "sharegpt", tok)
     prof = fit_profile("docs-trace", trace, "this repository's docs as a ShareGPT trace")
     cfg = LoadConfig(eng.url, model, concurrency=concurrency)
     n = len(trace)
     try:
+        await run_load(cfg, replay_sessions(trace))  # warm-up, discarded: a fresh engine's first run is slower
         runs = {
             "replay": await run_load(cfg, replay_sessions(trace)),
             "replay-again": await run_load(cfg, replay_sessions(trace)),
@@ -108,7 +111,7 @@ async def _mape(out: Path, concurrency: int) -> None:
         await eng.stop()
     for k, r in runs.items():
         assert not r.partial, (k, r.errors)
-    doc = {
+    doc: dict[str, Any] = {
         "sessions": n,
         "requests": len(runs["replay"].requests),
         "concurrency": concurrency,
@@ -133,11 +136,15 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--length-scale", type=float, default=0.05)
+    ap.add_argument("--sessions", type=int, default=8, help="mape: trace sessions (one per docs file)")
+    ap.add_argument("--turns", type=int, default=6, help="mape: turns per session at most")
+    ap.add_argument("--prompt-chars", type=int, default=600, help="mape: user paragraphs cut to this")
+    ap.add_argument("--reply-chars", type=int, default=120, help="mape: recorded replies cut to this")
     a = ap.parse_args()
     if a.what == "sweep":
         asyncio.run(_sweep(a.out, [int(c) for c in a.concurrency.split(",")], a.repeats, a.length_scale))
     else:
-        asyncio.run(_mape(a.out, int(a.concurrency.split(",")[0])))
+        asyncio.run(_mape(a.out, int(a.concurrency.split(",")[0]), a))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import openai
-from _fast_server import start
+from _fast_server import start  # type: ignore[import-not-found]  # the folder beside, put on sys.path above
 
 from opengyre.bench import LoadConfig, SessionPlan, TurnPlan, run_load
 
@@ -68,6 +69,12 @@ async def _ours(url: str, n: int, c: int, workers: int) -> tuple[float, bool]:
     return len(run.requests) / (run.finished - run.started), run.client_bottleneck
 
 
+def _cpu() -> float:
+    """This process's and its reaped children's CPU seconds (the client workers; the server is never reaped)."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=20000)
@@ -76,12 +83,19 @@ def main() -> None:
     a = ap.parse_args()
     url, procs = start(a.server_processes)
     try:
+        c0 = _cpu()
         base = asyncio.run(_openai_sdk(url, a.requests, a.concurrency))
-        print(f"openai SDK (baseline)      {base:8.0f} req/s  1.00x")
+        base_cpu = a.requests / (_cpu() - c0)
+        print(f"openai SDK (baseline)       {base:8.0f} req/s  1.00x   {base_cpu:6.0f} req per client CPU-s  1.00x")
         for w in (1, 2):
+            c0 = _cpu()
             rps, flagged = asyncio.run(_ours(url, a.requests, a.concurrency, w))
+            per_cpu = a.requests / (_cpu() - c0)
             note = "  (watchdog: client loop lagged)" if flagged else ""
-            print(f"opengyre bench, {w} worker(s) {rps:8.0f} req/s  {rps / base:.2f}x{note}")
+            print(
+                f"opengyre bench, {w} worker(s) {rps:8.0f} req/s  {rps / base:.2f}x   {per_cpu:6.0f} req per client CPU-s"
+                f"  {per_cpu / base_cpu:.2f}x{note}"
+            )
     finally:
         for p in procs:
             p.terminate()

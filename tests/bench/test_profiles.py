@@ -143,3 +143,36 @@ def test_sharegpt_and_atif_traces_and_their_errors() -> None:
         read_trace([], "csv", tok)
     with pytest.raises(ProfileError, match="no request with a reply"):
         read_trace([{"conversations": [{"from": "human", "value": "x"}]}], "sharegpt", tok)
+
+
+def test_fit_from_our_own_recorded_calls() -> None:
+    from opengyre.bench import calls_sessions
+    from opengyre.events import ModelCallRecorded
+
+    def call(
+        ex: str, cid: str, parent: str | None, prefix: int, delta: int, out: int, role: str = "main"
+    ) -> ModelCallRecorded:
+        return ModelCallRecorded(
+            execution_id=ex,
+            call_id=cid,
+            parent_call_id=parent,
+            prefix_len=prefix,
+            prompt_delta_ids=[1] * delta,
+            output_ids=[2] * out,
+            role=role,
+        )  # type: ignore[arg-type]
+
+    calls = [
+        call("e1", "a", None, 0, 100, 10),
+        call("e1", "b", "a", 110, 30, 5),  # extends a's prompt + output by a 30-token observation
+        call("e1", "c", "b", 145, 20, 7),
+        call("e1", "sub", None, 0, 50, 3, role="sub-agent"),  # not the main trajectory: not a turn
+        call("e2", "x", None, 0, 80, 4),
+    ]
+    sessions = {s.session_id: s for s in calls_sessions(calls)}
+    assert [(t.new_tokens, t.output_tokens) for t in sessions["e1"].turns] == [(100, 10), (30, 5), (20, 7)]
+    assert [(t.new_tokens, t.output_tokens) for t in sessions["e2"].turns] == [(80, 4)]
+    prof = fit_profile("ours", list(sessions.values()), "recorded calls")
+    assert prof.observation.kind == "lognormal" and prof.turns.kind == "lognormal"
+    with pytest.raises(ProfileError, match="replayed exactly"):
+        replay_sessions(list(sessions.values()))
