@@ -23,6 +23,7 @@ from ._step import Learner, StepResult
 
 __all__ = ["golden_from_task", "golden_tree", "run_sft", "sft_samples"]
 
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
