@@ -41,7 +41,7 @@ def export_hf(checkpoint: Path, out: Path, tokenizer_dir: Path) -> Path:
         cfg.pad_token_id = tok.pad_token_id
         cfg.architectures = ["LlamaForCausalLM"]
         cfg.to_json_file(str(staging / "config.json"))
-        GenerationConfig(
+        GenerationConfig(  # type: ignore[no-untyped-call]
             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
         ).save_pretrained(str(staging))
         tok.save_pretrained(str(staging))

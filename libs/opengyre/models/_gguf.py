@@ -121,7 +121,7 @@ def _read_gguf(path: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     try:
         config = LlamaConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -130,10 +130,12 @@ def _read_gguf(path: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
         config._attn_implementation = "sdpa"
         config.dtype = torch.float32
         model = build_model(config)
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32)
+        parsed = load_gguf_checkpoint(  # type: ignore[no-untyped-call]
+            str(path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32
+        )
         load_state(model, parsed["tensors"])
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as exc:
+    except Exception as exc:  # the reader raises many types for a bad file: each means "unreadable"
         raise CheckpointError(f"GGUF file {path} cannot be read: {type(exc).__name__}: {exc}") from exc
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise CheckpointError(f"GGUF file {path}: its tokenizer is not a fast (tokenizer.json) one")

@@ -82,6 +82,10 @@ def build_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+    # HF gives the embedding ``padding_idx = pad_token_id``, which zeroes that row's gradient. A real model's pad
+    # may be a token it must learn (SmolLM2 pads with <|im_end|>, its end of turn); padded positions come last
+    # and are masked out of every loss, so they contribute no gradient anyway. Megatron has no such row.
+    model.model.embed_tokens.padding_idx = None
     model.eval()  # type: ignore[no-untyped-call]
     return model
 

@@ -23,8 +23,6 @@ from ._step import Learner, StepResult
 
 __all__ = ["golden_from_task", "golden_tree", "run_sft", "sft_samples"]
 
-IM_END = 258
-
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
@@ -36,8 +34,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def golden_tree(execution_id: str, messages: Sequence[Mapping[str, Any]], tokenizer: Any = None) -> TrajectoryTree:
-    """One node per assistant message: prompt = the template up to it, output = its content + <|im_end|>."""
+    """One node per assistant message: prompt = the template up to it, output = its content + the eos."""
     tok = tokenizer or load_tokenizer()
+    eos = tok.eos_token_id  # the template's end of turn (<|im_end|>), in whichever vocabulary
     tree = TrajectoryTree(execution_id)
     parent: str | None = None
     parent_tokens: tuple[int, ...] = ()
@@ -47,7 +46,7 @@ def golden_tree(execution_id: str, messages: Sequence[Mapping[str, Any]], tokeni
         history = [{str(k): str(v) for k, v in x.items()} for x in messages[:i]]
         text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         prompt = tuple(tok.encode(text, add_special_tokens=False))
-        output = (*tok.encode(str(m.get("content", "")), add_special_tokens=False), IM_END)
+        output = (*tok.encode(str(m.get("content", "")), add_special_tokens=False), eos)
         prefix = _common_prefix(parent_tokens, prompt) if parent is not None else 0
         call_id = f"turn-{i}"
         tree.add(

@@ -48,7 +48,7 @@ def run_command(
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
     run_id: Annotated[str, typer.Option(help="Run name: weight versions are <run>-s<step>")] = "default",
-    model: Annotated[str, typer.Option(help="Model preset (tiny, small)")] = "tiny",
+    model: Annotated[str, typer.Option(help="tiny, small, smollm2-135m, a model folder or a .gguf")] = "tiny",
     backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
     algorithm: Annotated[str, typer.Option(help="gspo, grpo (token-level, DAPO clip-higher) or sft")] = "gspo",
     max_paths: Annotated[int, typer.Option(help="Jmax: paths per execution; 0 = all (ablation)")] = 5,
@@ -157,7 +157,7 @@ def sft_command(
         Path, typer.Argument(help='JSONL of golden conversations ({"messages": [...]}) or Harbor task dirs\' parent')
     ],
     out: Annotated[Path, typer.Option(help="Checkpoint folder to write")],
-    model: Annotated[str, typer.Option(help="Model preset")] = "tiny",
+    model: Annotated[str, typer.Option(help="tiny, small, smollm2-135m, a model folder or a .gguf")] = "tiny",
     backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
     epochs: Annotated[int, typer.Option()] = 3,
     batch_size: Annotated[int, typer.Option()] = 8,
@@ -166,7 +166,7 @@ def sft_command(
     version: Annotated[str, typer.Option(help="Weight version stamped on the checkpoint")] = "sft",
 ) -> None:
     """Warm-start a policy on golden trajectories (conversations, or Harbor tasks' reference solutions)."""
-    from opengyre.models import model_config
+    from opengyre.models import model_state, resolve_model
 
     from ._publish import export_checkpoint
     from ._sft import golden_from_task, golden_tree, run_sft
@@ -182,8 +182,11 @@ def sft_command(
         raise fail(f"{data} does not exist")
     if not convos:
         raise fail(f"no golden trajectories in {data}")
-    trees = [golden_tree(f"golden-{i}", c) for i, c in enumerate(convos)]
-    learner = Learner(build_backend(backend, model_config(model), seed=seed), SFT(), lr=lr)
+    source = resolve_model(model, log=console.print)
+    tok = source.tokenizer()
+    trees = [golden_tree(f"golden-{i}", c, tok) for i, c in enumerate(convos)]
+    weights, _ = source.load(seed=seed)  # a preset's seeded init, or a pretrained model's weights (warm start)
+    learner = Learner(build_backend(backend, weights.config, model_state(weights), seed=seed), SFT(), lr=lr)
     results = run_sft(learner, trees, epochs=epochs, batch_size=batch_size, seed=seed)
     export_checkpoint(learner.backend, out, version)
     console.print(
