@@ -296,7 +296,7 @@ class Driver:
                 f.recovered_at = done
         return r.choices[0].message.content or ""
 
-    async def client(self, c: int, stop: asyncio.Event, http: httpx.AsyncClient) -> None:
+    async def client(self, c: int, stop: asyncio.Event, http: openai.DefaultAsyncHttpxClient) -> None:
         rng = random.Random(self.seed * 1000 + c)
         pub = Publisher(self.stack)
         keys: ExecutionKeys | None = None
@@ -333,7 +333,7 @@ class Driver:
         finally:
             await pub.close()
 
-    async def probe(self, http: httpx.AsyncClient, bound_s: float) -> bool:
+    async def probe(self, http: openai.DefaultAsyncHttpxClient, bound_s: float) -> bool:
         """After the traffic: one more execution whose one call is retried until answered (bounded), so the stack
         is shown to serve again after the last fault, or to be stuck."""
         pub = Publisher(self.stack)
@@ -582,8 +582,7 @@ async def soak(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             raise RuntimeError(f"the engine did not come up; see {data / 'engine.log'}")
         driver = Driver(stack, args.seed, args.clients, args.max_tokens)
         stop = asyncio.Event()
-        limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients * 2)
-        async with httpx.AsyncClient(limits=limits, timeout=90) as http:
+        async with openai.DefaultAsyncHttpxClient(timeout=90) as http:  # one pool for every client
             driver.t0 = time.monotonic()
             tasks = [asyncio.create_task(driver.client(c, stop, http)) for c in range(args.clients)]
             faults = asyncio.create_task(
