@@ -106,11 +106,16 @@ async def test_responses_refuse_what_they_cannot_honour(stack: Stack) -> None:
         {"reasoning": {"effort": "high"}},
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
         {"include": ["file_search_call.results"]},
+        {"input": []},  # nothing to answer: no instructions, no previous response
     ]
     for extra in bad:
         kw: dict[str, Any] = {"model": M, "input": "hi", "max_output_tokens": 4, **extra}
         with pytest.raises(openai.BadRequestError):
             await client.responses.create(**kw)
+    with pytest.raises(openai.BadRequestError):  # past int64: the engine's generator cannot take it
+        await client.chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "hi"}], max_tokens=2, seed=2**64
+        )
     r = await client.responses.create(
         model=M, input="hi", max_output_tokens=4, include=["message.output_text.logprobs"], top_logprobs=2
     )

@@ -111,8 +111,8 @@ def _common_sampling(body: dict[str, Any], req: GenRequest) -> None:
         s["top_k"] = tk
     seed = body.get("seed")
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ApiError.invalid("'seed' must be an integer", param="seed")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+            raise ApiError.invalid("'seed' must be a 64-bit integer", param="seed")
         s["sampling_seed"] = seed
     bias = body.get("logit_bias")
     if bias is not None:

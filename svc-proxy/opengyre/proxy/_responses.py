@@ -136,6 +136,8 @@ def parse_responses(raw: object) -> GenRequest:
         raise ApiError.invalid("'input' is required", param="input")
     new = _input_messages(body.get("input") if body.get("input") is not None else [])
     req.messages = ([{"role": "system", "content": instructions}] if instructions else []) + new
+    if not req.messages and previous is None:
+        raise ApiError.invalid("'input' must hold at least one item", param="input")
     req.tools = _tools(body.get("tools"))
     req.tool_choice = ToolChoice.openai(body, req.tools)
     text = body.get("text")
