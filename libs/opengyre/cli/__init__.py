@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-from . import _db, _demo, _events, _model, _replay, _stack
+from . import _db, _demo, _events, _model, _replay, _report, _stack
 
 # What a service's ``cli.register`` builds its commands with: the shared options, settings and session.
 from ._common import (
@@ -53,6 +53,7 @@ _replay.register(app, projections_app)
 _demo.register(app)
 _db.register(db_app)
 _model.register(app)
+_report.register(app)
 
 # Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
 # module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.

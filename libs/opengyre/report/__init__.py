@@ -1,0 +1,47 @@
+"""Run reports from the event log alone: a fold of a run's events into a summary, a live rich dashboard that
+follows the log, end-of-run tables and a self-contained HTML report with plots. Works on any run's log: live or
+finished, the in-process demo or a multi-process stack."""
+
+from ._fold import FOLDED_TYPES, RunFold, fold_events
+from ._html import render_html, write_html
+from ._live import LiveDashboard, live_dashboard
+from ._model import (
+    CellSpan,
+    CellView,
+    ExecutionTally,
+    HardeningView,
+    RoundDifficulty,
+    RunSummary,
+    StepRewards,
+    TimeSplit,
+    VersionCalls,
+    WatermarkPoint,
+)
+from ._plots import PLOTS
+from ._read import fold_log, summarize
+from ._tables import dashboard_view, summary_table
+
+__all__ = [
+    "FOLDED_TYPES",
+    "PLOTS",
+    "CellSpan",
+    "CellView",
+    "ExecutionTally",
+    "HardeningView",
+    "LiveDashboard",
+    "RoundDifficulty",
+    "RunFold",
+    "RunSummary",
+    "StepRewards",
+    "TimeSplit",
+    "VersionCalls",
+    "WatermarkPoint",
+    "dashboard_view",
+    "fold_events",
+    "fold_log",
+    "live_dashboard",
+    "render_html",
+    "summarize",
+    "summary_table",
+    "write_html",
+]

@@ -1,0 +1,469 @@
+"""The fold of a run's events into a :class:`RunSummary`: one handler per event type, dispatched by type.
+
+A pure fold: every value comes from the events (their fields and ``occurred_at``), never the clock, so folding
+the same log twice gives equal summaries, and a live fold equals the fold of the finished log up to its position.
+An event that contradicts what came before (a finish without a dispatch, a role change from the wrong role) is
+counted under ``anomalies`` with why, and folded no further: a report never papers over a broken log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from ..events import (
+    CellRegistered,
+    CellRole,
+    CellRoleChanged,
+    Event,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ModelCallRecorded,
+    PatternUse,
+    SkillIngested,
+    TaskHardened,
+    TaskSynthesized,
+    TaskTooEasy,
+    TaskValidated,
+    TrainingStepCompleted,
+    WeightsPublished,
+)
+from ._model import (
+    CellSpan,
+    CellView,
+    ExecutionTally,
+    HardeningView,
+    RoundDifficulty,
+    RunSummary,
+    StepRewards,
+    TimeSplit,
+    VersionCalls,
+    WatermarkPoint,
+)
+
+__all__ = ["FOLDED_TYPES", "RunFold", "fold_events"]
+
+# The scheduler's definitions (svc-scheduler ``_rules``: ROLLOUT_ROLES, TRAINING_ROLES): only a cell in "rollout"
+# serves executions. The kernel cannot import a service, so they are restated here; the roles are the catalogue's.
+_SERVING: frozenset[CellRole] = frozenset({"rollout"})
+_TRAINING: frozenset[CellRole] = frozenset({"training-core", "training-satellite"})
+_SWITCHING: frozenset[CellRole] = frozenset({"draining", "switching"})
+
+_E = TypeVar("_E", bound=Event)
+_Handler = Callable[["RunFold", Any, int], None]
+_FOLDS: dict[type[Event], _Handler] = {}
+
+
+def _folds(event_type: type[_E]) -> Callable[[Callable[[RunFold, _E, int], None]], Callable[[RunFold, _E, int], None]]:
+    """Register a ``RunFold`` method as the fold of ``event_type`` (the registry ``apply`` dispatches through)."""
+
+    def mark(fn: Callable[[RunFold, _E, int], None]) -> Callable[[RunFold, _E, int], None]:
+        if event_type in _FOLDS:
+            raise TypeError(f"two folds of {event_type.__name__}")
+        _FOLDS[event_type] = fn
+        return fn
+
+    return mark
+
+
+def _seconds(ts: datetime) -> float:
+    return (ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass(slots=True)
+class _Version:
+    patterns: list[PatternUse]
+    requested_at: float  # what asked for it: the skill's ingestion, or the too-easy verdict
+    made_at: float
+    validated_at: float | None = None
+    ok: bool | None = None
+
+
+@dataclass(slots=True)
+class _Task:
+    skill_id: str
+    versions: dict[int, _Version] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Execution:
+    task_id: str
+    task_version: int
+    step: int
+    dispatched_at: float
+    finished_at: float | None = None
+    status: str = ""
+    score: float | None = None
+
+
+@dataclass(slots=True)
+class _Cell:
+    node: str
+    capacity: int
+    resident: bool
+    role: CellRole
+    since: float
+    reason: str
+    changes: int = 0
+
+
+@dataclass(slots=True)
+class _Step:
+    step: int
+    weight_version: str
+    at: float
+    trained: list[str]
+    dropped: list[str]
+    loss: float
+
+
+class RunFold:
+    """Fold events in log order with ``apply``; ``summary()`` at any point (it does not consume the fold)."""
+
+    def __init__(self) -> None:
+        self.first_seq = 0
+        self.last_seq = 0
+        self.count = 0
+        self.t0: float | None = None
+        self.started_at = ""
+        self.t_last = 0.0
+        self.by_type: Counter[str] = Counter()
+        self.anomalies: Counter[str] = Counter()
+        self.skills: dict[str, tuple[float, bool]] = {}
+        self.tasks: dict[str, _Task] = {}
+        self.too_easy: dict[tuple[str, int], tuple[float, float]] = {}  # (task, version) -> (at, mean reward)
+        self.too_easy_count = 0
+        self.hardenings: list[HardeningView] = []
+        self.execs: dict[str, _Execution] = {}
+        self.finished = 0
+        self.by_status: Counter[str] = Counter()
+        self.by_failure: Counter[str] = Counter()
+        self.cells: dict[str, _Cell] = {}
+        self.spans: list[CellSpan] = []  # closed spans; open ones are the cells' current roles
+        self.capacity = 0
+        self.watermark: list[WatermarkPoint] = []
+        self.steps: list[_Step] = []
+        self.published: list[tuple[int, str, float]] = []
+        self.calls: dict[str, list[int]] = {}  # weight version -> [calls, prompt tokens, output tokens]
+
+    # --- the fold ----------------------------------------------------------------------------------------------
+
+    def apply(self, seq: int, event: Event) -> None:
+        at = _seconds(event.occurred_at)
+        if self.t0 is None:
+            self.t0, self.first_seq, self.started_at = at, seq, event.occurred_at.isoformat()
+        self.count += 1
+        self.last_seq = max(self.last_seq, seq)
+        self.t_last = max(self.t_last, at)
+        self.by_type[event.type_name()] += 1
+        fold = _FOLDS.get(type(event))
+        if fold is not None:
+            fold(self, event, seq)
+
+    def apply_all(self, events: Iterable[tuple[int, Event]]) -> RunFold:
+        for seq, event in events:
+            self.apply(seq, event)
+        return self
+
+    def _rel(self, at: float) -> float:
+        return at - (self.t0 or at)
+
+    def _mark(self, at: float, seq: int) -> None:
+        self.watermark.append(WatermarkPoint(self._rel(at), seq, len(self.execs) - self.finished, self.capacity))
+
+    @_folds(SkillIngested)
+    def _skill(self, e: SkillIngested, seq: int) -> None:
+        self.skills.setdefault(e.skill_id, (_seconds(e.occurred_at), e.accepted))
+
+    @_folds(TaskSynthesized)
+    def _synthesized(self, e: TaskSynthesized, seq: int) -> None:
+        at = _seconds(e.occurred_at)
+        task = self.tasks.setdefault(e.task_id, _Task(e.skill_id))
+        if e.task_version in task.versions:
+            self.anomalies["task version synthesized twice"] += 1
+            return
+        skill = self.skills.get(e.skill_id)
+        task.versions[e.task_version] = _Version(list(e.patterns), skill[0] if skill else at, at)
+
+    @_folds(TaskValidated)
+    def _validated(self, e: TaskValidated, seq: int) -> None:
+        task = self.tasks.get(e.task_id)
+        v = task.versions.get(e.task_version) if task else None
+        if v is None:
+            self.anomalies["validation of an unknown task version"] += 1
+            return
+        v.validated_at, v.ok = _seconds(e.occurred_at), e.ok
+
+    @_folds(TaskTooEasy)
+    def _too_easy(self, e: TaskTooEasy, seq: int) -> None:
+        self.too_easy_count += 1
+        self.too_easy[(e.task_id, e.task_version)] = (_seconds(e.occurred_at), e.mean_reward)
+
+    @_folds(TaskHardened)
+    def _hardened(self, e: TaskHardened, seq: int) -> None:
+        at = _seconds(e.occurred_at)
+        task = self.tasks.get(e.task_id)
+        if task is None or e.from_version not in task.versions:
+            self.anomalies["hardening of an unknown task version"] += 1
+            return
+        if e.to_version in task.versions:
+            self.anomalies["task version synthesized twice"] += 1
+            return
+        verdict = self.too_easy.get((e.task_id, e.from_version))
+        task.versions[e.to_version] = _Version(list(e.patterns), verdict[0] if verdict else at, at)
+        self.hardenings.append(
+            HardeningView(
+                e.task_id, e.from_version, e.to_version, self._rel(at), e.bypassed, e.reason,
+                verdict[1] if verdict else None,
+            )
+        )  # fmt: skip
+
+    @_folds(ExecutionDispatched)
+    def _dispatched(self, e: ExecutionDispatched, seq: int) -> None:
+        if e.execution_id in self.execs:
+            self.anomalies["execution dispatched twice"] += 1
+            return
+        at = _seconds(e.occurred_at)
+        self.execs[e.execution_id] = _Execution(e.task_id, e.task_version, e.step, at)
+        self._mark(at, seq)
+
+    @_folds(ExecutionFinished)
+    def _finished(self, e: ExecutionFinished, seq: int) -> None:
+        x = self.execs.get(e.execution_id)
+        if x is None:
+            self.anomalies["execution finished but never dispatched"] += 1
+            return
+        if x.finished_at is not None:
+            self.anomalies["execution finished twice"] += 1
+            return
+        x.finished_at, x.status, x.score = _seconds(e.occurred_at), e.status, e.score
+        self.finished += 1
+        self.by_status[e.status] += 1
+        if e.failure_class is not None:
+            self.by_failure[e.failure_class] += 1
+        self._mark(x.finished_at, seq)
+
+    @_folds(ModelCallRecorded)
+    def _call(self, e: ModelCallRecorded, seq: int) -> None:
+        row = self.calls.setdefault(e.weight_version, [0, 0, 0])
+        row[0] += 1
+        row[1] += e.n_prompt_delta
+        if not e.weight_versions:
+            row[2] += e.n_output
+            return
+        for span in e.weight_versions:  # the output tokens each version generated, when weights changed mid-call
+            self.calls.setdefault(span.version, [0, 0, 0])[2] += max(0, span.end - span.start)
+
+    @_folds(CellRegistered)
+    def _registered(self, e: CellRegistered, seq: int) -> None:
+        if e.cell_id in self.cells:
+            self.anomalies["cell registered twice"] += 1
+            return
+        at = _seconds(e.occurred_at)
+        self.cells[e.cell_id] = _Cell(e.node, e.capacity, e.resident, e.role, at, "registered")
+        if e.role in _SERVING:
+            self.capacity += e.capacity
+        self._mark(at, seq)
+
+    @_folds(CellRoleChanged)
+    def _role_changed(self, e: CellRoleChanged, seq: int) -> None:
+        cell = self.cells.get(e.cell_id)
+        if cell is None:
+            self.anomalies["role change of an unregistered cell"] += 1
+            return
+        if cell.role != e.from_role:
+            self.anomalies["role change from a role the cell did not hold"] += 1
+            return
+        at = _seconds(e.occurred_at)
+        self.spans.append(CellSpan(e.cell_id, cell.role, self._rel(cell.since), self._rel(at), cell.reason))
+        self.capacity += cell.capacity * ((e.to_role in _SERVING) - (cell.role in _SERVING))
+        cell.role, cell.since, cell.reason = e.to_role, at, e.reason
+        cell.changes += 1
+        self._mark(at, seq)
+
+    @_folds(TrainingStepCompleted)
+    def _step(self, e: TrainingStepCompleted, seq: int) -> None:
+        trained = list(dict.fromkeys(e.execution_ids))
+        dropped = [x for x in dict.fromkeys(e.dropped) if x not in set(trained)]
+        self.steps.append(_Step(e.step, e.weight_version, _seconds(e.occurred_at), trained, dropped, e.loss))
+
+    @_folds(WeightsPublished)
+    def _published(self, e: WeightsPublished, seq: int) -> None:
+        self.published.append((e.step, e.weight_version, self._rel(_seconds(e.occurred_at))))
+
+    # --- the summary -------------------------------------------------------------------------------------------
+
+    def summary(self) -> RunSummary:
+        end = self._rel(self.t_last)
+        return RunSummary(
+            first_seq=self.first_seq,
+            last_seq=self.last_seq,
+            events=self.count,
+            started_at=self.started_at,
+            by_type=dict(sorted(self.by_type.items())),
+            skills_accepted=sum(1 for _, ok in self.skills.values() if ok),
+            skills_rejected=sum(1 for _, ok in self.skills.values() if not ok),
+            tasks=len(self.tasks),
+            tasks_validated=sum(1 for t in self.tasks.values() if t.versions.get(1) and t.versions[1].ok),
+            tasks_rejected=sum(1 for t in self.tasks.values() if t.versions.get(1) and t.versions[1].ok is False),
+            too_easy=self.too_easy_count,
+            hardenings=list(self.hardenings),
+            executions=self._tally(),
+            steps=[self._step_rewards(s) for s in self.steps],
+            rewards_by_batch=self._by_batch(),
+            cells=[
+                CellView(cid, c.node, c.capacity, c.resident, c.role, self._rel(c.since), c.changes)
+                for cid, c in self.cells.items()
+            ],
+            cell_spans=self._all_spans(),
+            watermark=list(self.watermark),
+            difficulty=self._difficulty(),
+            time=self._time_split(end),
+            weight_versions=[VersionCalls(v, *row) for v, row in sorted(self.calls.items())],
+            published=list(self.published),
+            notes=self._notes(),
+            anomalies=dict(sorted(self.anomalies.items())),
+        )
+
+    def _tally(self) -> ExecutionTally:
+        scores = [x.score for x in self.execs.values() if x.score is not None]
+        return ExecutionTally(
+            dispatched=len(self.execs),
+            running=len(self.execs) - self.finished,
+            finished=self.finished,
+            by_status=dict(sorted(self.by_status.items())),
+            by_failure_class=dict(sorted(self.by_failure.items())),
+            scored=len(scores),
+            reward_mean=sum(scores) / len(scores) if scores else None,
+        )
+
+    def _step_rewards(self, s: _Step) -> StepRewards:
+        scores: list[float] = []
+        unscored = unfinished = 0
+        for xid in (*s.trained, *s.dropped):
+            x = self.execs.get(xid)
+            if x is None or x.finished_at is None:
+                unfinished += 1
+            elif x.score is None:
+                unscored += 1
+            else:
+                scores.append(x.score)
+        return StepRewards(
+            s.step, s.weight_version, self._rel(s.at), len(scores),
+            sum(scores) / len(scores) if scores else None, min(scores, default=None), max(scores, default=None),
+            len(s.trained), len(s.dropped), unscored, unfinished, s.loss,
+        )  # fmt: skip
+
+    def _by_batch(self) -> dict[int, tuple[int, float]]:
+        acc: dict[int, list[float]] = {}
+        for x in self.execs.values():
+            if x.score is not None:
+                acc.setdefault(x.step, []).append(x.score)
+        return {k: (len(v), sum(v) / len(v)) for k, v in sorted(acc.items())}
+
+    def _all_spans(self) -> list[CellSpan]:
+        open_ = [CellSpan(cid, c.role, self._rel(c.since), None, c.reason) for cid, c in self.cells.items()]
+        return sorted([*self.spans, *open_], key=lambda s: (s.cell_id, s.start_s))
+
+    def _difficulty(self) -> list[RoundDifficulty]:
+        knobs: dict[int, dict[str, list[float]]] = {}
+        counts: dict[int, list[int]] = {}  # round -> [task versions, pattern instances]
+        for task in self.tasks.values():
+            for v, ver in task.versions.items():
+                c = counts.setdefault(v, [0, 0])
+                c[0] += 1
+                c[1] += len(ver.patterns)
+                for p in ver.patterns:
+                    for k, value in p.knobs.items():
+                        knobs.setdefault(v, {}).setdefault(f"{p.pattern_id}.{k}", []).append(value)
+        rewards: dict[int, list[float]] = {}
+        for x in self.execs.values():
+            if x.score is not None:
+                rewards.setdefault(x.task_version, []).append(x.score)
+        out = []
+        for r in sorted(set(counts) | set(rewards)):
+            n, patterns = counts.get(r, [0, 0])
+            got = rewards.get(r, [])
+            means = {k: sum(vs) / len(vs) for k, vs in sorted(knobs.get(r, {}).items())}
+            out.append(
+                RoundDifficulty(r, n, patterns / n if n else 0.0, means, len(got), sum(got) / len(got) if got else None)
+            )
+        return out
+
+    def _time_split(self, end: float) -> TimeSplit:
+        synth = [
+            (self._rel(v.requested_at), self._rel(v.validated_at if v.validated_at is not None else v.made_at))
+            for t in self.tasks.values()
+            for v in t.versions.values()
+        ]
+        rollout = [
+            (self._rel(x.dispatched_at), self._rel(x.finished_at) if x.finished_at is not None else end)
+            for x in self.execs.values()
+        ]
+        spans = self._all_spans()
+        cell_seconds: dict[str, float] = {}
+        for s in spans:
+            cell_seconds[s.role] = cell_seconds.get(s.role, 0.0) + max(
+                0.0, (s.end_s if s.end_s is not None else end) - s.start_s
+            )
+
+        def of(roles: frozenset[CellRole]) -> float | None:
+            if not self.cells:
+                return None
+            return _union([(s.start_s, s.end_s if s.end_s is not None else end) for s in spans if s.role in roles])
+
+        return TimeSplit(
+            span_s=end,
+            synthesis_s=_union(synth) if synth else None,
+            rollout_s=_union(rollout) if rollout else None,
+            training_s=of(_TRAINING),
+            switching_s=of(_SWITCHING),
+            cell_seconds=dict(sorted(cell_seconds.items())),
+        )
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if not self.execs:
+            notes.append("no execution-dispatched events: executions, rewards and the watermark w(t) are not shown")
+        if not self.cells:
+            notes.append(
+                "no cell-registered events: cell roles, rollout capacity CR(t), training and switching time unknown"
+            )
+        elif self.steps and not any(s.role in _TRAINING for s in self._all_spans()):
+            notes.append(
+                "training steps completed but no cell entered a training role in the log: training time is not "
+                "shown (a step's event carries no start time)"
+            )
+        if not self.tasks:
+            notes.append("no task-synthesized events: task difficulty and synthesis time unknown")
+        elif not any(p.knobs for t in self.tasks.values() for v in t.versions.values() for p in v.patterns):
+            notes.append("the tasks' patterns set no knobs: difficulty per round shows pattern counts only")
+        if not self.steps:
+            notes.append("no training-step-completed events: no reward per training step")
+        return notes
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``[start, end]`` intervals."""
+    total, cur_s, cur_e = 0.0, 0.0, None
+    for s, e in sorted((s, max(s, e)) for s, e in intervals):  # producers' clocks may disagree a little
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return max(0.0, total)
+
+
+FOLDED_TYPES: tuple[type[Event], ...] = tuple(_FOLDS)
+
+
+def fold_events(events: Iterable[tuple[int, Event]]) -> RunSummary:
+    """The summary of ``(seq, event)`` pairs in log order."""
+    return RunFold().apply_all(events).summary()
