@@ -13,7 +13,7 @@ file storage. In the same process:
 CPU seconds (``time.process_time``) beside wall seconds; nats-server runs in its own process.
 
     .venv/bin/python bench/report_bench.py                  # ~100k events
-    .venv/bin/python bench/report_bench.py --steps 20       # quick
+    .venv/bin/python bench/report_bench.py --steps 20       # quick (~8k events)
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ async def timed_async(coro):  # type: ignore[no-untyped-def]
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=190)
+    ap.add_argument("--steps", type=int, default=255)
     args = ap.parse_args()
     print(f"load before: {os.getloadavg()}")
     events = run_events(args.steps)
@@ -87,8 +87,11 @@ async def main() -> None:
     print(f"baseline count by type: {bw:.3f} s wall, {bc:.3f} s CPU")
     print(f"fold: {fw:.3f} s wall, {fc:.3f} s CPU ({len(events) / fc:,.0f} events/CPU-s, x{fc / bc:.1f} the count)")
     print(f"summary(): {sw:.3f} s wall, {sc:.3f} s CPU")
-    _, hw, hc = timed(lambda: render_html(summary))
-    print(f"render_html: {hw:.3f} s wall, {hc:.3f} s CPU ({len(summary.watermark):,} watermark points)")
+    html, hw, hc = timed(lambda: render_html(summary))
+    print(
+        f"render_html: {hw:.3f} s wall, {hc:.3f} s CPU ({len(summary.watermark):,} watermark points, "
+        f"{len(html) / 1e6:.1f} MB)"
+    )
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(Path(tmp) / "nats") as server:
         log = await EventLog.connect(server.url, LogConfig(stream="REPORTBENCH", prefix="rb.ev"))

@@ -1,7 +1,8 @@
 """The live dashboard: follow the log, fold each event as it arrives, redraw a rich view now and then.
 
 It runs as tasks on the caller's loop and never blocks it: the fold of an event is a few dict updates, and a
-redraw (which builds the summary) happens at most once per ``refresh_s`` and only after something changed.
+redraw (which builds the summary, linear in the run's events) happens at most once per ``refresh_s``, only after
+something changed, and never takes more than ~5% of the loop's time (a long run's redraws are spaced out).
 Stopping it (the ``stop`` event, or leaving ``live_dashboard``'s block) ends the subscription and then reads the
 log up to its end at that moment, so the final summary is the fold of every event appended before the stop.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from rich.console import Console
@@ -58,9 +60,12 @@ class LiveDashboard:
                 self.fold.apply(seq, event)
                 self._dirty = True
 
-    def _draw(self, live: Live) -> None:
+    def _draw(self, live: Live) -> float:
+        """Redraw; the seconds it took (building the summary is linear in the run's events)."""
+        started = time.perf_counter()
         live.update(dashboard_view(self.fold.summary(), title=self.title), refresh=True)
         self._dirty = False
+        return time.perf_counter() - started
 
     async def run(self, stop: asyncio.Event) -> RunSummary:
         """Show the run until ``stop`` is set; then fold what remains up to the log's end and return the summary.
@@ -69,11 +74,13 @@ class LiveDashboard:
         live = Live(console=self.console, auto_refresh=False, transient=False)
         live.start()
         try:
+            pause = self.refresh_s
             while not stop.is_set() and not follower.done():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.refresh_s)
-                if self._dirty:
-                    self._draw(live)
+                    await asyncio.wait_for(stop.wait(), pause)
+                if self._dirty and not stop.is_set():
+                    # A long run's redraw costs more: space them so they take at most ~5% of the loop.
+                    pause = max(self.refresh_s, 20 * self._draw(live))
             if follower.done():
                 follower.result()  # the subscription failed: say why
             follower.cancel()

@@ -64,13 +64,14 @@ def _roles(s: RunSummary) -> Figure | str:
     end = s.time.span_s
     fig = Figure(figsize=(7.5, 0.9 + 0.45 * len(cells)), layout="constrained")
     ax = fig.add_subplot()
-    for i, cid in enumerate(cells):
-        for span in (x for x in s.cell_spans if x.cell_id == cid):
-            stop = span.end_s if span.end_s is not None else end
-            ax.broken_barh(
-                [(span.start_s, max(stop - span.start_s, end * 1e-3))], (i - 0.4, 0.8),
-                facecolors=ROLE_COLOURS.get(span.role, "#000000"),
-            )  # fmt: skip
+    # One bar collection per (cell, role): a long run has thousands of spans, and a collection each is slow.
+    bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for span in s.cell_spans:
+        stop = span.end_s if span.end_s is not None else end
+        bars.setdefault((span.cell_id, span.role), []).append((span.start_s, max(stop - span.start_s, end * 1e-3)))
+    row = {cid: i for i, cid in enumerate(cells)}
+    for (cid, role), xs in bars.items():
+        ax.broken_barh(xs, (row[cid] - 0.4, 0.8), facecolors=ROLE_COLOURS.get(role, "#000000"))
     ax.set_yticks(range(len(cells)), cells)
     ax.set_xlabel("seconds since the first event")
     seen = sorted({x.role for x in s.cell_spans}, key=list(ROLE_COLOURS).index)
