@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -13,7 +17,10 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import Event
 from opengyre.runtime import EmbeddedNats
 
+from ..._polling import wait_until
 from ._run import scripted_run
+
+CLI = [sys.executable, "-m", "opengyre.cli"]
 
 
 def _config() -> LogConfig:
@@ -70,3 +77,40 @@ def test_report_refuses_an_empty_log_a_missing_stream_and_no_log(nats_server: Em
 
     code, text = _invoke(config, *common, "--since-seq", "5", "--until-seq", "4")
     assert code == 2 and "--until-seq 4 is before --since-seq 5" in text, text
+
+
+async def _consumers(url: str, config: LogConfig) -> int:
+    log = await EventLog.connect(url, config, create=False)
+    try:
+        info = await log.js.stream_info(config.stream)
+        return int(info.state.consumer_count)
+    finally:
+        await log.close()
+
+
+def test_report_follow_shows_the_run_live_until_interrupted_then_reports_it_all(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    config = _config()
+    events = scripted_run(7)
+    half = len(events) // 2
+    asyncio.run(_write(nats_server.url, config, events[:half]))
+    out = tmp_path / "live.html"
+    env = {"OPENGYRE_STREAM": config.stream, "OPENGYRE_SUBJECT_PREFIX": config.prefix}
+    args = ["report", "--follow", "--nats-url", nats_server.url, "--data-dir", str(tmp_path), "--out", str(out)]
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "250", **env})  # fmt: skip
+    try:
+        # Its subscription is up (a consumer on the stream) once it listens for Ctrl-C.
+        wait_until(lambda: asyncio.run(_consumers(nats_server.url, config)) >= 1, "report --follow subscribed")
+        asyncio.run(_write(nats_server.url, config, events[half:]))
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, text
+    assert "OpenGyre run" in text  # the dashboard
+    assert f"{len(events)} (seq 1..{len(events)})" in text and "reward per training step" in text
+    assert out.is_file() and 'id="plot-roles"' in out.read_text()
