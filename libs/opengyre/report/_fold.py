@@ -287,7 +287,8 @@ class RunFold:
     @_folds(TrainingStepCompleted)
     def _step(self, e: TrainingStepCompleted, seq: int) -> None:
         trained = list(dict.fromkeys(e.execution_ids))
-        dropped = [x for x in dict.fromkeys(e.dropped) if x not in set(trained)]
+        seen = set(trained)
+        dropped = [x for x in dict.fromkeys(e.dropped) if x not in seen]
         self.steps.append(_Step(e.step, e.weight_version, _seconds(e.occurred_at), trained, dropped, e.loss))
 
     @_folds(WeightsPublished)
@@ -426,6 +427,11 @@ class RunFold:
 
     def _notes(self) -> list[str]:
         notes = []
+        if self.first_seq > 1 and self.anomalies:
+            notes.append(
+                f"the range read starts at seq {self.first_seq}: events about executions, cells or tasks that began "
+                "before it are counted under anomalies"
+            )
         if not self.execs:
             notes.append("no execution-dispatched events: executions, rewards and the watermark w(t) are not shown")
         if not self.cells:
