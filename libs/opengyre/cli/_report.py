@@ -12,7 +12,7 @@ import typer
 from nats.js.errors import NotFoundError
 
 from ..eventlog import EventLog
-from ..report import LiveDashboard, RunSummary, summarize, summary_table, write_html
+from ..report import LiveDashboard, RunSummary, summarize, summary_table
 from ._common import DataDirOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
@@ -84,6 +84,8 @@ def report(
         )
     console.print(summary_table(summary))
     if out is not None:
+        from ..report import write_html  # matplotlib: only when a report is written
+
         path = write_html(summary, out)
         console.print(f"[green]report written to {path}[/]")
 

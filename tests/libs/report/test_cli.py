@@ -114,3 +114,11 @@ def test_report_follow_shows_the_run_live_until_interrupted_then_reports_it_all(
     assert "OpenGyre run" in text  # the dashboard
     assert f"{len(events)} (seq 1..{len(events)})" in text and "reward per training step" in text
     assert out.is_file() and 'id="plot-roles"' in out.read_text()
+
+
+def test_the_cli_loads_without_matplotlib() -> None:
+    """Every `opengyre` command imports the report's command; only writing an HTML report pays for matplotlib."""
+    code = "import sys, opengyre.cli, opengyre.report; print('matplotlib' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
