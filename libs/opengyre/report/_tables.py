@@ -45,6 +45,9 @@ def _overview(s: RunSummary) -> Table:
     if x.by_failure_class:
         t.add_row("  by failure", ", ".join(f"{k} {v}" for k, v in x.by_failure_class.items()))
     t.add_row("reward", f"mean {_num(x.reward_mean)} over {x.scored} scored")
+    if s.rewards_by_batch:  # known before the step trains: the live curve
+        last = list(s.rewards_by_batch.items())[-4:]
+        t.add_row("  by batch", ", ".join(f"step {k}: {m:.3f} ({n})" for k, (n, m) in last))
     t.add_row("watermark", _watermark_text(s))
     t.add_row("weights", ", ".join(v for _, v, _ in s.published) or "none published")
     return t
