@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opengyre.config import Settings
+from opengyre.config import Settings, SettingsError
 
 
 def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record(
@@ -21,3 +21,16 @@ def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record
     monkeypatch.setenv("OPENGYRE_PROXY_ENGINES", "http://c:1, http://d:2")
     assert Settings.from_env(data_dir=tmp_path).proxy_engines == ("http://c:1", "http://d:2")
     assert Settings.from_env(data_dir=tmp_path, proxy_engines=[]).proxy_engines == ()
+
+
+def test_log_replicas_come_from_the_environment_and_are_bounded_as_jetstream_bounds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENGYRE_LOG_REPLICAS", raising=False)
+    assert Settings.from_env(data_dir=tmp_path).log.replicas == 1
+    monkeypatch.setenv("OPENGYRE_LOG_REPLICAS", "3")
+    assert Settings.from_env(data_dir=tmp_path).log.replicas == 3
+    for bad in ("0", "6", "three"):
+        monkeypatch.setenv("OPENGYRE_LOG_REPLICAS", bad)
+        with pytest.raises(SettingsError, match=r"(?i)replicas"):
+            Settings.from_env(data_dir=tmp_path)

@@ -101,6 +101,7 @@ class Settings:
                 max_bytes=_env_number(env, "OPENGYRE_LOG_MAX_BYTES", int, -1),
                 payload_max_bytes=_env_number(env, "OPENGYRE_PAYLOAD_MAX_BYTES", int, -1),
                 payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
+                replicas=_env_number(env, "OPENGYRE_LOG_REPLICAS", int, 1),
             )
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc

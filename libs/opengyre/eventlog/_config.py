@@ -43,6 +43,9 @@ class LogConfig:
             value = getattr(self, name)
             if value != -1 and value <= 0:
                 raise ValueError(f"{name} must be a positive number of bytes or -1 (no limit), not {value}")
+        # JetStream's own bound; a cluster needs at least as many servers (it refuses the stream otherwise).
+        if not 1 <= self.replicas <= 5:
+            raise ValueError(f"replicas must be 1 to 5 (JetStream's limit), not {self.replicas}")
         if not self.payload_max_age_s >= 0:
             raise ValueError(f"payload_max_age_s must be >= 0 seconds (0: no limit), not {self.payload_max_age_s}")
         if not _NAME.match(self.blob_bucket):

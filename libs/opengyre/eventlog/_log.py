@@ -180,7 +180,8 @@ class EventLog:
             # but bound the first connection so a wrong URL fails fast.
             await asyncio.wait_for(
                 nc.connect(
-                    url,
+                    # "nats://a:4222,nats://b:4222": the seeds of a cluster (the client learns the others from them)
+                    [u.strip() for u in url.split(",") if u.strip()],
                     connect_timeout=max(1, int(timeout)),
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
@@ -210,7 +211,15 @@ class EventLog:
             raise LogUnavailable(f"the NATS server at {url} has no JetStream (start it with -js): {exc}") from exc
         await log._acks.start()
         if create:
-            await log.ensure_stream()
+            try:
+                await log.ensure_stream()
+            except nats.js.errors.APIError as exc:
+                await log.close()
+                # e.g. replicas > 1 on a server that is not clustered, or more replicas than the cluster has
+                raise LogUnavailable(
+                    f"the NATS server at {url} refuses stream {log.config.stream} "
+                    f"({log.config.replicas} replica(s)): {exc.description or exc}"
+                ) from exc
         return log
 
     async def close(self) -> None:
@@ -252,8 +261,9 @@ class EventLog:
             )
             return
         have = info.config
-        if (have.max_bytes, have.discard) != (cfg.max_bytes, DiscardPolicy.NEW):
-            have.max_bytes, have.discard = cfg.max_bytes, DiscardPolicy.NEW
+        if (have.max_bytes, have.discard, have.num_replicas) != (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas):
+            # A clustered server moves the stream to the new replica count in place.
+            have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
             await self.js.update_stream(have)
 
     async def last_seq(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -19,7 +20,7 @@ from opengyre.eventlog import (
     require_server_version,
 )
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
-from opengyre.runtime import free_port, nats_server_binary, wait_for_port
+from opengyre.runtime import EmbeddedNats, free_port, nats_server_binary, wait_for_port
 
 
 def _dispatched(i: int) -> ExecutionDispatched:
@@ -120,6 +121,27 @@ async def test_a_server_without_jetstream_is_refused(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait()
+
+
+async def test_a_comma_separated_url_names_several_seed_servers(
+    nats_server: EmbeddedNats, log_config: LogConfig
+) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    # dont-randomize is not set: whichever seed is tried first, the live one is reached
+    log = await EventLog.connect(f"{dead}, {nats_server.url}", log_config)
+    try:
+        assert await log.last_seq() == 0
+    finally:
+        await log.js.delete_stream(log_config.stream)
+        await log.close()
+
+
+async def test_replicas_a_single_server_cannot_hold_are_refused_clearly(
+    nats_server: EmbeddedNats, log_config: LogConfig
+) -> None:
+    three = dataclasses.replace(log_config, replicas=3)
+    with pytest.raises(LogUnavailable, match=r"refuses stream .* \(3 replica\(s\)\).*non-clustered"):
+        await EventLog.connect(nats_server.url, three)
 
 
 @pytest.mark.parametrize(
