@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import openai
+import pytest
 
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import (
@@ -49,6 +50,7 @@ async def _execution(pstub: proxy_pb2_grpc.ProxyServiceStub, event_log: EventLog
     return r.choices[0].finish_reason
 
 
+@pytest.mark.slow  # real engine and trainer processes through three steps (about 40 s)
 async def test_elastic_cells_move_live_and_every_execution_completes(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
