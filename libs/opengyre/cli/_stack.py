@@ -321,6 +321,7 @@ def status(data_dir: DataDirOpt = None) -> None:
     for col in ("service", "port", "state", "projections (position / pending / dead)", "not implemented yet"):
         t.add_column(col)
     refusing: list[str] = []
+    notes: list[str] = []
     for (name, info), (state, st) in zip(data["services"].items(), rows, strict=True):
         if st is None or state != "SERVING":
             healthy = False
@@ -331,8 +332,11 @@ def status(data_dir: DataDirOpt = None) -> None:
             for p in st.projections
         )
         refusing += [p.error for p in st.projections if p.error]
+        notes += [f"{name}: {n}" for n in st.notes]
         t.add_row(name, str(info["port"]), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
     console.print(t)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")
     if refusing or not healthy:

@@ -50,7 +50,7 @@ from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
-from ._recorder import Recorder, RecorderFull, RecordFailed
+from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
 from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
@@ -181,6 +181,14 @@ class Gateway:
             self._http = None
         await self.recorder.stop(self.config.stop_drain_timeout_s)
         await self.pool.close()
+
+    async def seal_execution(self, execution_id: str) -> int:
+        """End the execution's calls: refuse new ones (durably), wait until the log holds every recorded one, and
+        return how many there are (what its ``execution-finished`` carries). Idempotent; SealUnavailable without a
+        log. A call still generating when the seal lands is refused when it would be recorded."""
+        await self.recorder.seal(execution_id)
+        self._executions.pop(execution_id, None)  # its live state is no longer needed
+        return await self.recorder.sealed_calls(execution_id)
 
     def issue_key(self, execution_id: str, role: TrajectoryRole = "main") -> str:
         return self.keys.issue(execution_id, role)
@@ -426,6 +434,10 @@ class Gateway:
     async def _call(self, request: Request, dialect: Dialect) -> Response:
         try:
             eid, role, claimed = self._authorize(request)
+            try:
+                self.recorder.check_open(eid)
+            except ExecutionSealed as exc:
+                raise _record_error(exc) from exc
             body = await self._body(request)
             req = dialect.parse(body)
             if not self._known_model(req.model):
@@ -503,7 +515,7 @@ class Gateway:
         try:
             await on_turn(turn)
         except RecordFailed as exc:
-            return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+            return self._error(_record_error(exc), dialect)
         return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
 
     async def _samples(
@@ -590,7 +602,7 @@ class Gateway:
             try:
                 await on_turn(d)(turn)
             except RecordFailed as exc:
-                return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+                return self._error(_record_error(exc), dialect)
             bodies.append(dialect.respond(req, self.codec, d.outcome, turn, prompt, d.rid))
         merged = bodies[0]
         merged["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
@@ -775,6 +787,13 @@ def _not_recorded(exc: RecordFailed) -> str:
     return f"the call could not be recorded, so it is not answered (nothing was recorded): {exc}"
 
 
+def _record_error(exc: RecordFailed) -> ApiError:
+    """A sealed execution is the caller's error (403: its rollout ended); any other failure to record is ours."""
+    if isinstance(exc, ExecutionSealed):
+        return ApiError(403, "permission", str(exc), code="execution_sealed")
+    return ApiError(500, "api_error", _not_recorded(exc))
+
+
 async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect) -> AsyncIterator[bytes]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
@@ -786,7 +805,8 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect
         async for chunk in stream:
             yield chunk
     except RecordFailed as exc:
-        outcome.finish = {"type": "abort", "message": _not_recorded(exc), "status_code": 500}
+        err = _record_error(exc)
+        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
     if outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
         # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.
