@@ -5,10 +5,8 @@ finish without the count keeps the old rule (late calls accepted until a step co
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import grpc
 import msgspec
 from sqlalchemy import Engine
 
@@ -16,13 +14,13 @@ from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched, ExecutionFinished, default_registry
 from opengyre.projection import ProjectionRunner
-from opengyre.runtime import EmbeddedNats, run_service
+from opengyre.runtime import EmbeddedNats
 from opengyre.trainer import OnlineTrainer, TrainerProjection, TrainerStore
-from opengyre.trainer.service import TrainerService
-from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from opengyre.v1 import common_pb2, trainer_pb2
 
 from .._polling import await_until
 from ._events import calls, folding
+from ._serving import serving_trainer
 from .test_loop import config
 
 
@@ -111,53 +109,38 @@ async def test_scored_with_a_count_the_status_says_what_the_trainer_waits_for(
     (task_dir / "tests").mkdir(parents=True)
     (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     (tmp_path / "ws").mkdir()
-    stop = asyncio.Event()
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
-    try:
-        port = await asyncio.wait_for(ready, 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+    async with serving_trainer(settings) as stub:
+        req = trainer_pb2.ScoreExecutionRequest(
+            execution_id="w-e0",
+            task_dir=str(task_dir),
+            workspace=str(tmp_path / "ws"),
+            has_recorded_calls=True,
+            recorded_calls=len(e0),
+        )
+        reply = await stub.ScoreExecution(req)
+        assert reply.status == "completed"
 
-            async def caught_up() -> bool:
-                st = await stub.GetStatus(common_pb2.StatusRequest())
-                return all(p.pending == 0 for p in st.projections) and bool(st.projections)
-
-            await await_until(caught_up, "the trainer caught up", polls=300, every=0.1)
-            req = trainer_pb2.ScoreExecutionRequest(
-                execution_id="w-e0",
-                task_dir=str(task_dir),
-                workspace=str(tmp_path / "ws"),
-                has_recorded_calls=True,
-                recorded_calls=len(e0),
-            )
-            reply = await stub.ScoreExecution(req)
-            assert reply.status == "completed"
-
-            async def scored() -> bool:
-                ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="w-e0"))
-                return ex.status == "completed"
-
-            await await_until(scored, "the finish was applied", polls=300, every=0.1)
+        async def scored() -> bool:
             ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="w-e0"))
-            assert (ex.has_recorded_calls, ex.recorded_calls, ex.n_calls) == (True, 5, 2)
-            st = await stub.GetStatus(common_pb2.StatusRequest())
-            [note] = st.notes
-            assert "held out of training" in note and "w-e0 (2 of 5)" in note
-            assert not (await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest(default_group_size=1))).groups
-            reg = default_registry()
-            [fin] = [s.decode(reg) async for s in event_log.read() if s.type_name == "execution-finished"]
-            assert isinstance(fin, ExecutionFinished)
-            assert fin.recorded_calls == 5
+            return ex.status == "completed"
 
-            await event_log.append_many(e0[2:])
+        await await_until(scored, "the finish was applied", polls=300, every=0.1)
+        ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="w-e0"))
+        assert (ex.has_recorded_calls, ex.recorded_calls, ex.n_calls) == (True, 5, 2)
+        st = await stub.GetStatus(common_pb2.StatusRequest())
+        [note] = st.notes
+        assert "held out of training" in note and "w-e0 (2 of 5)" in note
+        assert not (await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest(default_group_size=1))).groups
+        reg = default_registry()
+        [fin] = [s.decode(reg) async for s in event_log.read() if s.type_name == "execution-finished"]
+        assert isinstance(fin, ExecutionFinished)
+        assert fin.recorded_calls == 5
 
-            async def released() -> bool:
-                return not (await stub.GetStatus(common_pb2.StatusRequest())).notes
+        await event_log.append_many(e0[2:])
 
-            await await_until(released, "the held calls arrived", polls=300, every=0.1)
-            groups = await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest(default_group_size=1))
-            assert [g.group_id for g in groups.groups] == ["w"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+        async def released() -> bool:
+            return not (await stub.GetStatus(common_pb2.StatusRequest())).notes
+
+        await await_until(released, "the held calls arrived", polls=300, every=0.1)
+        groups = await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest(default_group_size=1))
+        assert [g.group_id for g in groups.groups] == ["w"]

@@ -7,12 +7,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
-
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number
+from ._sse import sse
 from ._structured import ToolChoice
 from ._tooldefs import ANTHROPIC_NAME, check_schema, check_tool_name
 
@@ -26,7 +25,6 @@ __all__ = [
     "stream_error",
 ]
 
-_enc = msgspec.json.Encoder()
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -292,7 +290,7 @@ def message_response(
 
 
 def _event(name: str, obj: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + _enc.encode(obj) + b"\n\n"
+    return sse(obj, name)
 
 
 async def message_stream(

@@ -42,6 +42,7 @@ from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
 from ._chat import ChatCodec
+from ._client import EngineOptions
 from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch
 from ._errors import ApiError
@@ -52,6 +53,7 @@ from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
+from ._sse import DONE, sse
 from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
@@ -60,7 +62,6 @@ __all__ = ["Gateway", "GatewayConfig"]
 
 log = logging.getLogger(__name__)
 
-_enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
 
 ROLE_HEADER = "x-opengyre-role"
@@ -132,10 +133,12 @@ class Gateway:
             max_queue=c.max_queue,
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
-            api_key=c.engine_api_key,
-            idle_timeout_s=c.engine_idle_timeout_s,
-            read_timeout_s=c.engine_read_timeout_s,
-            transport=c.engine_transport,
+            engine_options=EngineOptions(
+                api_key=c.engine_api_key,
+                idle_timeout_s=c.engine_idle_timeout_s,
+                read_timeout_s=c.engine_read_timeout_s,
+                transport=c.engine_transport,
+            ),
         )
         self.recorder = Recorder(
             event_log,
@@ -747,11 +750,11 @@ async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: boo
                 running -= 1
                 continue
             for block in frame.split(b"\n\n"):
-                if not block.startswith(b"data: ") or block == b"data: [DONE]":
+                if not block.startswith(b"data: ") or block + b"\n\n" == DONE:
                     continue
                 obj = _dec.decode(block[6:])
                 if "error" in obj:
-                    yield b"data: " + _enc.encode(obj) + b"\n\n" + b"data: [DONE]\n\n"
+                    yield sse(obj) + DONE
                     return
                 if not obj.get("choices"):  # a usage chunk: summed into the one at the end
                     u = obj.get("usage") or {}
@@ -763,10 +766,10 @@ async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: boo
                     continue
                 for c in obj["choices"]:
                     c["index"] = i
-                yield b"data: " + _enc.encode(obj) + b"\n\n"
+                yield sse(obj)
         if include_usage and usage is not None and head is not None:
-            yield b"data: " + _enc.encode({**head, "choices": [], "usage": usage}) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            yield sse({**head, "choices": [], "usage": usage})
+        yield DONE
     finally:
         for t in tasks:
             t.cancel()

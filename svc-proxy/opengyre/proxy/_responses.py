@@ -14,13 +14,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
-
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._openai import chat_logprobs_content
 from ._request import GenRequest, check_number
+from ._sse import sse
 from ._structured import ToolChoice, response_format_schema
 from ._temperature import DEFAULT_TEMPERATURE
 from ._tito import ExecutionTrajectory
@@ -28,7 +27,6 @@ from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]
 
-_enc = msgspec.json.Encoder()
 _LOGPROBS = "message.output_text.logprobs"
 _PART_TYPES = {"input_text", "output_text", "text"}
 
@@ -314,7 +312,7 @@ def stream_error(message: str, overload: bool) -> bytes:
 
 
 def _event(obj: dict[str, Any]) -> bytes:
-    return b"event: " + str(obj["type"]).encode() + b"\ndata: " + _enc.encode(obj) + b"\n\n"
+    return sse(obj, str(obj["type"]))
 
 
 async def response_stream(
