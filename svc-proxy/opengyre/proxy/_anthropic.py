@@ -153,6 +153,7 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         raise ApiError.invalid("tools: must be a list")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(raw):
         if not isinstance(t, dict):
             raise ApiError.invalid(f"tools.{i}: must be an object")
@@ -160,7 +161,7 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
             raise ApiError.invalid(f"tools.{i}.type: server tool {t.get('type')!r} is not supported by this model")
         if "name" not in t:
             raise ApiError.invalid(f"tools.{i}.name: Field required")
-        fn: dict[str, Any] = {"name": check_tool_name(t["name"], ANTHROPIC_NAME, f"tools.{i}.name")}
+        fn: dict[str, Any] = {"name": check_tool_name(t["name"], ANTHROPIC_NAME, f"tools.{i}.name", names)}
         if t.get("description"):
             fn["description"] = t["description"]
         if "input_schema" not in t:

@@ -184,11 +184,12 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise ApiError.invalid("'tools' must be a list", param="tools")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
             raise ApiError.invalid(f"tools[{i}] must be a function tool", param=f"tools[{i}]")
-        check_tool_name(fn.get("name"), OPENAI_NAME, f"tools[{i}].function.name")
+        check_tool_name(fn.get("name"), OPENAI_NAME, f"tools[{i}].function.name", names)
         if fn.get("parameters") is not None:
             check_schema(fn["parameters"], f"tools[{i}].function.parameters", require_object=False)
         out.append({"type": "function", "function": fn})

@@ -98,13 +98,14 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         raise ApiError.invalid("'tools' must be a list", param="tools")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise ApiError.invalid(
                 f"tools[{i}]: tool type {kind!r} is not supported (function tools only)", param=f"tools[{i}]"
             )
-        fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"tools[{i}].name")}
+        fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"tools[{i}].name", names)}
         if t.get("description"):
             fn["description"] = t["description"]
         if t.get("parameters") is not None:
