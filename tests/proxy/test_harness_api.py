@@ -273,6 +273,13 @@ async def test_message_start_and_delta_agree_and_unknown_routes_answer_json(stac
         assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
         r = await http.get(f"{gw.url}/x/ex-usage/v1/messages", headers={**key, "anthropic-version": "2023-06-01"})
         assert r.status_code == 405 and r.json()["type"] == "error"
+        # The two APIs share /v1: an Anthropic client (its key header, or its version header) gets its own shape.
+        for headers in ({"x-api-key": gw.issue_key("ex-usage")}, {**key, "anthropic-version": "2023-06-01"}):
+            r = await http.post(f"{gw.url}/v1/messages/nope", headers=headers, json={})
+            assert r.status_code == 404 and r.json()["type"] == "error", r.text
+            assert r.json()["error"]["type"] == "not_found_error"
+            r = await http.get(f"{gw.url}/v1/models/nope", headers=headers)
+            assert r.status_code == 404 and r.json()["type"] == "error", r.text
 
 
 async def test_the_httpx_engine_transport_records_the_same_calls(event_log: EventLog, engine_a: EngineServer) -> None:

@@ -638,7 +638,7 @@ class Gateway:
             return Json({"input_tokens": len(plan.prompt_ids)})
 
         async def models(request: Request) -> Response:
-            anthropic = "anthropic-version" in request.headers
+            anthropic = _speaks_anthropic(request)
             try:
                 self._authorize(request)
             except ApiError as err:
@@ -659,7 +659,7 @@ class Gateway:
             return Json(openai_api.models_body(names))
 
         async def model(request: Request) -> Response:
-            anthropic = "anthropic-version" in request.headers
+            anthropic = _speaks_anthropic(request)
             try:
                 self._authorize(request)
                 name = request.path_params["model"]
@@ -693,9 +693,7 @@ class Gateway:
         async def unknown(request: Request, exc: Exception) -> Response:
             """No such route (or method): the dialect's JSON error, never a plain-text page."""
             status = getattr(exc, "status_code", 404)
-            anthropic = "anthropic-version" in request.headers or request.url.path.endswith(
-                ("/messages", "/count_tokens")
-            )
+            anthropic = _speaks_anthropic(request) or request.url.path.endswith(("/messages", "/count_tokens"))
             what = "method" if status == 405 else "route"
             err = ApiError(
                 status,
@@ -721,6 +719,12 @@ class _CallStream(StreamingResponse):
         finally:
             for d in self._dispatches:
                 await d.release_if_unstarted()
+
+
+def _speaks_anthropic(request: Request) -> bool:
+    """A request from an Anthropic client (the two APIs share ``/v1``): its version header, or its key header
+    (OpenAI clients send ``Authorization: Bearer``)."""
+    return "anthropic-version" in request.headers or "x-api-key" in request.headers
 
 
 def _outcome_of(d: Dispatch) -> Callable[[], Outcome]:
