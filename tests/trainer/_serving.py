@@ -35,4 +35,4 @@ async def serving_trainer(settings: Settings) -> AsyncIterator[trainer_pb2_grpc.
             yield stub
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await asyncio.wait_for(task, 60)  # a training loop ends its step first

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -11,9 +10,8 @@ import pytest
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched
-from opengyre.runtime import EmbeddedNats, run_service
-from opengyre.trainer.service import TrainerService
-from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from opengyre.runtime import EmbeddedNats
+from opengyre.v1 import common_pb2, trainer_pb2
 
 from .._polling import await_until
 from ._events import group
@@ -97,25 +95,16 @@ async def test_service_trains_online_with_a_trainer_toml(
         data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
     )
     await event_log.append_many(group("g", [("completed", 1.0, None), ("completed", 0.0, None)]))
-    stop = asyncio.Event()
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
-    try:
-        port = await asyncio.wait_for(ready, 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+    async with serving_trainer(settings) as stub:
 
-            async def published() -> bool:
-                w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
-                return len(w.versions) == 1
+        async def published() -> bool:
+            w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
+            return len(w.versions) == 1
 
-            await await_until(published, "weights were published", polls=1200, every=0.1)
-            [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
-            assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
-            [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps
-            assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
-            ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
-            assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
+        await await_until(published, "weights were published", polls=1200, every=0.1)
+        [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
+        assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
+        [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps
+        assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
+        ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
+        assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"
