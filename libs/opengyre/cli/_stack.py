@@ -332,7 +332,7 @@ def status(data_dir: DataDirOpt = None) -> None:
         pid, restarts = int(rec.get("pid") or 0), int(rec.get("restarts") or 0)
         running = is_service_of(pid, name, settings.data_dir)
         shown = (str(pid) if running else "-") + (f" ({restarts} restarts)" if restarts else "")
-        if not running:
+        if pid and not running:  # no pid recorded: a service this supervisor did not spawn; its gRPC tells
             healthy = False
             t.add_row(name, str(info["port"]), shown, "[red]exited[/]", "", "")
             continue
