@@ -23,11 +23,16 @@ $(STAMP): pyproject.toml constraints.txt requirements-models.txt
 demo: $(STAMP)
 	$(VENV)/bin/opengyre demo
 
-test: $(STAMP) proto-check lint typecheck
-	$(PY) -m pytest -q
+# The suite runs on one pytest-xdist worker per core (`--dist loadgroup` is in pyproject's addopts; tests/_parallel.py
+# keeps the tests that start stacks on one worker). PYTEST_WORKERS=0 runs it in this process, serially.
+PYTEST_WORKERS ?= auto
 
+test: $(STAMP) proto-check lint typecheck
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+
+# Everything but the tests marked slow (each of those takes tens of seconds), stopping at the first failure.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x -m "not slow"
+	$(PY) -m pytest -q -x -n $(PYTEST_WORKERS) -m "not slow"
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py

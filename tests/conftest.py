@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,13 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.models import ModelSource, resolve_model
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers, the long tests (marked ``slow``) come first: handed out first, they run beside the many
+    short ones instead of starting last and leaving the other workers idle at the end."""
+    if hasattr(config, "workerinput"):  # every worker sorts the same collection the same way
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
@@ -165,5 +173,10 @@ def prod_db_url(tmp_path: Path) -> Iterator[str]:
 def smollm2() -> ModelSource:
     """SmolLM2-135M-Instruct as our checkpoint, converted once per machine: the conversion is cached by digest
     in ``<repo>/.opengyre/models`` (``OPENGYRE_TEST_MODEL_CACHE`` elsewhere), as ``--model smollm2-135m`` does."""
-    cache = os.environ.get("OPENGYRE_TEST_MODEL_CACHE") or str(Path(__file__).parents[1] / ".opengyre" / "models")
-    return resolve_model("smollm2-135m", Path(cache))
+    cache = Path(os.environ.get("OPENGYRE_TEST_MODEL_CACHE") or Path(__file__).parents[1] / ".opengyre" / "models")
+    cache.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers each ask for it: one converts while the others wait, then find it cached. (Converting
+    # at once would also be correct, staged then renamed, but costs each worker the CPU of a whole conversion.)
+    with (cache / ".convert.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return resolve_model("smollm2-135m", cache)

@@ -80,7 +80,21 @@ def test_profiles_and_roofline(tmp_path: Path) -> None:
     code, out = og("bench", "roofline", str(cfg))
     assert code == 2 and "missing: intermediate_size" in out
     code, out = og("bench", "roofline", str(cfg), "--hardware", "TPU")
-    assert code == 2 and "unknown hardware" in out
+    assert code == 2 and "unknown hardware 'TPU'" in out and '"unknown' not in out and "'unknown" not in out
+
+
+def test_roofline_options_are_checked_in_the_users_words(tmp_path: Path) -> None:
+    cfg = tmp_path / "Llama-3.1-8B" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(LLAMA_31_8B))  # 32 attention heads, 8 KV heads
+    for opt, value in (("--tp", "0"), ("--mem-util", "0"), ("--mem-util", "1.5"), ("--isl", "0"), ("--batch", "0")):
+        code, out = og("bench", "roofline", str(cfg), opt, value)
+        assert code == 2 and opt in out, out
+        assert "memory_utilisation" not in out and "context must" not in out, out
+    code, out = og("bench", "roofline", str(cfg), "--tp", "3")
+    assert code == 2 and "tensor-parallel degree of 3" in out, out
+    code, out = og("bench", "roofline", str(cfg), "--tp", "16")  # past the 8 KV heads: each rank a replica
+    assert code == 0 and "--tp" not in out, out
 
 
 def test_fit_a_sharegpt_trace_and_refuse_a_malformed_one(tmp_path: Path) -> None:

@@ -81,6 +81,16 @@ def test_70b_needs_tensor_parallel_and_kv_heads_are_not_split_below_one() -> Non
     assert tp4.kv_per_request_per_gpu == s.kv_bytes(8192) / 4
     tp16 = capacity(s, hardware("H100"), context=8192, tp=16)
     assert tp16.kv_per_request_per_gpu == s.kv_bytes(8192) / 8  # 8 KV heads: one per rank at best
+    for tp in (3, 12):  # neither divides the 64 attention heads: refused, never modelled as an uneven split
+        with pytest.raises(ValueError, match=f"tensor-parallel degree of {tp}"):
+            capacity(s, hardware("H100"), context=8192, tp=tp)
+    with pytest.raises(ValueError, match="cannot shard the 8 KV heads"):
+        capacity(
+            ModelShape.from_config({**LLAMA_31_70B, "num_attention_heads": 96, "head_dim": 128}),
+            hardware("H100"),
+            context=8,
+            tp=12,
+        )
 
 
 def test_prefill_projection_oi_grows_with_input_length_and_decode_is_memory_bound() -> None:

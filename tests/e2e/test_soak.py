@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from .._parallel import STACKS
+
+pytestmark = STACKS  # starts `opengyre up` stacks: never two at once (tests/_parallel.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

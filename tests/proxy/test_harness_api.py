@@ -62,6 +62,22 @@ async def test_invalid_tool_definitions_are_refused_and_record_nothing(stack: St
         with pytest.raises(anthropic.BadRequestError) as aexc:
             await ant.messages.create(model=M, max_tokens=2, messages=[{"role": "user", "content": "hi"}], tools=[tool])
         assert aexc.value.body["error"]["type"] == "invalid_request_error", tool  # type: ignore[index]
+    # Two tools of one name: a call of it could not be told apart. Refused in each dialect, naming the second.
+    with pytest.raises(openai.BadRequestError) as exc:
+        await oai.chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "hi"}], tools=[OAI_TOOLS[0], OAI_TOOLS[0]], max_tokens=2
+        )
+    assert exc.value.param == "tools[1].function.name" and "unique" in exc.value.message
+    with pytest.raises(openai.BadRequestError) as exc:
+        twice = {"type": "function", "name": "bash", "parameters": {"type": "object"}}
+        await oai.responses.create(model=M, input="hi", tools=[twice, twice], max_output_tokens=2)  # type: ignore[list-item]
+    assert exc.value.param == "tools[1].name"
+    ant_tool: Any = {"name": "bash", "input_schema": {"type": "object"}}
+    with pytest.raises(anthropic.BadRequestError) as aexc:
+        await ant.messages.create(
+            model=M, max_tokens=2, messages=[{"role": "user", "content": "hi"}], tools=[ant_tool, ant_tool]
+        )
+    assert "tools.1.name" in aexc.value.message and "unique" in aexc.value.message
     # A good definition still goes through, so the refusals above were about the definitions.
     await oai.chat.completions.create(
         model=M, messages=[{"role": "user", "content": "hi"}], tools=OAI_TOOLS, max_tokens=2
@@ -257,6 +273,13 @@ async def test_message_start_and_delta_agree_and_unknown_routes_answer_json(stac
         assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
         r = await http.get(f"{gw.url}/x/ex-usage/v1/messages", headers={**key, "anthropic-version": "2023-06-01"})
         assert r.status_code == 405 and r.json()["type"] == "error"
+        # The two APIs share /v1: an Anthropic client (its key header, or its version header) gets its own shape.
+        for headers in ({"x-api-key": gw.issue_key("ex-usage")}, {**key, "anthropic-version": "2023-06-01"}):
+            r = await http.post(f"{gw.url}/v1/messages/nope", headers=headers, json={})
+            assert r.status_code == 404 and r.json()["type"] == "error", r.text
+            assert r.json()["error"]["type"] == "not_found_error"
+            r = await http.get(f"{gw.url}/v1/models/nope", headers=headers)
+            assert r.status_code == 404 and r.json()["type"] == "error", r.text
 
 
 async def test_the_httpx_engine_transport_records_the_same_calls(event_log: EventLog, engine_a: EngineServer) -> None:

@@ -34,10 +34,10 @@ class Proxy:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    async def start(self) -> None:
+    async def start(self, *extra: str) -> None:
         self.port_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "_gateway_main.py"), *self.args, str(self.port_file)], cwd=HERE
+            [sys.executable, str(HERE / "_gateway_main.py"), *self.args, str(self.port_file), *extra], cwd=HERE
         )
         proc = self.proc
         await await_until(

@@ -97,6 +97,13 @@ async def test_operators_drive_the_proxy_over_grpc(
         assert sum(path.generated) == sum(n.output_len for n in tree.nodes)
         atif = json.loads((await stub.ExportAtif(proxy_pb2.ExportAtifRequest(execution_id="ex-svc"))).json)
         assert atif["schema_version"] == "ATIF-v1.7" and atif["session_id"] == "ex-svc"
+        done = await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="ex-done"))
+        ended = openai.AsyncOpenAI(base_url=done.base_url, api_key=done.api_key, max_retries=0)
+        await ended.chat.completions.create(model=M, messages=m1, max_tokens=4)
+        sealed = await stub.SealExecution(proxy_pb2.SealExecutionRequest(execution_id="ex-done"))
+        assert (sealed.execution_id, sealed.recorded_calls) == ("ex-done", 1)
+        with pytest.raises(openai.PermissionDeniedError):
+            await ended.chat.completions.create(model=M, messages=m1, max_tokens=4)
 
         moved = await stub.DrainEngine(proxy_pb2.DrainEngineRequest(engine_id="static-0"))
         assert moved.moved == 0
@@ -110,6 +117,7 @@ async def test_operators_drive_the_proxy_over_grpc(
             (stub.AddEngine(proxy_pb2.AddEngineRequest(url="ftp://x")), grpc.StatusCode.INVALID_ARGUMENT),
             (stub.AddEngine(proxy_pb2.AddEngineRequest(url="https://x")), grpc.StatusCode.INVALID_ARGUMENT),
             (stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="a.b")), grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.SealExecution(proxy_pb2.SealExecutionRequest(execution_id="a.b")), grpc.StatusCode.INVALID_ARGUMENT),
             (
                 stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="a", role="boss")),
                 grpc.StatusCode.INVALID_ARGUMENT,

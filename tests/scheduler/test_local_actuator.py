@@ -32,6 +32,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow  # starts and stops real engine and trainer processes
 async def test_engine_and_trainer_processes_follow_the_role(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:

@@ -1,7 +1,8 @@
 """Calls the proxy answered before their execution finished but handed to the log after its finish (the log
 refused them, the proxy stopped with them in its outbox, the runtime appended the finish meanwhile, the proxy
 came back and drained them) are applied by the trainer's projection like every other answered call: answered ==
-applied, nothing dead-lettered."""
+applied, nothing dead-lettered. This is the path of finishes without the proxy's count of recorded calls (a
+runtime that does not seal); sealed executions are in test_sealed_calls.py and tests/proxy/test_seal.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -11,12 +10,12 @@ import pytest
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched
-from opengyre.runtime import EmbeddedNats, run_service
-from opengyre.trainer.service import TrainerService
-from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from opengyre.runtime import EmbeddedNats
+from opengyre.v1 import common_pb2, trainer_pb2
 
 from .._polling import await_until
 from ._events import group
+from ._serving import serving_trainer
 
 
 async def test_trainer_service_end_to_end(
@@ -29,76 +28,61 @@ async def test_trainer_service_end_to_end(
         group("g", [("completed", 1.0, None), ("timed-out", 0.25, None), ("infra-failed", None, "oom")])
     )
     await event_log.append(ExecutionDispatched(execution_id="todo", task_id="t", group_id="h", group_size=1))
-    stop = asyncio.Event()
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
-    try:
-        port = await asyncio.wait_for(ready, 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+    async with serving_trainer(settings) as stub:
+        st = await stub.GetStatus(common_pb2.StatusRequest())
+        assert "score" in st.capabilities and [p.name for p in st.projections] == ["trainer"]
 
-            async def caught_up() -> bool:
-                st = await stub.GetStatus(common_pb2.StatusRequest())
-                return all(p.pending == 0 for p in st.projections) and bool(st.projections)
+        ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e1"))
+        assert (ex.status, ex.has_score, ex.score, ex.verdict) == ("timed-out", True, 0.25, "ok")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
-            await await_until(caught_up, "the trainer caught up", polls=300, every=0.1)
-            st = await stub.GetStatus(common_pb2.StatusRequest())
-            assert "score" in st.capabilities and [p.name for p in st.projections] == ["trainer"]
+        groups = await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest())
+        [g] = groups.groups
+        assert [(m.execution_id, m.decision) for m in g.members] == [
+            ("g-e0", "train"),
+            ("g-e1", "train"),
+            ("g-e2", "masked"),
+        ]
 
-            ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e1"))
-            assert (ex.status, ex.has_score, ex.score, ex.verdict) == ("timed-out", True, 0.25, "ok")
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="nope"))
-            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        prev = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=1))
+        assert len(prev.paths) == 1 and prev.paths[0].role == "main"
+        full = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-1))
+        assert full.target_tokens == full.generated_tokens  # every generated token once
+        # 3 leaves and c1, which the summary forked inside: 4 path ends, every generated token on one
+        assert len(full.paths) == full.tree_leaves == 4 and full.forward_tokens == full.all_paths_forward_tokens
+        assert full.generated_tokens == 30
+        assert prev.forward_tokens < full.forward_tokens and prev.target_tokens < full.target_tokens
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-3))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-            groups = await stub.ListReadyGroups(trainer_pb2.ListReadyGroupsRequest())
-            [g] = groups.groups
-            assert [(m.execution_id, m.decision) for m in g.members] == [
-                ("g-e0", "train"),
-                ("g-e1", "train"),
-                ("g-e2", "masked"),
-            ]
+        task_dir = tmp_path / "task"
+        (task_dir / "tests").mkdir(parents=True)
+        (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\n")
+        (tmp_path / "ws").mkdir()
+        req = trainer_pb2.ScoreExecutionRequest(
+            execution_id="todo", task_dir=str(task_dir), workspace=str(tmp_path / "ws"), timed_out=True
+        )
+        reply = await stub.ScoreExecution(req)
+        assert (reply.status, reply.has_score, reply.score) == ("timed-out", True, 0.5) and reply.seq > 0
 
-            prev = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=1))
-            assert len(prev.paths) == 1 and prev.paths[0].role == "main"
-            full = await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-1))
-            assert full.target_tokens == full.generated_tokens  # every generated token once
-            # 3 leaves and c1, which the summary forked inside: 4 path ends, every generated token on one
-            assert len(full.paths) == full.tree_leaves == 4 and full.forward_tokens == full.all_paths_forward_tokens
-            assert full.generated_tokens == 30
-            assert prev.forward_tokens < full.forward_tokens and prev.target_tokens < full.target_tokens
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.PreviewSamples(trainer_pb2.PreviewSamplesRequest(execution_id="g-e0", max_paths=-3))
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        async def scored() -> bool:
+            e = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="todo"))
+            return e.status == "timed-out"
 
-            task_dir = tmp_path / "task"
-            (task_dir / "tests").mkdir(parents=True)
-            (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\n")
-            (tmp_path / "ws").mkdir()
-            req = trainer_pb2.ScoreExecutionRequest(
-                execution_id="todo", task_dir=str(task_dir), workspace=str(tmp_path / "ws"), timed_out=True
-            )
-            reply = await stub.ScoreExecution(req)
-            assert (reply.status, reply.has_score, reply.score) == ("timed-out", True, 0.5) and reply.seq > 0
+        await await_until(scored, "the execution was scored", polls=300, every=0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ScoreExecution(req)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        bad = trainer_pb2.ScoreExecutionRequest(execution_id="todo", task_dir=str(tmp_path), workspace="/x")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ScoreExecution(bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-            async def scored() -> bool:
-                e = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="todo"))
-                return e.status == "timed-out"
-
-            await await_until(scored, "the execution was scored", polls=300, every=0.1)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.ScoreExecution(req)
-            assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-            bad = trainer_pb2.ScoreExecutionRequest(execution_id="todo", task_dir=str(tmp_path), workspace="/x")
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.ScoreExecution(bad)
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-
-            steps = await stub.ListSteps(trainer_pb2.ListStepsRequest())
-            assert list(steps.steps) == []
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+        steps = await stub.ListSteps(trainer_pb2.ListStepsRequest())
+        assert list(steps.steps) == []
 
 
 async def test_service_trains_online_with_a_trainer_toml(
@@ -111,25 +95,16 @@ async def test_service_trains_online_with_a_trainer_toml(
         data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
     )
     await event_log.append_many(group("g", [("completed", 1.0, None), ("completed", 0.0, None)]))
-    stop = asyncio.Event()
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
-    try:
-        port = await asyncio.wait_for(ready, 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = trainer_pb2_grpc.TrainerServiceStub(ch)
+    async with serving_trainer(settings) as stub:
 
-            async def published() -> bool:
-                w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
-                return len(w.versions) == 1
+        async def published() -> bool:
+            w = await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))
+            return len(w.versions) == 1
 
-            await await_until(published, "weights were published", polls=1200, every=0.1)
-            [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
-            assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
-            [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps
-            assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
-            ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
-            assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
+        await await_until(published, "weights were published", polls=1200, every=0.1)
+        [v] = (await stub.ListWeights(trainer_pb2.ListWeightsRequest(run_id="svc"))).versions
+        assert v.weight_version == "svc-s1" and Path(v.uri).is_relative_to(tmp_path / "ckpt")
+        [s] = (await stub.ListSteps(trainer_pb2.ListStepsRequest(run_id="svc"))).steps
+        assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
+        ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
+        assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"

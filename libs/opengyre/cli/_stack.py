@@ -33,8 +33,10 @@ from ..runtime import (
     check_data_dir,
     describe_holder,
     find_leftovers,
+    is_service_of,
     load_service,
     lock_holder,
+    read_stack_file,
     reap_leftovers,
     run_service,
     stack_alive,
@@ -318,21 +320,38 @@ def status(data_dir: DataDirOpt = None) -> None:
     if recorded.get("restarts"):
         console.print(f"nats-server restarted {recorded['restarts']} time(s) by the supervisor")
     t = Table(title=f"stack on {settings.data_dir} (supervisor pid {data['pid']})")
-    for col in ("service", "port", "state", "projections (position / pending / dead)", "not implemented yet"):
+    for col in ("service", "port", "pid", "state", "projections (position / pending / dead)", "not implemented yet"):
         t.add_column(col)
     refusing: list[str] = []
+    notes: list[str] = []
+    # The supervisor rewrites its record when it restarts a service: read it after the services answered, and
+    # show a pid only while it is that service (a killed one the supervisor has not restarted yet is not).
+    now = (read_stack_file(settings) or data)["services"]
     for (name, info), (state, st) in zip(data["services"].items(), rows, strict=True):
+        rec = now.get(name, info)
+        pid, restarts = int(rec.get("pid") or 0), int(rec.get("restarts") or 0)
+        running = is_service_of(pid, name, settings.data_dir)
+        shown = (str(pid) if running else "-") + (f" ({restarts} restarts)" if restarts else "")
+        if pid and not running:  # no pid recorded: a service this supervisor did not spawn; its gRPC tells
+            healthy = False
+            t.add_row(name, str(info["port"]), shown, "[red]exited[/]", "", "")
+            continue
         if st is None or state != "SERVING":
             healthy = False
-            t.add_row(name, str(info["port"]), f"[red]{state.lower().replace('_', ' ')}[/]", "", "")
+            t.add_row(name, str(info["port"]), shown, f"[red]{state.lower().replace('_', ' ')}[/]", "", "")
             continue
         projs = ", ".join(
             f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" + (" [red]REFUSES THE STREAM[/]" if p.error else "")
             for p in st.projections
         )
         refusing += [p.error for p in st.projections if p.error]
-        t.add_row(name, str(info["port"]), "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
+        notes += [f"{name}: {n}" for n in st.notes]
+        t.add_row(
+            name, str(info["port"]), shown, "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-"
+        )
     console.print(t)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")
     if refusing or not healthy:

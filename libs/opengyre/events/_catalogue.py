@@ -158,7 +158,13 @@ class ExecutionDispatched(Event, frozen=True, kw_only=True, tag="execution-dispa
 
 class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finished"):
     """An execution ended. ``score`` is the evaluator's on the preserved workspace, also after a timeout;
-    it is None exactly when no valid score exists (evaluator or infrastructure failure)."""
+    it is None exactly when no valid score exists (evaluator or infrastructure failure).
+
+    ``recorded_calls``: the proxy's count of the execution's model calls once it sealed the execution
+    (``ProxyService.SealExecution``; every one of them is in the log before this event); the trainer samples the
+    execution only once it has applied that many. None (events written before the field existed, or a runtime
+    that does not seal): calls may still follow the finish. Added with a default, so v1 bodies decode as they
+    are: no version bump, no upcaster."""
 
     owner = "trainer"
     aggregate = "execution"
@@ -170,6 +176,7 @@ class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finishe
     failure_class: FailureClass | None = None
     exit_code: int | None = None
     detail: str = ""
+    recorded_calls: int | None = None
 
 
 class ToolCallPayload(msgspec.Struct, frozen=True, kw_only=True):

@@ -73,6 +73,7 @@ class ServiceContext:
                     error=st.error or "",
                 )
             )
+        msg.notes.extend(await service.notes(self))
         return msg
 
 
@@ -90,6 +91,10 @@ class Service(ABC):
     @abstractmethod
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         """Register servicers; return their full names (``opengyre.v1.XService``) for health and reflection."""
+
+    async def notes(self, ctx: ServiceContext) -> Sequence[str]:
+        """What the service is waiting on, in words, for its status (``opengyre status`` shows them)."""
+        return ()
 
     async def start(self, ctx: ServiceContext) -> None:
         """Start extra servers or background tasks (after projections, before gRPC)."""

@@ -96,7 +96,8 @@ class Leftover:
         return f"{self.what} (pid {self.pid})"
 
 
-def _is_service_of(pid: int, name: str, data_dir: Path) -> bool:
+def is_service_of(pid: int, name: str, data_dir: Path) -> bool:
+    """Whether ``pid`` is service ``name`` of the stack on ``data_dir`` now (not a process that reuses the pid)."""
     argv = cmdline(pid) or []
     want = ["opengyre.cli", "service", "run", name]
     joined = "\0".join(argv)
@@ -119,7 +120,7 @@ def find_leftovers(settings: Settings) -> list[Leftover]:
         found[pid] = Leftover("nats-server", pid)
     for name, info in (data.get("services") or {}).items():
         pid = int(info.get("pid") or 0)
-        if pid and _is_service_of(pid, name, settings.data_dir):
+        if pid and is_service_of(pid, name, settings.data_dir):
             found[pid] = Leftover(f"svc-{name}", pid)
     # Services first: they drain into the log before it goes.
     return sorted(found.values(), key=lambda x: x.what == "nats-server")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18opengyre/v1/common.proto\x12\x0bopengyre.v1\"\x0f\n\rStatusRequest\"\x92\x01\n\x10ProjectionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x17\n\x0fstream_last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07pending\x18\x04 \x01(\x04\x12\x0f\n\x07tracked\x18\x05 \x01(\x04\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x06 \x01(\x04\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\x94\x01\n\rServiceStatus\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x17\n\x0fnot_implemented\x18\x04 \x03(\t\x12\x32\n\x0bprojections\x18\x05 \x03(\x0b\x32\x1d.opengyre.v1.ProjectionStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18opengyre/v1/common.proto\x12\x0bopengyre.v1\"\x0f\n\rStatusRequest\"\x92\x01\n\x10ProjectionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x17\n\x0fstream_last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07pending\x18\x04 \x01(\x04\x12\x0f\n\x07tracked\x18\x05 \x01(\x04\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x06 \x01(\x04\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\xa3\x01\n\rServiceStatus\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x17\n\x0fnot_implemented\x18\x04 \x03(\t\x12\x32\n\x0bprojections\x18\x05 \x03(\x0b\x32\x1d.opengyre.v1.ProjectionStatus\x12\r\n\x05notes\x18\x06 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,5 +36,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROJECTIONSTATUS']._serialized_start=59
   _globals['_PROJECTIONSTATUS']._serialized_end=205
   _globals['_SERVICESTATUS']._serialized_start=208
-  _globals['_SERVICESTATUS']._serialized_end=356
+  _globals['_SERVICESTATUS']._serialized_end=371
 # @@protoc_insertion_point(module_scope)

@@ -91,6 +91,7 @@ class ServiceStatus(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     NOT_IMPLEMENTED_FIELD_NUMBER: _builtins.int
     PROJECTIONS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     service: _builtins.str
     version: _builtins.str
     @_builtins.property
@@ -99,6 +100,10 @@ class ServiceStatus(_message.Message):
     def not_implemented(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def projections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProjectionStatus]: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what the service is waiting on, in words (e.g. executions held out of training)"""
+
     def __init__(
         self,
         *,
@@ -107,10 +112,11 @@ class ServiceStatus(_message.Message):
         capabilities: _abc.Iterable[_builtins.str] | None = ...,
         not_implemented: _abc.Iterable[_builtins.str] | None = ...,
         projections: _abc.Iterable[Global___ProjectionStatus] | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "not_implemented", b"not_implemented", "projections", b"projections", "service", b"service", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "not_implemented", b"not_implemented", "notes", b"notes", "projections", b"projections", "service", b"service", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

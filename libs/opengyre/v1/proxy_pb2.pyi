@@ -520,3 +520,45 @@ class AtifDocument(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AtifDocument: _TypeAlias = AtifDocument  # noqa: Y015
+
+@_typing.final
+class SealExecutionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealExecutionRequest: _TypeAlias = SealExecutionRequest  # noqa: Y015
+
+@_typing.final
+class SealExecutionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    recorded_calls: _builtins.int
+    """the execution's model calls now in the event log (every proxy run together)"""
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        recorded_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "recorded_calls", b"recorded_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealExecutionResponse: _TypeAlias = SealExecutionResponse  # noqa: Y015

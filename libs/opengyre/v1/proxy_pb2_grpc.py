@@ -81,6 +81,11 @@ class ProxyServiceStub:
                 request_serializer=opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_proxy__pb2.AtifDocument.FromString,
                 _registered_method=True)
+        self.SealExecution = channel.unary_unary(
+                '/opengyre.v1.ProxyService/SealExecution',
+                request_serializer=opengyre_dot_v1_dot_proxy__pb2.SealExecutionRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_proxy__pb2.SealExecutionResponse.FromString,
+                _registered_method=True)
 
 
 class ProxyServiceServicer:
@@ -150,6 +155,16 @@ class ProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealExecution(self, request, context):
+        """End an execution's model calls when its rollout ends, before it is scored: later calls are refused (403 in the
+        dialect's shape), durably (a restarted proxy still refuses them); returns once the event log holds every
+        recorded call, with their number (pass it to TrainerService.ScoreExecution). Idempotent: call it again after
+        a deadline ran out (the log was away). FAILED_PRECONDITION when the proxy records nothing (no event log).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +212,11 @@ def add_ProxyServiceServicer_to_server(servicer, server):
                     servicer.ExportAtif,
                     request_deserializer=opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_proxy__pb2.AtifDocument.SerializeToString,
+            ),
+            'SealExecution': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealExecution,
+                    request_deserializer=opengyre_dot_v1_dot_proxy__pb2.SealExecutionRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_proxy__pb2.SealExecutionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +463,33 @@ class ProxyService:
             '/opengyre.v1.ProxyService/ExportAtif',
             opengyre_dot_v1_dot_proxy__pb2.ExportAtifRequest.SerializeToString,
             opengyre_dot_v1_dot_proxy__pb2.AtifDocument.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealExecution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.ProxyService/SealExecution',
+            opengyre_dot_v1_dot_proxy__pb2.SealExecutionRequest.SerializeToString,
+            opengyre_dot_v1_dot_proxy__pb2.SealExecutionResponse.FromString,
             options,
             channel_credentials,
             insecure,

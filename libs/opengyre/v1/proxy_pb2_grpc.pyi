@@ -52,6 +52,12 @@ class ProxyServiceStub:
     """A root-to-leaf path as tokens with the mask of policy-generated tokens."""
     ExportAtif: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ExportAtifRequest, _proxy_pb2.AtifDocument]
     """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
+    SealExecution: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SealExecutionRequest, _proxy_pb2.SealExecutionResponse]
+    """End an execution's model calls when its rollout ends, before it is scored: later calls are refused (403 in the
+    dialect's shape), durably (a restarted proxy still refuses them); returns once the event log holds every
+    recorded call, with their number (pass it to TrainerService.ScoreExecution). Idempotent: call it again after
+    a deadline ran out (the log was away). FAILED_PRECONDITION when the proxy records nothing (no event log).
+    """
 
 @_typing.type_check_only
 class ProxyServiceAsyncStub(ProxyServiceStub):
@@ -76,6 +82,12 @@ class ProxyServiceAsyncStub(ProxyServiceStub):
     """A root-to-leaf path as tokens with the mask of policy-generated tokens."""
     ExportAtif: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ExportAtifRequest, _proxy_pb2.AtifDocument]  # type: ignore[assignment]
     """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
+    SealExecution: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SealExecutionRequest, _proxy_pb2.SealExecutionResponse]  # type: ignore[assignment]
+    """End an execution's model calls when its rollout ends, before it is scored: later calls are refused (403 in the
+    dialect's shape), durably (a restarted proxy still refuses them); returns once the event log holds every
+    recorded call, with their number (pass it to TrainerService.ScoreExecution). Idempotent: call it again after
+    a deadline ran out (the log was away). FAILED_PRECONDITION when the proxy records nothing (no event log).
+    """
 
 class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
     """The proxy for operators: rollout engines (list, add, drain), executions (keys, summaries), trajectory trees."""
@@ -151,5 +163,17 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_proxy_pb2.AtifDocument, _abc.Awaitable[_proxy_pb2.AtifDocument]]:
         """The execution as ATIF JSON (main path, other paths as subagent trajectories)."""
+
+    @_abc_1.abstractmethod
+    def SealExecution(
+        self,
+        request: _proxy_pb2.SealExecutionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.SealExecutionResponse, _abc.Awaitable[_proxy_pb2.SealExecutionResponse]]:
+        """End an execution's model calls when its rollout ends, before it is scored: later calls are refused (403 in the
+        dialect's shape), durably (a restarted proxy still refuses them); returns once the event log holds every
+        recorded call, with their number (pass it to TrainerService.ScoreExecution). Idempotent: call it again after
+        a deadline ran out (the log was away). FAILED_PRECONDITION when the proxy records nothing (no event log).
+        """
 
 def add_ProxyServiceServicer_to_server(servicer: ProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -57,6 +57,8 @@ class TrainerExecution(_message.Message):
     CONSUMED_AS_FIELD_NUMBER: _builtins.int
     CORRUPT_REASON_FIELD_NUMBER: _builtins.int
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    HAS_RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    RECORDED_CALLS_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     task_id: _builtins.str
     group_id: _builtins.str
@@ -78,6 +80,10 @@ class TrainerExecution(_message.Message):
     corrupt_reason: _builtins.str
     """set when one of its events was rejected"""
     weight_version: _builtins.str
+    has_recorded_calls: _builtins.bool
+    """its finish carried the proxy's count of recorded calls"""
+    recorded_calls: _builtins.int
+    """sampled only once n_calls reaches it"""
     def __init__(
         self,
         *,
@@ -97,10 +103,12 @@ class TrainerExecution(_message.Message):
         consumed_as: _builtins.str = ...,
         corrupt_reason: _builtins.str = ...,
         weight_version: _builtins.str = ...,
+        has_recorded_calls: _builtins.bool = ...,
+        recorded_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "consumed_as", b"consumed_as", "consumed_step", b"consumed_step", "corrupt_reason", b"corrupt_reason", "execution_id", b"execution_id", "failure_class", b"failure_class", "group_id", b"group_id", "has_score", b"has_score", "n_calls", b"n_calls", "n_generated", b"n_generated", "reason", b"reason", "score", b"score", "status", b"status", "task_id", b"task_id", "verdict", b"verdict", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "consumed_as", b"consumed_as", "consumed_step", b"consumed_step", "corrupt_reason", b"corrupt_reason", "execution_id", b"execution_id", "failure_class", b"failure_class", "group_id", b"group_id", "has_recorded_calls", b"has_recorded_calls", "has_score", b"has_score", "n_calls", b"n_calls", "n_generated", b"n_generated", "reason", b"reason", "recorded_calls", b"recorded_calls", "score", b"score", "status", b"status", "task_id", b"task_id", "verdict", b"verdict", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -494,6 +502,8 @@ class ScoreExecutionRequest(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     FAILURE_CLASS_FIELD_NUMBER: _builtins.int
+    HAS_RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    RECORDED_CALLS_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     task_dir: _builtins.str
     """a Harbor task directory (tests/test.sh)"""
@@ -508,6 +518,11 @@ class ScoreExecutionRequest(_message.Message):
     """its output tail, kept as detail (never classified: the agent controls it)"""
     failure_class: _builtins.str
     """a failure the runtime observed itself: oom, sandbox, engine, timeout, network"""
+    has_recorded_calls: _builtins.bool
+    """ProxyService.SealExecution's count: the trainer samples the execution only once it has applied that many
+    calls (without it, a call may still be in the proxy's outbox when a step reads the execution).
+    """
+    recorded_calls: _builtins.int
     def __init__(
         self,
         *,
@@ -519,10 +534,12 @@ class ScoreExecutionRequest(_message.Message):
         exit_code: _builtins.int = ...,
         output: _builtins.str = ...,
         failure_class: _builtins.str = ...,
+        has_recorded_calls: _builtins.bool = ...,
+        recorded_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "failure_class", b"failure_class", "has_exit_code", b"has_exit_code", "output", b"output", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "failure_class", b"failure_class", "has_exit_code", b"has_exit_code", "has_recorded_calls", b"has_recorded_calls", "output", b"output", "recorded_calls", b"recorded_calls", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -365,6 +365,23 @@ class Capacity:
         }
 
 
+def _check_tp(shape: ModelShape, tp: int) -> None:
+    """Refuse a tensor-parallel degree no serving system runs: attention heads split evenly, and KV heads either
+    split evenly (``tp`` divides them) or replicated (``tp`` a multiple of them; vLLM and SGLang refuse the
+    rest). An uneven split would have to be modelled as padding no real engine does."""
+    if shape.heads % tp:
+        raise ValueError(
+            f"a tensor-parallel degree of {tp} does not divide the {shape.heads} attention heads of {shape.name};"
+            f" use a divisor of {shape.heads}"
+        )
+    kv = shape.kv_heads
+    if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
+        raise ValueError(
+            f"a tensor-parallel degree of {tp} cannot shard the {kv} KV heads of {shape.name}: it must divide them"
+            f" or be a multiple of them (each rank then holds a replica of one KV head)"
+        )
+
+
 def capacity(
     shape: ModelShape,
     hw: Hardware,
@@ -381,6 +398,8 @@ def capacity(
         raise ValueError(f"memory_utilisation must be in (0, 1], got {memory_utilisation}")
     if context <= 0:
         raise ValueError(f"context must be positive, got {context}")
+    _check_tp(shape, tp)
+    # Past the KV heads each rank holds a replica of one (vLLM's and SGLang's rule), never a fraction of one.
     kv_share = math.ceil(shape.kv_heads / tp) / shape.kv_heads
     return Capacity(
         hw,

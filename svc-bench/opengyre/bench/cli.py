@@ -292,17 +292,39 @@ def sweep_cmd(
         )
 
 
+def _share(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter(f"{value} is not in (0, 1]")
+    return value
+
+
+def _positive(value: float) -> float:
+    if not value > 0.0:
+        raise typer.BadParameter(f"{value} is not positive")
+    return value
+
+
 @bench_app.command("roofline")
 def roofline(
     config: Annotated[Path, typer.Argument(help="A Hugging Face config.json")],
     hardware_name: Annotated[str, typer.Option("--hardware")] = "H100",
     profile: Annotated[str | None, typer.Option("--profile", help="Take ISL/OSL from a built-in profile")] = None,
-    isl: Annotated[int, typer.Option("--isl")] = 1024,
-    osl: Annotated[int, typer.Option("--osl")] = 128,
-    batch: Annotated[int, typer.Option("--batch", help="Decode batch")] = 1,
-    tp: Annotated[int, typer.Option("--tp")] = 1,
-    mem_util: Annotated[float, typer.Option("--mem-util")] = 0.9,
-    weight_bytes: Annotated[float, typer.Option("--weight-bytes")] = 2.0,
+    isl: Annotated[int, typer.Option("--isl", min=1, help="Input tokens per request")] = 1024,
+    osl: Annotated[int, typer.Option("--osl", min=1, help="Output tokens per request")] = 128,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Decode batch")] = 1,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            min=1,
+            help="Tensor-parallel degree: it must divide the attention heads, and divide the KV heads or be a"
+            " multiple of them (each rank then holds a replica of one KV head, as vLLM and SGLang do)",
+        ),
+    ] = 1,
+    mem_util: Annotated[
+        float, typer.Option("--mem-util", callback=_share, help="Share of HBM for weights and KV, in (0, 1]")
+    ] = 0.9,
+    weight_bytes: Annotated[float, typer.Option("--weight-bytes", callback=_positive, help="Bytes per weight")] = 2.0,
     out: Annotated[Path | None, typer.Option("--out", help="Folder for roofline.json and roofline.png")] = None,
 ) -> None:
     """Analytic roofline (per component and phase) and capacity wall, from a config and a hardware spec."""
@@ -319,7 +341,9 @@ def roofline(
         doc = roofline_report(
             shape, hw, isl=isl, osl=osl, batch=batch, tp=tp, memory_utilisation=mem_util, weight_bytes=weight_bytes
         )
-    except (ConfigError, KeyError, ValueError) as e:
+    except KeyError as e:  # an unknown hardware or profile name: the message, not KeyError's quoted repr
+        raise fail(str(e.args[0])) from e
+    except (ConfigError, ValueError) as e:
         raise fail(str(e)) from e
     t = Table(show_edge=False, title=f"{shape.name} on {hw.name} (ridge {hw.ridge:.0f} FLOP/B), ISL {isl}, OSL {osl}")
     for col in ("phase", "component", "GFLOP", "MB", "OI", "bound", "time share"):

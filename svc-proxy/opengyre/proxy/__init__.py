@@ -19,7 +19,7 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._atif import ATIF_VERSION, export_execution, export_path
     from ._chat import ChatCodec
-    from ._client import EngineClient
+    from ._client import EngineClient, EngineConnection, EngineOptions
     from ._gateway import Gateway, GatewayConfig
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
@@ -43,6 +43,8 @@ _WHERE = {
     "export_path": "_atif",
     "ChatCodec": "_chat",
     "EngineClient": "_client",
+    "EngineConnection": "_client",
+    "EngineOptions": "_client",
     "Gateway": "_gateway",
     "GatewayConfig": "_gateway",
     "HttpServer": "_http",
@@ -69,7 +71,9 @@ __all__ = [
     "ATIF_VERSION",
     "ChatCodec",
     "EngineClient",
+    "EngineConnection",
     "EngineHandle",
+    "EngineOptions",
     "EnginePool",
     "ExecutionKeys",
     "ExecutionSummary",

@@ -7,12 +7,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
-
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number
+from ._sse import sse
 from ._structured import ToolChoice
 from ._tooldefs import ANTHROPIC_NAME, check_schema, check_tool_name
 
@@ -26,7 +25,6 @@ __all__ = [
     "stream_error",
 ]
 
-_enc = msgspec.json.Encoder()
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -155,6 +153,7 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         raise ApiError.invalid("tools: must be a list")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(raw):
         if not isinstance(t, dict):
             raise ApiError.invalid(f"tools.{i}: must be an object")
@@ -162,7 +161,7 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
             raise ApiError.invalid(f"tools.{i}.type: server tool {t.get('type')!r} is not supported by this model")
         if "name" not in t:
             raise ApiError.invalid(f"tools.{i}.name: Field required")
-        fn: dict[str, Any] = {"name": check_tool_name(t["name"], ANTHROPIC_NAME, f"tools.{i}.name")}
+        fn: dict[str, Any] = {"name": check_tool_name(t["name"], ANTHROPIC_NAME, f"tools.{i}.name", names)}
         if t.get("description"):
             fn["description"] = t["description"]
         if "input_schema" not in t:
@@ -292,7 +291,7 @@ def message_response(
 
 
 def _event(name: str, obj: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + _enc.encode(obj) + b"\n\n"
+    return sse(obj, name)
 
 
 async def message_stream(

@@ -23,6 +23,7 @@ __all__ = [
     "EngineClient",
     "EngineConnection",
     "EngineFailed",
+    "EngineOptions",
     "EngineRejected",
     "EngineReply",
     "EngineResponse",
@@ -211,39 +212,46 @@ class _HttpxResponse:
         task.add_done_callback(_closing.discard)
 
 
-class EngineConnection:
-    """One engine's HTTP plumbing, shared by every client kind: the hand-written HTTP/1 pool for the hot path
-    (with a read timeout), an httpx client for everything else, the auth header, and error mapping.
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the proxy talks to every engine, whatever its kind.
 
-    ``transport="httpx"`` sends the hot path through httpx instead, with the same read timeout: the baseline
+    ``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own keep-alive);
+    ``read_timeout_s``: the longest the engine may stay silent while answering; ``transport="httpx"`` sends the hot
+    path through httpx instead of the hand-written HTTP/1 pool, with the same read timeout: the baseline
     svc-proxy/bench/proxy_bench.py measures the hand-written client against (docs/benchmarks.md).
     """
 
+    api_key: str | None = None
+    idle_timeout_s: float = 4.0
+    read_timeout_s: float = 600.0
+    transport: str = "http1"
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("http1", "httpx"):
+            raise ValueError(f"unknown engine transport {self.transport!r} (http1 or httpx)")
+
+
+class EngineConnection:
+    """One engine's HTTP plumbing, shared by every client kind (they take one): the hand-written HTTP/1 pool for
+    the hot path (with a read timeout), an httpx client for everything else (``http``: shared with other
+    engines' connections; None: one of its own), the auth header, and error mapping."""
+
     def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        http: httpx.AsyncClient | None = None,
-        idle_timeout_s: float = 4.0,
-        read_timeout_s: float = 600.0,
-        transport: str = "http1",
+        self, base_url: str, options: EngineOptions | None = None, *, http: httpx.AsyncClient | None = None
     ) -> None:
-        """``idle_timeout_s``: keep-alive connections idle longer are not reused (stay below the engine's own
-        keep-alive); ``read_timeout_s``: the longest the engine may stay silent while answering."""
-        if transport not in ("http1", "httpx"):
-            raise ValueError(f"unknown engine transport {transport!r} (http1 or httpx)")
+        opts = options or EngineOptions()
         self.base_url = base_url.rstrip("/")
-        self.transport = transport
+        self.transport = opts.transport
         self._own = http is None
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
-        self.fast = Http1Pool(self.base_url, idle_timeout=idle_timeout_s, read_timeout=read_timeout_s)
-        self._read_timeout = httpx.Timeout(read_timeout_s, connect=5.0)
+        self.fast = Http1Pool(self.base_url, idle_timeout=opts.idle_timeout_s, read_timeout=opts.read_timeout_s)
+        self._read_timeout = httpx.Timeout(opts.read_timeout_s, connect=5.0)
         self.headers = {"content-type": "application/json"}
-        if api_key:
-            self.headers["authorization"] = f"Bearer {api_key}"
+        if opts.api_key:
+            self.headers["authorization"] = f"Bearer {opts.api_key}"
 
     async def close(self) -> None:
         await self.fast.close()
@@ -293,24 +301,8 @@ class EngineClient:
 
     raw_logprobs = False
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        http: httpx.AsyncClient | None = None,
-        idle_timeout_s: float = 4.0,
-        read_timeout_s: float = 600.0,
-        transport: str = "http1",
-    ) -> None:
-        self.conn = EngineConnection(
-            base_url,
-            api_key=api_key,
-            http=http,
-            idle_timeout_s=idle_timeout_s,
-            read_timeout_s=read_timeout_s,
-            transport=transport,
-        )
+    def __init__(self, conn: EngineConnection) -> None:
+        self.conn = conn
 
     @property
     def fast(self) -> Http1Pool:

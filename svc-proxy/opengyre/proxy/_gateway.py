@@ -42,6 +42,7 @@ from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
 from ._chat import ChatCodec
+from ._client import EngineOptions
 from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch
 from ._errors import ApiError
@@ -50,8 +51,9 @@ from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import render_metrics
 from ._pool import EnginePool, NoCapacity
-from ._recorder import Recorder, RecorderFull, RecordFailed
+from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
+from ._sse import DONE, sse
 from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
@@ -60,7 +62,6 @@ __all__ = ["Gateway", "GatewayConfig"]
 
 log = logging.getLogger(__name__)
 
-_enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
 
 ROLE_HEADER = "x-opengyre-role"
@@ -132,10 +133,12 @@ class Gateway:
             max_queue=c.max_queue,
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
-            api_key=c.engine_api_key,
-            idle_timeout_s=c.engine_idle_timeout_s,
-            read_timeout_s=c.engine_read_timeout_s,
-            transport=c.engine_transport,
+            engine_options=EngineOptions(
+                api_key=c.engine_api_key,
+                idle_timeout_s=c.engine_idle_timeout_s,
+                read_timeout_s=c.engine_read_timeout_s,
+                transport=c.engine_transport,
+            ),
         )
         self.recorder = Recorder(
             event_log,
@@ -181,6 +184,14 @@ class Gateway:
             self._http = None
         await self.recorder.stop(self.config.stop_drain_timeout_s)
         await self.pool.close()
+
+    async def seal_execution(self, execution_id: str) -> int:
+        """End the execution's calls: refuse new ones (durably), wait until the log holds every recorded one, and
+        return how many there are (what its ``execution-finished`` carries). Idempotent; SealUnavailable without a
+        log. A call still generating when the seal lands is refused when it would be recorded."""
+        await self.recorder.seal(execution_id)
+        self._executions.pop(execution_id, None)  # its live state is no longer needed
+        return await self.recorder.sealed_calls(execution_id)
 
     def issue_key(self, execution_id: str, role: TrajectoryRole = "main") -> str:
         return self.keys.issue(execution_id, role)
@@ -426,6 +437,10 @@ class Gateway:
     async def _call(self, request: Request, dialect: Dialect) -> Response:
         try:
             eid, role, claimed = self._authorize(request)
+            try:
+                self.recorder.check_open(eid)
+            except ExecutionSealed as exc:
+                raise _record_error(exc) from exc
             body = await self._body(request)
             req = dialect.parse(body)
             if not self._known_model(req.model):
@@ -503,7 +518,7 @@ class Gateway:
         try:
             await on_turn(turn)
         except RecordFailed as exc:
-            return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+            return self._error(_record_error(exc), dialect)
         return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
 
     async def _samples(
@@ -590,7 +605,7 @@ class Gateway:
             try:
                 await on_turn(d)(turn)
             except RecordFailed as exc:
-                return self._error(ApiError(500, "api_error", _not_recorded(exc)), dialect)
+                return self._error(_record_error(exc), dialect)
             bodies.append(dialect.respond(req, self.codec, d.outcome, turn, prompt, d.rid))
         merged = bodies[0]
         merged["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
@@ -623,7 +638,7 @@ class Gateway:
             return Json({"input_tokens": len(plan.prompt_ids)})
 
         async def models(request: Request) -> Response:
-            anthropic = "anthropic-version" in request.headers
+            anthropic = _speaks_anthropic(request)
             try:
                 self._authorize(request)
             except ApiError as err:
@@ -644,7 +659,7 @@ class Gateway:
             return Json(openai_api.models_body(names))
 
         async def model(request: Request) -> Response:
-            anthropic = "anthropic-version" in request.headers
+            anthropic = _speaks_anthropic(request)
             try:
                 self._authorize(request)
                 name = request.path_params["model"]
@@ -678,9 +693,7 @@ class Gateway:
         async def unknown(request: Request, exc: Exception) -> Response:
             """No such route (or method): the dialect's JSON error, never a plain-text page."""
             status = getattr(exc, "status_code", 404)
-            anthropic = "anthropic-version" in request.headers or request.url.path.endswith(
-                ("/messages", "/count_tokens")
-            )
+            anthropic = _speaks_anthropic(request) or request.url.path.endswith(("/messages", "/count_tokens"))
             what = "method" if status == 405 else "route"
             err = ApiError(
                 status,
@@ -706,6 +719,12 @@ class _CallStream(StreamingResponse):
         finally:
             for d in self._dispatches:
                 await d.release_if_unstarted()
+
+
+def _speaks_anthropic(request: Request) -> bool:
+    """A request from an Anthropic client (the two APIs share ``/v1``): its version header, or its key header
+    (OpenAI clients send ``Authorization: Bearer``)."""
+    return "anthropic-version" in request.headers or "x-api-key" in request.headers
 
 
 def _outcome_of(d: Dispatch) -> Callable[[], Outcome]:
@@ -735,11 +754,11 @@ async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: boo
                 running -= 1
                 continue
             for block in frame.split(b"\n\n"):
-                if not block.startswith(b"data: ") or block == b"data: [DONE]":
+                if not block.startswith(b"data: ") or block + b"\n\n" == DONE:
                     continue
                 obj = _dec.decode(block[6:])
                 if "error" in obj:
-                    yield b"data: " + _enc.encode(obj) + b"\n\n" + b"data: [DONE]\n\n"
+                    yield sse(obj) + DONE
                     return
                 if not obj.get("choices"):  # a usage chunk: summed into the one at the end
                     u = obj.get("usage") or {}
@@ -751,10 +770,10 @@ async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: boo
                     continue
                 for c in obj["choices"]:
                     c["index"] = i
-                yield b"data: " + _enc.encode(obj) + b"\n\n"
+                yield sse(obj)
         if include_usage and usage is not None and head is not None:
-            yield b"data: " + _enc.encode({**head, "choices": [], "usage": usage}) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            yield sse({**head, "choices": [], "usage": usage})
+        yield DONE
     finally:
         for t in tasks:
             t.cancel()
@@ -775,6 +794,13 @@ def _not_recorded(exc: RecordFailed) -> str:
     return f"the call could not be recorded, so it is not answered (nothing was recorded): {exc}"
 
 
+def _record_error(exc: RecordFailed) -> ApiError:
+    """A sealed execution is the caller's error (403: its rollout ended); any other failure to record is ours."""
+    if isinstance(exc, ExecutionSealed):
+        return ApiError(403, "permission", str(exc), code="execution_sealed")
+    return ApiError(500, "api_error", _not_recorded(exc))
+
+
 async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect) -> AsyncIterator[bytes]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
@@ -786,7 +812,8 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect
         async for chunk in stream:
             yield chunk
     except RecordFailed as exc:
-        outcome.finish = {"type": "abort", "message": _not_recorded(exc), "status_code": 500}
+        err = _record_error(exc)
+        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
     if outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
         # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.

@@ -10,6 +10,7 @@ import grpc
 from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
+from opengyre.events import subject_token
 from opengyre.runtime import Service, ServiceContext
 from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
@@ -17,6 +18,7 @@ from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 from ._atif import export_execution
 from ._gateway import Gateway
 from ._keys import ROLES
+from ._recorder import SealUnavailable
 from ._trees import StoredCall, list_executions, load_calls, resolve_stored
 
 __all__ = ["ProxyServicer"]
@@ -200,3 +202,17 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         contexts = await resolve_contexts(self._ctx.log, calls)
         doc = export_execution(tree, calls, contexts=contexts)
         return proxy_pb2.AtifDocument(execution_id=request.execution_id, json=json.dumps(doc))
+
+    async def SealExecution(  # noqa: N802
+        self, request: proxy_pb2.SealExecutionRequest, context: Ctx
+    ) -> proxy_pb2.SealExecutionResponse:
+        try:
+            subject_token(request.execution_id)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"execution_id: {exc}")
+        try:
+            calls = await self._gw.seal_execution(request.execution_id)
+        except SealUnavailable as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise
+        return proxy_pb2.SealExecutionResponse(execution_id=request.execution_id, recorded_calls=calls)

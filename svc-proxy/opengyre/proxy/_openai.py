@@ -7,12 +7,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
-
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
+from ._sse import DONE, sse
 from ._structured import ToolChoice, response_format_schema
 from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
@@ -30,9 +29,7 @@ __all__ = [
     "stream_error",
 ]
 
-_enc = msgspec.json.Encoder()
 
-DONE = b"data: [DONE]\n\n"
 MAX_N = 16  # samples per call (each is a call of its own on the engines and in the record)
 
 _ERROR_TYPES = {
@@ -64,7 +61,7 @@ def stream_error(message: str, overload: bool) -> bytes:
     """The frames that end a stream whose generation failed after the 200 went out."""
     code = "engine_unavailable" if overload else "engine_error"
     err = {"message": message, "type": "server_error", "param": None, "code": code}
-    return b"data: " + _enc.encode({"error": err}) + b"\n\n" + DONE
+    return sse({"error": err}) + DONE
 
 
 def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:
@@ -187,11 +184,12 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise ApiError.invalid("'tools' must be a list", param="tools")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
             raise ApiError.invalid(f"tools[{i}] must be a function tool", param=f"tools[{i}]")
-        check_tool_name(fn.get("name"), OPENAI_NAME, f"tools[{i}].function.name")
+        check_tool_name(fn.get("name"), OPENAI_NAME, f"tools[{i}].function.name", names)
         if fn.get("parameters") is not None:
             check_schema(fn["parameters"], f"tools[{i}].function.parameters", require_object=False)
         out.append({"type": "function", "function": fn})
@@ -366,10 +364,6 @@ def chat_response(
     return out
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + _enc.encode(obj) + b"\n\n"
-
-
 TokenSource = AsyncIterator[tuple[list[int], list[float]]]
 
 
@@ -392,11 +386,11 @@ async def chat_stream(
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
         c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return _sse({**head, "choices": [c], "usage": None})
+        return sse({**head, "choices": [c], "usage": None})
 
     first: dict[str, Any] = {"role": "assistant", "content": ""}
     if req.return_token_ids:
-        yield _sse(
+        yield sse(
             {
                 **head,
                 "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}],
@@ -451,11 +445,9 @@ async def chat_stream(
     last: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _openai_finish(turn)}
     if req.return_token_ids:
         last["token_ids"] = final.output_ids
-    yield _sse({**head, "choices": [last], "usage": None})
+    yield sse({**head, "choices": [last], "usage": None})
     if req.include_usage:
-        yield _sse(
-            {**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)}
-        )
+        yield sse({**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)})
     yield DONE
 
 
@@ -534,7 +526,7 @@ async def completion_stream(
     def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
         c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         c.update(extra)
-        return _sse({**head, "choices": [c], "usage": None})
+        return sse({**head, "choices": [c], "usage": None})
 
     if req.echo:
         yield chunk(codec.decode(prompt_ids))
@@ -563,7 +555,5 @@ async def completion_stream(
     last: dict[str, Any] = {"token_ids": []} if req.return_token_ids else {}
     yield chunk(tail, "length" if final.kind == "length" else "stop", stop_reason=final.stop_string, **last)
     if req.include_usage:
-        yield _sse(
-            {**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)}
-        )
+        yield sse({**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)})
     yield DONE

@@ -8,6 +8,11 @@ of this outbox that is in the log but still a row here sits after that sequence,
 drainer find out which rows the log already holds (see ``_recorder``). Without a path the table lives in memory:
 the same code, without surviving a crash of the process.
 
+Per execution the outbox also keeps how many calls were put (``calls``, in the same transaction as the row, so it
+outlives the rows) and whether the execution is sealed (``seal``): a sealed execution's calls are refused
+(``ExecutionSealed``), so once its rows have left (``wait_flushed``) the log holds exactly ``calls`` of them. The
+seal is durable like the rows: a restarted proxy still refuses the execution's calls.
+
 The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
 and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
 loaded machine (each hop waits for the scheduler). The drainer sees a row only once its fsync completed.
@@ -28,13 +33,16 @@ from typing import IO
 
 from opengyre.events import EventRegistry, ModelCallRecorded, default_registry
 
-__all__ = ["Outbox", "OutboxError", "RecordFailed"]
+__all__ = ["ExecutionSealed", "Outbox", "OutboxError", "RecordFailed"]
 
 log = logging.getLogger(__name__)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,"
-    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL)",
+    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, execution_id TEXT)",
+    # Calls put per execution (rows leave, the count stays) and its seal (1: no call is put after).
+    "CREATE TABLE IF NOT EXISTS outbox_executions (execution_id TEXT PRIMARY KEY, calls INTEGER NOT NULL,"
+    " sealed INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS outbox_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     # Rows that no longer decode (an event type this build does not know): kept for an operator, never dropped.
     "CREATE TABLE IF NOT EXISTS outbox_undecodable (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL,"
@@ -50,6 +58,14 @@ class RecordFailed(Exception):
 
 class OutboxError(RecordFailed):
     """The outbox could not take or give back events (the disk, a second process on the same file)."""
+
+
+class ExecutionSealed(RecordFailed):
+    """The execution was sealed (its rollout ended): it takes no more calls."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"execution {execution_id} is sealed (its rollout ended): it takes no more model calls")
+        self.execution_id = execution_id
 
 
 class Outbox:
@@ -90,6 +106,10 @@ class Outbox:
         self._rows = asyncio.Event()  # set while rows wait to be drained
         self._empty = asyncio.Event()
         self._empty.set()
+        # Rows not yet removed, by execution (what ``wait_flushed`` waits on), and who waits.
+        self._row_execution: dict[int, str] = {}
+        self._execution_rows: dict[str, int] = {}
+        self._flushed: dict[str, asyncio.Event] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -134,6 +154,8 @@ class Outbox:
             db.execute("PRAGMA wal_autocheckpoint=0")
         for stmt in _SCHEMA:
             db.execute(stmt)
+        if "execution_id" not in [r[1] for r in db.execute("PRAGMA table_info(outbox)")]:  # an older file
+            db.execute("ALTER TABLE outbox ADD COLUMN execution_id TEXT")
         if self.path is not None:
             self._wal = os.open(f"{self.path}-wal", os.O_RDONLY)  # the schema statements created it
         n, size, last = db.execute(
@@ -144,6 +166,14 @@ class Outbox:
         self.pending_bytes = int(size)
         self._next_id = self._visible_below = int(last) + 1
         self.confirmed_seq = int(row[0]) if row else None
+        for row_id, execution_id, type_name, version, body in db.execute(
+            "SELECT id, execution_id, type_name, version, CASE WHEN execution_id IS NULL THEN body END FROM outbox"
+        ):
+            if execution_id is None:  # put by an older build: the event knows
+                with contextlib.suppress(Exception):
+                    execution_id = getattr(self.registry.decode(type_name, version, body), "execution_id", None)
+            if execution_id is not None:
+                self._track(int(row_id), str(execution_id))
 
     async def close(self) -> None:
         if self._syncer is not None:
@@ -194,15 +224,25 @@ class Outbox:
         """Commit ``event`` now; None if that is all (in memory, or ``fsync=False``), else a future that completes
         once an fsync covers it (calls that commit while one runs share the next). Raises, or fails the future
         with, OutboxError if the event could not be made durable; InvalidEvent for one no store could keep."""
+        if self.sealed(event.execution_id):
+            raise ExecutionSealed(event.execution_id)
         body = self.registry.encode(event)
         row = self._next_id
-        insert = "INSERT INTO outbox (id, event_id, type_name, version, body) VALUES (?, ?, ?, ?, ?)"
+        eid = event.execution_id
+        insert = "INSERT INTO outbox (id, event_id, type_name, version, body, execution_id) VALUES (?, ?, ?, ?, ?, ?)"
+        count = (
+            "INSERT INTO outbox_executions (execution_id, calls, sealed) VALUES (?, 1, 0)"
+            " ON CONFLICT (execution_id) DO UPDATE SET calls = calls + 1"
+        )
         try:
-            self._transaction([(insert, (row, event.event_id, event.type_name(), event.version, body))])
+            self._transaction(
+                [(insert, (row, event.event_id, event.type_name(), event.version, body, eid)), (count, (eid,))]
+            )
         except Exception as exc:
             self.failed += 1
             raise OutboxError(f"writing a model-call event to the outbox failed: {exc}") from exc
         self._next_id += 1
+        self._track(row, eid)
         self.pending += 1
         self.pending_bytes += len(body)
         self._unchecked += len(body)
@@ -245,6 +285,7 @@ class Outbox:
                         self._cached_bytes -= cached[1] if cached is not None else 0
                         self.pending -= 1
                         self.pending_bytes -= size
+                    self._untrack([r for r, _, _ in group])
                     if self.pending == 0:
                         self._empty.set()
                     self._visible_below = last + 1
@@ -264,8 +305,15 @@ class Outbox:
     def _take_back(self, first: int, last: int) -> bool:
         """Delete the rows of a group whose fsync failed (their calls are answered with an error); False if they
         are in the table and stay there."""
+        uncount = "UPDATE outbox_executions SET calls = calls - 1 WHERE execution_id = ?"
+        taken = [r for r in range(first, last + 1) if r in self._row_execution]
         try:
-            self._transaction([("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last))])
+            self._transaction(
+                [
+                    ("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last)),
+                    *((uncount, (self._row_execution[r],)) for r in taken),
+                ]
+            )
         except Exception:
             try:
                 row = self._conn().execute("SELECT 1 FROM outbox WHERE id = ?", (first,)).fetchone()
@@ -391,6 +439,7 @@ class Outbox:
         await self.remove([], seq, sync=True)
 
     def _forget(self, ids: Sequence[int], size: int) -> None:
+        self._untrack(ids)
         for i in ids:
             cached = self._cache.pop(i, None)
             if cached is not None:
@@ -402,6 +451,66 @@ class Outbox:
             self._rows.clear()
         if self.pending == 0:
             self._empty.set()
+
+    # --- per execution ------------------------------------------------------------------------------------
+
+    def _track(self, row: int, execution_id: str) -> None:
+        self._row_execution[row] = execution_id
+        self._execution_rows[execution_id] = self._execution_rows.get(execution_id, 0) + 1
+
+    def _untrack(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            eid = self._row_execution.pop(i, None)
+            if eid is None:
+                continue
+            left = self._execution_rows[eid] - 1
+            if left:
+                self._execution_rows[eid] = left
+                continue
+            del self._execution_rows[eid]
+            flushed = self._flushed.pop(eid, None)
+            if flushed is not None:
+                flushed.set()
+
+    def sealed(self, execution_id: str) -> bool:
+        row = (
+            self._conn()
+            .execute("SELECT sealed FROM outbox_executions WHERE execution_id = ?", (execution_id,))
+            .fetchone()
+        )
+        return bool(row and row[0])
+
+    def calls(self, execution_id: str) -> int:
+        """The execution's calls put here (over every run of this outbox), whether or not they left yet."""
+        row = (
+            self._conn()
+            .execute("SELECT calls FROM outbox_executions WHERE execution_id = ?", (execution_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    async def seal(self, execution_id: str) -> None:
+        """Refuse the execution's calls from now on, durably (fsync'd before this returns). Idempotent."""
+        try:
+            self._transaction(
+                [
+                    (
+                        "INSERT INTO outbox_executions (execution_id, calls, sealed) VALUES (?, 0, 1)"
+                        " ON CONFLICT (execution_id) DO UPDATE SET sealed = 1",
+                        (execution_id,),
+                    )
+                ]
+            )
+            if self.fsync and self._wal is not None:
+                await asyncio.get_running_loop().run_in_executor(self._thread, os.fsync, self._wal)
+        except Exception as exc:
+            raise OutboxError(f"sealing execution {execution_id} failed: {exc}") from exc
+
+    async def wait_flushed(self, execution_id: str) -> None:
+        """Until none of the execution's rows is left (each is in the log, or set aside as undecodable)."""
+        if not self._execution_rows.get(execution_id):
+            return
+        await self._flushed.setdefault(execution_id, asyncio.Event()).wait()
 
 
 def _checkpoint(path: str) -> None:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import httpx
 
-from ._client import EngineClient, RolloutEngine
+from ._client import EngineClient, EngineConnection, EngineOptions, RolloutEngine
 from ._vllm import VLLM_SCHEME, VllmClient
 
 __all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
@@ -81,20 +81,14 @@ class EnginePool:
         queue_timeout_s: float = 30.0,
         retry_after_s: float = 2.0,
         migrator: KVMigrator | None = None,
-        api_key: str | None = None,
-        idle_timeout_s: float = 4.0,
-        read_timeout_s: float = 600.0,
-        transport: str = "http1",
+        engine_options: EngineOptions | None = None,
     ) -> None:
-        self.transport = transport  # the hot path's HTTP client: "http1" (ours) or "httpx" (the bench baseline)
+        self.engine_options = engine_options or EngineOptions()  # how every engine's connection is made
         self.max_inflight = max_inflight_per_engine
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self.migrator: KVMigrator = migrator or RePrefill()
-        self.api_key = api_key
-        self.idle_timeout_s = idle_timeout_s  # see EngineClient
-        self.read_timeout_s = read_timeout_s
         self._engines: dict[str, EngineHandle] = {}
         self._affinity: dict[str, str] = {}
         self._cond = asyncio.Condition()
@@ -130,17 +124,9 @@ class EnginePool:
         h = self._engines.get(engine_id)
         if h is None or h.url != url.rstrip("/"):
             old = h
-            kind: type[EngineClient] | type[VllmClient] = (
-                VllmClient if url.startswith(VLLM_SCHEME) else EngineClient  # vllm+http://: vLLM's server
-            )
-            client: RolloutEngine = kind(
-                url,
-                api_key=self.api_key,
-                http=self._http,
-                idle_timeout_s=self.idle_timeout_s,
-                read_timeout_s=self.read_timeout_s,
-                transport=self.transport,
-            )
+            vllm = url.startswith(VLLM_SCHEME)  # vllm+http://: vLLM's server
+            conn = EngineConnection(url.removeprefix(VLLM_SCHEME), self.engine_options, http=self._http)
+            client: RolloutEngine = VllmClient(conn) if vllm else EngineClient(conn)
             h = EngineHandle(engine_id, url.rstrip("/"), client, source)
             h.incremental = await h.client.incremental_streaming()
             h.context_length = await h.client.context_length()

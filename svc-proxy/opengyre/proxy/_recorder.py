@@ -17,6 +17,10 @@ after its parent's put returned, so the outbox is in order; a batch never holds 
 without its parent. Each call's tokens, logprobs and context are
 stored once, by digest, in the payload stream first (``opengyre.trajectory.split_payload``); the event carries
 the reference.
+
+Sealing (``seal`` then ``sealed_calls``): when a rollout ends, its execution is sealed (durably: no call of it is put
+after) and its rows are flushed; then the log holds every call of the execution, and their number goes into the
+execution's ``execution-finished``, so the trainer waits for exactly those calls instead of racing the outbox.
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import InvalidEvent, ModelCallRecorded
 from opengyre.trajectory import split_payload
 
-from ._outbox import Outbox, RecordFailed
+from ._outbox import ExecutionSealed, Outbox, RecordFailed
 
-__all__ = ["RecordFailed", "Recorder", "RecorderFull"]
+__all__ = ["ExecutionSealed", "RecordFailed", "Recorder", "RecorderFull", "SealUnavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,10 @@ class RecorderFull(Exception):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SealUnavailable(Exception):
+    """The proxy records nothing (no event log): there is no recorded count to seal."""
 
 
 class Recorder:
@@ -133,6 +141,24 @@ class Recorder:
                 " new calls are refused until it does",
                 self.retry_after_s,
             )
+
+    def check_open(self, execution_id: str) -> None:
+        """Raise ExecutionSealed if the execution takes no more calls (checked again when the call is recorded)."""
+        if self._task is not None and self.outbox.sealed(execution_id):
+            raise ExecutionSealed(execution_id)
+
+    async def seal(self, execution_id: str) -> None:
+        """Refuse the execution's calls from now on; durable when this returns (a restart keeps refusing them)."""
+        if self._task is None:
+            raise SealUnavailable("the proxy records no calls (no event log), so it cannot seal an execution")
+        await self.outbox.seal(execution_id)
+
+    async def sealed_calls(self, execution_id: str) -> int:
+        """After ``seal``: wait until the log holds the execution's calls; how many it recorded (every run)."""
+        if self._task is None:
+            raise SealUnavailable("the proxy records no calls (no event log), so it cannot seal an execution")
+        await self.outbox.wait_flushed(execution_id)
+        return self.outbox.calls(execution_id)
 
     def record(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
         """Commit ``event`` to the outbox. None: it is durable already (in memory, or without fsync); else a

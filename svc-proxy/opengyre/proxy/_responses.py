@@ -14,13 +14,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
-
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
 from ._openai import chat_logprobs_content
 from ._request import GenRequest, check_number
+from ._sse import sse
 from ._structured import ToolChoice, response_format_schema
 from ._temperature import DEFAULT_TEMPERATURE
 from ._tito import ExecutionTrajectory
@@ -28,7 +27,6 @@ from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]
 
-_enc = msgspec.json.Encoder()
 _LOGPROBS = "message.output_text.logprobs"
 _PART_TYPES = {"input_text", "output_text", "text"}
 
@@ -100,13 +98,14 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
     if not isinstance(raw, list):
         raise ApiError.invalid("'tools' must be a list", param="tools")
     out = []
+    names: dict[str, str] = {}
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise ApiError.invalid(
                 f"tools[{i}]: tool type {kind!r} is not supported (function tools only)", param=f"tools[{i}]"
             )
-        fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"tools[{i}].name")}
+        fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"tools[{i}].name", names)}
         if t.get("description"):
             fn["description"] = t["description"]
         if t.get("parameters") is not None:
@@ -314,7 +313,7 @@ def stream_error(message: str, overload: bool) -> bytes:
 
 
 def _event(obj: dict[str, Any]) -> bytes:
-    return b"event: " + str(obj["type"]).encode() + b"\ndata: " + _enc.encode(obj) + b"\n\n"
+    return sse(obj, str(obj["type"]))
 
 
 async def response_stream(

@@ -1,4 +1,5 @@
-"""Tool definitions checked as each dialect checks them: the name's pattern and a JSON Schema that is one.
+"""Tool definitions checked as each dialect checks them: the name's pattern, names unique within the request (a
+model's call of a name two tools share could not be told apart), and a JSON Schema that is one.
 
 A harness that sends a broken tool gets the dialect's 400 and nothing is recorded, rather than a trajectory
 whose tool list no real API would have accepted.
@@ -20,9 +21,14 @@ OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's function-name rul
 ANTHROPIC_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")  # Anthropic's tools.N.name pattern
 
 
-def check_tool_name(name: object, pattern: re.Pattern[str], where: str) -> str:
+def check_tool_name(name: object, pattern: re.Pattern[str], where: str, seen: dict[str, str]) -> str:
+    """``name`` if it matches ``pattern`` and no earlier tool of the request has it (``seen``: name -> where,
+    filled in here)."""
     if not isinstance(name, str) or pattern.fullmatch(name) is None:
         raise ApiError.invalid(f"{where}: {name!r} does not match pattern '{pattern.pattern}'", param=where)
+    if name in seen:
+        raise ApiError.invalid(f"{where}: tool names must be unique; {name!r} is also {seen[name]}", param=where)
+    seen[name] = where
     return name
 
 

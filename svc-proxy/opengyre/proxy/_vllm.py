@@ -14,7 +14,6 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpx
 import msgspec
 
 from ._client import EngineConnection, EngineFailed, EngineReply, EngineResponse, behaviour_logprobs, sse_chunks
@@ -96,24 +95,9 @@ class VllmClient:
 
     raw_logprobs = True  # vLLM's default --logprobs-mode raw_logprobs
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        http: httpx.AsyncClient | None = None,
-        idle_timeout_s: float = 4.0,
-        read_timeout_s: float = 600.0,
-        transport: str = "http1",
-    ) -> None:
-        self.conn = EngineConnection(
-            base_url.removeprefix(VLLM_SCHEME),
-            api_key=api_key,
-            http=http,
-            idle_timeout_s=idle_timeout_s,
-            read_timeout_s=read_timeout_s,
-            transport=transport,
-        )
+    def __init__(self, conn: EngineConnection) -> None:
+        """``conn``: to the server's own ``http://`` URL (the pool strips the ``vllm+`` it routes by)."""
+        self.conn = conn
         self.model: str | None = None
         self._streams: dict[str, EngineResponse] = {}
         self._aborted: set[str] = set()

@@ -64,6 +64,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             consumed_as=str(row["consumed_as"] or ""),
             corrupt_reason=corrupt.get(request.execution_id, ""),
             weight_version=str(row["weight_version"]),
+            has_recorded_calls=row["recorded_calls"] is not None,
+            recorded_calls=int(row["recorded_calls"] or 0),
         )
 
     async def ListReadyGroups(  # noqa: N802
@@ -205,6 +207,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             exit_code=request.exit_code if request.has_exit_code else None,
             output=request.output,
             failure=failure,  # type: ignore[arg-type]  # checked against REPORTABLE_CLASSES above
+            recorded_calls=request.recorded_calls if request.has_recorded_calls else None,
         )
         appended = await self._ctx.log.append(fin)
         return trainer_pb2.ScoreExecutionReply(

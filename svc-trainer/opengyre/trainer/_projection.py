@@ -95,8 +95,15 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("unknown-execution", f"call {e.call_id} for unknown execution {e.execution_id}")
         # A call may follow its execution's finish in the log: the proxy answers a call once it is in its durable
         # outbox and hands it to the log after, so the finish a runtime appends when the harness ends can overtake
-        # the last calls (the soak saw it for a third of executions). Such a call belongs to the execution until a
+        # the last calls (the soak saw it for a third of executions). A runtime that seals the execution first
+        # (ProxyService.SealExecution) puts the proxy's count in the finish: calls up to it are the execution's
+        # (the step waits for them), one past it is not. Without a count a call belongs to the execution until a
         # step has consumed it; after that the step's samples are fixed and the call is refused.
+        if ex.status != "running" and ex.recorded_calls is not None and ex.n_calls >= ex.recorded_calls:
+            raise TrajectoryRejected(
+                "call-after-seal",
+                f"call {e.call_id} of {e.execution_id} past the {ex.recorded_calls} calls its finish counted",
+            )
         if ex.consumed_step is not None:
             raise TrajectoryRejected(
                 "call-after-consumed", f"call {e.call_id} after step {ex.consumed_step} consumed {e.execution_id}"
@@ -164,6 +171,8 @@ class TrainerProjection(Projection):
             raise TrajectoryRejected("already-finished", f"{e.execution_id} finished twice")
         if e.score is not None and not math.isfinite(e.score):
             raise TrajectoryRejected("invalid-score", f"{e.execution_id}: score {e.score}")
+        if e.recorded_calls is not None and e.recorded_calls < 0:
+            raise TrajectoryRejected("invalid-call-count", f"{e.execution_id}: {e.recorded_calls} recorded calls")
         if e.score is not None and e.status in ("evaluator-failed", "infra-failed"):
             raise TrajectoryRejected("score-on-failure", f"{e.execution_id}: {e.status} with score {e.score}")
         verdict, reason = classify_outcome(
@@ -180,6 +189,7 @@ class TrainerProjection(Projection):
                 verdict=verdict,
                 reason=reason[:64],
                 finished_seq=seq,
+                recorded_calls=e.recorded_calls,
             )
         )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from opengyre.events import ExecutionFinished, FailureClass
 
 from ._evaluator import Evaluator
@@ -28,10 +30,28 @@ def score_execution(
     exit_code: int | None = None,
     output: str = "",
     failure: FailureClass | None = None,
+    recorded_calls: int | None = None,
 ) -> ExecutionFinished:
     """Grade one finished execution. ``exit_code`` is how the agent process ended (124, ``timeout(1)``'s code, is
     the execution's time limit); ``failure`` a failure the runtime that ran it observed itself (network, sandbox,
-    engine, an infrastructure-side timeout); ``output`` its output tail, kept as detail only."""
+    engine, an infrastructure-side timeout); ``output`` its output tail, kept as detail only; ``recorded_calls``
+    the proxy's count from sealing the execution (carried by the event, see ``ExecutionFinished``)."""
+    if recorded_calls is not None and recorded_calls < 0:
+        raise ValueError(f"recorded_calls must be >= 0, got {recorded_calls}")
+    fin = _grade(execution_id, evaluator, task_dir, workspace, timed_out, exit_code, output, failure)
+    return msgspec.structs.replace(fin, recorded_calls=recorded_calls)
+
+
+def _grade(
+    execution_id: str,
+    evaluator: Evaluator,
+    task_dir: Path,
+    workspace: Path,
+    timed_out: bool,
+    exit_code: int | None,
+    output: str,
+    failure: FailureClass | None,
+) -> ExecutionFinished:
     if failure is not None and failure not in REPORTABLE_CLASSES:
         raise ValueError(f"a runtime reports one of {sorted(REPORTABLE_CLASSES)}, not {failure!r}")
     timed_out = timed_out or exit_code == 124

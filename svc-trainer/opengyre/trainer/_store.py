@@ -20,7 +20,7 @@ from ._admission import ExecutionOutcome
 from ._projection import TrainerProjection
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
 
-__all__ = ["ReadyGroup", "TrainerStore"]
+__all__ = ["AwaitingCalls", "ReadyGroup", "TrainerStore"]
 
 _log = logging.getLogger(__name__)
 
@@ -41,21 +41,30 @@ class ReadyGroup:
     size: int = 0  # the dispatched group size (0: unknown, the member count applies)
 
 
+@dataclass(frozen=True)
+class AwaitingCalls:
+    execution_id: str
+    applied: int  # calls the trainer has
+    recorded: int  # calls the proxy counted when it sealed the execution
+
+
 class TrainerStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def ready_groups(self, default_group_size: int = 16, limit: int | None = None) -> list[ReadyGroup]:
-        """Groups whose members have all been dispatched and finished, none consumed; oldest-ready first."""
+        """Groups whose members have all been dispatched and finished, none consumed, none awaiting calls its
+        finish counted (``awaiting_calls``); oldest-ready first."""
         with self.engine.connect() as c:
             rows = c.execute(select(_E).where(_E.c.consumed_step.is_(None)).order_by(_E.c.execution_id)).all()
+        held = {a.execution_id for a in self._awaiting(rows)}
         by_group: dict[str, list[Row[Any]]] = defaultdict(list)
         for r in rows:
             by_group[r.group_id].append(r)
         ready: list[ReadyGroup] = []
         for gid, members in by_group.items():
             size = max((m.group_size for m in members), default=0) or default_group_size
-            if len(members) < size or any(m.status == "running" for m in members):
+            if len(members) < size or any(m.status == "running" or m.execution_id in held for m in members):
                 continue
             ready.append(
                 ReadyGroup(
@@ -71,6 +80,27 @@ class TrainerStore:
             )
         ready.sort(key=lambda g: (g.ready_seq, g.group_id))
         return ready[:limit] if limit is not None else ready
+
+    def awaiting_calls(self) -> list[AwaitingCalls]:
+        """Finished, unconsumed executions whose finish counted more calls than the trainer has applied: held out
+        of sampling (never trained as a partial tree) until the rest arrive. One with a rejected event is not
+        held: the step drops it as corrupt."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(_E).where(
+                    _E.c.consumed_step.is_(None), _E.c.recorded_calls.is_not(None), _E.c.status != "running"
+                )
+            ).all()
+        return self._awaiting(rows)
+
+    def _awaiting(self, rows: Sequence[Row[Any]]) -> list[AwaitingCalls]:
+        short = [
+            r for r in rows if r.status != "running" and r.recorded_calls is not None and r.n_calls < r.recorded_calls
+        ]
+        corrupt = self.corrupt([r.execution_id for r in short]) if short else {}
+        return [
+            AwaitingCalls(r.execution_id, r.n_calls, r.recorded_calls) for r in short if r.execution_id not in corrupt
+        ]
 
     def payload_keys(self, execution_ids: Sequence[str]) -> list[tuple[str, str]]:
         """``(execution, digest)`` of the payloads the executions' calls refer to (not compacted ones)."""
@@ -120,7 +150,9 @@ class TrainerStore:
         return tree
 
     def corrupt(self, execution_ids: list[str]) -> dict[str, str]:
-        """Executions with a dead-lettered event (a rejected call or finish): id -> the first reason."""
+        """Executions with a dead-lettered event (a rejected call or finish): id -> the first reason; and those with
+        more calls applied than the proxy counted when it sealed them (``calls-exceed-recorded``: the tree is not
+        the one the finish describes)."""
         wanted = set(execution_ids)
         out: dict[str, str] = {}
         with self.engine.connect() as c:
@@ -129,10 +161,19 @@ class TrainerStore:
                 .where(DeadLetter.projection == TrainerProjection.name, DeadLetter.subject.like("%.execution.%"))
                 .order_by(DeadLetter.stream_seq)
             ).all()
+            over = c.execute(
+                select(_E.c.execution_id).where(
+                    _E.c.execution_id.in_(list(wanted)),
+                    _E.c.recorded_calls.is_not(None),
+                    _E.c.n_calls > _E.c.recorded_calls,
+                )
+            ).all()
         for subject, reason in dead:
             eid = subject.rsplit(".", 1)[-1]
             if eid in wanted and eid not in out:
                 out[eid] = reason
+        for r in over:
+            out.setdefault(r.execution_id, "calls-exceed-recorded")
         return out
 
     def version_steps(self, run_id: str = "default") -> dict[str, int]:

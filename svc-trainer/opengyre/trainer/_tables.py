@@ -34,6 +34,8 @@ class ExecutionRow(Base):
     consumed_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     consumed_as: Mapped[str | None] = mapped_column(String(96), nullable=True)  # "train" or the drop reason
     compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)  # its payloads were deleted
+    # The proxy's count of its calls, from the finish (None: not sealed; late calls are accepted until consumed).
+    recorded_calls: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class CallRow(Base):

@@ -62,6 +62,17 @@ class TrainerService(Service):
     def projections(self) -> Sequence[Projection]:
         return [TrainerProjection()]
 
+    async def notes(self, ctx: ServiceContext) -> Sequence[str]:
+        held = await asyncio.to_thread(TrainerStore(ctx.engine).awaiting_calls)
+        if not held:
+            return ()
+        shown = ", ".join(f"{h.execution_id} ({h.applied} of {h.recorded})" for h in held[:5])
+        more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+        return (
+            f"{len(held)} finished executions held out of training: their finish counted calls the trainer has not"
+            f" received yet (applied of recorded): {shown}{more}",
+        )
+
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
         trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(self, ctx), server)
         return ("opengyre.v1.TrainerService",)

@@ -19,7 +19,10 @@ from opengyre.eventlog import EventLog
 from opengyre.runtime import free_port
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
+from ..._parallel import STACKS
 from ..._polling import wait_until
+
+pytestmark = STACKS  # starts `opengyre up` stacks: never two at once (tests/_parallel.py)
 
 CLI = [sys.executable, "-m", "opengyre.cli"]
 
@@ -73,6 +76,7 @@ def test_commands_that_need_a_stack_say_so(tmp_path: Path) -> None:
     assert res.returncode == 2 and "unknown service(s) warp-drive" in res.stdout
 
 
+@pytest.mark.slow  # five services up, down, up again (about a minute)
 def test_a_fresh_data_dir_then_the_same_one_again_resumes(tmp_path: Path) -> None:
     data = tmp_path / "og"
     res = og("up", "--detach", "--data-dir", str(data))
@@ -149,6 +153,7 @@ def test_the_cli_loads_without_torch() -> None:
     assert res.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_a_killed_service_is_restarted_and_its_projection_resumes(tmp_path: Path) -> None:
     data = tmp_path / "og"
     res = og("up", "--detach", "--data-dir", str(data), "--services", "synth")

@@ -21,8 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.runtime import EmbeddedNats, alive
 
+from ..._parallel import STACKS
 from ..._polling import await_until, wait_until
 from ._cli import CLI, Ledger, og, processes_on, stack_record, synth_state
+
+# Each test starts real stacks and faults them (20-40 s each on an idle 2-core machine).
+pytestmark = [STACKS, pytest.mark.slow]  # STACKS: never two stacks at once (tests/_parallel.py)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -283,3 +287,34 @@ def test_commands_read_the_store_and_stream_the_stack_recorded(tmp_path: Path, p
         ledger2 = Ledger()
         asyncio.run(ledger2.publish(str(record["nats_url"]), 5, config))
         wait_until(lambda: _applied(record, 30), "synth applied 30 events")
+
+
+def test_status_shows_the_pid_of_the_running_service_not_a_killed_one(tmp_path: Path) -> None:
+    """A SIGKILLed service: until the supervisor restarts it, status says it exited (not its dead pid as if it
+    ran); after, the new pid and the restart."""
+    data = tmp_path / "og"
+    with up(data) as record:
+        old = int(record["services"]["synth"]["pid"])  # type: ignore[index]
+        supervisor = int(record["pid"])  # type: ignore[call-overload]
+        res = og("status", "--data-dir", str(data))
+        assert res.returncode == 0 and str(old) in res.stdout, res.stdout
+        os.kill(supervisor, signal.SIGSTOP)  # holds the restart back, so the window is there to look at
+        try:
+            os.kill(old, signal.SIGKILL)
+            wait_until(lambda: not alive(old), "the killed service is gone")
+            res = og("status", "--data-dir", str(data))
+            assert res.returncode == 1 and "exited" in res.stdout and str(old) not in res.stdout, res.stdout
+        finally:
+            os.kill(supervisor, signal.SIGCONT)
+        wait_until(lambda: stack_record(data)["services"]["synth"]["restarts"] == 1, "the supervisor restarted it")
+        new = int(stack_record(data)["services"]["synth"]["pid"])
+        wait_until(lambda: _serving_now(data), "the restarted synth serves")
+        res = og("status", "--data-dir", str(data))
+        assert res.returncode == 0 and f"{new} (1 restarts)" in res.stdout and str(old) not in res.stdout, res.stdout
+
+
+def _serving_now(data: Path) -> bool:
+    try:
+        return _health(stack_record(data)) == SERVING
+    except grpc.aio.AioRpcError:  # not listening yet
+        return False

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from opengyre.models import build_model, load_checkpoint, model_config, save_checkpoint, token_logprobs
-from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
+from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer, SamplingParams
 
 from ..._polling import await_until
 
@@ -294,3 +294,24 @@ async def test_a_corrupt_checkpoint_is_refused_and_the_engine_keeps_serving(
     assert info["weight_version"] == after["meta_info"]["weight_version"] == "default"
     assert after["output_ids"] == before["output_ids"]
     assert after["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
+
+
+async def test_a_request_whose_sampling_cannot_be_set_up_fails_alone(engine_a: EngineServer) -> None:
+    """A seed torch's generator cannot take is refused when parsed (400); one that reaches the scheduler anyway
+    (the engine's own API) fails that request with an error instead of leaving it pending, and the engine goes on
+    serving the others."""
+    async with httpx.AsyncClient(timeout=60) as c:
+        r = await c.post(
+            engine_a.url + "/generate",
+            json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "sampling_seed": 2**64}},
+        )
+    assert r.status_code == 400 and "sampling_seed" in r.text
+
+    engine = engine_a.engine
+    async with contextlib.aclosing(engine.generate(PROMPT, SamplingParams(max_new_tokens=2, seed=2**70))) as bad:
+        last = [g async for g in bad][-1]
+    assert last.finish is not None and last.finish["type"] == "abort" and last.finish["status_code"] == 400
+    assert "sampling could not be set up" in str(last.finish["message"])
+    async with contextlib.aclosing(engine.generate(PROMPT, SamplingParams(max_new_tokens=2, seed=7))) as good:
+        ok = [g async for g in good][-1]
+    assert ok.finish is not None and ok.finish["type"] == "length" and len(ok.output_ids) == 2

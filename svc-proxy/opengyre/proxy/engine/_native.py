@@ -15,13 +15,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .._json import Json
+from .._sse import DONE, sse
 from ._common import gate_error, json_body, native_error
 from ._engine import CpuEngine, Generation
 from ._sampling import SamplingError, SamplingParams
 
 __all__ = ["Parsed", "native_routes", "run_once"]
-
-_enc = msgspec.json.Encoder()
 
 
 def _trimmed_text(engine: CpuEngine, gen: Generation, params: SamplingParams, start: int = 0) -> str:
@@ -218,13 +217,13 @@ def native_routes(engine: CpuEngine) -> list[Route]:
                         "code": status,
                         "retryable": False,
                     }
-                    yield b"data: " + _enc.encode({"error": err}) + b"\n\n"
+                    yield sse({"error": err})
                     break
                 out = _result_of(engine, p, g, start=sent if engine.config.incremental_streaming_output else 0)
                 if engine.config.incremental_streaming_output:
                     sent = len(g.output_ids)
-                yield b"data: " + _enc.encode(out) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+                yield sse(out)
+        yield DONE
 
     async def abort_request(request: Request) -> Response:
         body = await json_body(request)

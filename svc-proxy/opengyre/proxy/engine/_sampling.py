@@ -72,6 +72,17 @@ def _int(d: dict[str, Any], key: str, default: int | None, *, lo: int | None = N
     return v
 
 
+# What torch.Generator.manual_seed takes (a seed outside would fail the request once scheduled).
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+def _seed(d: dict[str, Any]) -> int | None:
+    seed = _int(d, "sampling_seed", None)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise SamplingError(f"sampling_params.sampling_seed={seed} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+    return seed
+
+
 def _bool(d: dict[str, Any], key: str, default: bool) -> bool:
     v = d.get(key)
     if v is None:
@@ -175,7 +186,7 @@ class SamplingParams:
             spaces_between_special_tokens=_bool(raw, "spaces_between_special_tokens", True),
             no_stop_trim=_bool(raw, "no_stop_trim", False),
             logit_bias=bias,
-            seed=_int(raw, "sampling_seed", None),
+            seed=_seed(raw),
         )
 
 

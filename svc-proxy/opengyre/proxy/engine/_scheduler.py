@@ -207,10 +207,13 @@ class Scheduler:
     def _admit(self) -> None:
         while self._waiting and len(self._prefilling) + len(self._decoding) < self.max_running:
             req = self._waiting.popleft()
-            if req.params.seed is not None:
-                req.generator = torch.Generator().manual_seed(req.params.seed)
-            if req.params.penalised:
-                req.counts = torch.zeros(self.runner.vocab_size)
+            try:
+                self._set_up_sampling(req)
+            except Exception as exc:  # this request's own setup (a seed the generator cannot take): fail it alone
+                log.warning("request %s: sampling setup failed: %s", req.rid, exc)
+                msg = f"the request's sampling could not be set up: {exc}"
+                self._finish(req, {"type": "abort", "message": msg, "status_code": 400})
+                continue
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0})
                 continue
@@ -221,6 +224,12 @@ class Scheduler:
             req.prefilled = hit
             req.cached_tokens = hit
             self._prefilling.append(req)
+
+    def _set_up_sampling(self, req: EngineRequest) -> None:
+        if req.params.seed is not None:
+            req.generator = torch.Generator().manual_seed(req.params.seed)
+        if req.params.penalised:
+            req.counts = torch.zeros(self.runner.vocab_size)
 
     def _step(self) -> None:
         self._admit()

@@ -1,0 +1,145 @@
+"""Sealing an execution (ProxyService.SealExecution, what a rollout driver does before scoring): later calls are
+refused in each dialect's shape, a call still generating when the seal lands is refused when it would be recorded,
+the seal waits until the log holds the execution's held calls and returns their number, and the seal survives a
+SIGKILL of the proxy (it is in the outbox file, fsync'd)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.events import ExecutionDispatched, ModelCallRecorded
+from opengyre.proxy import Gateway, GatewayConfig
+from opengyre.proxy.engine import EngineServer
+
+from .._polling import await_until
+from .test_recorder import Nats
+from .test_recorder_crash import Proxy
+
+M = "opengyre-tiny"
+
+
+async def _refusing_log(nats: Nats, name: str) -> tuple[EventLog, StreamConfig]:
+    """A log whose stream is full (one event, discard new): every answered call stays in the proxy's outbox."""
+    cfg = LogConfig(stream=name, prefix=f"{name.lower()}.ev", blob_bucket=f"{name}B")
+    log = await EventLog.connect(nats.url, cfg, create=False)
+    stream = StreamConfig(
+        name=cfg.stream, subjects=[cfg.all_subjects], storage=StorageType.FILE, max_msgs=1, discard=DiscardPolicy.NEW
+    )
+    await log.js.add_stream(stream)
+    await log.append(ExecutionDispatched(execution_id="first", task_id="t", group_id="g", group_size=1))
+    return log, stream
+
+
+async def _chat_turns(base_url: str, n: int) -> list[str]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="any", max_retries=0)
+    msgs: list[dict[str, object]] = [{"role": "user", "content": "task"}]
+    ids = []
+    for _ in range(n):
+        r = await client.chat.completions.create(model=M, messages=msgs, max_tokens=3)  # type: ignore[arg-type]
+        ids.append(r.id.removeprefix("chatcmpl-"))
+        msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
+    return ids
+
+
+async def _recorded(log: EventLog, execution_id: str) -> list[str]:
+    return [e.call_id async for _, e in log.events(ModelCallRecorded) if e.execution_id == execution_id]
+
+
+async def test_a_seal_refuses_later_calls_and_returns_once_the_held_calls_are_in_the_log(
+    tmp_path: Path, engine_a: EngineServer
+) -> None:
+    nats = Nats(tmp_path / "nats")
+    log, stream = await _refusing_log(nats, "SEAL")
+    gw = Gateway(
+        GatewayConfig(require_key=False, outbox_path=str(tmp_path / "outbox.sqlite3"), stop_drain_timeout_s=0.5),
+        event_log=log,
+    )
+    await gw.pool.add("e0", engine_a.url)
+    await gw.start()
+    try:
+        answered = await _chat_turns(gw.base_url("sx"), 2)
+        assert gw.recorder.pending == 2
+        failures = gw.recorder.send_failures
+        seal = asyncio.create_task(gw.seal_execution("sx"))
+        await await_until(lambda: gw.recorder.send_failures >= failures + 2, "the drainer retried after the seal")
+        assert not seal.done()  # the log still refuses: the held calls are not in it, so no count yet
+
+        with pytest.raises(openai.PermissionDeniedError) as oa:
+            await _chat_turns(gw.base_url("sx"), 1)
+        assert oa.value.status_code == 403 and oa.value.code == "execution_sealed" and "sealed" in oa.value.message
+        claude = anthropic.AsyncAnthropic(base_url=f"{gw.url}/x/sx", api_key="any", max_retries=0)
+        with pytest.raises(anthropic.PermissionDeniedError) as an:
+            await claude.messages.create(model=M, max_tokens=3, messages=[{"role": "user", "content": "more"}])
+        assert isinstance(an.value.body, dict) and an.value.body["type"] == "error"
+        assert an.value.body["error"]["type"] == "permission_error"
+        with pytest.raises(openai.PermissionDeniedError):  # the Responses dialect too
+            await openai.AsyncOpenAI(base_url=gw.base_url("sx"), api_key="any", max_retries=0).responses.create(
+                model=M, input="more", max_output_tokens=3
+            )
+
+        # A call generating when the seal lands: refused as it would be recorded (the stream ends with an error).
+        client = openai.AsyncOpenAI(base_url=gw.base_url("race"), api_key="any", max_retries=0)
+        s = await client.chat.completions.create(
+            model=M,
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=8,
+            stream=True,
+        )
+        with pytest.raises(openai.APIError, match="sealed"):
+            async for _ in s:
+                await gw.recorder.seal("race")
+        assert await gw.seal_execution("race") == 0
+
+        stream.max_msgs = -1
+        await log.js.update_stream(stream)
+        assert await asyncio.wait_for(seal, 60) == 2
+        assert sorted(await _recorded(log, "sx")) == sorted(answered)  # in the log before the count came back
+        assert await gw.seal_execution("sx") == 2  # idempotent
+    finally:
+        await gw.stop()
+        await log.close()
+        nats.server.stop()
+
+
+@pytest.mark.slow
+async def test_a_seal_survives_a_sigkill_of_the_proxy(tmp_path: Path, engine_a: EngineServer) -> None:
+    nats = Nats(tmp_path / "nats")
+    log, stream = await _refusing_log(nats, "SEALK")
+    outbox = tmp_path / "outbox.sqlite3"
+    cfg = GatewayConfig(require_key=False, outbox_path=str(outbox), stop_drain_timeout_s=0.5)
+    proxy = Proxy(nats, log.config, engine_a.url, outbox)
+    try:
+        gw = Gateway(cfg, event_log=log)
+        await gw.pool.add("e0", engine_a.url)
+        await gw.start()
+        try:
+            answered = await _chat_turns(gw.base_url("kx"), 3)
+        finally:
+            await gw.stop()  # the log refuses: the three calls stay in the outbox file
+        await proxy.start("kx")  # seals kx, then says where it serves
+        proxy.sigkill()  # after the seal, before any of kx's calls reached the log
+
+        gw = Gateway(cfg, event_log=log)
+        await gw.pool.add("e0", engine_a.url)
+        await gw.start()
+        try:
+            with pytest.raises(openai.PermissionDeniedError):
+                await _chat_turns(gw.base_url("kx"), 1)
+            stream.max_msgs = -1
+            await log.js.update_stream(stream)
+            assert await asyncio.wait_for(gw.seal_execution("kx"), 60) == 3
+            assert sorted(await _recorded(log, "kx")) == sorted(answered)
+        finally:
+            await gw.stop()
+    finally:
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.sigkill()
+        await log.close()
+        nats.server.stop()
