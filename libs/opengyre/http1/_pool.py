@@ -1,8 +1,10 @@
-"""A lean HTTP/1.1 client for the proxy -> engine hop: keep-alive connections, one write per request.
+"""A lean HTTP/1.1 client: keep-alive connections, one write per request.
 
-The hop sits on every model call, and a general-purpose client spends more time per request than the
-gateway's own work (measured: ~2 ms under httpx vs ~0.3 ms here). It speaks just what SGLang's (uvicorn) and
-our engine's servers answer with: Content-Length or chunked bodies, keep-alive unless ``connection: close``.
+Written for the proxy -> engine hop, which sits on every model call: a general-purpose client spends more time
+per request than the gateway's own work (measured: ~2 ms under httpx vs ~0.3 ms here). svc-bench's load
+generator uses it for the same reason: the client must never be what limits a benchmark. It speaks just what
+SGLang's (uvicorn), vLLM's and our engine's servers answer with: Content-Length or chunked bodies, keep-alive
+unless ``connection: close``.
 
 Kept-alive connections go stale: the server closes one that stayed idle past its keep-alive (uvicorn's
 ``timeout_keep_alive``: 5 s for SGLang and vLLM). A pooled connection is reused only if it was idle less than
@@ -23,11 +25,24 @@ from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
-__all__ = ["Http1Error", "Http1Pool", "Http1Response"]
+__all__ = ["Http1ConnectError", "Http1Error", "Http1Pool", "Http1Response", "Http1TimeoutError"]
 
 
 class Http1Error(Exception):
     """The connection failed or the server's answer was not HTTP/1.1 we understand."""
+
+
+class Http1ConnectError(Http1Error):
+    """No connection to the server could be opened (refused, unresolvable, or the connect timed out)."""
+
+
+class Http1TimeoutError(Http1Error):
+    """The server sent nothing for ``read_timeout`` seconds (a stalled server)."""
+
+
+def _error(exc: BaseException, read_timeout: float) -> Http1Error:
+    cls = Http1TimeoutError if isinstance(exc, TimeoutError) else Http1Error
+    return cls(_describe(exc, read_timeout))
 
 
 class _Conn:
@@ -97,7 +112,7 @@ class Http1Response:
                     yield data
         except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
             self._drop()
-            raise Http1Error(_describe(exc, self._pool.read_timeout)) from exc
+            raise _error(exc, self._pool.read_timeout) from exc
         except BaseException:
             self._drop()  # a cancelled read leaves the connection mid-body: never reuse it
             raise
@@ -137,7 +152,7 @@ class Http1Response:
 
 def _describe(exc: BaseException, read_timeout: float) -> str:
     if isinstance(exc, TimeoutError):
-        return f"the engine sent nothing for {read_timeout:g} s (read timeout)"
+        return f"the server sent nothing for {read_timeout:g} s (read timeout)"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -153,7 +168,7 @@ class Http1Pool:
     ) -> None:
         u = urlsplit(base_url)
         if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"only http:// engine URLs are supported by the fast client, got {base_url!r}")
+            raise ValueError(f"only http:// URLs are supported by the fast client, got {base_url!r}")
         self.host = u.hostname
         self.port = u.port or 80
         self.prefix = u.path.rstrip("/")
@@ -202,7 +217,7 @@ class Http1Pool:
                 asyncio.open_connection(self.host, self.port, limit=1 << 22), self.connect_timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise Http1Error(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            raise Http1ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         self.connects += 1
         return _Conn(r, w)
 
@@ -247,7 +262,7 @@ class Http1Pool:
                     self.retried += 1
                     conn = await self._connect()
                     continue
-                raise Http1Error(_describe(exc, self.read_timeout)) from exc
+                raise _error(exc, self.read_timeout) from exc
             except BaseException:
                 conn.close()
                 raise
