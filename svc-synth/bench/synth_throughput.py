@@ -73,9 +73,8 @@ def _child(args: argparse.Namespace, tree: Path | None) -> dict[str, Any]:
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "tree": where}
 
 
-def _extract(rev: str) -> Path:
+def _extract(rev: str, where: Path) -> Path:
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *TREES], check=True, capture_output=True).stdout
-    where = Path(tempfile.mkdtemp(prefix="synth-baseline-"))
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         t.extractall(where, filter="data")
     return where
@@ -111,20 +110,8 @@ def main() -> None:
         print(json.dumps({"wall": wall, "cpu": cpu, "ok": ok, "load": load}))
         return
     if args.baseline:
-        tree = _extract(args.baseline)
-        rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "today": []}
-        print(f"{args.tasks} tasks, {args.workers} workers, level {args.level}; baseline {args.baseline}")
-        for rep in range(args.reps):
-            for name, where in (("baseline", tree), ("today", None)):
-                r = _child(args, where)
-                rows[name].append(r)
-                print(_row(f"{name} #{rep + 1}", r, args.tasks), flush=True)
-        per = {k: sum(r["cpu"] for r in v) / max(sum(r["ok"] for r in v), 1) for k, v in rows.items()}
-        print(
-            f"CPU-s per validated task: baseline {per['baseline']:.3f}, today {per['today']:.3f} "
-            f"(x{per['baseline'] / per['today']:.2f} less); on 2 free cores {120 / per['baseline']:.0f} -> "
-            f"{120 / per['today']:.0f} validated tasks/min"
-        )
+        with tempfile.TemporaryDirectory(prefix="synth-baseline-") as tmp:
+            _compare(args, _extract(args.baseline, Path(tmp)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         res = []
@@ -135,6 +122,22 @@ def main() -> None:
             print(_row(f"workers={w}", {"wall": wall, "cpu": cpu, "ok": ok, "load": load}, args.tasks))
         base, conc = (ok / wall for wall, ok in res)
         print(f"ratio vs 1 worker: {conc / base:.2f}x")
+
+
+def _compare(args: argparse.Namespace, tree: Path) -> None:
+    rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "today": []}
+    print(f"{args.tasks} tasks, {args.workers} workers, level {args.level}; baseline {args.baseline}")
+    for rep in range(args.reps):
+        for name, where in (("baseline", tree), ("today", None)):
+            r = _child(args, where)
+            rows[name].append(r)
+            print(_row(f"{name} #{rep + 1}", r, args.tasks), flush=True)
+    per = {k: sum(r["cpu"] for r in v) / max(sum(r["ok"] for r in v), 1) for k, v in rows.items()}
+    print(
+        f"CPU-s per validated task: baseline {per['baseline']:.3f}, today {per['today']:.3f} "
+        f"(x{per['baseline'] / per['today']:.2f} less); on 2 free cores {120 / per['baseline']:.0f} -> "
+        f"{120 / per['today']:.0f} validated tasks/min"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -88,17 +88,8 @@ class Http1Response:
         within = self._pool._within
         try:
             if self._chunked:
-                while True:
-                    size_line = await within(r.readline())
-                    if not size_line:
-                        raise Http1Error("the server closed the connection mid-body")
-                    size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await within(r.readline())) not in (b"\r\n", b"\n", b""):
-                            pass  # trailers
-                        break
-                    data = await within(r.readexactly(size + 2))
-                    yield data[:-2]
+                async for data in self._dechunk(r, within):
+                    yield data
             elif self._left is not None:
                 while self._left > 0:
                     data = await within(r.read(min(self._left, 1 << 16)))
@@ -117,6 +108,52 @@ class Http1Response:
             self._drop()  # a cancelled read leaves the connection mid-body: never reuse it
             raise
         self._finish()
+
+    async def _dechunk(
+        self, r: asyncio.StreamReader, within: Callable[[Awaitable[bytes]], Awaitable[bytes]]
+    ) -> AsyncIterator[bytes]:
+        """Chunked transfer decoding from bulk reads: a short streamed answer (a few small chunks that arrive
+        together) costs one or two timed reads instead of two per chunk; each timed read sets up and cancels a
+        timer, which was most of this client's CPU per request."""
+        buf = bytearray()
+        pos = 0
+
+        async def more(eof_ok: bool = False) -> bool:
+            data = await within(r.read(1 << 16))
+            if not data:
+                if eof_ok:
+                    return False
+                raise Http1Error("the server closed the connection mid-body")
+            buf.extend(data)
+            return True
+
+        async def line() -> bytes | None:
+            nonlocal pos
+            while (nl := buf.find(b"\n", pos)) < 0:
+                if not await more(eof_ok=size == 0):
+                    return None
+            out = bytes(buf[pos:nl]).rstrip(b"\r")
+            pos = nl + 1
+            return out
+
+        size = -1
+        while True:
+            size_line = await line()
+            assert size_line is not None  # mid-body, end of file raised above
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while await line():
+                    pass  # trailers, up to the empty line (or the end of the connection)
+                break
+            while len(buf) < pos + size + 2:
+                await more()
+            yield bytes(buf[pos : pos + size])
+            pos += size + 2
+            if pos > 1 << 16:
+                del buf[:pos]
+                pos = 0
+        if pos < len(buf):
+            self._keep = False  # bytes past the end of the body: the connection's framing cannot be trusted
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])
