@@ -28,6 +28,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from _fast_server import start  # type: ignore[import-not-found]  # the folder b
 from opengyre.bench import LoadConfig, SessionPlan, TurnPlan, run_load
 
 HERE = Path(__file__).parent
+Probe = Callable[[], tuple[int, float, str]]  # runs a client: (requests completed, wall seconds, a note)
+TOKENIZER = HERE.parents[1] / "libs" / "opengyre" / "models" / "assets" / "byte-chatml"
 
 
 @dataclass
@@ -111,6 +114,40 @@ async def _ours(url: str, n: int, c: int, workers: int) -> tuple[int, float, str
     return len(run.requests), run.finished - run.started, lag
 
 
+def _guidellm(exe: str, tokenizer: str, url: str, c: int, n: int) -> tuple[int, float, str]:
+    """GuideLLM (vLLM project's benchmark client) with the same request: chat completions, streamed, one user
+    message, one output token. Its tokenizer is a local folder: the synthetic prompts need one, and the hub
+    cannot be reached here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "g.json"
+        argv = [exe, "run", "--backend", f"kind=openai_http,target={url},model=m"]
+        argv += ["--profile", f"kind=concurrent,streams={c}", "--constraint", f"kind=max_requests,count={n}"]
+        argv += ["--tokenizer", f"kind=huggingface_auto,model={tokenizer}"]
+        argv += ["--data", "kind=synthetic_text,prompt_tokens=1,output_tokens=1"]
+        argv += ["--output", f"kind=json,path={out}", "--disable-console"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+        if not out.exists():
+            raise SystemExit(f"guidellm wrote no results: {done.stderr[-800:]}")
+        b = json.loads(out.read_text())["benchmarks"][0]
+    ok, m = int(b["metrics"]["request_totals"]["successful"]), b["scheduler_metrics"]
+    if ok != n:
+        raise SystemExit(f"guidellm: {ok} of {n} requests succeeded")
+    return ok, m["request_end_time"] - m["request_start_time"], ""
+
+
+def _marginal(name: str, pids: list[int], small: Probe, big: Probe) -> Row:
+    """A tool that starts processes and imports much (Locust, GuideLLM) spends CPU before its first request: a
+    short run and a long one, and the difference in CPU over the difference in requests, is what one request
+    costs it once running (the long run's wall rate is kept)."""
+    a, b = _measure(name, pids, small, quiet=True), _measure(name, pids, big, quiet=True)
+    dn = b.requests - a.requests
+    row = Row(name, dn, b.wall_s * dn / b.requests, b.client_cpu_s - a.client_cpu_s, b.server_cpu_s - a.server_cpu_s)
+    row.note = f"marginal: ({b.requests} - {a.requests}) requests; with start-up {b.client_ms:.3f} ms CPU/req"
+    _print(row)
+    return row
+
+
 def _ours_sync(url: str, n: int, c: int, workers: int) -> tuple[int, float, str]:
     return asyncio.run(_ours(url, n, c, workers))
 
@@ -160,17 +197,22 @@ def _server_cpu(pids: list[int]) -> float:
     return total / tick
 
 
-def _measure(name: str, pids: list[int], fn: Callable[[], tuple[int, float, str]]) -> Row:
+def _measure(name: str, pids: list[int], fn: Probe, quiet: bool = False) -> Row:
     c0, s0 = _cpu(), _server_cpu(pids)
     n, wall, note = fn()
     row = Row(name, n, wall, _cpu() - c0, _server_cpu(pids) - s0, note)
+    if not quiet:
+        _print(row)
+    return row
+
+
+def _print(row: Row) -> None:
     print(
-        f"{name:<26} {row.requests:6d} req {row.rps:7.0f} req/s   client {row.client_ms:.3f} ms CPU/req "
+        f"{row.client:<26} {row.requests:6d} req {row.rps:7.0f} req/s   client {row.client_ms:.3f} ms CPU/req "
         f"(2 free cores: {2e3 / row.client_ms:6.0f} req/s)   server {row.server_ms:.3f} ms CPU/req   "
         f"client+server on 2 cores: {2e3 / (row.client_ms + row.server_ms):6.0f} req/s   {row.note}",
         flush=True,
     )
-    return row
 
 
 def main() -> None:
@@ -180,6 +222,8 @@ def main() -> None:
     ap.add_argument("--server-processes", type=int, default=1)
     ap.add_argument("--locust", help="path to a locust executable (its own venv): run it on the same server too")
     ap.add_argument("--locust-seconds", type=float, default=20.0)
+    ap.add_argument("--guidellm", help="path to a guidellm executable (its own venv): run it on the same server too")
+    ap.add_argument("--tokenizer", default=str(TOKENIZER), help="a local tokenizer folder for GuideLLM")
     ap.add_argument("--skip-sdk", action="store_true", help="leave the openai SDK out (it is slow on a busy box)")
     a = ap.parse_args()
     url, procs = start(a.server_processes)
@@ -194,8 +238,13 @@ def main() -> None:
             rows.append(_measure(f"opengyre bench, {w} worker(s)", pids, functools.partial(_ours_sync, url, n, c, w)))
         if a.locust:
             for p in (1, 2):
-                run = functools.partial(_locust, a.locust, url, c, a.locust_seconds, p)
-                rows.append(_measure(f"locust, {p} process(es)", pids, run))
+                short = functools.partial(_locust, a.locust, url, c, a.locust_seconds / 4, p)
+                long = functools.partial(_locust, a.locust, url, c, a.locust_seconds, p)
+                rows.append(_marginal(f"locust, {p} process(es)", pids, short, long))
+        if a.guidellm:
+            small = functools.partial(_guidellm, a.guidellm, a.tokenizer, url, c, max(c * 4, n // 10))
+            big = functools.partial(_guidellm, a.guidellm, a.tokenizer, url, c, n)
+            rows.append(_marginal("guidellm", pids, small, big))
         base = rows[0]
         for r in rows[1:]:
             print(
