@@ -16,8 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from opengyre.eventlog import EventLog
+from opengyre.http1 import Http1Error, Http1Pool
 from opengyre.proxy._http import HttpServer
-from opengyre.proxy._http1 import Http1Error, Http1Pool
 from opengyre.proxy.engine import EngineConfig, EngineServer
 
 from .._polling import await_until

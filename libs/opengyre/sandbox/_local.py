@@ -26,7 +26,12 @@ from ._limits import SandboxLimits, SandboxResult
 
 __all__ = ["LocalSandbox", "SandboxError"]
 
-_BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+_BASE_ENV = ("LANG", "LC_ALL", "TZ")
+# A container's standard PATH (Debian's, which the Docker images we build on keep). The sandbox stands in for
+# such a substrate, so its programs come first; the host's own PATH follows, so nothing it finds goes missing.
+# Without this a host's version-manager shims shadow the system's programs: a pyenv ``python3`` is a bash
+# script that runs ~40 processes before the interpreter (~0.1 CPU-s for each grader or solution started).
+_SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
 class SandboxError(RuntimeError):
@@ -63,20 +68,29 @@ def _exit_code(returncode: int) -> int:
 
 
 def _group_rss(session: int) -> int:
-    """Resident bytes of every process in ``session`` (the command's: it runs in a session of its own)."""
+    """Resident bytes of every process in ``session`` (the command's: it runs in a session of its own).
+
+    Every process on the machine is looked at (a process the command orphaned keeps its session but leaves the
+    command's tree), several times a second while a command runs: raw ``os.open``/``os.read`` instead of a
+    buffered file object halves what a poll costs (~0.7 ms instead of ~1.4 ms with ~170 processes)."""
     page = os.sysconf("SC_PAGE_SIZE")
     total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
         except OSError:
             continue  # gone meanwhile
+        try:
+            stat = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         # After "pid (comm) ": state ppid pgrp session ... rss is field 24 (index 21 from state).
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if int(fields[3]) == session:
+        fields = stat[stat.rfind(b")") + 2 :].split(maxsplit=22)
+        if len(fields) > 21 and int(fields[3]) == session:
             total += int(fields[21]) * page
     return total
 
@@ -191,7 +205,8 @@ class LocalSandbox:
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        host = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and d not in _SYSTEM_PATH]
+        env["PATH"] = os.pathsep.join([*_SYSTEM_PATH, *host])
         env.update(HOME=str(self.root / "home"), TMPDIR=str(self.root / "tmp"), SANDBOX_ROOT=str(self.root))
         env.update(extra or {})
         return env

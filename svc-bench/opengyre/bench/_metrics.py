@@ -78,6 +78,8 @@ def summarise(run: RunResult, slo: Slo | None = None, ps: Sequence[float] = DEFA
             "loop_lag_max_s": run.loop_lag_max_s,
             "loop_lag_p99_s": run.loop_lag_p99_s,
             "bottleneck": run.client_bottleneck,
+            "cpu_s": run.client_cpu_s,  # the load generator's own CPU while sending (every worker)
+            "cpu_s_per_request": run.client_cpu_s / max(1, len(run.requests)),
         },
     }
     if slo is not None:

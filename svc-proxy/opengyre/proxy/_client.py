@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from ._http1 import Http1Error, Http1Pool
+from opengyre.http1 import Http1Error, Http1Pool
 
 __all__ = [
     "EngineBadReply",

@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 
+from opengyre.http1 import Http1Error, Http1Pool
+
 from ._client import EngineConnection, EngineFailed, EngineReply, EngineResponse, behaviour_logprobs, sse_chunks
-from ._http1 import Http1Error, Http1Pool
 
 __all__ = ["VLLM_SCHEME", "VllmClient"]
 

@@ -56,6 +56,13 @@ def run_solution(
     grader itself copes with whatever a dying solution leaves behind."""
     limits = limits or RunLimits()
     task_dir = Path(task_dir)
+    if solve_sh is None:
+        # Nothing runs before the grader, and the verifier grades a copy in its own sandbox: the initial
+        # workspace is graded as it is, without a solve sandbox around it (one copy and one tree removal fewer).
+        ws = task_dir / "environment" / "workspace"
+        ev = HarborVerifier(limits.grade).evaluate(task_dir, ws)
+        kept = (_snapshot(ws) if ws.is_dir() else {}) if keep_workspace else None
+        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept)
     try:
         with LocalSandbox(limits.solve, prefix="og-synth-") as sb:
             app = sb.root / "app"

@@ -31,6 +31,23 @@ def test_runs_in_a_private_directory_with_a_clean_env(monkeypatch: pytest.Monkey
         _ = sb.root
 
 
+def test_system_programs_come_before_the_hosts_shims(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A host's version-manager shim (pyenv's ``python3``) must not shadow the system's program in the sandbox,
+    which stands in for a container's substrate; what only the host's PATH has is still found."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name in ("bash", "only-on-the-host"):
+        (shims / name).write_text("#!/bin/sh\necho shim\n")
+        (shims / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    with LocalSandbox() as sb:
+        r = sb.run(["bash", "-c", "command -v bash; echo $BASH_VERSION"])
+        own = sb.run(["only-on-the-host"])
+    where, version = r.stdout.split()
+    assert r.ok and Path(where).parent != shims and version  # a real bash ran, found in a system directory
+    assert own.ok and own.stdout.strip() == "shim"
+
+
 def test_timeout_kills_the_whole_group_and_exits_124() -> None:
     with LocalSandbox(SandboxLimits(timeout_s=1.0)) as sb:
         r = sb.run(["bash", "-c", "sleep 60 & sleep 60; echo never"])
