@@ -5,6 +5,8 @@
 - ``TrajectoryProjection`` and ``load_tree`` / ``load_execution`` / ``load_calls`` / ``resolve_stored`` /
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``export_execution`` / ``export_path``: ATIF.
+- ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
+  reference conversation as the proxy would record it (the trainer's SFT samples come from there).
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
@@ -24,8 +26,9 @@ if TYPE_CHECKING:
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from ._replay import replay_conversation
     from ._store import TrajectoryProjection
-    from ._tito import ExecutionTrajectory
+    from ._tito import ExecutionTrajectory, TitoNode
     from ._trees import (
         ExecutionSummary,
         StoredCall,
@@ -53,8 +56,10 @@ _WHERE = {
     "KVMigrator": "_pool",
     "NoCapacity": "_pool",
     "RePrefill": "_pool",
+    "replay_conversation": "_replay",
     "TrajectoryProjection": "_store",
     "ExecutionTrajectory": "_tito",
+    "TitoNode": "_tito",
     "ExecutionSummary": "_trees",
     "StoredCall": "_trees",
     "list_executions": "_trees",
@@ -82,6 +87,7 @@ __all__ = [
     "NoCapacity",
     "RePrefill",
     "StoredCall",
+    "TitoNode",
     "TrajectoryProjection",
     "export_execution",
     "export_path",
@@ -90,6 +96,7 @@ __all__ = [
     "load_execution",
     "load_tree",
     "path_mask",
+    "replay_conversation",
     "resolve_stored",
 ]
 
