@@ -96,6 +96,7 @@ async def conversation(
         plan = traj.plan(msgs, TOOLS)
         if t:
             stats["turns"] += 1
+            stats["all_prompt_tokens"] += len(plan.prompt_ids)
             if plan.drift is not None:
                 stats["drift_turns"] += 1
                 fresh = codec.render_ids(msgs, TOOLS)
@@ -171,7 +172,10 @@ async def main() -> None:
         f"({stats['drift_turns'] / max(stats['turns'], 1):.0%}); conversations with any: "
         f"{stats['conversations_drifting']} / {n} ({stats['conversations_drifting'] / n:.0%})"
     )
-    print(f"differing token positions over drifting turns: {stats['drift_tokens']} (trained on by ours: 0)")
+    print(
+        f"prompt tokens from the first difference on: {stats['drift_tokens']} of {stats['all_prompt_tokens']} "
+        f"({stats['drift_tokens'] / max(stats['all_prompt_tokens'], 1):.0%}); re-tokenized ids trained on by ours: 0"
+    )
     for cause, k in stats["causes"].most_common():
         print(f"  {cause}: {k}")
 

@@ -46,7 +46,7 @@ REFERENCE: list[dict[str, Any]] = [
     {"role": "tool", "tool_call_id": "call_1", "content": "rain, 7C"},
     {"role": "assistant", "content": "Yes: rain, 7C."},
 ]
-MAX_STEPS = 40
+MAX_STEPS = 20
 
 
 async def test_sft_steps_make_smollm2_emit_the_reference_tool_call_through_the_gateway(
@@ -56,13 +56,14 @@ async def test_sft_steps_make_smollm2_emit_the_reference_tool_call_through_the_g
     model, _ = smollm2.load()
     backend = build_backend("torch", model.config, model_state(model))
     del model
-    learner = Learner(backend, SFT(), lr=3e-5)
+    learner = Learner(backend, SFT(), lr=4e-5)
     batch = pack_samples(sft_samples([tree]), 4096)
-    # Until every target is the argmax with room to spare (the NLL of the whole path under ~0.05 per token).
-    nll = [learner.step(batch).metrics["nll"] for _ in range(2)]
-    while nll[-1] > 0.05 and len(nll) < MAX_STEPS:
+    # Until every target is the argmax with room to spare (a step's NLL, before its update, under 0.02 per token:
+    # about 6 steps at this lr).
+    nll = [learner.step(batch).metrics["nll"]]
+    while nll[-1] > 0.02 and len(nll) < MAX_STEPS:
         nll.append(learner.step(batch).metrics["nll"])
-    assert nll[-1] < 0.05, nll
+    assert nll[-1] <= 0.02, nll
     ckpt = write_checkpoint(backend, tmp_path, "sft", 1)
     del learner, backend
 
