@@ -18,6 +18,11 @@ The trainer trains on the recorded (TITO) ids only: every drifting token below i
 would have trained on and ours does not.
 
     .venv/bin/python svc-proxy/bench/tito_drift.py [--model smollm2-135m] [--conversations 24] [--turns 3]
+        [--warm-start 4]
+
+SmolLM2-135M-Instruct rarely calls a tool on its own; ``--warm-start N`` first runs N SFT steps (the trainer's
+``sft_samples_from_messages`` on two reference tool conversations, ``REFERENCES``) and serves that checkpoint,
+as the demo's warm start does, so the measured conversations contain the model's own tool calls.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import argparse
 import asyncio
 import collections
 import random
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +72,29 @@ OPENERS = [
     "Compute {a} + {b} with the calculate tool.",
     "Is it cold in {city} today?",
     "Tell me a fun fact about {city}.",
+]
+_CALL = {"id": "call_1", "type": "function"}
+REFERENCES: list[list[dict[str, Any]]] = [
+    [
+        {"role": "user", "content": "Is it raining in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**_CALL, "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 7, "sky": "rain"}'},
+        {"role": "assistant", "content": "Yes, it is raining in Oslo (7C)."},
+    ],
+    [
+        {"role": "user", "content": "How much is 12 * 7?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**_CALL, "function": {"name": "calculate", "arguments": '{"expression": "12 * 7"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"result": 84}'},
+        {"role": "assistant", "content": "12 * 7 = 84."},
+    ],
 ]
 FOLLOW_UPS = ["Thanks! And in {city}?", "Can you say that again in one sentence?", "Now compute {a} - {b}."]
 
@@ -134,6 +164,25 @@ def _tool_result(name: str, rng: random.Random) -> str:
     return f'{{"result": {rng.randrange(0, 9999)}}}'
 
 
+def warm_start(model: str, steps: int) -> Path:
+    """N SFT steps on the reference tool conversations, through the trainer's public API; the checkpoint's path."""
+    from opengyre.models import model_state, resolve_model
+    from opengyre.trainer import Learner, export_checkpoint, pack_samples, sft_samples_from_messages
+    from opengyre.trainer.algorithms import SFT
+    from opengyre.trainer.backends import build_backend
+
+    source = resolve_model(model)
+    weights, _ = source.load()
+    learner = Learner(build_backend("torch", weights.config, model_state(weights)), SFT(), lr=4e-5)
+    del weights
+    batch = pack_samples(sft_samples_from_messages(source, REFERENCES, TOOLS), 8192)
+    for i in range(steps):
+        print(f"warm start: step {i}, nll {learner.step(batch).metrics['nll']:.3f}", flush=True)
+    out = Path(tempfile.mkdtemp(prefix="tito-drift-")) / "sft"
+    export_checkpoint(learner.backend, out, "sft")
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -142,9 +191,11 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warm-start", type=int, default=0, help="SFT steps on REFERENCES first (0: the model as is)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    engine = CpuEngine(EngineConfig(preset=args.model))
+    checkpoint = warm_start(args.model, args.warm_start) if args.warm_start else None
+    engine = CpuEngine(EngineConfig(preset=args.model, checkpoint=checkpoint))
     engine.start()
     codec = engine.codec
     stats: dict[str, Any] = collections.Counter()
@@ -162,7 +213,7 @@ async def main() -> None:
         engine.stop()
     n = args.conversations
     print(
-        f"model {args.model}: {n} conversations x {args.turns} turns, sampled (T=0.7), {time.perf_counter() - t0:.0f} s"
+        f"model {args.model}{' after the warm start' if checkpoint else ''}: {n} conversations x {args.turns} turns, sampled (T=0.7), {time.perf_counter() - t0:.0f} s"
     )
     print(
         f"calls {stats['calls']}, with a tool call {stats['tool_calls']}, cut by the length limit {stats['length_cut']}"
