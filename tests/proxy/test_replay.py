@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from opengyre.models import load_tokenizer
+from opengyre.models import ModelSource, load_tokenizer
 from opengyre.proxy import ChatCodec, replay_conversation
-from opengyre.trainer import golden_tree, sft_samples
+from opengyre.trainer import golden_tree, sft_samples, sft_samples_from_messages
 from opengyre.trajectory import TrajectoryTree
 
 from ._policy import TOOL_OUTPUT, TOOLS, conversation
@@ -85,3 +85,23 @@ def test_a_reply_the_template_writes_as_text_and_tags_is_tokenized_on_its_own() 
 def test_a_conversation_the_gateway_would_refuse_is_an_error(messages: list[dict[str, Any]], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         replay_conversation(ChatCodec(load_tokenizer()), messages, execution_id="bad")
+
+
+def test_smollm2_sft_targets_are_exactly_its_assistant_spans(smollm2: ModelSource) -> None:
+    """With a real BPE vocabulary (no tool tokens): the tool call is text, the targets are the two replies and their
+    end tokens, the rest — tool block, tool result turn, the newline after each end token — is prompt."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    convo: list[dict[str, Any]] = [
+        {"role": "user", "content": "Is it raining in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain, 7C"},
+        {"role": "assistant", "content": "Yes: rain, 7C."},
+    ]
+    codec = ChatCodec(smollm2.tokenizer())
+    [sample] = sft_samples_from_messages(smollm2, [convo], tools)
+    assert list(sample.tokens) == codec.encode(codec.render(convo, tools, gen=False).rstrip("\n"))
+    assert [codec.decode(list(sample.tokens[a:b]), skip_special=False) for a, b in _runs(sample.targets)] == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>',
+        "Yes: rain, 7C.<|im_end|>",
+    ]
