@@ -38,8 +38,7 @@ from typing import Any
 
 import torch
 
-from opengyre.proxy import ChatCodec, ExecutionTrajectory
-from opengyre.proxy._assembly import Outcome, assemble
+from opengyre.proxy import ChatCodec, ExecutionTrajectory, Outcome, assemble
 from opengyre.proxy.engine import CpuEngine, EngineConfig, SamplingParams
 
 TOOLS: list[dict[str, Any]] = [

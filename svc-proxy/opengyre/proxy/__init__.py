@@ -5,6 +5,7 @@
 - ``TrajectoryProjection`` and ``load_tree`` / ``load_execution`` / ``load_calls`` / ``resolve_stored`` /
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``export_execution`` / ``export_path``: ATIF.
+- ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
 - ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
   reference conversation as the proxy would record it (the trainer's SFT samples come from there).
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._assembly import Outcome, Turn, assemble
     from ._atif import ATIF_VERSION, export_execution, export_path
     from ._chat import ChatCodec
     from ._client import EngineClient
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
+    "Outcome": "_assembly",
+    "Turn": "_assembly",
+    "assemble": "_assembly",
     "ATIF_VERSION": "_atif",
     "export_execution": "_atif",
     "export_path": "_atif",
@@ -85,10 +90,13 @@ __all__ = [
     "KVMigrator",
     "KeyClaim",
     "NoCapacity",
+    "Outcome",
     "RePrefill",
     "StoredCall",
     "TitoNode",
     "TrajectoryProjection",
+    "Turn",
+    "assemble",
     "export_execution",
     "export_path",
     "list_executions",
