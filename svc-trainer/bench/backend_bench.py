@@ -2,6 +2,9 @@
 same packed micro-batches on the torch backend and the megatron-core backend (TP=1, CPU, gloo, SDPA).
 
     .venv/bin/python svc-trainer/bench/backend_bench.py [--model small] [--rows 8] [--seq 256] [--iters 5]
+
+``--model`` is any registered model (``tiny``, ``small``, ``smollm2-135m``, a folder or a .gguf): a pretrained
+model starts both backends from its own weights. The megatron / torch ratio is printed last.
 """
 
 from __future__ import annotations
@@ -13,17 +16,17 @@ import time
 
 import torch
 
-from opengyre.models import model_config
+from opengyre.models import model_state, resolve_model
 from opengyre.trainer import Learner, TrainingSample, pack_samples
 from opengyre.trainer.algorithms import GSPO
 from opengyre.trainer.backends import build_backend
 
 
-def samples(rows: int, seq: int, seed: int) -> list[TrainingSample]:
+def samples(rows: int, seq: int, seed: int, vocab: int = 256) -> list[TrainingSample]:
     rng = random.Random(seed)
     out = []
     for i in range(rows):
-        toks = tuple(rng.randrange(256) for _ in range(seq))
+        toks = tuple(rng.randrange(vocab) for _ in range(seq))
         targets = tuple(t >= seq // 4 for t in range(seq))  # a prompt quarter, then generated tokens
         out.append(
             TrainingSample(
@@ -46,10 +49,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
-    cfg = model_config(args.model)
-    [mb] = pack_samples(samples(args.rows, args.seq, 0), args.rows * args.seq)
-    init = build_backend("torch", cfg, seed=0).hf_state_dict()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    source = resolve_model(args.model)
+    weights, _ = source.load(seed=0)
+    cfg = weights.config
+    init = model_state(weights)
+    del weights
+    [mb] = pack_samples(samples(args.rows, args.seq, 0, min(cfg.vocab_size, 32_000)), args.rows * args.seq)
     print(f"model {args.model}, micro-batch {args.rows} x {args.seq} tokens, torch threads {torch.get_num_threads()}")
     learners = {}
     for name in ("torch", "megatron"):
@@ -70,6 +79,10 @@ def main() -> None:
         print(
             f"| {name} | {best:.3f} | {statistics.median(ts):.3f} | {mb.n_tokens / best:,.0f} | {losses[name]:+.5f} |"
         )
+    print(
+        f"megatron / torch tokens/s: best {min(times['torch']) / min(times['megatron']):.2f}, median "
+        f"{statistics.median(times['torch']) / statistics.median(times['megatron']):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,19 @@ async def test_sft_then_rl_then_inspect(
 ) -> None:
     data = tmp_path / "golden.jsonl"
     convo = [{"role": "user", "content": "say hi"}, {"role": "assistant", "content": "hi"}]
-    data.write_text("\n".join(json.dumps({"messages": convo}) for _ in range(3)) + "\n")
+    call = {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    with_tools = [*convo[:1], {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "a"}]
+    lines = [{"messages": convo}] * 2 + [{"messages": [*with_tools, convo[1]], "tools": tools}]
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     sft = og("train", "sft", str(data), "--out", str(tmp_path / "sft"), "--epochs", "2", "--lr", "1e-3")
     assert sft.returncode == 0, sft.stderr
+    assert "SFT on 3 trajectories" in sft.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    refused = og("train", "sft", str(bad), "--out", str(tmp_path / "no"))
+    assert refused.returncode == 2 and "golden-0" in refused.stdout and "role" in refused.stdout, refused.stdout
+    assert not (tmp_path / "no").exists()
     _, version = load_checkpoint(tmp_path / "sft")
     assert version == "sft"
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from opengyre.models import load_tokenizer, model_config
-from opengyre.trainer import Learner, golden_from_task, golden_tree, run_sft, sft_samples
+from opengyre.proxy import ChatCodec
+from opengyre.trainer import (
+    Learner,
+    golden_from_task,
+    golden_tree,
+    read_conversations,
+    run_sft,
+    sft_samples,
+    sft_samples_from_messages,
+)
 from opengyre.trainer.algorithms import SFT
 from opengyre.trainer.backends import build_backend
 
@@ -53,3 +64,40 @@ def test_sft_lowers_the_golden_nll() -> None:
     results = run_sft(learner, trees, epochs=15, batch_size=4)
     assert results[-1].metrics["nll"] < 0.6 * results[0].metrics["nll"]
     assert results[0].n_targets == sum(len(w) + 1 for w in ["apple", "pear", "plum", "fig"])
+
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}}}
+]
+CALL: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}
+TOOL_CONVO: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "list files"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+    {"role": "assistant", "content": "One file: a.py"},
+]
+
+
+def test_tool_calls_are_rendered_as_the_proxy_renders_them_not_flattened() -> None:
+    tok = load_tokenizer()
+    [sample] = sft_samples_from_messages(tok, [{"messages": TOOL_CONVO, "tools": TOOLS}])
+    text = tok.decode(list(sample.tokens))
+    # The template's tool block, the Hermes call, the tool result as a <tool_response> turn: the chat codec's.
+    assert text == ChatCodec(tok).render(TOOL_CONVO, TOOLS, gen=False).rstrip("\n")
+    assert "<tools>" in text and '"cmd": "ls"' in text and "<tool_response>a.py</tool_response>" in text
+    targets = [t for t, m in zip(sample.tokens, sample.targets, strict=True) if m]
+    assert tok.decode(targets) == (
+        '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call><|im_end|>One file: a.py<|im_end|>'
+    )
+    # The same conversation with tools passed beside it, or as a bare message list: the same sample.
+    assert sft_samples_from_messages("tiny", [TOOL_CONVO], TOOLS) == [sample]
+
+
+def test_a_conversations_file_with_a_bad_line_is_an_error_naming_it(tmp_path: Path) -> None:
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"messages": TOOL_CONVO, "tools": TOOLS}) + "\n\n{oops\n")
+    with pytest.raises(ValueError, match=r"c\.jsonl:3: not JSON"):
+        read_conversations(f)
+    f.write_text(json.dumps({"messages": TOOL_CONVO, "tools": TOOLS}) + "\n")
+    assert read_conversations(f) == [{"messages": TOOL_CONVO, "tools": TOOLS}]

@@ -5,6 +5,9 @@
 - ``TrajectoryProjection`` and ``load_tree`` / ``load_execution`` / ``load_calls`` / ``resolve_stored`` /
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``export_execution`` / ``export_path``: ATIF.
+- ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
+- ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
+  reference conversation as the proxy would record it (the trainer's SFT samples come from there).
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._assembly import Outcome, Turn, assemble
     from ._atif import ATIF_VERSION, export_execution, export_path
     from ._chat import ChatCodec
     from ._client import EngineClient, EngineConnection, EngineOptions
@@ -24,8 +28,9 @@ if TYPE_CHECKING:
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from ._replay import replay_conversation
     from ._store import TrajectoryProjection
-    from ._tito import ExecutionTrajectory
+    from ._tito import ExecutionTrajectory, TitoNode
     from ._trees import (
         ExecutionSummary,
         StoredCall,
@@ -38,6 +43,9 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
+    "Outcome": "_assembly",
+    "Turn": "_assembly",
+    "assemble": "_assembly",
     "ATIF_VERSION": "_atif",
     "export_execution": "_atif",
     "export_path": "_atif",
@@ -55,8 +63,10 @@ _WHERE = {
     "KVMigrator": "_pool",
     "NoCapacity": "_pool",
     "RePrefill": "_pool",
+    "replay_conversation": "_replay",
     "TrajectoryProjection": "_store",
     "ExecutionTrajectory": "_tito",
+    "TitoNode": "_tito",
     "ExecutionSummary": "_trees",
     "StoredCall": "_trees",
     "list_executions": "_trees",
@@ -84,9 +94,13 @@ __all__ = [
     "KVMigrator",
     "KeyClaim",
     "NoCapacity",
+    "Outcome",
     "RePrefill",
     "StoredCall",
+    "TitoNode",
     "TrajectoryProjection",
+    "Turn",
+    "assemble",
     "export_execution",
     "export_path",
     "list_executions",
@@ -94,6 +108,7 @@ __all__ = [
     "load_execution",
     "load_tree",
     "path_mask",
+    "replay_conversation",
     "resolve_stored",
 ]
 

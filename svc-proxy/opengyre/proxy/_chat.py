@@ -91,7 +91,8 @@ class ChatCodec:
         self.special_ids: frozenset[int] = frozenset(int(i) for i in tokenizer.all_special_ids)
         self.tool_start = self._special("<tool_call>")
         self.tool_end = self._special("</tool_call>")
-        self.turn_close_ids = self.encode(self._turn_close_after_eos())
+        self.turn_close_text = self._turn_close_after_eos()
+        self.turn_close_ids = self.encode(self.turn_close_text)
         self.context_limit = int(getattr(tokenizer, "model_max_length", 0) or 0)
 
     def _special(self, text: str) -> int | None:
@@ -130,6 +131,26 @@ class ChatCodec:
     def render_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The prompt for the next assistant turn, tokenized from scratch."""
         return self.encode(self.render(messages, tools, gen=True))
+
+    def reply_ids(
+        self, history: Sequence[Message], reply: Message, tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The ids of assistant ``reply`` after ``history`` as the model emits them: its text as the template
+        writes it (content, ``<tool_call>`` tags), tokenized on its own after the generation prompt, then eos.
+
+        On its own because that is how a generated reply is tokenized: the engine produced it after the prompt's
+        last token, and a BPE merge across that boundary (or the next turn's) never happened. SFT targets come
+        from here, so the model learns exactly the ids it will emit behind the proxy.
+        """
+        before = self.render(history, tools, gen=True)
+        after = self.render([*history, reply], tools, gen=False)
+        close = self.eos_text + self.turn_close_text
+        if not after.startswith(before) or not after.endswith(close) or len(after) < len(before) + len(close):
+            raise ValueError(
+                "the chat template does not write this assistant turn as generation prompt + reply + "
+                f"{close!r}: its ids cannot be told apart from the prompt's"
+            )
+        return [*self.encode(after[len(before) : len(after) - len(close)]), self.eos_id]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special))

@@ -6,7 +6,6 @@ Heavy imports (torch, megatron) happen inside the commands: ``opengyre --help`` 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 from pathlib import Path
@@ -154,44 +153,57 @@ def run_command(
 @train_app.command("sft")
 def sft_command(
     data: Annotated[
-        Path, typer.Argument(help='JSONL of golden conversations ({"messages": [...]}) or Harbor task dirs\' parent')
+        Path,
+        typer.Argument(
+            help='JSONL of conversations, one {"messages": [...], "tools": [...]} a line (OpenAI\'s fine-tuning '
+            "format: assistant tool_calls and tool results rendered as the proxy renders them), or Harbor task "
+            "dirs' parent"
+        ),
     ],
     out: Annotated[Path, typer.Option(help="Checkpoint folder to write")],
     model: Annotated[str, typer.Option(help="tiny, small, smollm2-135m, a model folder or a .gguf")] = "tiny",
     backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
     epochs: Annotated[int, typer.Option()] = 3,
     batch_size: Annotated[int, typer.Option()] = 8,
-    lr: Annotated[float, typer.Option()] = 1e-3,
+    lr: Annotated[float | None, typer.Option(help="Default: 1e-3 for a preset, 1e-5 for a pretrained model")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     version: Annotated[str, typer.Option(help="Weight version stamped on the checkpoint")] = "sft",
 ) -> None:
-    """Warm-start a policy on golden trajectories (conversations, or Harbor tasks' reference solutions)."""
-    from opengyre.models import model_state, resolve_model
+    """Warm-start a policy on golden trajectories (conversations with tools, or Harbor tasks' reference solutions)."""
+    from opengyre.models import resolve_model
 
-    from ._publish import export_checkpoint
-    from ._sft import golden_from_task, golden_tree, run_sft
-    from ._step import Learner
-    from .algorithms import SFT
-    from .backends import build_backend
+    from ._sft import Conversation, golden_from_task, read_conversations, sft_warm_start
 
+    convos: list[Conversation]
     if data.is_dir():
         convos = [golden_from_task(t) for t in sorted(data.iterdir()) if (t / "solution" / "solve.sh").exists()]
     elif data.is_file():
-        convos = [json.loads(line)["messages"] for line in data.read_text().splitlines() if line.strip()]
+        try:
+            convos = list(read_conversations(data))
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
     else:
         raise fail(f"{data} does not exist")
     if not convos:
         raise fail(f"no golden trajectories in {data}")
     source = resolve_model(model, log=console.print)
-    tok = source.tokenizer()
-    trees = [golden_tree(f"golden-{i}", c, tok) for i, c in enumerate(convos)]
-    weights, _ = source.load(seed=seed)  # a preset's seeded init, or a pretrained model's weights (warm start)
-    learner = Learner(build_backend(backend, weights.config, model_state(weights), seed=seed), SFT(), lr=lr)
-    results = run_sft(learner, trees, epochs=epochs, batch_size=batch_size, seed=seed)
-    export_checkpoint(learner.backend, out, version)
+    try:
+        run = sft_warm_start(
+            source,
+            convos,
+            out,
+            backend=backend,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            version=version,
+        )
+    except ValueError as exc:  # a conversation the gateway would refuse: its 400 message
+        raise fail(str(exc)) from exc
     console.print(
-        f"SFT on {len(trees)} trajectories, {len(results)} steps: nll {results[0].metrics['nll']:.3f} -> "
-        f"{results[-1].metrics['nll']:.3f}; checkpoint {out} ({version})"
+        f"SFT on {len(convos)} trajectories, {len(run.steps)} steps: nll {run.steps[0].metrics['nll']:.3f} -> "
+        f"{run.steps[-1].metrics['nll']:.3f}; checkpoint {out} ({version})"
     )
 
 
