@@ -19,7 +19,7 @@ from opengyre.store import Tracking
 
 from ._actuation import Membership, RoleChanger
 from ._commands import CommandRefused, check_drain, check_registration, check_role_request
-from ._dispatch import GroupAsk, plan_dispatch
+from ._dispatch import GroupAsk, check_asks, plan_dispatch
 from ._executions import EXECUTIONS
 from ._packing import MicroStep
 from ._policy import Decision, LoopConfig, Policy, RoleRequest, View
@@ -218,6 +218,7 @@ class SchedulerController:
     async def dispatch(self, asks: Sequence[GroupAsk], timeout_s: float) -> Dispatch:
         """Place new groups on rollout cells (under the lock: no cell starts draining between check and append)
         and append their ``execution-dispatched``; groups already dispatched are answered as they were placed."""
+        check_asks(asks)
         async with self._lock:
             st = await self.fresh_state()
             new = [a for a in asks if a.group_id not in st.groups]

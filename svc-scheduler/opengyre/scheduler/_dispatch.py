@@ -17,7 +17,7 @@ from ._commands import CommandRefused
 from ._policy import Decision, LoopConfig
 from ._state import SchedulerState
 
-__all__ = ["GroupAsk", "Placement", "dispatch_event_id", "latest_version", "plan_dispatch"]
+__all__ = ["GroupAsk", "Placement", "check_asks", "dispatch_event_id", "latest_version", "plan_dispatch"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,16 @@ def _step_for(st: SchedulerState, advice: Decision, loop: LoopConfig, n_groups: 
     return advice.dispatch[0].step
 
 
+def check_asks(asks: Sequence[GroupAsk]) -> None:
+    if not asks:
+        raise CommandRefused("invalid-argument", "no groups to dispatch")
+    for a in asks:
+        if not a.group_id or not a.task_id or a.group_size < 1:
+            raise CommandRefused("invalid-argument", f"group {a.group_id!r}: group_id, task_id and a size are required")
+    if len({a.group_id for a in asks}) < len(asks):
+        raise CommandRefused("invalid-argument", "a group_id appears twice in one request")
+
+
 def plan_dispatch(
     st: SchedulerState,
     advice: Decision,
@@ -76,11 +86,7 @@ def plan_dispatch(
     timeout_s: float,
 ) -> Placement:
     """The step and the members' cells for ``asks`` (new groups only), or CommandRefused saying why not now."""
-    if not asks:
-        raise CommandRefused("invalid-argument", "no groups to dispatch")
-    for a in asks:
-        if not a.group_id or not a.task_id or a.group_size < 1:
-            raise CommandRefused("invalid-argument", f"group {a.group_id!r}: group_id, task_id and a size are required")
+    check_asks(asks)
     step = _step_for(st, advice, loop, len(asks))
     free = {
         c.cell_id: c.capacity - running_by_cell.get(c.cell_id, 0)
