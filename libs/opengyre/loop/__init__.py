@@ -7,11 +7,14 @@
 """
 
 from ._config import RunConfig, RunConfigError
-from ._driver import LoopResult, TaskRef, WarmStart, run_loop, scheduler_env, trainer_settings
+from ._driver import BeforeStop, LoopResult, TaskRef, WarmStart, run_loop, scheduler_env, trainer_settings
 from ._rollout import Assignment, Finished, end_execution, harness_failure, roll_out
+from ._warmstart import SFT_VERSION, reference_messages, sft_warm_start
 
 __all__ = [
+    "SFT_VERSION",
     "Assignment",
+    "BeforeStop",
     "Finished",
     "LoopResult",
     "RunConfig",
@@ -20,8 +23,10 @@ __all__ = [
     "WarmStart",
     "end_execution",
     "harness_failure",
+    "reference_messages",
     "roll_out",
     "run_loop",
     "scheduler_env",
+    "sft_warm_start",
     "trainer_settings",
 ]

@@ -46,7 +46,7 @@ from opengyre.v1 import (
 from ._config import RunConfig
 from ._rollout import Assignment, Finished, roll_out
 
-__all__ = ["LoopResult", "TaskRef", "WarmStart", "run_loop", "scheduler_env", "trainer_settings"]
+__all__ = ["BeforeStop", "LoopResult", "TaskRef", "WarmStart", "run_loop", "scheduler_env", "trainer_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +350,8 @@ async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.St
 
 
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
+# Called with the stack still up once the run is over (a replay of the log, a report), before it stops.
+BeforeStop = Callable[[Stack, LoopResult], Awaitable[None]]
 
 
 async def run_loop(
@@ -359,6 +361,7 @@ async def run_loop(
     say: Say = print,
     spec: HarnessSpec | None = None,
     warm_start: WarmStart | None = None,
+    before_stop: BeforeStop | None = None,
 ) -> LoopResult:
     """Run ``cfg`` on the embedded stack of ``settings.data_dir`` (started and stopped here) end to end.
 
@@ -395,7 +398,6 @@ async def run_loop(
             EngineProcess(
                 EngineConfig(
                     preset=cfg.model, checkpoint=init, seed=cfg.seed, threads=cfg.engine_threads,
-                    model_cache=(settings.data_dir / "models").resolve(),
                 )
             )
             for _ in range(cfg.cells)
@@ -408,7 +410,10 @@ async def run_loop(
         (settings.data_dir / "trainer.toml").write_text(toml)
         await stack.add_service("trainer")
         res.timings["engines and trainer start"] = time.monotonic() - t0
-        return await loop.run(stack)
+        await loop.run(stack)
+        if before_stop is not None:
+            await before_stop(stack, res)
+        return res
     finally:
         await loop.close()
         await stack.stop()
