@@ -3,7 +3,10 @@ chat turns with the official openai SDK, recorded by the proxy as a trajectory),
 a fixed rule, so the rewards are known in advance and the hardening deterministic.
 
 Rule: member ``m<i>`` of a group (the execution id ``<group>-m<i>`` is in its base URL) runs the task's reference
-solution when ``i < --solved``, and leaves the workspace as it found it otherwise. The reference solution is
+solution when ``i < --solved``, and leaves the workspace as it found it otherwise. ``--fault i:kind`` makes
+member i misbehave instead, after its model calls: ``crash`` (exits 3 having half-written a file), ``hang``
+(sleeps past any time limit), ``garbage`` (overwrites every workspace file and its summary file with bytes
+that are no text). The reference solution is
 looked up as a test's oracle would: the task version under ``--tasks-root`` whose instruction is the one given.
 
     python _solver_harness.py --tasks-root DIR --solved 3 --model M --instruction-file F
@@ -17,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import openai
@@ -28,6 +32,8 @@ def main() -> int:
     p.add_argument("--solved", type=int, required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--instruction-file", type=Path, required=True)
+    p.add_argument("--summary-file", type=Path)
+    p.add_argument("--fault", action="append", default=[], help="i:crash|hang|garbage")
     args = p.parse_args()
     instruction = args.instruction_file.read_text()
     base_url = os.environ["OPENAI_BASE_URL"]
@@ -44,6 +50,9 @@ def main() -> int:
         print(f"no execution id in {base_url}", file=sys.stderr)
         return 2
     member = int(found.group(1).rsplit("-m", 1)[1])
+    faults = dict(f.split(":", 1) for f in args.fault)
+    if (fault := faults.get(str(member))) is not None:
+        return misbehave(fault, args.summary_file)
     if member >= args.solved:
         return 0
     tasks = [f.parent for f in args.tasks_root.rglob("instruction.md") if f.read_text() == instruction]
@@ -53,6 +62,24 @@ def main() -> int:
         return 2
     env = {**os.environ, "APP_DIR": os.getcwd()}
     return subprocess.run(["bash", str(solutions[0])], env=env, check=False).returncode
+
+
+def misbehave(fault: str, summary: Path | None) -> int:
+    if fault == "crash":
+        Path("partial.out").write_text("half")
+        return 3
+    if fault == "hang":
+        time.sleep(3600)
+        return 0
+    if fault == "garbage":
+        noise = bytes(range(256)) * 8
+        for f in Path(".").rglob("*"):
+            if f.is_file():
+                f.write_bytes(noise)
+        if summary is not None:
+            summary.write_bytes(noise)
+        return 0
+    raise ValueError(f"unknown fault {fault!r}")
 
 
 if __name__ == "__main__":

@@ -37,12 +37,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def solver_spec(tasks_root: Path, solved: int) -> HarnessSpec:
+def solver_spec(tasks_root: Path, solved: int, faults: dict[int, str] | None = None) -> HarnessSpec:
+    extra = [a for i, kind in (faults or {}).items() for a in ("--fault", f"{i}:{kind}")]
     return HarnessSpec(
         name="scripted-solver",
         argv=(
             "{python}", str(HERE / "_solver_harness.py"), "--tasks-root", str(tasks_root), "--solved", str(solved),
-            "--model", "{model}", "--instruction-file", "{instruction_file}",
+            "--model", "{model}", "--instruction-file", "{instruction_file}", "--summary-file", "{summary_file}",
+            *extra,
         ),
         env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{api_key}"},
     )  # fmt: skip
@@ -52,16 +54,21 @@ async def read_all(log: EventLog) -> list[tuple[int, Event]]:
     return [(s.seq, log.decode(s)) async for s in log.read()]
 
 
+def own_settings(data: Path, nats_server: EmbeddedNats, log_config: LogConfig) -> Settings:
+    """A stack of the test's own: its stream on the session's nats-server (the log outlives the stack), its ports."""
+    services = ("synth", "scheduler", "proxy", "trainer", "bench")
+    return Settings(
+        data_dir=data, nats_url=nats_server.url, log=log_config, ports={s: free_port() for s in services},
+        proxy_http_port=free_port(),
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 async def test_the_event_log_tells_the_whole_story_in_order(
     nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
 ) -> None:
     data = tmp_path / "og"
-    services = ("synth", "scheduler", "proxy", "trainer", "bench")
-    settings = Settings(
-        data_dir=data, nats_url=nats_server.url, log=log_config, ports={s: free_port() for s in services},
-        proxy_http_port=free_port(),
-    )  # fmt: skip
+    settings = own_settings(data, nats_server, log_config)
     cfg = RunConfig(
         run_id="e2e", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         challenges=1, level=0, model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2,
@@ -118,3 +125,41 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     h = events[hardened][1]
     assert isinstance(h, TaskHardened) and (h.from_version, h.to_version) == (1, 2)
     assert result.hardened == 1, said
+
+
+@pytest.mark.slow
+async def test_a_harness_that_crashes_hangs_or_writes_garbage_ends_with_its_class_and_the_run_goes_on(
+    nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
+) -> None:
+    data = tmp_path / "og"
+    cfg = RunConfig(
+        run_id="faults", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
+        model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=1, policy="colocate",
+        max_lag=0, timeout_s=45, lr=1e-3,
+    )  # fmt: skip
+    spec = solver_spec(data / "synth", solved=1, faults={1: "crash", 2: "hang", 3: "garbage"})
+    lines: list[str] = []
+    result = await run_loop(cfg, own_settings(data, nats_server, log_config), say=lines.append, spec=spec)
+    said = "\n".join(lines)
+    log = await EventLog.connect(nats_server.url, log_config)
+    try:
+        events = [e for _, e in await read_all(log)]
+    finally:
+        await log.close()
+    fin = {e.execution_id.rsplit("-", 1)[1]: e for e in events if isinstance(e, ExecutionFinished)}
+    assert set(fin) == {"m0", "m1", "m2", "m3"}, said
+    assert (fin["m0"].status, fin["m0"].score) == ("completed", 1.0)
+    # A crash is graded on what it left (not infrastructure: its own exit status, not a SIGKILL from outside).
+    assert (fin["m1"].status, fin["m1"].exit_code, fin["m1"].failure_class) == ("completed", 3, None)
+    assert fin["m1"].score is not None and fin["m1"].score < 1.0
+    # A hang is killed at the execution's time limit and its workspace graded as it stands.
+    assert fin["m2"].status == "timed-out" and fin["m2"].score is not None and fin["m2"].score < 1.0
+    # Garbage in the workspace and the summary file: graded (0), the grader is not thrown.
+    assert fin["m3"].status == "completed" and fin["m3"].score is not None and fin["m3"].score < 1.0
+    finish = {f.assignment.execution_id.rsplit("-", 1)[1]: f.finish_reason for f in result.finished}
+    assert finish == {"m0": "exited", "m1": "crashed", "m2": "timeout", "m3": "exited"}, said
+    # The run went on: the group trained, every member consumed once.
+    steps = [e for e in events if isinstance(e, TrainingStepCompleted)]
+    assert len(steps) == 1 and sorted([*steps[0].execution_ids, *steps[0].dropped]) == sorted(
+        f"faults-s1-g0-m{i}" for i in range(4)
+    ), said
