@@ -12,6 +12,9 @@ engines serve its weights, so step 2's calls carry the new weight version.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -163,3 +166,49 @@ async def test_a_harness_that_crashes_hangs_or_writes_garbage_ends_with_its_clas
     assert len(steps) == 1 and sorted([*steps[0].execution_ids, *steps[0].dropped]) == sorted(
         f"faults-s1-g0-m{i}" for i in range(4)
     ), said
+
+
+@pytest.mark.slow
+async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost_or_trained_twice(
+    nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
+) -> None:
+    data = tmp_path / "og"
+    cfg = RunConfig(
+        run_id="kill", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
+        model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2, policy="colocate",
+        max_lag=0, timeout_s=120, lr=1e-3,
+    )  # fmt: skip
+    killed: list[int] = []
+    later: list[int] = []  # the trainer's pid when a step was reported
+    lines: list[str] = []
+
+    def trainer_pid() -> int:
+        return int(json.loads((data / "stack.json").read_text())["services"]["trainer"]["pid"])
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if line.startswith("dispatch: step 1") and not killed:
+            # The trainer dies with step 1's executions running: their outcomes and the step must survive it.
+            killed.append(trainer_pid())
+            os.kill(killed[0], signal.SIGKILL)
+        elif line.startswith("step "):
+            later.append(trainer_pid())
+
+    result = await run_loop(
+        cfg, own_settings(data, nats_server, log_config), say=say, spec=solver_spec(data / "synth", solved=3)
+    )
+    said = "\n".join(lines)
+    assert killed and len(result.finished) == 8 and len(result.steps) == 2, said
+    log = await EventLog.connect(nats_server.url, log_config)
+    try:
+        events = [e for _, e in await read_all(log)]
+    finally:
+        await log.close()
+    dispatched = [e.execution_id for e in events if isinstance(e, ExecutionDispatched)]
+    finished = [e.execution_id for e in events if isinstance(e, ExecutionFinished)]
+    steps = [e for e in events if isinstance(e, TrainingStepCompleted)]
+    consumed = [x for s in steps for x in (*s.execution_ids, *s.dropped)]
+    assert sorted(dispatched) == sorted(finished) == sorted(consumed), said  # each once: none lost, none doubled
+    assert [s.step for s in steps] == [1, 2]
+    assert [e.step for e in events if isinstance(e, WeightsPublished)] == [1, 2]
+    assert later and killed[0] not in later  # the supervisor restarted it; the new process trained

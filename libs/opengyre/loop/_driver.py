@@ -159,7 +159,8 @@ class _Loop:
 
     async def current(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, task: TaskRef) -> TaskRef:
         """The task's newest validated version (hardening adds versions while the run goes on)."""
-        lineage = await synth.GetLineage(synth_pb2.GetLineageRequest(task_id=task.task_id), timeout=60)
+        req = synth_pb2.GetLineageRequest(task_id=task.task_id)
+        lineage = await _up(lambda: synth.GetLineage(req, timeout=60))
         valid = [v for v in lineage.versions if v.validated == "true" and v.task_dir]
         if not valid:
             return task
@@ -170,7 +171,8 @@ class _Loop:
 
     async def engines_serve(self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, bound_s: float = 120.0) -> None:
         """On-policy (max_lag 0): the next rollouts wait until every engine serves the latest published weights."""
-        weights = await trainer.ListWeights(trainer_pb2.ListWeightsRequest(run_id=self.cfg.run_id), timeout=30)
+        req = trainer_pb2.ListWeightsRequest(run_id=self.cfg.run_id)
+        weights = await _up(lambda: trainer.ListWeights(req, timeout=30))
         if not weights.versions:
             return
         want = weights.versions[-1].weight_version
@@ -279,7 +281,7 @@ class _Loop:
 
     async def synth_caught_up(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, polls: int = 600) -> None:
         for _ in range(polls):
-            status = await synth.GetStatus(common_pb2.StatusRequest(), timeout=30)
+            status = await _up(lambda: synth.GetStatus(common_pb2.StatusRequest(), timeout=30))
             if all(p.pending == 0 for p in status.projections):
                 return
             await asyncio.sleep(POLL_S / 5)
@@ -289,11 +291,11 @@ class _Loop:
         its own while the run goes on; this is the last pass before the stack stops). Returns the versions
         hardened in the whole run."""
         await self.synth_caught_up(synth)
-        done = await synth.HardenTasks(synth_pb2.HardenTasksRequest(), timeout=600)
+        done = await _up(lambda: synth.HardenTasks(synth_pb2.HardenTasksRequest(), timeout=600))
         for h in done.hardened:
             self.say(f"hardened {h.task_id} v{h.from_version} -> v{h.to_version}: {h.reason}")
         await self.synth_caught_up(synth)
-        listed = await synth.ListTasks(synth_pb2.ListTasksRequest(), timeout=60)
+        listed = await _up(lambda: synth.ListTasks(synth_pb2.ListTasksRequest(), timeout=60))
         return sum(t.hardened_count for t in listed.tasks)
 
     def _done(self, job: asyncio.Task[Finished], running: set[asyncio.Task[Finished]]) -> None:
@@ -317,9 +319,10 @@ class _Loop:
     ) -> None:  # fmt: skip
         """Every step trained, and the cells back from training (the policy returns them once nothing is left)."""
         deadline = time.monotonic() + bound_s
+        req = trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id)
         while time.monotonic() < deadline:
-            steps = (await trainer.ListSteps(trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id), timeout=30)).steps
-            st = await sched.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            steps = (await _up(lambda: trainer.ListSteps(req, timeout=30))).steps
+            st = await _up(lambda: sched.GetState(scheduler_pb2.GetStateRequest(), timeout=30))
             if len(steps) >= self.cfg.steps and all(c.role == "rollout" for c in st.cells):
                 self.result.steps = list(steps)
                 return
@@ -337,16 +340,23 @@ def _task_ref(task_id: str, version: int, task_dir: Path) -> TaskRef:
     return TaskRef(task_id, version, task_dir, (task_dir / "instruction.md").read_text())
 
 
-async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.StatusCode, ...]) -> T:
+async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.StatusCode, ...], polls: int = 2400) -> T:
     """Call until the service accepts: a refusal with one of ``codes`` means "not now" (the policy holds the
-    step, cells are full, a projection has not caught up), so it is asked again shortly."""
-    while True:
+    step, cells are full, a projection has not caught up, the service is being restarted by the supervisor), so
+    it is asked again shortly; after ``polls`` tries the last refusal is raised."""
+    for i in range(polls):
         try:
             return await call()
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in codes:
+            if exc.code() not in codes or i == polls - 1:
                 raise
         await asyncio.sleep(POLL_S)
+    raise AssertionError("unreachable")
+
+
+async def _up(call: Callable[[], Awaitable[T]]) -> T:
+    """A read that waits out a service's restart."""
+    return await _until_accepted(call, (grpc.StatusCode.UNAVAILABLE,))
 
 
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
@@ -380,8 +390,13 @@ async def run_loop(
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
     stack = Stack(settings, services=["synth", "scheduler", "proxy"], env=scheduler_env(cfg))
     engines: list[EngineProcess] = []
+    halt = asyncio.Event()
+    supervisor: asyncio.Task[None] | None = None
     try:
         await stack.start()
+        # A service that dies mid-run is restarted (its projections resume from their positions); the driver's
+        # calls wait out the restart.
+        supervisor = asyncio.create_task(stack.supervise(halt), name="supervisor")
         say(f"stack: event log {stack.nats_url}, services {', '.join(stack.children)}")
         res.timings["start"] = time.monotonic() - started
         t0 = time.monotonic()
@@ -415,6 +430,9 @@ async def run_loop(
             await before_stop(stack, res)
         return res
     finally:
+        halt.set()
+        if supervisor is not None:
+            await supervisor
         await loop.close()
         await stack.stop()
         for e in engines:

@@ -115,7 +115,10 @@ async def roll_out(
     timeout_s: float,
 ) -> Finished:
     ws = await asyncio.to_thread(_fresh_workspace, a.task_dir, workdir / a.execution_id)
-    access = await proxy.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id=a.execution_id), timeout=30)
+    req = proxy_pb2.OpenExecutionRequest(execution_id=a.execution_id)
+    async for attempt in backoff(f"opening {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
+        with attempt:
+            access = await proxy.OpenExecution(req, timeout=30)
     target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192, network=True)
     outcome = await asyncio.to_thread(run_harness, spec, target, limits)
