@@ -73,7 +73,7 @@ def demo(
     steps: Annotated[int, typer.Option(min=1, help="RL steps")] = 3,
     cells: Annotated[int, typer.Option(min=1, max=4, help="CPU rollout cells")] = 2,
     group_size: Annotated[int, typer.Option(min=2, help="Executions per task per step")] = 2,
-    sft_epochs: Annotated[int, typer.Option(min=0, help="Warm-start SFT epochs (0: none)")] = 2,
+    sft_epochs: Annotated[int, typer.Option(min=0, help="Warm-start SFT epochs (0: none)")] = 3,
     max_turns: Annotated[int, typer.Option(min=1, help="The reference harness's turns per episode")] = 4,
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per model call")] = 96,
     seed: Annotated[int, typer.Option(help="Seed of the tasks, the engines and the trainer")] = 7,
@@ -87,7 +87,7 @@ def demo(
     cfg = RunConfig(
         run_id=run, seed=seed, skill_names=DEMO_SKILLS, tasks_per_skill=1, challenges=1, level=0, model=model,
         cells=cells, cell_capacity=group_size, group_size=group_size, groups_per_step=len(DEMO_SKILLS),
-        steps=steps, policy="colocate", max_lag=0, timeout_s=240.0, lr=2e-5, sft_epochs=sft_epochs,
+        steps=steps, policy="colocate", max_lag=0, timeout_s=240.0, lr=2e-5, sft_epochs=sft_epochs, sft_lr=5e-5,
         harness_args=["--max-turns", str(max_turns), "--max-tokens", str(max_tokens), "--command-timeout", "20"],
     )  # fmt: skip
     warm = sft_warm_start(model, epochs=sft_epochs, lr=cfg.sft_lr, seed=seed, say=console.print) if sft_epochs else None
