@@ -84,9 +84,10 @@ def demo(
     run = f"demo-{uuid.uuid4().hex[:6]}"
     base = settings_from(data_dir)
     settings = settings_from(base.data_dir / "runs" / run)
+    capacity = -(-group_size * len(DEMO_SKILLS) // cells)  # a step's groups are dispatched together
     cfg = RunConfig(
         run_id=run, seed=seed, skill_names=DEMO_SKILLS, tasks_per_skill=1, challenges=1, level=0, model=model,
-        cells=cells, cell_capacity=group_size, group_size=group_size, groups_per_step=len(DEMO_SKILLS),
+        cells=cells, cell_capacity=capacity, group_size=group_size, groups_per_step=len(DEMO_SKILLS),
         steps=steps, policy="colocate", max_lag=0, timeout_s=240.0, lr=2e-5, sft_epochs=sft_epochs, sft_lr=5e-5,
         harness_args=["--max-turns", str(max_turns), "--max-tokens", str(max_tokens), "--command-timeout", "20"],
     )  # fmt: skip

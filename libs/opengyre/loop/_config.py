@@ -34,7 +34,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     cell_capacity: int = 4  # executions a cell runs at once
     engine_threads: int = 1  # torch threads per engine process
     group_size: int = 4  # G executions per task per step
-    groups_per_step: int = 0  # groups (tasks) per training step; 0: one per task
+    groups_per_step: int = 1  # groups per training step (the tasks take turns), dispatched together
     steps: int = 2
     policy: str = "colocate"  # a scheduler policy (opengyre.scheduler POLICIES)
     max_lag: int = 0  # phi: rollouts of step s start once step s-1-max_lag is trained (0: on-policy)
@@ -55,15 +55,27 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 24:
             raise bad("run_id must be a non-empty name of at most 24 characters without '/'")
-        for name in ("tasks_per_skill", "cells", "cell_capacity", "group_size", "steps", "engine_threads"):
+        names = (
+            "tasks_per_skill",
+            "cells",
+            "cell_capacity",
+            "group_size",
+            "groups_per_step",
+            "steps",
+            "engine_threads",
+        )
+        for name in names:
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1")
-        if self.groups_per_step < 0 or self.max_lag < 0 or self.sft_epochs < 0:
-            raise bad("groups_per_step, max_lag and sft_epochs must be >= 0")
+        if self.max_lag < 0 or self.sft_epochs < 0:
+            raise bad("max_lag and sft_epochs must be >= 0")
         if not 0 <= self.level <= 3 or not 1 <= self.challenges <= 8:
             raise bad("level must be in 0..3 and challenges in 1..8")
-        if self.group_size > self.cells * self.cell_capacity:
-            raise bad(f"a group of {self.group_size} does not fit on {self.cells} cell(s) of {self.cell_capacity}")
+        if self.group_size * self.groups_per_step > self.cells * self.cell_capacity:
+            raise bad(
+                f"a step's {self.groups_per_step} group(s) of {self.group_size} are dispatched together and do not "
+                f"fit on {self.cells} cell(s) of {self.cell_capacity}"
+            )
         if self.timeout_s <= 0 or self.lr <= 0 or self.sft_lr <= 0:
             raise bad("timeout_s, lr and sft_lr must be > 0")
         if self.harness != "builtin" and not Path(self.harness).is_file():
