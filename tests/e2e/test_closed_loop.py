@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.cli._demo import replay_matches
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import (
@@ -33,8 +34,8 @@ from opengyre.events import (
     WeightsPublished,
 )
 from opengyre.harness import HarnessSpec
-from opengyre.loop import RunConfig, run_loop
-from opengyre.runtime import EmbeddedNats, free_port
+from opengyre.loop import LoopResult, RunConfig, run_loop
+from opengyre.runtime import EmbeddedNats, Stack, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -78,9 +79,17 @@ async def test_the_event_log_tells_the_whole_story_in_order(
         policy="colocate", max_lag=0, timeout_s=120, lr=1e-3,
     )  # fmt: skip
     lines: list[str] = []
-    result = await run_loop(cfg, settings, say=lines.append, spec=solver_spec(data / "synth", solved=3))
+    replayed: list[bool] = []
+
+    async def replay(stack: Stack, _: LoopResult) -> None:  # what `opengyre demo` ends with
+        replayed.append(await replay_matches(stack, settings))
+
+    result = await run_loop(
+        cfg, settings, say=lines.append, spec=solver_spec(data / "synth", solved=3), before_stop=replay
+    )
     said = "\n".join(lines)
     assert len(result.finished) == 8 and len(result.steps) == 2, said
+    assert replayed == [True]  # every projection rebuilt from the log equals the live one
 
     log = await EventLog.connect(nats_server.url, log_config)
     try:
