@@ -46,7 +46,16 @@ from opengyre.v1 import (
 from ._config import RunConfig
 from ._rollout import Assignment, Finished, roll_out
 
-__all__ = ["BeforeStop", "LoopResult", "TaskRef", "WarmStart", "run_loop", "scheduler_env", "trainer_settings"]
+__all__ = [
+    "BeforeStop",
+    "LoopResult",
+    "TaskRef",
+    "WarmStart",
+    "proxy_env",
+    "run_loop",
+    "scheduler_env",
+    "trainer_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,17 @@ class LoopResult:
     steps: list[trainer_pb2.TrainingStep] = field(default_factory=list)
     hardened: int = 0
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds (wall clock)
+
+
+def proxy_env(model: str) -> dict[str, str]:
+    """The proxy serves the run's model by its engines' name, recording token ids in its tokenizer."""
+    from opengyre.models import resolve_model
+
+    env = {"OPENGYRE_PROXY_MODELS": _served_name(model)}
+    source = resolve_model(model)
+    if source.checkpoint is not None:  # a pretrained model (a preset uses the shipped byte-level tokenizer)
+        env["OPENGYRE_PROXY_TOKENIZER"] = str(source.tokenizer_dir)
+    return env
 
 
 def scheduler_env(cfg: RunConfig) -> dict[str, str]:
@@ -388,7 +408,8 @@ async def run_loop(
     loop = _Loop(cfg, settings, say, spec)
     res = loop.result
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
-    stack = Stack(settings, services=["synth", "scheduler", "proxy"], env=scheduler_env(cfg))
+    env = {**scheduler_env(cfg), **await asyncio.to_thread(proxy_env, cfg.model)}
+    stack = Stack(settings, services=["synth", "scheduler", "proxy"], env=env)
     engines: list[EngineProcess] = []
     halt = asyncio.Event()
     supervisor: asyncio.Task[None] | None = None
