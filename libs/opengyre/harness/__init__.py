@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._agent import AgentConfig, AgentSummary, FinishReason, run_agent
+    from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, run_agent
     from ._launch import HarnessOutcome, HarnessTarget, run_harness
     from ._spec import PLACEHOLDERS, HarnessSpec, builtin_spec
     from ._tools import Toolbox, ToolError
 
 _WHERE = {
+    "MAIN_SYSTEM": "_agent",
     "AgentConfig": "_agent",
     "AgentSummary": "_agent",
     "FinishReason": "_agent",
@@ -39,6 +40,7 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
+    "MAIN_SYSTEM",
     "PLACEHOLDERS",
     "AgentConfig",
     "AgentSummary",

@@ -173,6 +173,8 @@ class Stack:
     engines: dict[str, Engine] = field(default_factory=dict)
     reaped: list[Leftover] = field(default_factory=list)
     health_every: float = 1.0
+    # Extra environment for the services (a run's scheduler policy, the hardening knobs): over this process's own.
+    env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
     _log: _LogWatch = field(default_factory=_LogWatch)
 
@@ -223,6 +225,27 @@ class Stack:
                 raise RuntimeError(f"service {child.name} did not start; see {self._log_path(child.name)}")
         self._write_stack_file()
 
+    async def add_service(self, name: str) -> None:
+        """Start one more service in a running stack (one whose configuration is written only once the others
+        have produced what it needs, as the trainer's ``trainer.toml`` in a run that warm-starts)."""
+        if name in self.children:
+            raise ValueError(f"service {name} already runs in this stack")
+        if name not in SERVICE_CLASSES:
+            raise ValueError(f"no service {name!r} (known: {', '.join(SERVICE_CLASSES)})")
+        s = self.settings
+        want = s.ports.get(name, 0)
+        port = want if want and port_is_free(want, s.host) else free_port(s.host)
+        url = s.store_url(name)
+        if url not in self.engines:
+            engine = self.engines[url] = create_db_engine(url)
+            await asyncio.to_thread(migrate, engine)
+        self.services.append(name)
+        child = self.children[name] = _Child(name, port)
+        self._spawn(child)
+        if not await asyncio.to_thread(wait_for_port, child.port, s.host, 60.0):
+            raise RuntimeError(f"service {name} did not start; see {self._log_path(name)}")
+        self._write_stack_file()
+
     def _pick_ports(self) -> dict[str, int]:
         """Each service's gRPC port: the configured one; a free one if the default is taken; an error if a port
         the user asked for is taken."""
@@ -259,7 +282,7 @@ class Stack:
 
     def _spawn(self, child: _Child) -> None:
         s = self.settings
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env.update(
             OPENGYRE_DATA_DIR=str(s.data_dir.resolve()),
             OPENGYRE_NATS_URL=self.nats_url,

@@ -439,3 +439,123 @@ class CompleteMicroStepReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteMicroStepReply: _TypeAlias = CompleteMicroStepReply  # noqa: Y015
+
+@_typing.final
+class GroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TASK_VERSION_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    """the client's name for the group; members are <group_id>-m<i>"""
+    task_id: _builtins.str
+    task_version: _builtins.int
+    group_size: _builtins.int
+    """0: the loop's group size"""
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        task_version: _builtins.int = ...,
+        group_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "group_size", b"group_size", "task_id", b"task_id", "task_version", b"task_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupRequest: _TypeAlias = GroupRequest  # noqa: Y015
+
+@_typing.final
+class DispatchGroupsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    timeout_s: _builtins.float
+    """each execution's time limit (carried on execution-dispatched)"""
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupRequest]: ...
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupRequest] | None = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchGroupsRequest: _TypeAlias = DispatchGroupsRequest  # noqa: Y015
+
+@_typing.final
+class DispatchedExecution(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TASK_VERSION_FIELD_NUMBER: _builtins.int
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_URL_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    group_id: _builtins.str
+    task_id: _builtins.str
+    task_version: _builtins.int
+    cell_id: _builtins.str
+    engine_url: _builtins.str
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        task_version: _builtins.int = ...,
+        cell_id: _builtins.str = ...,
+        engine_url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_url", b"engine_url", "execution_id", b"execution_id", "group_id", b"group_id", "task_id", b"task_id", "task_version", b"task_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchedExecution: _TypeAlias = DispatchedExecution  # noqa: Y015
+
+@_typing.final
+class DispatchGroupsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    EXECUTIONS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """the training step (batch) the groups are meant for"""
+    weight_version: _builtins.str
+    """the latest published weights when dispatched"""
+    seq: _builtins.int
+    """stream sequence of the last execution-dispatched (0: nothing new appended)"""
+    @_builtins.property
+    def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DispatchedExecution]: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        weight_version: _builtins.str = ...,
+        executions: _abc.Iterable[Global___DispatchedExecution] | None = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions", "seq", b"seq", "step", b"step", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchGroupsReply: _TypeAlias = DispatchGroupsReply  # noqa: Y015

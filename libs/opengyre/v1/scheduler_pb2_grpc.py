@@ -80,6 +80,11 @@ class SchedulerServiceStub:
                 request_serializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.FromString,
                 _registered_method=True)
+        self.DispatchGroups = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/DispatchGroups',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -146,6 +151,18 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DispatchGroups(self, request, context):
+        """Dispatch groups of executions onto rollout cells with room, for the training step the policy lets start now,
+        appending execution-dispatched for each member (the scheduler is the only producer of that event). All groups
+        of one request go to one step. A group_id already dispatched is answered with its members again, nothing
+        appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
+        next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
+        retry later), INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +205,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CompleteMicroStep,
                     request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.SerializeToString,
+            ),
+            'DispatchGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DispatchGroups,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -411,6 +433,33 @@ class SchedulerService:
             '/opengyre.v1.SchedulerService/CompleteMicroStep',
             opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepRequest.SerializeToString,
             opengyre_dot_v1_dot_scheduler__pb2.CompleteMicroStepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/DispatchGroups',
+            opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,14 @@ class SchedulerServiceStub:
     """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none)."""
     CompleteMicroStep: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteMicroStepRequest, _scheduler_pb2.CompleteMicroStepReply]
     """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
+    DispatchGroups: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DispatchGroupsRequest, _scheduler_pb2.DispatchGroupsReply]
+    """Dispatch groups of executions onto rollout cells with room, for the training step the policy lets start now,
+    appending execution-dispatched for each member (the scheduler is the only producer of that event). All groups
+    of one request go to one step. A group_id already dispatched is answered with its members again, nothing
+    appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
+    next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
+    retry later), INVALID_ARGUMENT.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -82,6 +90,14 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Streaming training: a training cell claims the next micro-step (atomically; claimed=false when none)."""
     CompleteMicroStep: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteMicroStepRequest, _scheduler_pb2.CompleteMicroStepReply]  # type: ignore[assignment]
     """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
+    DispatchGroups: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DispatchGroupsRequest, _scheduler_pb2.DispatchGroupsReply]  # type: ignore[assignment]
+    """Dispatch groups of executions onto rollout cells with room, for the training step the policy lets start now,
+    appending execution-dispatched for each member (the scheduler is the only producer of that event). All groups
+    of one request go to one step. A group_id already dispatched is answered with its members again, nothing
+    appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
+    next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
+    retry later), INVALID_ARGUMENT.
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The elastic scheduler: cells move between rollout and training under the watermark rule
@@ -154,5 +170,19 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.CompleteMicroStepReply, _abc.Awaitable[_scheduler_pb2.CompleteMicroStepReply]]:
         """A claimed micro-step is done; step_complete says the step's last one is, with all its executions."""
+
+    @_abc_1.abstractmethod
+    def DispatchGroups(
+        self,
+        request: _scheduler_pb2.DispatchGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DispatchGroupsReply, _abc.Awaitable[_scheduler_pb2.DispatchGroupsReply]]:
+        """Dispatch groups of executions onto rollout cells with room, for the training step the policy lets start now,
+        appending execution-dispatched for each member (the scheduler is the only producer of that event). All groups
+        of one request go to one step. A group_id already dispatched is answered with its members again, nothing
+        appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
+        next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
+        retry later), INVALID_ARGUMENT.
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

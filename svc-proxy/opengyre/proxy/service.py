@@ -68,6 +68,8 @@ class ProxyService(Service):
             secret = bytes.fromhex(env) if env else load_or_create_secret(s.data_dir / "proxy.secret")
         models = _env_list("OPENGYRE_PROXY_MODELS") or cfg.models
         patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
+        # The served model's tokenizer (a folder): the proxy records token ids in its vocabulary.
+        tokenizer = os.environ.get("OPENGYRE_PROXY_TOKENIZER") or cfg.tokenizer_path
         port = cfg.port if self._config is not None else s.proxy_http_port
         # A default port that is taken falls back to a free one (proxy.url tells harnesses where); a port the
         # user set (OPENGYRE_PROXY_HTTP_PORT) that is taken is an error.
@@ -81,6 +83,7 @@ class ProxyService(Service):
             secret=secret,
             models=models,
             model_patterns=patterns,
+            tokenizer_path=tokenizer,
             port_fallback=fallback,
             outbox_path=outbox,
         )

@@ -25,7 +25,7 @@ __all__ = [
     "protocol",
 ]
 
-RefusalCode = Literal["not-found", "failed-precondition", "already-exists", "invalid-argument"]
+RefusalCode = Literal["not-found", "failed-precondition", "already-exists", "invalid-argument", "resource-exhausted"]
 
 
 class CommandRefused(Exception):

@@ -19,6 +19,7 @@ from opengyre.store import Tracking
 
 from ._actuation import Membership, RoleChanger
 from ._commands import CommandRefused, check_drain, check_registration, check_role_request
+from ._dispatch import GroupAsk, check_asks, plan_dispatch
 from ._executions import EXECUTIONS
 from ._packing import MicroStep
 from ._policy import Decision, LoopConfig, Policy, RoleRequest, View
@@ -27,7 +28,7 @@ from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
 from .actuators import Actuator
 
-__all__ = ["Claim", "RoleChangeOutcome", "SchedulerController"]
+__all__ = ["Claim", "Dispatch", "RoleChangeOutcome", "SchedulerController"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,16 @@ log = logging.getLogger(__name__)
 class Claim:
     micro: MicroStep
     execution_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The groups' members as placed (those of a group dispatched before included), and the last seq appended."""
+
+    step: int
+    weight_version: str
+    members: tuple[tuple[str, str, str, int, str], ...]  # (execution, group, task, task version, cell)
+    seq: int
 
 
 @dataclass
@@ -181,6 +192,49 @@ class SchedulerController:
         finally:
             self._busy.discard(cell_id)
         return RoleChangeOutcome((await self.state()).cells[cell_id], changer.steps)
+
+    # --- dispatch ------------------------------------------------------------------------------------
+
+    def _running_by_cell(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            q = (
+                select(EXECUTIONS.c.cell_id, func.count())
+                .where(EXECUTIONS.c.status == "running", EXECUTIONS.c.cell_id.is_not(None))
+                .group_by(EXECUTIONS.c.cell_id)
+            )
+            return {str(cell): int(n) for cell, n in conn.execute(q)}
+
+    def _members(self, group_ids: Sequence[str]) -> list[tuple[str, str, str, str, int, str]]:
+        """(execution, group, task, cell, step, weight version) of the groups' members, in dispatch order."""
+        x = EXECUTIONS.c
+        q = (
+            select(x.execution_id, x.group_id, x.task_id, x.cell_id, x.step, x.weight_version)
+            .where(x.group_id.in_(list(group_ids)))
+            .order_by(x.dispatched_seq)
+        )
+        with self.engine.connect() as conn:
+            return [(r[0], r[1], r[2], r[3] or "", int(r[4]), str(r[5])) for r in conn.execute(q)]
+
+    async def dispatch(self, asks: Sequence[GroupAsk], timeout_s: float) -> Dispatch:
+        """Place new groups on rollout cells (under the lock: no cell starts draining between check and append)
+        and append their ``execution-dispatched``; groups already dispatched are answered as they were placed."""
+        check_asks(asks)
+        async with self._lock:
+            st = await self.fresh_state()
+            new = [a for a in asks if a.group_id not in st.groups]
+            seq = 0
+            if new:
+                running = await asyncio.to_thread(self._running_by_cell)
+                advice = self.policy.decide(View(st, time.time(), self.loop))
+                placed = plan_dispatch(st, advice, self.loop, new, running, timeout_s)
+                acks = await self.log.append_many(placed.events)
+                seq = acks[-1].seq
+                await self.wait_applied(seq)
+            rows = await asyncio.to_thread(self._members, [a.group_id for a in asks])
+        versions = {a.group_id: a.task_version for a in asks}
+        members = tuple((e, g, t, versions[g], c) for e, g, t, c, _, _ in rows)
+        step, version = (rows[-1][4], rows[-1][5]) if rows else (0, "default")
+        return Dispatch(step, version, members, seq)
 
     # --- streaming training --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ STATUS: dict[RefusalCode, grpc.StatusCode] = {
     "failed-precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "already-exists": grpc.StatusCode.ALREADY_EXISTS,
     "invalid-argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "resource-exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

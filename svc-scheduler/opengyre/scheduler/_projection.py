@@ -137,10 +137,23 @@ class SchedulerProjection(Projection):
         top = tx.execute(select(func.max(_S.c.step))).scalar()
         if e.step <= int(top or 0):
             raise Rejected(f"training step {e.step} is not after step {int(top or 0)}")
-        if tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).first():
+        if e.weight_version and tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).first():
             raise Rejected(f"weight version {e.weight_version} was already published")
         stale: list[int] = []
-        for xid in dict.fromkeys(e.execution_ids):
+        trained = dict.fromkeys(e.execution_ids)
+        for xid in [x for x in e.dropped if x not in trained]:  # consumed without training (see SchedulerState)
+            r = tx.execute(
+                select(_X.c.group_id).where(
+                    _X.c.execution_id == xid, _X.c.status != "running", _X.c.consumed_step.is_(None)
+                )
+            ).first()
+            if r is None:
+                continue
+            tx.execute(update(_X).where(_X.c.execution_id == xid).values(consumed_step=e.step))
+            tx.execute(
+                update(_G).where(_G.c.group_id == r.group_id, _G.c.consumed_step.is_(None)).values(consumed_step=e.step)
+            )
+        for xid in trained:
             r = tx.execute(
                 select(_X.c.group_id, _X.c.version_step).where(
                     _X.c.execution_id == xid, _X.c.status != "running", _X.c.consumed_step.is_(None)
@@ -161,7 +174,8 @@ class SchedulerProjection(Projection):
                 completed_seq=seq, completed_at=e.occurred_at,
             )
         )  # fmt: skip
-        tx.execute(insert(_V).values(weight_version=e.weight_version, step=e.step))
+        if e.weight_version:  # a step that updated nothing published no weights
+            tx.execute(insert(_V).values(weight_version=e.weight_version, step=e.step))
 
 
 def _secs(ts: datetime | None) -> float:

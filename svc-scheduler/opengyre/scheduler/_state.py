@@ -382,9 +382,12 @@ class SchedulerState:
     def _step_completed(self, e: TrainingStepCompleted, seq: int = 0) -> None:
         if e.step <= self.trained_step:
             raise Rejected(f"training step {e.step} is not after step {self.trained_step}")
-        if e.weight_version in self.versions:
+        if e.weight_version and e.weight_version in self.versions:
             raise Rejected(f"weight version {e.weight_version} was already published")
-        for xid in dict.fromkeys(e.execution_ids):
+        trained = dict.fromkeys(e.execution_ids)
+        # Executions the step dropped (masked, filtered, no signal) are consumed too, without being samples: a
+        # step that dropped a whole group must still take it out of the ready buffer.
+        for xid in [*trained, *(x for x in e.dropped if x not in trained)]:
             known = self.finished.get(xid)
             if known is None or known[2] is not None:
                 continue  # still running, never seen, or already trained on: not a sample this step consumes
@@ -393,9 +396,10 @@ class SchedulerState:
                 del self.finished[xid]
             else:
                 self.finished[xid] = (gid, vstep, e.step)
-            d = sample_staleness(e.step, vstep)
-            self.staleness_hist[d] = self.staleness_hist.get(d, 0) + 1
-            self.consumed_samples += 1
+            if xid in trained:
+                d = sample_staleness(e.step, vstep)
+                self.staleness_hist[d] = self.staleness_hist.get(d, 0) + 1
+                self.consumed_samples += 1
             g = self.groups[gid]
             if g.consumed_step is None:
                 g.consumed_step = e.step
@@ -409,7 +413,8 @@ class SchedulerState:
                     del self._ready_groups[gid]
                     self._ready_samples -= g.finished
         self.trained_step = e.step
-        self.versions[e.weight_version] = e.step
+        if e.weight_version:  # a step that updated nothing published no weights
+            self.versions[e.weight_version] = e.step
         self.ready_rev += 1
 
 

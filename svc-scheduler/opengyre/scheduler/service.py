@@ -30,6 +30,7 @@ from opengyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from ._commands import CommandRefused
 from ._controller import RoleChangeOutcome, SchedulerController
+from ._dispatch import GroupAsk
 from ._grpc import STATUS, cell_pb, state_pb
 from ._policy import LoopConfig, Policy, RoleRequest, Target, View
 from ._projection import SchedulerProjection
@@ -151,6 +152,29 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             claimed=True, step=m.step, index=m.index, group_ids=m.group_ids, execution_ids=claim.execution_ids
         )
 
+    async def DispatchGroups(  # noqa: N802
+        self, request: scheduler_pb2.DispatchGroupsRequest, context: Ctx
+    ) -> scheduler_pb2.DispatchGroupsReply:
+        size = self._c.loop.group_size
+        asks = [GroupAsk(g.group_id, g.task_id, g.task_version or 1, g.group_size or size) for g in request.groups]
+        try:
+            out = await self._c.dispatch(asks, request.timeout_s)
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+        urls = {c.cell_id: c.engine_url or "" for c in (await self._c.state()).cells_in_order()}
+        return scheduler_pb2.DispatchGroupsReply(
+            step=out.step,
+            weight_version=out.weight_version,
+            executions=[
+                scheduler_pb2.DispatchedExecution(
+                    execution_id=e, group_id=g, task_id=t, task_version=v, cell_id=c, engine_url=urls.get(c, "")
+                )
+                for e, g, t, v, c in out.members
+            ],
+            seq=out.seq,
+        )
+
     async def CompleteMicroStep(  # noqa: N802
         self, request: scheduler_pb2.CompleteMicroStepRequest, context: Ctx
     ) -> scheduler_pb2.CompleteMicroStepReply:
@@ -208,6 +232,7 @@ class SchedulerService(Service):
         "drain-cell",
         "force-role",
         "micro-step-claims",
+        "dispatch-groups",
         "policies:" + ",".join(sorted(POLICIES)),
         "actuators:external,local,sglang-megatron",
     )

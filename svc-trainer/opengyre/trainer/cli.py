@@ -1,4 +1,4 @@
-"""Commands the trainer adds to ``opengyre``: ``opengyre train run|sft|score|preview|steps``.
+"""Commands the trainer adds to ``opengyre``: ``opengyre train run|loop|sft|score|preview|steps``.
 
 Heavy imports (torch, megatron) happen inside the commands: ``opengyre --help`` stays fast.
 """
@@ -148,6 +148,31 @@ def run_command(
         asyncio.run(main())
     except KeyboardInterrupt:
         console.print("stopped")
+
+
+@train_app.command("loop")
+def loop_command(
+    config: Annotated[Path, typer.Argument(help="The run configuration (TOML; see docs/loop.md)")],
+    data_dir: DataDirOpt = None,
+) -> None:
+    """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
+    from opengyre.loop import RunConfig, RunConfigError, run_loop
+    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken
+
+    try:
+        cfg = RunConfig.from_toml(config)
+    except RunConfigError as exc:
+        raise fail(str(exc)) from exc
+    settings = settings_from(data_dir)
+    try:
+        result = asyncio.run(run_loop(cfg, settings, say=console.print))
+    except (DataDirBusy, DataDirUnusable, PortTaken) as exc:
+        raise fail(str(exc)) from exc
+    ended = sum(1 for f in result.finished if f.score is not None)
+    console.print(
+        f"{len(result.finished)} executions ({ended} scored), {len(result.steps)} step(s) trained, "
+        f"{result.hardened} task version(s) hardened; " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())
+    )
 
 
 @train_app.command("sft")

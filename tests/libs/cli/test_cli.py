@@ -14,11 +14,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import EventLog
 from opengyre.runtime import free_port
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
+from ..._burst import scripted_burst
 from ..._parallel import STACKS
 from ..._polling import wait_until
 

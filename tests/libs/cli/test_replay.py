@@ -7,12 +7,13 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from opengyre.cli._demo import scripted_burst
 from opengyre.cli._replay import replay_compare
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog
 from opengyre.projection import ProjectionRunner
 from opengyre.runtime import all_projections
+
+from ..._burst import scripted_burst
 
 
 async def test_replay_matches_the_live_store_of_either_dialect(

@@ -20,7 +20,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 # Code that plays every service at once and never runs inside one; each says why.
 STAND_INS = {
-    "libs/opengyre/cli/_demo.py": "`opengyre demo` writes a whole run's log in one process, as the stack would",
     "svc-scheduler/opengyre/scheduler/sim/": "the simulator replays a policy against a modelled harness and trainer",
 }
 

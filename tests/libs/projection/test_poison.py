@@ -10,7 +10,6 @@ import msgspec
 import pytest
 from sqlalchemy import Engine, func, select
 
-from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
 from opengyre.events import (
     Event,
@@ -24,6 +23,7 @@ from opengyre.projection import ProjectionRunner
 from opengyre.runtime import EmbeddedNats, all_projections, load_service
 from opengyre.store import DeadLetter, Tracking, create_db_engine, migrate
 
+from ..._burst import scripted_burst
 from ..._polling import await_until
 from ._counting import CountingProjection, counts, metadata
 

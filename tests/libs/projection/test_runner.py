@@ -10,13 +10,13 @@ import threading
 
 from sqlalchemy import Connection, Engine, func, select
 
-from opengyre.cli._demo import scripted_burst
 from opengyre.eventlog import EventLog
 from opengyre.events import Event, ExecutionDispatched, ExecutionFinished
 from opengyre.projection import FoldTransaction, ProjectionRunner, dump_rows, rebuild, replay_into
 from opengyre.runtime import all_projections
 from opengyre.store import DeadLetter, Tracking, create_db_engine, migrate
 
+from ..._burst import scripted_burst
 from ..._polling import await_until
 from ._counting import CountingProjection, counts, metadata, sample_events
 

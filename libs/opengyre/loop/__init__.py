@@ -1,0 +1,32 @@
+"""The closed loop: a run configuration in, skills turned into tasks, rolled out, scored, trained, hardened.
+
+- ``RunConfig.from_toml(path)``: the run (skills, patterns, group size, steps, cells, policy, model, seed).
+- ``run_loop(config, settings, say=print)``: the whole run on the embedded stack of ``settings.data_dir``; a
+  client of the services only (every event is appended by its owner). CLI: ``opengyre train loop RUN.toml``.
+- ``end_execution``: the one place an execution ends (the trainer grades its workspace).
+"""
+
+from ._config import RunConfig, RunConfigError
+from ._driver import BeforeStop, LoopResult, TaskRef, WarmStart, run_loop, scheduler_env, trainer_settings
+from ._rollout import Assignment, Finished, end_execution, harness_failure, roll_out
+from ._warmstart import SFT_VERSION, reference_messages, sft_warm_start
+
+__all__ = [
+    "SFT_VERSION",
+    "Assignment",
+    "BeforeStop",
+    "Finished",
+    "LoopResult",
+    "RunConfig",
+    "RunConfigError",
+    "TaskRef",
+    "WarmStart",
+    "end_execution",
+    "harness_failure",
+    "reference_messages",
+    "roll_out",
+    "run_loop",
+    "scheduler_env",
+    "sft_warm_start",
+    "trainer_settings",
+]

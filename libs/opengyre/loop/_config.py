@@ -1,0 +1,95 @@
+"""A run's configuration (``opengyre train loop RUN.toml``): what to synthesize, how to roll out, how to train.
+
+Every knob in one typed struct, decoded strictly (an unknown key or a wrong type is an error naming it) and
+checked before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+__all__ = ["RunConfig", "RunConfigError"]
+
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+class RunConfigError(ValueError):
+    """The run configuration is invalid; the message says which setting and why."""
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    run_id: str = "loop"  # weight versions are <run_id>-s<step>
+    seed: int = 0
+    # --- synthesis (svc-synth): skills in, validated tasks out ---
+    skills: str = str(_ROOT / "svc-synth" / "skills")  # a folder or archive of Agent Skills
+    skill_names: list[str] = msgspec.field(default_factory=list)  # a subset by name (empty: every accepted skill)
+    tasks_per_skill: int = 1
+    challenges: int = 1  # difficulty patterns instantiated per task
+    level: int = 0  # their starting knob level (0-3)
+    # --- rollout (svc-scheduler dispatches, the proxy records, the harness solves) ---
+    model: str = "tiny"  # opengyre.models.resolve_model: tiny, small, smollm2-135m, a folder
+    cells: int = 2  # CPU rollout cells, one engine each
+    cell_capacity: int = 4  # executions a cell runs at once
+    engine_threads: int = 1  # torch threads per engine process
+    group_size: int = 4  # G executions per task per step
+    groups_per_step: int = 1  # groups per training step (the tasks take turns), dispatched together
+    steps: int = 2
+    policy: str = "colocate"  # a scheduler policy (opengyre.scheduler POLICIES)
+    max_lag: int = 0  # phi: rollouts of step s start once step s-1-max_lag is trained (0: on-policy)
+    timeout_s: float = 300.0  # each execution's time limit (the harness is killed past it)
+    harness: str = "builtin"  # "builtin" (the reference agent) or a HarnessSpec TOML file
+    harness_args: list[str] = msgspec.field(default_factory=lambda: ["--max-turns", "6"])  # the builtin's flags
+    # --- training (svc-trainer) ---
+    algorithm: str = "gspo"
+    lr: float = 1e-4
+    max_paths: int = 5
+    micro_batch_tokens: int = 4096
+    sft_epochs: int = 0  # warm start on the tasks' reference solutions first (0: none)
+    sft_lr: float = 1e-3
+
+    def validate(self) -> RunConfig:
+        def bad(why: str) -> RunConfigError:
+            return RunConfigError(f"run config: {why}")
+
+        if not self.run_id or "/" in self.run_id or len(self.run_id) > 24:
+            raise bad("run_id must be a non-empty name of at most 24 characters without '/'")
+        names = (
+            "tasks_per_skill",
+            "cells",
+            "cell_capacity",
+            "group_size",
+            "groups_per_step",
+            "steps",
+            "engine_threads",
+        )
+        for name in names:
+            if getattr(self, name) < 1:
+                raise bad(f"{name} must be >= 1")
+        if self.max_lag < 0 or self.sft_epochs < 0:
+            raise bad("max_lag and sft_epochs must be >= 0")
+        if not 0 <= self.level <= 3 or not 1 <= self.challenges <= 8:
+            raise bad("level must be in 0..3 and challenges in 1..8")
+        if self.group_size * self.groups_per_step > self.cells * self.cell_capacity:
+            raise bad(
+                f"a step's {self.groups_per_step} group(s) of {self.group_size} are dispatched together and do not "
+                f"fit on {self.cells} cell(s) of {self.cell_capacity}"
+            )
+        if self.timeout_s <= 0 or self.lr <= 0 or self.sft_lr <= 0:
+            raise bad("timeout_s, lr and sft_lr must be > 0")
+        if self.harness != "builtin" and not Path(self.harness).is_file():
+            raise bad(f"harness must be 'builtin' or a HarnessSpec TOML file; {self.harness!r} is neither")
+        return self
+
+    @classmethod
+    def from_toml(cls, path: Path) -> RunConfig:
+        try:
+            cfg = msgspec.toml.decode(Path(path).read_bytes(), type=cls)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise RunConfigError(f"{path}: {exc}") from None
+        except OSError as exc:
+            raise RunConfigError(f"{path}: {exc.strerror}") from None
+        if cfg.harness != "builtin" and not Path(cfg.harness).is_absolute():
+            cfg = msgspec.structs.replace(cfg, harness=str(Path(path).parent / cfg.harness))
+        return cfg.validate()

@@ -1,0 +1,129 @@
+"""One execution, from its dispatch to its ``execution-finished``: a fresh copy of the task's workspace, a key
+from the proxy, the harness run in the sandbox against it, then the preserved workspace scored by the trainer.
+
+The driver never writes an event itself: the scheduler appended the dispatch, the proxy records the calls, the
+trainer's ScoreExecution grades the workspace and appends the outcome. ``end_execution`` is the one place an
+execution ends, so what must happen at its end (the proxy sealing it) is added there once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from opengyre.harness import HarnessOutcome, HarnessSpec, HarnessTarget, run_harness
+from opengyre.retry import backoff
+from opengyre.sandbox import SandboxLimits
+from opengyre.v1 import proxy_pb2, proxy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+
+__all__ = ["Assignment", "Finished", "end_execution", "harness_failure", "roll_out"]
+
+# How the harness ended -> the failure the runtime observed itself (ScoreExecution's ``failure_class``). A harness
+# that could not reach the model (the endpoint unreachable or failing after its retries) is an infrastructure
+# failure, masked downstream; every other ending is graded on the workspace it left.
+_FAILURES = {"model-error": "engine"}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    execution_id: str
+    group_id: str
+    task_id: str
+    task_version: int
+    cell_id: str
+    step: int
+    task_dir: Path
+    instruction: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    assignment: Assignment
+    status: str
+    score: float | None
+    failure_class: str
+    finish_reason: str
+    duration_s: float
+
+
+def harness_failure(outcome: HarnessOutcome) -> str:
+    return _FAILURES.get(outcome.finish_reason, "")
+
+
+def _retryable(exc: BaseException) -> bool:
+    # NOT_FOUND: the trainer's projection has not folded the dispatch yet; UNAVAILABLE: the service restarts.
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNAVAILABLE,
+    )
+
+
+async def end_execution(
+    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
+    a: Assignment,
+    workspace: Path,
+    outcome: HarnessOutcome,
+) -> trainer_pb2.ScoreExecutionReply:
+    """The execution is over: have the trainer grade the preserved workspace and record ``execution-finished``.
+    (The proxy's seal of the execution, flushing its recorded calls first, belongs here too.)"""
+    req = trainer_pb2.ScoreExecutionRequest(
+        execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
+        has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
+        failure_class=harness_failure(outcome),
+    )  # fmt: skip
+    try:
+        async for attempt in backoff(
+            f"scoring {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60
+        ):
+            with attempt:
+                return await trainer.ScoreExecution(req, timeout=300)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+        # Scored already (a reply lost before a retry): the recorded outcome stands; read it back.
+        row = await trainer.GetExecution(trainer_pb2.GetExecutionRequest(execution_id=a.execution_id), timeout=30)
+        return trainer_pb2.ScoreExecutionReply(
+            status=row.status, has_score=row.has_score, score=row.score, failure_class=row.failure_class
+        )
+    raise AssertionError("unreachable: backoff re-raises its last error")
+
+
+def _fresh_workspace(task_dir: Path, root: Path) -> Path:
+    ws = root / "app"
+    if root.exists():
+        shutil.rmtree(root)  # a retried execution starts from the task's initial state, never from a wreck
+    src = task_dir / "environment" / "workspace"
+    if src.is_dir():
+        shutil.copytree(src, ws, symlinks=True)
+    else:
+        ws.mkdir(parents=True)
+    return ws
+
+
+async def roll_out(
+    a: Assignment,
+    *,
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
+    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
+    spec: HarnessSpec,
+    model: str,
+    workdir: Path,
+    timeout_s: float,
+) -> Finished:
+    ws = await asyncio.to_thread(_fresh_workspace, a.task_dir, workdir / a.execution_id)
+    req = proxy_pb2.OpenExecutionRequest(execution_id=a.execution_id)
+    async for attempt in backoff(f"opening {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
+        with attempt:
+            access = await proxy.OpenExecution(req, timeout=30)
+    target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
+    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192, network=True)
+    outcome = await asyncio.to_thread(run_harness, spec, target, limits)
+    reply = await end_execution(trainer, a, ws, outcome)
+    return Finished(
+        a, reply.status, reply.score if reply.has_score else None, reply.failure_class, outcome.finish_reason,
+        outcome.duration_s,
+    )  # fmt: skip

@@ -1,0 +1,46 @@
+"""The run configuration: read strictly from TOML, checked before anything starts, each error naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opengyre.loop import RunConfig, RunConfigError, scheduler_env
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.toml"
+    p.write_text(text)
+    return p
+
+
+def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> None:
+    (tmp_path / "h.toml").write_text('name = "h"\nargv = ["{python}", "-c", "pass"]\n')
+    cfg = RunConfig.from_toml(write(tmp_path, 'run_id = "r1"\ngroup_size = 2\nsteps = 3\nharness = "h.toml"\n'))
+    assert (cfg.run_id, cfg.group_size, cfg.steps, cfg.harness) == ("r1", 2, 3, str(tmp_path / "h.toml"))
+    env = scheduler_env(cfg)
+    assert env["OPENGYRE_SCHEDULER_GROUP_SIZE"] == "2" and env["OPENGYRE_SCHEDULER_AUTO"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("grup_size = 2\n", "grup_size"),  # a typo is not silently ignored
+        ('group_size = "four"\n', "group_size"),
+        ("steps = 0\n", r"steps must be >= 1"),
+        ("group_size = 4\ngroups_per_step = 3\ncells = 2\ncell_capacity = 4\n", "do not fit"),
+        ('run_id = "a/b"\n', "run_id"),
+        ("level = 9\n", "level"),
+        ('harness = "nowhere.toml"\n', "harness"),
+        ("steps = \n", r"run\.toml"),
+    ],
+)
+def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(RunConfigError, match=says):
+        RunConfig.from_toml(write(tmp_path, text))
+
+
+def test_a_missing_run_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(RunConfigError, match=r"nope\.toml"):
+        RunConfig.from_toml(tmp_path / "nope.toml")
