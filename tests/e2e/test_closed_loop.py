@@ -130,6 +130,11 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     step2 = [(i, e) for i, e in calls if "-s2-" in e.execution_id]
     assert step2 and {e.weight_version for _, e in step2} == {version}
     assert all(i > published for i, _ in step2)
+    # Each execution was sealed before it was scored: its finish carries the count of its calls, all in the log before it.
+    for eid, fin in finished.items():
+        mine = [i for i, e in calls if e.execution_id == eid]
+        assert fin.recorded_calls == len(mine), (eid, fin.recorded_calls, len(mine))
+        assert all(i < first(ExecutionFinished, lambda e, x=eid: e.execution_id == x) for i in mine), eid
     # Step 2 trained too, and the task version that got easy was hardened, after the rewards that made it easy.
     assert first(TrainingStepCompleted, lambda e: e.step == 2) > min(i for i, _ in step2)
     hardened = first(TaskHardened)

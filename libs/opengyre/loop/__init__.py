@@ -3,7 +3,7 @@
 - ``RunConfig.from_toml(path)``: the run (skills, patterns, group size, steps, cells, policy, model, seed).
 - ``run_loop(config, settings, say=print)``: the whole run on the embedded stack of ``settings.data_dir``; a
   client of the services only (every event is appended by its owner). CLI: ``opengyre train loop RUN.toml``.
-- ``end_execution``: the one place an execution ends (the trainer grades its workspace).
+- ``end_execution``: the one place an execution ends (the proxy seals it, the trainer grades its workspace).
 """
 
 from ._config import RunConfig, RunConfigError

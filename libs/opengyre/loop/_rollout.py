@@ -50,6 +50,14 @@ class Finished:
     duration_s: float
 
 
+def _seal_retryable(exc: BaseException) -> bool:
+    # The seal waits for the log to hold the execution's calls: past its deadline (the log away) it is asked again.
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+
+
 def harness_failure(outcome: HarnessOutcome) -> str:
     return _FAILURES.get(outcome.finish_reason, "")
 
@@ -63,17 +71,25 @@ def _retryable(exc: BaseException) -> bool:
 
 
 async def end_execution(
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
     trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
     a: Assignment,
     workspace: Path,
     outcome: HarnessOutcome,
 ) -> trainer_pb2.ScoreExecutionReply:
-    """The execution is over: have the trainer grade the preserved workspace and record ``execution-finished``.
-    (The proxy's seal of the execution, flushing its recorded calls first, belongs here too.)"""
+    """The execution is over: the proxy seals it (no further calls; every recorded call flushed to the log) and
+    the trainer grades the preserved workspace and records ``execution-finished`` with the proxy's call count,
+    so no step samples the execution before all its calls are in (docs/proxy.md, "Ending an execution")."""
+    sealed = proxy_pb2.SealExecutionRequest(execution_id=a.execution_id)
+    async for attempt in backoff(
+        f"sealing {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_seal_retryable, attempts=60
+    ):
+        with attempt:
+            seal = await proxy.SealExecution(sealed, timeout=60)
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
-        failure_class=harness_failure(outcome),
+        failure_class=harness_failure(outcome), has_recorded_calls=True, recorded_calls=seal.recorded_calls,
     )  # fmt: skip
     try:
         async for attempt in backoff(
@@ -122,7 +138,7 @@ async def roll_out(
     target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192, network=True)
     outcome = await asyncio.to_thread(run_harness, spec, target, limits)
-    reply = await end_execution(trainer, a, ws, outcome)
+    reply = await end_execution(proxy, trainer, a, ws, outcome)
     return Finished(
         a, reply.status, reply.score if reply.has_score else None, reply.failure_class, outcome.finish_reason,
         outcome.duration_s,
