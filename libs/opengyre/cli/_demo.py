@@ -23,6 +23,7 @@ import typer
 
 from ..config import Settings
 from ..eventlog import EventLog, LogUnavailable
+from ..report import LiveDashboard, RunSummary, summary_table, write_html
 from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections
 from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
@@ -43,6 +44,32 @@ async def _pending(stack: Stack) -> int:
             st = await stub(ch).GetStatus(common_pb2.StatusRequest(), timeout=30)
         total += sum(p.pending for p in st.projections)
     return total
+
+
+class _View:
+    """The live dashboard beside the run, from the stack's start to the end of its last step."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.halt = asyncio.Event()
+        self.task: asyncio.Task[RunSummary] | None = None
+        self.log: EventLog | None = None
+
+    async def start(self, stack: Stack) -> None:
+        self.log = await EventLog.connect(stack.nats_url, stack.settings.log)
+        dash = LiveDashboard(self.log, console=console, title=f"opengyre demo {self.run}")
+        self.task = asyncio.create_task(dash.run(self.halt), name="demo-dashboard")
+
+    async def stop(self) -> RunSummary | None:
+        """The run's summary once (None if the view never started); later calls only make sure it is closed."""
+        self.halt.set()
+        task, self.task = self.task, None
+        try:
+            return await task if task is not None else None
+        finally:
+            if self.log is not None and task is not None:
+                await self.log.close()
+                self.log = None
 
 
 async def replay_matches(stack: Stack, settings: Settings) -> bool:
@@ -93,15 +120,32 @@ def demo(
     )  # fmt: skip
     warm = sft_warm_start(model, epochs=sft_epochs, lr=cfg.sft_lr, seed=seed, say=console.print) if sft_epochs else None
     replayed: list[bool] = []
+    # The live view and the report read the event log only (docs/report.md): the run's data dir is its own, so
+    # its whole log is this run.
+    view = _View(run)
 
     async def finish(stack: Stack, result: LoopResult) -> None:
+        summary = await view.stop()
+        if summary is not None:
+            console.rule("[bold]summary (from the event log)[/]")
+            console.print(summary_table(summary))
+            html = write_html(summary, settings.data_dir / "report.html")
+            console.print(f"HTML report with plots: {html}")
         console.rule("[bold]replay: every projection rebuilt from the event log[/]")
         replayed.append(await replay_matches(stack, settings))
+
+    async def main() -> LoopResult:
+        try:
+            return await run_loop(
+                cfg, settings, say=console.print, warm_start=warm, after_start=view.start, before_stop=finish
+            )
+        finally:
+            await view.stop()
 
     console.rule(f"[bold]opengyre demo: run {run} ({model}) in {settings.data_dir}[/]")
     started, cpu0 = time.monotonic(), os.times()
     try:
-        result = asyncio.run(run_loop(cfg, settings, say=console.print, warm_start=warm, before_stop=finish))
+        result = asyncio.run(main())
     except (LogUnavailable, DataDirBusy, DataDirUnusable, PortTaken) as exc:
         raise fail(str(exc)) from exc
     wall, cpu1 = time.monotonic() - started, os.times()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, run_agent
+    from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, agent_tools, run_agent
     from ._launch import HarnessOutcome, HarnessTarget, run_harness
     from ._spec import PLACEHOLDERS, HarnessSpec, builtin_spec
     from ._tools import Toolbox, ToolError
@@ -27,6 +27,7 @@ _WHERE = {
     "AgentSummary": "_agent",
     "FinishReason": "_agent",
     "run_agent": "_agent",
+    "agent_tools": "_agent",
     "HarnessOutcome": "_launch",
     "HarnessTarget": "_launch",
     "run_harness": "_launch",
@@ -50,6 +51,7 @@ __all__ = [
     "HarnessTarget",
     "ToolError",
     "Toolbox",
+    "agent_tools",
     "builtin_spec",
     "run_agent",
     "run_harness",

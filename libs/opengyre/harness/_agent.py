@@ -99,6 +99,11 @@ SPAWN = function_schema(
 )
 
 
+def agent_tools(role: Literal["main", "sub-agent"] = "main", *, sub_agents: bool = True) -> list[Any]:
+    """The tool definitions the agent sends with every call in ``role`` (SFT renders its conversations with them)."""
+    return [*Toolbox.SCHEMAS, SUBMIT, *([SPAWN] if role == "main" and sub_agents else [])]
+
+
 class _ContextFull(Exception):
     """The endpoint refused the prompt as longer than the model's context (400 ``context_length_exceeded``)."""
 
@@ -122,9 +127,7 @@ class _Conversation:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.tools = [*Toolbox.SCHEMAS, SUBMIT]
-        if self.role == "main" and self.run.config.sub_agents:
-            self.tools.append(SPAWN)
+        self.tools = agent_tools(self.role, sub_agents=self.run.config.sub_agents)
         self.messages = [{"role": "system", "content": self.system}, {"role": "user", "content": self.task}]
 
     def loop(self) -> tuple[FinishReason, str]:

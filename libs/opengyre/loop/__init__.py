@@ -7,12 +7,13 @@
 """
 
 from ._config import RunConfig, RunConfigError
-from ._driver import BeforeStop, LoopResult, TaskRef, WarmStart, run_loop, scheduler_env, trainer_settings
+from ._driver import AfterStart, BeforeStop, LoopResult, TaskRef, WarmStart, run_loop, scheduler_env, trainer_settings
 from ._rollout import Assignment, Finished, end_execution, harness_failure, roll_out
 from ._warmstart import SFT_VERSION, reference_messages, sft_warm_start
 
 __all__ = [
     "SFT_VERSION",
+    "AfterStart",
     "Assignment",
     "BeforeStop",
     "Finished",

@@ -47,6 +47,7 @@ from ._config import RunConfig
 from ._rollout import Assignment, Finished, roll_out
 
 __all__ = [
+    "AfterStart",
     "BeforeStop",
     "LoopResult",
     "TaskRef",
@@ -382,6 +383,8 @@ async def _up(call: Callable[[], Awaitable[T]]) -> T:
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
 # Called with the stack still up once the run is over (a replay of the log, a report), before it stops.
 BeforeStop = Callable[[Stack, LoopResult], Awaitable[None]]
+# Called once the stack is up, before any task is built (e.g. to follow the log with a live view).
+AfterStart = Callable[[Stack], Awaitable[None]]
 
 
 async def run_loop(
@@ -392,6 +395,7 @@ async def run_loop(
     spec: HarnessSpec | None = None,
     warm_start: WarmStart | None = None,
     before_stop: BeforeStop | None = None,
+    after_start: AfterStart | None = None,
 ) -> LoopResult:
     """Run ``cfg`` on the embedded stack of ``settings.data_dir`` (started and stopped here) end to end.
 
@@ -420,6 +424,8 @@ async def run_loop(
         supervisor = asyncio.create_task(stack.supervise(halt), name="supervisor")
         say(f"stack: event log {stack.nats_url}, services {', '.join(stack.children)}")
         res.timings["start"] = time.monotonic() - started
+        if after_start is not None:
+            await after_start(stack)
         t0 = time.monotonic()
         synth = synth_pb2_grpc.SynthServiceStub(loop.channel(stack, "synth"))
         res.tasks = await loop.build_tasks(synth)

@@ -4,8 +4,9 @@ has seen the tasks solved.
 ``reference_messages`` writes a task's reference solution as the reference harness would have solved it: an
 OpenAI message list in its tool format (its system prompt, the instruction, a ``run_command`` tool call that
 runs the solution, the tool's real output from running it in a fresh copy of the workspace, then ``submit``).
-They are saved beside the checkpoint (``reference.jsonl``) for SFT on tool-call conversations. The SFT itself
-runs today on the trainer's existing path (``golden_from_task``: instruction in, the solution script out).
+They are saved beside the checkpoint (``reference.jsonl``, OpenAI fine-tuning JSONL: ``opengyre train sft`` reads
+it) and the SFT trains on them as the proxy would record them: rendered with the harness's tool definitions, the
+tool calls in the model's tool-call format, loss on the assistant turns only (``sft_trees_from_messages``).
 """
 
 from __future__ import annotations
@@ -58,18 +59,20 @@ def reference_messages(task: TaskRef) -> list[dict[str, Any]]:
 def _sft(
     model: str, tasks: list[TaskRef], out: Path, epochs: int, lr: float, seed: int, say: Callable[[str], None]
 ) -> Path:
+    from opengyre.harness import agent_tools
     from opengyre.models import model_state, resolve_model
-    from opengyre.trainer import Learner, export_checkpoint, golden_from_task, golden_tree, run_sft
+    from opengyre.trainer import Learner, export_checkpoint, run_sft, sft_trees_from_messages
     from opengyre.trainer.algorithms import SFT
     from opengyre.trainer.backends import build_backend
 
     out.mkdir(parents=True, exist_ok=True)
+    tools = agent_tools("main")  # what the reference harness sends with each call of its main conversation
+    conversations = [{"messages": reference_messages(t), "tools": tools} for t in tasks]
     with (out / "reference.jsonl").open("w") as f:
-        for t in tasks:
-            f.write(json.dumps({"task_id": t.task_id, "version": t.version, "messages": reference_messages(t)}) + "\n")
+        for c in conversations:
+            f.write(json.dumps(c) + "\n")
     source = resolve_model(model)
-    tok = source.tokenizer()
-    trees = [golden_tree(f"golden-{i}", golden_from_task(t.task_dir), tok) for i, t in enumerate(tasks)]
+    trees = sft_trees_from_messages(source, conversations, prefix="golden")
     weights, _ = source.load(seed=seed)
     learner = Learner(build_backend("torch", weights.config, model_state(weights), seed=seed), SFT(), lr=lr)
     results = run_sft(learner, trees, epochs=epochs, batch_size=8, seed=seed)
