@@ -20,6 +20,16 @@ from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: only called when the suite runs with -n
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (pyproject's addopts) means ours: tests/_parallel.py says how and why."""
+    if config.getvalue("dist") != "loadgroup":
+        return None  # another --dist given on the command line: xdist's own
+    from ._parallel import StackGroupScheduling
+
+    return StackGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On xdist workers, the long tests (marked ``slow``) come first: handed out first, they run beside the many
     short ones instead of starting last and leaving the other workers idle at the end."""
