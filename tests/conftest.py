@@ -14,6 +14,14 @@ import pytest
 from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, create_engine, text
 
+# An xdist worker starts with COLUMNS=80 and LINES in its environment, where a serial run has neither. The CLI's
+# rich console takes COLUMNS as its fixed width when it is created (at import), so every command a test invoked in
+# that worker printed 80 columns whatever COLUMNS the test set, and long table cells wrapped. Gone before any
+# import, the worker is the same as a serial run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.models import ModelSource, resolve_model
 from opengyre.runtime import EmbeddedNats
