@@ -1,6 +1,7 @@
 """How the suite is shared out among pytest-xdist workers (`make test`; docs/CONTRIBUTING.md, "Running the
 tests"): one test at a time to whichever worker is free, except the modules of ``STACK_MODULES``, all of whose
-tests run on one worker, one after the other.
+tests run on one worker, one after the other, and each module of ``WHOLE_MODULES``, whose tests share a costly
+module fixture (one worker builds it once, instead of each worker that gets one of its tests).
 
 Every test has its own nats-server, stream, data dir and database, so tests may run at once, with one exception:
 a stack that `opengyre up` starts takes the default gRPC ports (50051...) when it finds them free, and two stacks
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-__all__ = ["STACK_MODULES", "StackGroupScheduling"]
+__all__ = ["STACK_MODULES", "WHOLE_MODULES", "SuiteScheduling"]
 
 STACK_MODULES = frozenset(
     {
@@ -25,11 +26,20 @@ STACK_MODULES = frozenset(
     }
 )
 STACK_GROUP = "opengyre-up-stacks"
+WHOLE_MODULES = frozenset(
+    {
+        "tests/trainer/test_smollm2.py",  # torch_backend: SmolLM2 loaded and built into a backend
+    }
+)
 
 
-class StackGroupScheduling(LoadScopeScheduling):
-    """xdist's scope scheduling with a scope per test, but one for all tests of ``STACK_MODULES``. Scopes go out
-    largest first (so the stack group starts at once), then in collection order, one to each free worker."""
+class SuiteScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with a scope per test, but one for all tests of ``STACK_MODULES`` and one per
+    module of ``WHOLE_MODULES``. Scopes go out largest first (so the stack group starts at once), then in
+    collection order, one to each free worker."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return STACK_GROUP if nodeid.split("::", 1)[0] in STACK_MODULES else nodeid
+        module = nodeid.split("::", 1)[0]
+        if module in STACK_MODULES:
+            return STACK_GROUP
+        return module if module in WHOLE_MODULES else nodeid

@@ -33,9 +33,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` (pyproject's addopts) means ours: tests/_parallel.py says how and why."""
     if config.getvalue("dist") != "loadgroup":
         return None  # another --dist given on the command line: xdist's own
-    from ._parallel import StackGroupScheduling
+    from ._parallel import SuiteScheduling
 
-    return StackGroupScheduling(config, log)
+    return SuiteScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
