@@ -1,17 +1,45 @@
-"""Tests that must not run at the same time as each other when the suite runs in parallel (pytest-xdist, `make
-test`; docs/CONTRIBUTING.md, "Running the tests").
+"""How the suite is shared out among pytest-xdist workers (`make test`; docs/CONTRIBUTING.md, "Running the
+tests"): one test at a time to whichever worker is free, except the modules of ``STACK_MODULES``, all of whose
+tests run on one worker, one after the other, and each module of ``WHOLE_MODULES``, whose tests share a costly
+module fixture (one worker builds it once, instead of each worker that gets one of its tests).
 
 Every test has its own nats-server, stream, data dir and database, so tests may run at once, with one exception:
 a stack that `opengyre up` starts takes the default gRPC ports (50051...) when it finds them free, and two stacks
 starting at the same moment can both find them free; the loser's service cannot bind, and the supervisor's port
-check then sees the winner's service on that port. The modules that start stacks are marked ``STACKS``:
-``--dist loadgroup`` runs every test of the group on one worker, one after the other.
+check then sees the winner's service on that port. A new module that starts stacks belongs in ``STACK_MODULES``.
+
+(xdist's own ``--dist loadgroup`` would do this with an ``xdist_group`` mark, but xdist 3.8 names a grouped test by
+assigning ``item._nodeid``, which pytest 9 no longer reads: the mark is silently ignored. Hence the scheduler here.)
 """
 
 from __future__ import annotations
 
-import pytest
+from xdist.scheduler import LoadScopeScheduling
 
-__all__ = ["STACKS"]
+__all__ = ["STACK_MODULES", "WHOLE_MODULES", "SuiteScheduling"]
 
-STACKS = pytest.mark.xdist_group("opengyre-up-stacks")
+STACK_MODULES = frozenset(
+    {
+        "tests/libs/cli/test_cli.py",
+        "tests/libs/cli/test_stack.py",
+        "tests/e2e/test_soak.py",
+    }
+)
+STACK_GROUP = "opengyre-up-stacks"
+WHOLE_MODULES = frozenset(
+    {
+        "tests/trainer/test_smollm2.py",  # torch_backend: SmolLM2 loaded and built into a backend
+    }
+)
+
+
+class SuiteScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with a scope per test, but one for all tests of ``STACK_MODULES`` and one per
+    module of ``WHOLE_MODULES``. Scopes go out largest first (so the stack group starts at once), then in
+    collection order, one to each free worker."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        if module in STACK_MODULES:
+            return STACK_GROUP
+        return module if module in WHOLE_MODULES else nodeid

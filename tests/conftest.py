@@ -14,10 +14,28 @@ import pytest
 from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, create_engine, text
 
+# An xdist worker starts with COLUMNS=80 and LINES in its environment, where a serial run has neither. The CLI's
+# rich console takes COLUMNS as its fixed width when it is created (at import), so every command a test invoked in
+# that worker printed 80 columns whatever COLUMNS the test set, and long table cells wrapped. Gone before any
+# import, the worker is the same as a serial run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.models import ModelSource, resolve_model
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: only called when the suite runs with -n
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (pyproject's addopts) means ours: tests/_parallel.py says how and why."""
+    if config.getvalue("dist") != "loadgroup":
+        return None  # another --dist given on the command line: xdist's own
+    from ._parallel import SuiteScheduling
+
+    return SuiteScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .._parallel import STACKS
-
-pytestmark = STACKS  # starts `opengyre up` stacks: never two at once (tests/_parallel.py)
+# Starts `opengyre up` stacks: listed in tests/_parallel.py (never two at once).
 
 ROOT = Path(__file__).resolve().parents[2]
 

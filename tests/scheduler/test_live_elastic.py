@@ -32,6 +32,7 @@ from opengyre.trajectory import resolve_calls
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
+from .._polling import await_until
 from ._service import running_scheduler, running_service
 
 TOKENS = 200
@@ -103,6 +104,11 @@ async def test_elastic_cells_move_live_and_every_execution_completes(
             else:
                 raise AssertionError(f"{published} of {STEPS} steps published after 2400 polls")
             assert await asyncio.gather(*runs) == ["length"] * (STEPS * 4)
+
+            async def folded_last_step() -> bool:  # the scheduler applies the appended step asynchronously
+                return (await stub.GetState(pb.GetStateRequest())).trained_step == STEPS
+
+            await await_until(folded_last_step, "the scheduler applied the last published step")
             final = await stub.GetState(pb.GetStateRequest())
             assert final.trained_step == STEPS and final.staleness_max == 0 and final.watermark == 0
         await actuator.close()

@@ -19,10 +19,9 @@ from opengyre.runtime import free_port
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._burst import scripted_burst
-from ..._parallel import STACKS
 from ..._polling import wait_until
 
-pytestmark = STACKS  # starts `opengyre up` stacks: never two at once (tests/_parallel.py)
+# Starts `opengyre up` stacks: listed in tests/_parallel.py (never two at once).
 
 CLI = [sys.executable, "-m", "opengyre.cli"]
 

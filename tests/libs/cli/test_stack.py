@@ -21,12 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.runtime import EmbeddedNats, alive
 
-from ..._parallel import STACKS
 from ..._polling import await_until, wait_until
 from ._cli import CLI, Ledger, og, processes_on, stack_record, synth_state
 
-# Each test starts real stacks and faults them (20-40 s each on an idle 2-core machine).
-pytestmark = [STACKS, pytest.mark.slow]  # STACKS: never two stacks at once (tests/_parallel.py)
+# Each test starts real stacks and faults them (20-40 s each on an idle 2-core machine); listed in
+# tests/_parallel.py (never two stacks at once).
+pytestmark = pytest.mark.slow
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
