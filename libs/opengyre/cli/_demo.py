@@ -23,7 +23,7 @@ import typer
 
 from ..config import Settings
 from ..eventlog import EventLog, LogUnavailable
-from ..report import LiveDashboard, RunSummary, summary_table, write_html
+from ..report import LiveDashboard, RunSummary, summary_table
 from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections
 from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
@@ -125,6 +125,8 @@ def demo(
     view = _View(run)
 
     async def finish(stack: Stack, result: LoopResult) -> None:
+        from ..report import write_html  # loads matplotlib: only when a report is written, not on every command
+
         summary = await view.stop()
         if summary is not None:
             console.rule("[bold]summary (from the event log)[/]")
