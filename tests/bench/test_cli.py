@@ -143,7 +143,7 @@ def test_run_replay_and_synthetic_publish_and_compare(
         url,
         "--model",
         model,
-        "--replay",
+        "--trace",
         str(trace),
         "--format",
         "sharegpt",
@@ -158,32 +158,36 @@ def test_run_replay_and_synthetic_publish_and_compare(
     assert code == 0, out
     doc = json.loads((tmp_path / "replay" / "run.json").read_text())
     assert doc["summary"]["requests_ok"] == 6 and doc["summary"]["tokenizer_check"]["mismatched"] == 0
-    code, out = og("bench", "fit", str(trace), "--format", "sharegpt", "--out", str(tmp_path / "p.json"))
-    assert code == 0
-    code, out = og(
-        "bench",
-        "run",
-        "--url",
-        url,
-        "--model",
-        model,
-        "--profile",
-        str(tmp_path / "p.json"),
-        "--sessions",
-        "3",
-        "-c",
-        "2",
-        "--out",
-        str(tmp_path / "synth"),
-    )
-    assert code == 0, out
+    assert doc["workload"]["form"] == "replay" and doc["workload"]["trace"] == "t.json"
+
+    def run(out: str, *extra: str) -> None:
+        code, text = og("bench", "run", "--url", url, "--model", model, *extra, "--out", str(tmp_path / out))
+        assert code == 0, text
+
+    # the synthetic form of the same trace: sessions drawn from the profile fitted to it, as many as it has
+    run("synth", "--trace", str(trace), "--form", "synthetic", "-c", "2")
+    sdoc = json.loads((tmp_path / "synth" / "run.json").read_text())
+    assert sdoc["workload"]["source"] == doc["workload"]["source"] and sdoc["config"]["sessions"] == 3
+    assert sdoc["profile"]["turns"]["mean"] == 2
     with (tmp_path / "synth" / "requests.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["ok"] == "True" and float(r["ttft"]) > 0 for r in rows)
-    code, out = og(
-        "bench", "compare", str(tmp_path / "replay" / "requests.csv"), str(tmp_path / "synth" / "requests.csv")
-    )
-    assert code == 0 and "quantile_mape" in out
+    code, out = og("bench", "compare", str(tmp_path / "replay"), str(tmp_path / "synth"))
+    assert code == 0 and "per_turn_mape" in out and "synthetic vs replay: E2EL MAPE per turn index" in out, out
+
+    # not two forms of one workload under one load: refused, the difference named
+    code, out = og("bench", "fit", str(trace), "--format", "sharegpt", "--out", str(tmp_path / "p.json"))
+    assert code == 0
+    run("profile", "--profile", str(tmp_path / "p.json"), "--sessions", "3", "-c", "2")
+    code, out = og("bench", "compare", str(tmp_path / "replay"), str(tmp_path / "profile"))
+    assert code == 2 and "forms of different workloads" in out, out
+    run("replay-c1", "--trace", str(trace), "-c", "1")
+    code, out = og("bench", "compare", str(tmp_path / "replay"), str(tmp_path / "replay-c1"))
+    assert code == 2 and "differ in concurrency: A 2, B 1" in out, out
+    code, out = og("bench", "compare", str(tmp_path / "replay"), str(tmp_path / "nothing"))
+    assert code == 2 and "cannot read run" in out, out
+    code, out = og("bench", "run", "--url", url, "--model", model, "--trace", str(trace), "--form", "exact")
+    assert code == 2 and "form must be one of replay, shadow, synthetic" in out, out
 
     async def published() -> list[BenchRunCompleted]:
         log = await EventLog.connect(nats_server.url)

@@ -1,18 +1,23 @@
-"""BenchService over real gRPC: the roofline and the profiles, and a bad config refused precisely."""
+"""BenchService over real gRPC: the roofline and the profiles, load runs and sweeps against the CPU engine over
+real HTTP with their bench-run-completed in the log, and bad input refused precisely."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 
 from opengyre.config import Settings
-from opengyre.eventlog import LogConfig
+from opengyre.eventlog import EventLog, LogConfig
+from opengyre.events import BenchRunCompleted
+from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats, load_service, run_service
-from opengyre.v1 import bench_pb2, bench_pb2_grpc
+from opengyre.v1 import bench_pb2, bench_pb2_grpc, common_pb2
 
 from ._configs import LLAMA_31_8B
 
@@ -53,3 +58,130 @@ async def test_roofline_and_profiles_over_grpc(
     finally:
         stop.set()
         await task
+
+
+@asynccontextmanager
+async def _bench_stub(settings: Settings) -> AsyncIterator[bench_pb2_grpc.BenchServiceStub]:
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_service(load_service("bench"), settings, stop, port=0, ready=ready))
+    try:
+        done, _ = await asyncio.wait([task, ready], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ready.result()}") as ch:
+            yield bench_pb2_grpc.BenchServiceStub(ch)
+    finally:
+        stop.set()
+        await task
+
+
+def _trace() -> str:
+    return json.dumps(
+        [
+            {
+                "id": str(i),
+                "conversations": [
+                    {"from": "human", "value": f"question {i} " * 3},
+                    {"from": "gpt", "value": "x" * 5},
+                    {"from": "human", "value": "and then?"},
+                    {"from": "gpt", "value": "y" * 3},
+                ],
+            }
+            for i in range(3)
+        ]
+    )
+
+
+async def _refused(call: Callable[[], Awaitable[object]], words: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert words in (err.value.details() or ""), err.value.details()
+
+
+async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
+    nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
+    )
+    async with EngineServer(EngineConfig(port=0, threads=1)) as eng, _bench_stub(settings) as stub:
+        url, model = eng.url, eng.engine.config.model_name
+        status = await stub.GetStatus(common_pb2.StatusRequest())
+        assert {"run", "sweep"} <= set(status.capabilities) and not status.not_implemented
+
+        run = await stub.Run(
+            bench_pb2.BenchRunRequest(url=url, model=model, trace_json=_trace(), trace_name="t.json", concurrency=2)
+        )
+        doc = json.loads(run.result_json)
+        assert not run.partial and doc["summary"]["requests_ok"] == 6
+        assert doc["workload"]["form"] == "replay" and doc["summary"]["tokenizer_check"]["mismatched"] == 0
+        synth = await stub.Run(
+            bench_pb2.BenchRunRequest(
+                url=url, model=model, trace_json=_trace(), trace_name="t.json", form="synthetic", concurrency=2
+            )
+        )
+        sdoc = json.loads(synth.result_json)
+        assert sdoc["workload"]["source"] == doc["workload"]["source"] and sdoc["summary"]["sessions_planned"] == 3
+
+        updates = [
+            u
+            async for u in stub.Sweep(
+                bench_pb2.BenchSweepRequest(
+                    url=url,
+                    model=model,
+                    profile="chat",
+                    length_scale=0.03,
+                    concurrency=[1, 2, 4],
+                    sessions_per_slot=2,
+                    repeats=1,
+                    tolerance=100.0,  # any gain is "below tolerance": C* = 1, then one point beyond it
+                    beyond=1,
+                )
+            )
+        ]
+        assert [u.concurrency for u in updates] == [1, 2, 0]
+        assert all(u.mean > 0 and len(u.throughputs) == 1 for u in updates[:2])
+        result = json.loads(updates[-1].result_json)
+        assert result["c_star"] == 1 and [p["concurrency"] for p in result["points"]] == [1, 2]
+
+        await _refused(lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, profile="chat")), "concurrency")
+        await _refused(
+            lambda: stub.Run(
+                bench_pb2.BenchRunRequest(url=url, model=model, trace_json=_trace(), form="exact", concurrency=1)
+            ),
+            "form must be one of replay, shadow, synthetic",
+        )
+        await _refused(
+            lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, profile="chatty", concurrency=1)),
+            "neither a built-in",
+        )
+        await _refused(
+            lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, trace_json="[{", concurrency=1)),
+            "trace_json is not valid JSON",
+        )
+
+        async def collect() -> None:
+            req = bench_pb2.BenchSweepRequest(url=url, model=model, profile="chat", concurrency=[2, 1])
+            async for _ in stub.Sweep(req):
+                pass
+
+        await _refused(collect, "strictly increasing")
+
+        # an unreachable server: a result marked partial, not an error
+        bad = await stub.Run(
+            bench_pb2.BenchRunRequest(url="http://127.0.0.1:9", model=model, profile="chat", sessions=1, concurrency=1)
+        )
+        assert bad.partial and "server unreachable" in json.loads(bad.result_json)["summary"]["errors"][0]
+
+    log = await EventLog.connect(nats_server.url, log_config)
+    try:
+        events = {e.run_id: (seq, e) async for seq, e in log.events(BenchRunCompleted)}
+    finally:
+        await log.close()
+    assert set(events) == {run.run_id, synth.run_id, updates[-1].run_id, bad.run_id}
+    seq, ev = events[run.run_id]
+    assert seq == run.event_seq and ev.profile == "replay:t.json" and ev.concurrency == 2
+    assert ev.metrics["requests_ok"] == 6 and ev.metrics["e2el_p50_s"] > 0
+    assert events[updates[-1].run_id][1].concurrency == 1 and events[bad.run_id][1].metrics["partial"] == 1.0

@@ -19,6 +19,209 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class BenchRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    TRACE_JSON_FIELD_NUMBER: _builtins.int
+    TRACE_FORMAT_FIELD_NUMBER: _builtins.int
+    TRACE_NAME_FIELD_NUMBER: _builtins.int
+    FORM_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    LENGTH_SCALE_FIELD_NUMBER: _builtins.int
+    TURN_SCALE_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """the server's base URL, without /v1 (required)"""
+    model: _builtins.str
+    """the model it serves (required)"""
+    profile: _builtins.str
+    """a built-in profile's name or a profile JSON document; "" with a trace"""
+    trace_json: _builtins.str
+    """a trace (ShareGPT or ATIF JSON text) instead of a profile"""
+    trace_format: _builtins.str
+    """sharegpt | atif; "" = sharegpt"""
+    trace_name: _builtins.str
+    """the trace's name in the result and the event; "" = "trace" """
+    form: _builtins.str
+    """with a trace: replay | shadow | synthetic; "" = replay (a profile: synthetic)"""
+    sessions: _builtins.int
+    """sessions to synthesise; 0 = the trace's count, or 16 for a profile"""
+    concurrency: _builtins.int
+    """sessions in flight (required, > 0)"""
+    rate: _builtins.float
+    """open loop: session arrivals per second; 0 = closed loop"""
+    workers: _builtins.int
+    """client processes; 0 = 1"""
+    length_scale: _builtins.float
+    """a profile's token lengths scaled by this; 0 = 1"""
+    turn_scale: _builtins.float
+    """a profile's turn count scaled by this; 0 = 1"""
+    seed: _builtins.int
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        model: _builtins.str = ...,
+        profile: _builtins.str = ...,
+        trace_json: _builtins.str = ...,
+        trace_format: _builtins.str = ...,
+        trace_name: _builtins.str = ...,
+        form: _builtins.str = ...,
+        sessions: _builtins.int = ...,
+        concurrency: _builtins.int = ...,
+        rate: _builtins.float = ...,
+        workers: _builtins.int = ...,
+        length_scale: _builtins.float = ...,
+        turn_scale: _builtins.float = ...,
+        seed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "form", b"form", "length_scale", b"length_scale", "model", b"model", "profile", b"profile", "rate", b"rate", "seed", b"seed", "sessions", b"sessions", "trace_format", b"trace_format", "trace_json", b"trace_json", "trace_name", b"trace_name", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BenchRunRequest: _TypeAlias = BenchRunRequest  # noqa: Y015
+
+@_typing.final
+class BenchRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
+    EVENT_SEQ_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """the bench-run-completed event's run_id"""
+    result_json: _builtins.str
+    """what `opengyre bench run` writes to run.json"""
+    partial: _builtins.bool
+    """some requests or sessions failed (errors in result_json's summary)"""
+    event_seq: _builtins.int
+    """where bench-run-completed was appended"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        result_json: _builtins.str = ...,
+        partial: _builtins.bool = ...,
+        event_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_seq", b"event_seq", "partial", b"partial", "result_json", b"result_json", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BenchRunResponse: _TypeAlias = BenchRunResponse  # noqa: Y015
+
+@_typing.final
+class BenchSweepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    SESSIONS_PER_SLOT_FIELD_NUMBER: _builtins.int
+    REPEATS_FIELD_NUMBER: _builtins.int
+    TOLERANCE_FIELD_NUMBER: _builtins.int
+    BEYOND_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    LENGTH_SCALE_FIELD_NUMBER: _builtins.int
+    TURN_SCALE_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    model: _builtins.str
+    profile: _builtins.str
+    """a built-in profile's name or a profile JSON document (required)"""
+    sessions_per_slot: _builtins.int
+    """0 = 3"""
+    repeats: _builtins.int
+    """0 = 2"""
+    tolerance: _builtins.float
+    """relative gain below which C is saturated; 0 = 0.05"""
+    beyond: _builtins.int
+    """points measured past C*; 0 = 2"""
+    workers: _builtins.int
+    """0 = 1"""
+    length_scale: _builtins.float
+    """0 = 1"""
+    turn_scale: _builtins.float
+    """0 = 1"""
+    @_builtins.property
+    def concurrency(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """strictly increasing (required)"""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        model: _builtins.str = ...,
+        profile: _builtins.str = ...,
+        concurrency: _abc.Iterable[_builtins.int] | None = ...,
+        sessions_per_slot: _builtins.int = ...,
+        repeats: _builtins.int = ...,
+        tolerance: _builtins.float = ...,
+        beyond: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        length_scale: _builtins.float = ...,
+        turn_scale: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beyond", b"beyond", "concurrency", b"concurrency", "length_scale", b"length_scale", "model", b"model", "profile", b"profile", "repeats", b"repeats", "sessions_per_slot", b"sessions_per_slot", "tolerance", b"tolerance", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BenchSweepRequest: _TypeAlias = BenchSweepRequest  # noqa: Y015
+
+@_typing.final
+class BenchSweepUpdate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    THROUGHPUTS_FIELD_NUMBER: _builtins.int
+    MEAN_FIELD_NUMBER: _builtins.int
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EVENT_SEQ_FIELD_NUMBER: _builtins.int
+    concurrency: _builtins.int
+    """the point just measured (0 on the last update)"""
+    mean: _builtins.float
+    result_json: _builtins.str
+    """on the last update only: the sweep's result (what sweep.json holds)"""
+    run_id: _builtins.str
+    """on the last update, when C* was found: its bench-run-completed"""
+    event_seq: _builtins.int
+    @_builtins.property
+    def throughputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """request/s, one per repeat"""
+
+    def __init__(
+        self,
+        *,
+        concurrency: _builtins.int = ...,
+        throughputs: _abc.Iterable[_builtins.float] | None = ...,
+        mean: _builtins.float = ...,
+        result_json: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        event_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "event_seq", b"event_seq", "mean", b"mean", "result_json", b"result_json", "run_id", b"run_id", "throughputs", b"throughputs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BenchSweepUpdate: _TypeAlias = BenchSweepUpdate  # noqa: Y015
+
+@_typing.final
 class ListProfilesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -50,6 +50,16 @@ class BenchServiceStub:
                 request_serializer=opengyre_dot_v1_dot_bench__pb2.RooflineRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_bench__pb2.RooflineResponse.FromString,
                 _registered_method=True)
+        self.Run = channel.unary_unary(
+                '/opengyre.v1.BenchService/Run',
+                request_serializer=opengyre_dot_v1_dot_bench__pb2.BenchRunRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_bench__pb2.BenchRunResponse.FromString,
+                _registered_method=True)
+        self.Sweep = channel.unary_stream(
+                '/opengyre.v1.BenchService/Sweep',
+                request_serializer=opengyre_dot_v1_dot_bench__pb2.BenchSweepRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_bench__pb2.BenchSweepUpdate.FromString,
+                _registered_method=True)
 
 
 class BenchServiceServicer:
@@ -77,6 +87,23 @@ class BenchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Run(self, request, context):
+        """One load run against an OpenAI-compatible server, as `opengyre bench run` does it; appends
+        bench-run-completed and returns the run's result document. Bad input (an unknown profile or form, a malformed
+        trace, concurrency 0): INVALID_ARGUMENT; an unreachable or failing server: a result marked partial.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Sweep(self, request, context):
+        """A closed-loop sweep over concurrency until saturation, as `opengyre bench sweep`: one update per concurrency
+        measured, then a last one with the result (C*, its interval, the collapse) and the bench-run-completed at C*.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BenchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +121,16 @@ def add_BenchServiceServicer_to_server(servicer, server):
                     servicer.Roofline,
                     request_deserializer=opengyre_dot_v1_dot_bench__pb2.RooflineRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_bench__pb2.RooflineResponse.SerializeToString,
+            ),
+            'Run': grpc.unary_unary_rpc_method_handler(
+                    servicer.Run,
+                    request_deserializer=opengyre_dot_v1_dot_bench__pb2.BenchRunRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_bench__pb2.BenchRunResponse.SerializeToString,
+            ),
+            'Sweep': grpc.unary_stream_rpc_method_handler(
+                    servicer.Sweep,
+                    request_deserializer=opengyre_dot_v1_dot_bench__pb2.BenchSweepRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_bench__pb2.BenchSweepUpdate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +214,60 @@ class BenchService:
             '/opengyre.v1.BenchService/Roofline',
             opengyre_dot_v1_dot_bench__pb2.RooflineRequest.SerializeToString,
             opengyre_dot_v1_dot_bench__pb2.RooflineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Run(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.BenchService/Run',
+            opengyre_dot_v1_dot_bench__pb2.BenchRunRequest.SerializeToString,
+            opengyre_dot_v1_dot_bench__pb2.BenchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/opengyre.v1.BenchService/Sweep',
+            opengyre_dot_v1_dot_bench__pb2.BenchSweepRequest.SerializeToString,
+            opengyre_dot_v1_dot_bench__pb2.BenchSweepUpdate.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,15 @@ class BenchServiceStub:
     """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
     A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
     """
+    Run: _grpc.UnaryUnaryMultiCallable[_bench_pb2.BenchRunRequest, _bench_pb2.BenchRunResponse]
+    """One load run against an OpenAI-compatible server, as `opengyre bench run` does it; appends
+    bench-run-completed and returns the run's result document. Bad input (an unknown profile or form, a malformed
+    trace, concurrency 0): INVALID_ARGUMENT; an unreachable or failing server: a result marked partial.
+    """
+    Sweep: _grpc.UnaryStreamMultiCallable[_bench_pb2.BenchSweepRequest, _bench_pb2.BenchSweepUpdate]
+    """A closed-loop sweep over concurrency until saturation, as `opengyre bench sweep`: one update per concurrency
+    measured, then a last one with the result (C*, its interval, the collapse) and the bench-run-completed at C*.
+    """
 
 @_typing.type_check_only
 class BenchServiceAsyncStub(BenchServiceStub):
@@ -51,6 +60,15 @@ class BenchServiceAsyncStub(BenchServiceStub):
     Roofline: _aio.UnaryUnaryMultiCallable[_bench_pb2.RooflineRequest, _bench_pb2.RooflineResponse]  # type: ignore[assignment]
     """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
     A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+    """
+    Run: _aio.UnaryUnaryMultiCallable[_bench_pb2.BenchRunRequest, _bench_pb2.BenchRunResponse]  # type: ignore[assignment]
+    """One load run against an OpenAI-compatible server, as `opengyre bench run` does it; appends
+    bench-run-completed and returns the run's result document. Bad input (an unknown profile or form, a malformed
+    trace, concurrency 0): INVALID_ARGUMENT; an unreachable or failing server: a result marked partial.
+    """
+    Sweep: _aio.UnaryStreamMultiCallable[_bench_pb2.BenchSweepRequest, _bench_pb2.BenchSweepUpdate]  # type: ignore[assignment]
+    """A closed-loop sweep over concurrency until saturation, as `opengyre bench sweep`: one update per concurrency
+    measured, then a last one with the result (C*, its interval, the collapse) and the bench-run-completed at C*.
     """
 
 class BenchServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -78,6 +96,27 @@ class BenchServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_bench_pb2.RooflineResponse, _abc.Awaitable[_bench_pb2.RooflineResponse]]:
         """The analytic roofline and capacity wall of a model (its HF config.json) on a hardware from the table.
         A config missing fields or an unknown hardware: INVALID_ARGUMENT naming what is wrong.
+        """
+
+    @_abc_1.abstractmethod
+    def Run(
+        self,
+        request: _bench_pb2.BenchRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bench_pb2.BenchRunResponse, _abc.Awaitable[_bench_pb2.BenchRunResponse]]:
+        """One load run against an OpenAI-compatible server, as `opengyre bench run` does it; appends
+        bench-run-completed and returns the run's result document. Bad input (an unknown profile or form, a malformed
+        trace, concurrency 0): INVALID_ARGUMENT; an unreachable or failing server: a result marked partial.
+        """
+
+    @_abc_1.abstractmethod
+    def Sweep(
+        self,
+        request: _bench_pb2.BenchSweepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_bench_pb2.BenchSweepUpdate], _abc.AsyncIterator[_bench_pb2.BenchSweepUpdate]]:
+        """A closed-loop sweep over concurrency until saturation, as `opengyre bench sweep`: one update per concurrency
+        measured, then a last one with the result (C*, its interval, the collapse) and the bench-run-completed at C*.
         """
 
 def add_BenchServiceServicer_to_server(servicer: BenchServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

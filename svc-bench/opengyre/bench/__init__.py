@@ -1,5 +1,6 @@
 """AgentPerfBench: agentic workload profiles, saturation sweeps, roofline."""
 
+from ._compare import FORMS, CompareError, check_comparable, e2el_mape, mape_spread, workload_record
 from ._hardware import HARDWARE, Hardware, hardware
 from ._load import LoadConfig, RequestResult, RunResult, run_load
 from ._metrics import Slo, cross_check_tokens, percentiles, summarise
@@ -15,7 +16,6 @@ from ._profiles import (
 )
 from ._report import (
     completed_event,
-    e2el_mape,
     plot_per_turn_ttft,
     plot_roofline,
     plot_sweep,
@@ -34,15 +34,18 @@ from ._roofline import (
     phase_roofline,
     roofline_report,
 )
+from ._runs import RunSpec, execute_run, plan_run, profile_from, sweep_profile
 from ._sweep import SweepPoint, SweepResult, find_saturation, steady_throughput, sweep
 from ._traces import calls_sessions, read_trace, trace_formats
 from ._workload import SessionPlan, TokenFill, TurnPlan, replay_sessions, shadow_sessions, synthesise_sessions
 
 __all__ = [
     "COMPONENTS",
+    "FORMS",
     "HARDWARE",
     "PAPER_PROFILES",
     "Capacity",
+    "CompareError",
     "ComponentCost",
     "ConfigError",
     "Hardware",
@@ -54,6 +57,7 @@ __all__ = [
     "ProfileError",
     "RequestResult",
     "RunResult",
+    "RunSpec",
     "SessionPlan",
     "Slo",
     "SweepPoint",
@@ -64,18 +68,23 @@ __all__ = [
     "TurnPlan",
     "calls_sessions",
     "capacity",
+    "check_comparable",
     "completed_event",
     "cross_check_tokens",
     "e2el_mape",
+    "execute_run",
     "find_saturation",
     "fit_profile",
     "hardware",
+    "mape_spread",
     "paper_profile",
     "percentiles",
     "phase_roofline",
+    "plan_run",
     "plot_per_turn_ttft",
     "plot_roofline",
     "plot_sweep",
+    "profile_from",
     "read_requests_csv",
     "read_trace",
     "replay_sessions",
@@ -85,8 +94,10 @@ __all__ = [
     "steady_throughput",
     "summarise",
     "sweep",
+    "sweep_profile",
     "synthesise_sessions",
     "trace_formats",
+    "workload_record",
     "write_json",
     "write_requests_csv",
 ]

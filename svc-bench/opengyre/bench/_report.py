@@ -20,7 +20,6 @@ from ._sweep import SweepResult
 
 __all__ = [
     "completed_event",
-    "e2el_mape",
     "plot_per_turn_ttft",
     "plot_roofline",
     "plot_sweep",
@@ -77,32 +76,6 @@ def completed_event(
     return BenchRunCompleted(
         run_id=run_id or uuid.uuid4().hex, profile=profile, concurrency=concurrency, engine=engine, metrics=metrics
     )
-
-
-def e2el_mape(a: Sequence[RequestResult], b: Sequence[RequestResult]) -> dict[str, float]:
-    """Mean absolute percentage error of B's E2EL against A's: over the quantiles p5..p95 and over the
-    per-turn-index means (turn indexes both runs reached)."""
-    ea = np.asarray([r.e2el for r in a if r.ok], dtype=float)
-    eb = np.asarray([r.e2el for r in b if r.ok], dtype=float)
-    if ea.size == 0 or eb.size == 0:
-        raise ValueError("both runs need successful requests to compare")
-    qs = np.arange(5, 100, 5)
-    qa, qb = np.percentile(ea, qs), np.percentile(eb, qs)
-    turns_a: dict[int, list[float]] = {}
-    turns_b: dict[int, list[float]] = {}
-    for rs, d in ((a, turns_a), (b, turns_b)):
-        for r in rs:
-            if r.ok and r.e2el is not None:
-                d.setdefault(r.turn, []).append(r.e2el)
-    common = sorted(set(turns_a) & set(turns_b))
-    per_turn = [abs(np.mean(turns_b[k]) - np.mean(turns_a[k])) / np.mean(turns_a[k]) for k in common]
-    return {
-        "quantile_mape": float(np.mean(np.abs(qb - qa) / qa)),
-        "per_turn_mape": float(np.mean(per_turn)) if per_turn else math.nan,
-        "mean_e2el_a_s": float(ea.mean()),
-        "mean_e2el_b_s": float(eb.mean()),
-        "turns_compared": float(len(common)),
-    }
 
 
 def _plt() -> Any:

@@ -145,14 +145,26 @@ def run(
     url: UrlOpt,
     model: ModelOpt,
     profile: ProfileOpt = "chat",
-    sessions: Annotated[int, typer.Option("--sessions", help="Sessions to send")] = 16,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="A trace (ShareGPT or ATIF JSON): run it in --form instead")
+    ] = None,
+    form: Annotated[
+        str,
+        typer.Option(
+            "--form",
+            help="With --trace: replay (its messages exactly), shadow (its lengths, random tokens) or synthetic"
+            " (sessions drawn from the profile fitted to it)",
+        ),
+    ] = "replay",
+    fmt: Annotated[str, typer.Option("--format", help="Trace format for --trace: sharegpt | atif")] = "sharegpt",
+    sessions: Annotated[
+        int | None, typer.Option("--sessions", help="Sessions to synthesise (default 16, or the trace's count)")
+    ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 4,
     rate: Annotated[float | None, typer.Option("--rate", help="Open loop: session arrivals/s (Poisson)")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Client processes")] = 1,
     length_scale: Annotated[float, typer.Option("--length-scale", help="Scale every token length by this")] = 1.0,
     turn_scale: Annotated[float, typer.Option("--turn-scale", help="Scale the turn count by this")] = 1.0,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Replay this trace exactly instead")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="Trace format for --replay")] = "sharegpt",
     tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     slo_ttft: Annotated[float | None, typer.Option("--slo-ttft", help="Goodput SLO on TTFT (s)")] = None,
@@ -164,57 +176,39 @@ def run(
     nats_url: NatsUrlOpt = None,
 ) -> None:
     """One load run at a fixed concurrency (closed loop) or arrival rate (open loop)."""
-    from opengyre.bench import (
-        LoadConfig,
-        ProfileError,
-        TokenFill,
-        cross_check_tokens,
-        read_trace,
-        replay_sessions,
-        run_load,
-        summarise,
-        synthesise_sessions,
-    )
+    from opengyre.bench import ProfileError, RunSpec, execute_run
 
     from ._report import completed_event, write_json, write_requests_csv
 
     tok = _tokenizer(tokenizer)
+    if trace is not None and (length_scale != 1.0 or turn_scale != 1.0):
+        raise fail("--length-scale and --turn-scale scale a profile; a trace is sent as recorded")
+    spec = RunSpec(
+        url,
+        model,
+        form=form if trace is not None else "synthetic",
+        profile=None if trace is not None else _profile(profile, length_scale, turn_scale),
+        trace=_load_json(trace, "trace") if trace is not None else None,
+        trace_format=fmt,
+        trace_name=trace.name if trace is not None else "",
+        sessions=sessions,
+        concurrency=concurrency,
+        rate=rate,
+        workers=workers,
+        seed=seed,
+        slo=_slo(slo_ttft, slo_tpot, slo_e2el),
+    )
     try:
-        if replay is not None:
-            plans = replay_sessions(read_trace(_load_json(replay, "trace"), fmt, tok))
-            label = f"replay:{replay.name}"
-            prof_doc: dict[str, Any] | None = None
-        else:
-            prof = _profile(profile, length_scale, turn_scale)
-            plans = synthesise_sessions(prof, sessions, TokenFill.for_tokenizer(tok), seed=seed)
-            label, prof_doc = prof.name, prof.to_dict()
-        cfg = LoadConfig(
-            url, model, concurrency=concurrency, rate=rate, workers=workers, seed=seed, record_messages=True
-        )
-        with console.status(f"{label}: {len(plans)} sessions, C={concurrency}"):
-            result = asyncio.run(run_load(cfg, plans))
+        with console.status(f"{spec.label}: C={concurrency}"):
+            result, doc = asyncio.run(execute_run(spec, tok))
     except (ProfileError, ValueError) as e:
         raise fail(str(e)) from e
-    summary = summarise(result, _slo(slo_ttft, slo_tpot, slo_e2el))
-    summary["tokenizer_check"] = cross_check_tokens(result.requests, tok)
-    doc = {
-        "profile": prof_doc or label,
-        "config": {
-            "url": url,
-            "model": model,
-            "concurrency": concurrency,
-            "rate": rate,
-            "workers": workers,
-            "sessions": len(plans),
-            "seed": seed,
-        },
-        "summary": summary,
-    }
+    summary = doc["summary"]
     write_json(out / "run.json", doc)
     write_requests_csv(out / "requests.csv", result.requests)
     _print_summary(summary)
     if publish:
-        _publish(settings_from(data_dir, nats_url), completed_event(None, label, concurrency, url, summary))
+        _publish(settings_from(data_dir, nats_url), completed_event(None, spec.label, concurrency, url, summary))
     if summary["partial"]:
         console.print(f"[yellow]partial result[/]: {'; '.join(summary['errors'])}")
         raise typer.Exit(2)
@@ -257,29 +251,37 @@ def sweep_cmd(
     nats_url: NatsUrlOpt = None,
 ) -> None:
     """Closed-loop sweep over concurrency until saturation (C*), then a few points beyond for the collapse."""
-    from opengyre.bench import LoadConfig, TokenFill, run_load, summarise, synthesise_sessions
+    from opengyre.bench import sweep_profile
 
     from ._report import completed_event, plot_sweep, write_json
-    from ._sweep import sweep
 
     try:
         cs = [int(c) for c in concurrency.split(",")]
     except ValueError as e:
         raise fail(f"--concurrency must be integers separated by commas: {e}") from e
     prof = _profile(profile, length_scale, turn_scale)
-    fill = TokenFill.for_tokenizer(_tokenizer(tokenizer))
-
-    async def run_at(c: int, rep: int) -> tuple[Any, dict[str, Any]]:
-        plans = synthesise_sessions(prof, max(c * sessions_per_slot, 4), fill, seed=1000 * rep + c)
-        r = await run_load(LoadConfig(url, model, concurrency=c, workers=min(workers, c), seed=rep), plans)
-        return r, summarise(r)
+    tok = _tokenizer(tokenizer)
 
     def progress(p: Any) -> None:
         console.print(f"C={p.concurrency}: {p.mean:.2f} req/s ({', '.join(f'{x:.2f}' for x in p.throughputs)})")
 
     try:
-        result = asyncio.run(sweep(run_at, cs, repeats=repeats, tolerance=tolerance, beyond=beyond, progress=progress))
-    except ValueError as e:
+        result = asyncio.run(
+            sweep_profile(
+                url,
+                model,
+                prof,
+                cs,
+                tok,
+                sessions_per_slot=sessions_per_slot,
+                repeats=repeats,
+                tolerance=tolerance,
+                beyond=beyond,
+                workers=workers,
+                progress=progress,
+            )
+        )
+    except ValueError as e:  # ProfileError is one
         raise fail(str(e)) from e
     doc = {"profile": prof.to_dict(), "url": url, "model": model, **result.to_dict()}
     write_json(out / "sweep.json", doc)
@@ -376,17 +378,31 @@ def roofline(
 
 @bench_app.command("compare")
 def compare(
-    a: Annotated[Path, typer.Argument(help="requests.csv of the reference run (e.g. replay)")],
-    b: Annotated[Path, typer.Argument(help="requests.csv of the other run (e.g. synthetic)")],
+    a: Annotated[Path, typer.Argument(help="Folder of the reference run (run.json + requests.csv), e.g. the replay")],
+    b: Annotated[Path, typer.Argument(help="Folder of the other run, e.g. the synthetic form")],
+    min_per_turn: Annotated[
+        int, typer.Option("--min-per-turn", min=1, help="Turn indexes with fewer requests in a run are left out")
+    ] = 3,
 ) -> None:
-    """E2EL MAPE of run B against run A (quantiles and per-turn means)."""
-    from ._report import e2el_mape, read_requests_csv
+    """E2EL MAPE of run B against run A: per turn index (the headline), over quantiles, and per request where both
+    sent the same requests. Runs of different workloads, servers or load shapes are refused."""
+    from opengyre.bench import CompareError, check_comparable, e2el_mape
+
+    from ._report import read_requests_csv
 
     try:
-        res = e2el_mape(read_requests_csv(a), read_requests_csv(b))
-    except (OSError, ValueError, KeyError) as e:
+        docs = [_load_json(d / "run.json", "run") for d in (a, b)]
+        check_comparable(docs[0], docs[1])
+        res = e2el_mape(read_requests_csv(a / "requests.csv"), read_requests_csv(b / "requests.csv"), min_per_turn)
+    except (OSError, CompareError, KeyError) as e:
         raise fail(f"cannot compare: {e}") from e
     console.print_json(json.dumps(res))
+    wa, wb = docs[0]["workload"], docs[1]["workload"]
+    console.print(
+        f"{wb['form']} vs {wa['form']}: E2EL MAPE per turn index {res['per_turn_mape']:.1%} "
+        f"(turns {res['turns_compared']}), over quantiles {res['quantile_mape']:.1%}"
+        + (f", per request {res['paired_mape']:.1%}" if res["paired_mape"] is not None else "")
+    )
 
 
 def register(app: typer.Typer) -> None:
