@@ -18,18 +18,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from opengyre.bench import (
     LoadConfig,
+    RequestResult,
     RunSpec,
+    SessionPlan,
     TokenFill,
     check_comparable,
     e2el_mape,
     execute_run,
     mape_spread,
     paper_profile,
+    plan_run,
     plot_per_turn_ttft,
     plot_sweep,
     run_load,
@@ -109,6 +114,8 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
             eng.url, model, form=form, trace=trace_doc, trace_name="docs-trace", concurrency=concurrency, seed=seed
         )
 
+    if a.repeats < 2:
+        raise SystemExit("mape needs --repeats 2 or more (the floor compares repeats with each other)")
     try:
         await execute_run(spec("replay", 0), tok)  # warm-up, discarded: a fresh engine's first run is slower
         for rep in range(a.repeats):
@@ -127,49 +134,144 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     finally:
         await eng.stop()
     check_comparable(docs["replay"][0], docs["synthetic"][0])
-    pairs = {
-        "replay vs replay (noise floor)": [
-            (x, y) for i, x in enumerate(runs["replay"]) for y in runs["replay"][i + 1 :]
-        ],
-        "shadow vs replay": [(x, y) for x in runs["replay"] for y in runs["shadow"]],
-        "synthetic vs replay": [(x, y) for x in runs["replay"] for y in runs["synthetic"]],
-        "synthetic vs synthetic (draw to draw)": [
-            (x, y) for i, x in enumerate(runs["synthetic"]) for y in runs["synthetic"][i + 1 :]
-        ],
+    check_comparable(docs["replay"][0], docs["shadow"][0])
+    result = {name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn) for name, form in _ROWS}
+    _report(out, a, concurrency, trace_doc, runs, result, "runs")
+
+
+async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> None:
+    """Every form's sessions in one closed-loop run, in a shuffled order, the replay twice (R and R'): each form
+    meets the machine at the same moments, so load that changes over seconds weighs on all alike. The floor is
+    R against R' (the same requests, sent side by side); the comparison R against the other form, and R' too."""
+    trace_doc = _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars)
+    tok = load_tokenizer()
+    eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
+    model = eng.config.model_name
+    forms = ("replay", "replay2", "shadow", "synthetic")
+    runs: dict[str, list[list[RequestResult]]] = {f: [] for f in forms}
+    cfg = LoadConfig(eng.url, model, concurrency=concurrency)
+
+    def plans(rep: int) -> list[SessionPlan]:
+        out: list[SessionPlan] = []
+        for form in forms:
+            spec = RunSpec(eng.url, model, form=form.rstrip("2"), trace=trace_doc, trace_name="docs", seed=rep)
+            out += [replace(p, session_id=f"{form}|{p.session_id}") for p in plan_run(spec, tok)[0]]
+        random.Random(rep).shuffle(out)
+        return out
+
+    try:
+        await run_load(cfg, plans(0))  # warm-up, discarded: a fresh engine's first run is slower
+        for rep in range(a.repeats):
+            r = await run_load(cfg, plans(rep))
+            if r.partial:
+                raise SystemExit(f"repeat {rep}: partial run: {r.errors[:3]}")
+            for form in forms:
+                mine = [x for x in r.requests if x.session.startswith(form + "|")]
+                runs[form].append([replace(x, session=x.session.split("|", 1)[1]) for x in mine])
+            means = {f: sum(x.e2el or 0 for x in runs[f][-1]) / len(runs[f][-1]) * 1e3 for f in forms}
+            print(
+                f"repeat {rep}: {len(r.requests)} requests; mean E2EL "
+                + ", ".join(f"{f} {m:.0f} ms" for f, m in means.items())
+                + f"; load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    finally:
+        await eng.stop()
+    result = {
+        name: _compare_mixed(runs["replay"], runs["replay2"], runs[form] if form else None, a.min_per_turn)
+        for name, form in _ROWS
     }
-    result: dict[str, Any] = {}
-    for name, ps in pairs.items():
-        ms = [e2el_mape(x, y, a.min_per_turn) for x, y in ps]
-        result[name] = {
-            "per_turn": mape_spread([m["per_turn_mape"] for m in ms]),
-            "quantile": mape_spread([m["quantile_mape"] for m in ms]),
-            "paired": mape_spread([m["paired_mape"] for m in ms]) if ms[0]["paired_mape"] is not None else None,
-            "turns_compared": sorted({t for m in ms for t in m["turns_compared"]}),
-        }
+    _report(out, a, concurrency, trace_doc, runs, result, "sessions")
+
+
+def _report(
+    out: Path,
+    a: argparse.Namespace,
+    concurrency: int,
+    trace_doc: list[dict[str, Any]],
+    runs: dict[str, list[list[RequestResult]]],
+    result: dict[str, Any],
+    interleave: str,
+) -> None:
     doc: dict[str, Any] = {
+        "interleave": interleave,
         "trace_sessions": len(trace_doc),
         "requests_per_replay": len(runs["replay"][0]),
         "requests_per_synthetic": [len(x) for x in runs["synthetic"]],
         "concurrency": concurrency,
         "repeats": a.repeats,
         "min_per_turn": a.min_per_turn,
-        "fitted_profile": docs["synthetic"][0]["profile"],
         "mape": result,
         "load_after": os.getloadavg(),
     }
-    write_json(out / "mape.json", doc)
+    write_json(out / f"mape-{interleave}-c{concurrency}.json", doc)
+    how = {
+        "runs": "runs interleaved R H S R H S ...; MAPE of pooled halves (even repeats vs odd)",
+        "sessions": "sessions of every form shuffled into each run; MAPE of the pooled repeats",
+    }[interleave]
     print(
         f"trace: {len(trace_doc)} sessions, {doc['requests_per_replay']} requests; C={concurrency}; "
-        f"{a.repeats} repeats of each form, interleaved"
+        f"{a.repeats} repeats; {how}; beside it the mean (min-max) over single-run pairs"
     )
     for name, m in result.items():
-        pt, q = m["per_turn"], m["quantile"]
+        h, pt, q = m["pooled"], m["runs"]["per_turn"], m["runs"]["quantile"]
         print(
-            f"{name:>38}: E2EL MAPE per turn index {pt['mean']:.1%} ({pt['min']:.1%}-{pt['max']:.1%}, {pt['n']} pairs)"
-            f", over quantiles {q['mean']:.1%} ({q['min']:.1%}-{q['max']:.1%})"
-            + (f", per request {m['paired']['mean']:.1%}" if m["paired"] else "")
+            f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%} (single runs {pt['mean']:.1%}, "
+            f"{pt['min']:.1%}-{pt['max']:.1%}); over quantiles {h['quantile_mape']:.1%} (single runs {q['mean']:.1%})"
         )
     print(f"load average after: {os.getloadavg()}")
+
+
+def _compare_mixed(
+    r1: list[list[RequestResult]], r2: list[list[RequestResult]], other: list[list[RequestResult]] | None, mpt: int
+) -> dict[str, Any]:
+    """Pooled over the repeats: R against R' (the floor), or R and R' each against the other form (averaged)."""
+    if other is None:
+        pooled = [e2el_mape(_pool(r1), _pool(r2), mpt)]
+        singles = [e2el_mape(x, y, mpt) for x, y in zip(r1, r2, strict=True)]
+    else:
+        pooled = [e2el_mape(_pool(r), _pool(other), mpt) for r in (r1, r2)]
+        singles = [e2el_mape(r[i], other[i], mpt) for r in (r1, r2) for i in range(len(other))]
+    return _summary(pooled, singles)
+
+
+def _summary(pooled: list[dict[str, Any]], singles: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "pooled": {k: sum(h[k] for h in pooled) / len(pooled) for k in ("per_turn_mape", "quantile_mape")},
+        "runs": {
+            "per_turn": mape_spread([m["per_turn_mape"] for m in singles]),
+            "quantile": mape_spread([m["quantile_mape"] for m in singles]),
+        },
+    }
+
+
+# (row, form compared with the replay; None: the replay with itself, the noise floor)
+_ROWS = (
+    ("replay vs replay (noise floor)", None),
+    ("shadow vs replay", "shadow"),
+    ("synthetic vs replay", "synthetic"),
+)
+
+
+def _pool(runs: list[list[RequestResult]]) -> list[RequestResult]:
+    """Several runs as one sample; sessions renamed by repeat so no request seems to have a partner."""
+    return [replace(r, session=f"{i}:{r.session}") for i, rs in enumerate(runs) for r in rs]
+
+
+def _compare(replays: list[list[RequestResult]], other: list[list[RequestResult]] | None, mpt: int) -> dict[str, Any]:
+    """The replay's even repeats pooled against the other form's odd ones and odd against even (for the floor,
+    the replay's even against its odd): equal samples, equally far apart in time, so time-varying load on the
+    machine weighs on the floor as on the comparison. Beside it, every single-run pair."""
+    if other is None:
+        halves = [e2el_mape(_pool(replays[0::2]), _pool(replays[1::2]), mpt)]
+        pairs = [(x, y) for i, x in enumerate(replays) for y in replays[i + 1 :]]
+    else:
+        halves = [
+            e2el_mape(_pool(replays[0::2]), _pool(other[1::2]), mpt),
+            e2el_mape(_pool(replays[1::2]), _pool(other[0::2]), mpt),
+        ]
+        pairs = [(x, y) for x in replays for y in other]
+    return _summary(halves, [e2el_mape(x, y, mpt) for x, y in pairs])
 
 
 def main() -> None:
@@ -184,11 +286,18 @@ def main() -> None:
     ap.add_argument("--prompt-chars", type=int, default=300, help="mape: user paragraphs cut to this")
     ap.add_argument("--reply-chars", type=int, default=24, help="mape: recorded replies cut to this")
     ap.add_argument("--min-per-turn", type=int, default=3, help="mape: turn indexes with fewer requests left out")
+    ap.add_argument(
+        "--interleave",
+        choices=("runs", "sessions"),
+        default="runs",
+        help="mape: alternate whole runs of each form, or shuffle every form's sessions into each run",
+    )
     a = ap.parse_args()
     if a.what == "sweep":
         asyncio.run(_sweep(a.out, [int(c) for c in a.concurrency.split(",")], a.repeats, a.length_scale))
     else:
-        asyncio.run(_mape(a.out, int(a.concurrency.split(",")[0]), a))
+        mape = _mape if a.interleave == "runs" else _mape_mixed
+        asyncio.run(mape(a.out, int(a.concurrency.split(",")[0]), a))
 
 
 if __name__ == "__main__":

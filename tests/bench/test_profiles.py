@@ -88,6 +88,17 @@ def test_fit_recovers_a_lognormal() -> None:
     assert p.turns.kind == "constant" and p.turns.mean == 5
 
 
+def test_fit_keeps_the_mean_of_lengths_that_are_not_lognormal() -> None:
+    # replies cut at a limit, as recorded traces often are: most at the cap, a few short ones
+    outs = [300] * 30 + [40, 60, 80, 120, 200] * 2
+    sessions = [TraceSession(str(i), (TraceTurn(10, o),)) for i, o in enumerate(outs)]
+    p = fit_profile("capped", sessions, "test")
+    mean = sum(outs) / len(outs)
+    assert p.output.mean == pytest.approx(mean)  # a likelihood fit on the logs says 264 (+5.6 %)
+    rng = random.Random(0)
+    assert sum(p.output.sample(rng) for _ in range(20000)) / 20000 == pytest.approx(mean, rel=0.02)
+
+
 def test_fill_has_exact_token_counts_and_unique_session_prefixes() -> None:
     tok = load_tokenizer()
     fill = TokenFill.for_tokenizer(tok)

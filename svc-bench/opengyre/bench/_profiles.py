@@ -79,16 +79,22 @@ class LengthDist:
 
     @classmethod
     def fit(cls, values: Sequence[int]) -> LengthDist:
-        """Lognormal by maximum likelihood (the mean and sigma of the logs); constant when all values agree."""
+        """Lognormal with the values' arithmetic mean and coefficient of variation (method of moments); constant
+        when all values agree.
+
+        Moments, not maximum likelihood on the logs: the mean length is what a run's load follows (a turn's
+        prefill and the context every later turn carries), and recorded lengths are often not lognormal (cut at
+        a limit, clustered), where the likelihood fit keeps the geometric mean and misstates the arithmetic one
+        (by 3 % on the docs trace of the replay benchmark, 2 % on its first prompts).
+        """
         vals = [int(v) for v in values if v > 0]
         if not vals:
             raise ProfileError("no positive lengths to fit")
         if len(set(vals)) == 1:
             return cls("constant", float(vals[0]))
-        logs = [math.log(v) for v in vals]
-        mu = sum(logs) / len(logs)
-        sigma = math.sqrt(sum((x - mu) ** 2 for x in logs) / len(logs))
-        return cls("lognormal", math.exp(mu + sigma**2 / 2), sigma)
+        mean = sum(vals) / len(vals)
+        var = sum((v - mean) ** 2 for v in vals) / len(vals)
+        return cls("lognormal", mean, math.sqrt(math.log1p(var / mean**2)))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "mean": self.mean}
