@@ -1,16 +1,23 @@
 """The saturation sweep on the built-in CPU engine (chat vs a coding-agent profile scaled to it), and replay vs
-synthetic E2EL MAPE.
+synthetic E2EL MAPE beside its noise floor.
 
     .venv/bin/python svc-bench/bench/agentic_sweep.py sweep --out bench-results/sweep   # both profiles
-    .venv/bin/python svc-bench/bench/agentic_sweep.py mape --out bench-results/mape
+    .venv/bin/python svc-bench/bench/agentic_sweep.py mape --interleave sessions --concurrency 1 --repeats 6
+    .venv/bin/python svc-bench/bench/agentic_sweep.py mape --interleave runs --concurrency 2 --repeats 6
 
 The engine runs in its own process (tiny preset, one torch thread). Profiles are the paper's, scaled by the
 explicit factors printed with every result (the engine is a CPU toy: lengths x0.05, the coding agent's 85
-turns x0.1). ``mape``: a ShareGPT-format trace of real text (this repository's docs, paragraph by paragraph:
-user paragraphs and the next paragraph as the recorded reply, so replies have real recorded lengths) is
-replayed exactly (after one discarded warm-up replay), then sent again as (a) the same lengths with random-token content ("shadow") and (b)
-sessions synthesised from the profile fitted to the trace; each against the replay, E2EL MAPE over quantiles
-and per-turn means. Repeating the replay itself gives the run-to-run noise floor.
+turns x0.1).
+
+``mape``: a ShareGPT-format trace of real text (this repository's docs, paragraph by paragraph: a user paragraph
+and the next one as the recorded reply, ``--turns`` exchanges per session) in three forms — replay (its messages
+exactly), shadow (its lengths, random tokens) and synthetic (sessions drawn from the profile fitted to it, a fresh
+draw each repeat) — against one engine, after one discarded warm-up replay (a fresh engine's first run is
+slower). ``--interleave runs``: whole runs alternate R H S R H S ...; the MAPE is of pooled halves (even repeats
+of one form against odd repeats of the other), and the noise floor the replay's even repeats against its odd
+ones. ``--interleave sessions``: every form's sessions (the replay twice, R and R') shuffled into each run, so all
+forms meet the machine at the same moments; the floor is R against R'. Headline: E2EL MAPE per turn index
+(``opengyre.bench.e2el_mape``); beside it over quantiles, and the spread over single-run pairs.
 """
 
 from __future__ import annotations
