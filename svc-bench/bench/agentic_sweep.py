@@ -24,11 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from opengyre.bench import (
     LoadConfig,
@@ -51,9 +57,10 @@ from opengyre.bench import (
     write_json,
 )
 from opengyre.models import load_tokenizer
-from opengyre.proxy.engine import EngineConfig, EngineProcess
+from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 
 ROOT = Path(__file__).resolve().parents[2]
+MODEL = EngineConfig().model_name
 
 
 async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
@@ -89,6 +96,38 @@ async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
     plot_per_turn_ttft(out / "per-turn-ttft.png", per_turn)
 
 
+def _serve_engine(cfg: EngineConfig, conn: Connection) -> None:
+    async def main() -> None:
+        async with EngineServer(cfg) as srv:
+            conn.send(srv.url)
+            await asyncio.to_thread(conn.recv)  # serve until told to stop
+
+    asyncio.run(main())
+
+
+@asynccontextmanager
+async def _engine(prefix_cache: bool) -> AsyncIterator[str]:
+    """The CPU engine in a child process (tiny preset, one torch thread), its prefix cache on or off."""
+    cfg = EngineConfig(port=0, threads=1, prefix_cache_tokens=EngineConfig.prefix_cache_tokens if prefix_cache else 0)
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=_serve_engine, args=(cfg, child), daemon=True)
+    proc.start()
+    try:
+        yield await asyncio.to_thread(parent.recv)
+    finally:
+        parent.send(None)
+        await asyncio.to_thread(proc.join, 30)
+        if proc.is_alive():
+            proc.kill()
+
+
+async def _flush(url: str) -> None:
+    """Empty the server's prefix cache (SGLang's route, which the CPU engine answers): every run starts cold, so a
+    replay is not served from the cache an earlier replay of the same requests left behind."""
+    async with httpx.AsyncClient() as c:
+        (await c.post(f"{url}/flush_cache")).raise_for_status()
+
+
 def _docs_trace(max_sessions: int, turns: int, prompt_chars: int, reply_chars: int) -> list[dict[str, Any]]:
     """This repository's docs as a ShareGPT trace: paragraphs in order, a user paragraph then the next one as the
     recorded reply, ``turns`` exchanges per session, files cut into as many sessions as they hold."""
@@ -110,23 +149,23 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     form ``repeats`` times; every replay-vs-form pair gives a MAPE, and replay-vs-replay pairs the noise floor."""
     trace_doc = _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars)
     tok = load_tokenizer()
-    eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
-    model = eng.config.model_name
     forms = ("replay", "shadow", "synthetic")
     runs: dict[str, list[Any]] = {f: [] for f in forms}
     docs: dict[str, list[dict[str, Any]]] = {f: [] for f in forms}
 
-    def spec(form: str, seed: int) -> RunSpec:
-        return RunSpec(
-            eng.url, model, form=form, trace=trace_doc, trace_name="docs-trace", concurrency=concurrency, seed=seed
-        )
-
     if a.repeats < 2:
         raise SystemExit("mape needs --repeats 2 or more (the floor compares repeats with each other)")
-    try:
+    async with _engine(prefix_cache=True) as url:
+
+        def spec(form: str, seed: int) -> RunSpec:
+            return RunSpec(
+                url, MODEL, form=form, trace=trace_doc, trace_name="docs-trace", concurrency=concurrency, seed=seed
+            )
+
         await execute_run(spec("replay", 0), tok)  # warm-up, discarded: a fresh engine's first run is slower
         for rep in range(a.repeats):
             for form in forms:
+                await _flush(url)
                 # the synthetic form draws fresh sessions each repeat (seed): its MAPE includes the finite draw
                 r, d = await execute_run(spec(form, rep), tok)
                 if r.partial:
@@ -138,8 +177,6 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
                     f"{d['summary']['e2el_s']['mean'] * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
-    finally:
-        await eng.stop()
     check_comparable(docs["replay"][0], docs["synthetic"][0])
     check_comparable(docs["replay"][0], docs["shadow"][0])
     result = {name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn) for name, form in _ROWS}
@@ -149,24 +186,23 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
 async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     """Every form's sessions in one closed-loop run, in a shuffled order, the replay twice (R and R'): each form
     meets the machine at the same moments, so load that changes over seconds weighs on all alike. The floor is
-    R against R' (the same requests, sent side by side); the comparison R against the other form, and R' too."""
+    R against R' (the same requests, sent side by side); the comparison R against the other form, and R' too.
+    The engine's prefix cache is off: R' would otherwise be served R's prompts from it (and R R''s)."""
     trace_doc = _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars)
     tok = load_tokenizer()
-    eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
-    model = eng.config.model_name
     forms = ("replay", "replay2", "shadow", "synthetic")
     runs: dict[str, list[list[RequestResult]]] = {f: [] for f in forms}
-    cfg = LoadConfig(eng.url, model, concurrency=concurrency)
 
     def plans(rep: int) -> list[SessionPlan]:
         out: list[SessionPlan] = []
         for form in forms:
-            spec = RunSpec(eng.url, model, form=form.rstrip("2"), trace=trace_doc, trace_name="docs", seed=rep)
+            spec = RunSpec("-", MODEL, form=form.rstrip("2"), trace=trace_doc, trace_name="docs", seed=rep)
             out += [replace(p, session_id=f"{form}|{p.session_id}") for p in plan_run(spec, tok)[0]]
         random.Random(rep).shuffle(out)
         return out
 
-    try:
+    async with _engine(prefix_cache=False) as url:
+        cfg = LoadConfig(url, MODEL, concurrency=concurrency)
         await run_load(cfg, plans(0))  # warm-up, discarded: a fresh engine's first run is slower
         for rep in range(a.repeats):
             r = await run_load(cfg, plans(rep))
@@ -182,8 +218,6 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
                 + f"; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-    finally:
-        await eng.stop()
     result = {
         name: _compare_mixed(runs["replay"], runs["replay2"], runs[form] if form else None, a.min_per_turn)
         for name, form in _ROWS
