@@ -245,6 +245,10 @@ def _report(
         "mape": result,
         "load_after": os.getloadavg(),
     }
+    # what the server saw, per form and turn index (usage): where the forms' snowballs part, E2EL parts
+    isl = {f: _per_turn_mean(rs, "prompt_tokens") for f, rs in runs.items()}
+    doc["isl_per_turn"] = isl
+    doc["e2el_ms_per_turn"] = {f: {k: v * 1e3 for k, v in _per_turn_mean(rs, "e2el").items()} for f, rs in runs.items()}
     write_json(out / f"mape-{interleave}-c{concurrency}.json", doc)
     how = {
         "runs": "runs interleaved R H S R H S ...; MAPE of pooled halves (even repeats vs odd)",
@@ -260,7 +264,24 @@ def _report(
             f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%} (single runs {pt['mean']:.1%}, "
             f"{pt['min']:.1%}-{pt['max']:.1%}); over quantiles {h['quantile_mape']:.1%} (single runs {q['mean']:.1%})"
         )
+    for f in runs:
+        print(
+            f"{f:>10} per turn: ISL "
+            + " ".join(f"{v:.0f}" for v in isl[f].values())
+            + "; E2EL ms "
+            + " ".join(f"{v:.0f}" for v in doc["e2el_ms_per_turn"][f].values())
+        )
     print(f"load average after: {os.getloadavg()}")
+
+
+def _per_turn_mean(runs: list[list[RequestResult]], field: str) -> dict[int, float]:
+    by: dict[int, list[float]] = {}
+    for rs in runs:
+        for r in rs:
+            value = getattr(r, field)
+            if r.ok and value is not None:
+                by.setdefault(r.turn, []).append(float(value))
+    return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
 def _compare_mixed(

@@ -18,6 +18,7 @@ from opengyre.bench import (
     paper_profile,
     read_trace,
     replay_sessions,
+    shadow_sessions,
     synthesise_sessions,
 )
 from opengyre.models import load_tokenizer
@@ -187,3 +188,44 @@ def test_fit_from_our_own_recorded_calls() -> None:
     assert prof.observation.kind == "lognormal" and prof.turns.kind == "lognormal"
     with pytest.raises(ProfileError, match="replayed exactly"):
         replay_sessions(list(sessions.values()))
+
+
+def test_a_system_prompt_every_session_shares_is_the_traces_shared_prefix() -> None:
+    tok = load_tokenizer()
+    system = "You are a coding agent. Tools: bash, edit, view. " * 3
+    doc = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "system", "value": system},
+                {"from": "human", "value": f"fix bug {i} " * (3 + i)},
+                {"from": "gpt", "value": "done" * (1 + i)},
+            ],
+        }
+        for i in range(4)
+    ]
+    sessions = read_trace(doc, "sharegpt", tok)
+    n_sys = len(tok.encode(system, add_special_tokens=False))
+    assert all(s.shared_prefix == n_sys for s in sessions)
+    for i, s in enumerate(sessions):  # the first turn's own tokens: the user message alone
+        assert s.turns[0].new_tokens == len(tok.encode(f"fix bug {i} " * (3 + i), add_special_tokens=False))
+        assert s.turns[0].messages[0]["content"] == system  # the replay still sends it
+    prof = fit_profile("agent", sessions, "test")
+    assert prof.shared_prefix == n_sys
+    fill = TokenFill.for_tokenizer(tok)
+    for plans in (synthesise_sessions(prof, 3, fill), shadow_sessions(sessions, fill)):
+        heads = [p.turns[0].messages[0] for p in plans]
+        assert all(h == heads[0] and h["role"] == "system" for h in heads)  # one prefix, common to all
+        assert len(tok.encode(heads[0]["content"], add_special_tokens=False)) == n_sys
+        assert len({p.turns[0].messages[1]["content"][:4] for p in plans}) == len(plans)  # the rest is unique
+    # sessions that share nothing, or whose first request is only the shared message, keep no prefix
+    alone = [{**c, "conversations": c["conversations"][1:]} for c in doc]
+    assert all(s.shared_prefix == 0 for s in read_trace(alone, "sharegpt", tok))
+    same = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "x" * (i + 1)}],
+        }
+        for i in range(3)
+    ]
+    assert all(s.shared_prefix == 0 and s.turns[0].new_tokens == 11 for s in read_trace(same, "sharegpt", tok))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ._profiles import ProfileError, TraceSession, TraceTurn
@@ -112,7 +113,31 @@ def read_trace(doc: Any, fmt: str, tok: TokenCounter) -> list[TraceSession]:
     sessions = reader(doc, tok)
     if not sessions:
         raise ProfileError(f"the {fmt} trace holds no request with a reply")
-    return sessions
+    return _shared_prefix(sessions, tok)
+
+
+def _shared_prefix(sessions: list[TraceSession], tok: TokenCounter) -> list[TraceSession]:
+    """Leading messages every session starts with (an agent's system prompt, its tool list) are the trace's
+    shared prefix: counted once as ``shared_prefix`` and taken out of the first turn's new tokens, so the
+    synthetic form sends one common prefix too and a server's prefix cache sees the structure the replay has."""
+    if len(sessions) < 2:
+        return sessions
+    firsts = [s.turns[0].messages for s in sessions]
+    n = 0
+    # stop before a session's last first-turn message: its first request must still send something of its own
+    while all(len(m) > n + 1 and m[n] == firsts[0][n] for m in firsts):
+        n += 1
+    if n == 0:
+        return sessions
+    shared = sum(_count(tok, _text(m.get("content"))) for m in firsts[0][:n])
+    return [
+        replace(
+            s,
+            shared_prefix=shared,
+            turns=(replace(s.turns[0], new_tokens=max(1, s.turns[0].new_tokens - shared)), *s.turns[1:]),
+        )
+        for s in sessions
+    ]
 
 
 def calls_sessions(calls: Iterable[Any]) -> list[TraceSession]:

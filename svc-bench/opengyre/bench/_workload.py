@@ -105,13 +105,23 @@ def replay_sessions(sessions: Sequence[TraceSession]) -> list[SessionPlan]:
 
 def shadow_sessions(sessions: Sequence[TraceSession], fill: TokenFill, seed: int = 0) -> list[SessionPlan]:
     """The trace's sessions with every message replaced by random tokens of the same count (same lengths,
-    other content): with ``replay_sessions`` it isolates whether token content changes the server's timing."""
+    other content; a shared prefix stays one text common to all sessions): with ``replay_sessions`` it isolates
+    whether token content changes the server's timing."""
+    prefixes: dict[int, tuple[Mapping[str, Any], ...]] = {}
     out: list[SessionPlan] = []
     for i, s in enumerate(sessions):
         rng = random.Random(f"shadow-{seed}-{i}")
+        if s.shared_prefix and s.shared_prefix not in prefixes:
+            text = fill.text(s.shared_prefix, random.Random(f"shadow-{seed}-prefix"))
+            prefixes[s.shared_prefix] = ({"role": "system", "content": text},)
+        shared = prefixes.get(s.shared_prefix, ())
         turns = tuple(
             TurnPlan(
-                ({"role": "user", "content": fill.text(t.new_tokens, rng, tag=i if k == 0 else None)},), t.output_tokens
+                (
+                    *(shared if k == 0 else ()),
+                    {"role": "user", "content": fill.text(t.new_tokens, rng, tag=i if k == 0 else None)},
+                ),
+                t.output_tokens,
             )
             for k, t in enumerate(s.turns)
         )
