@@ -218,10 +218,22 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
                 + f"; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-    result = {
-        name: _compare_mixed(runs["replay"], runs["replay2"], runs[form] if form else None, a.min_per_turn)
-        for name, form in _ROWS
+    # each repeat in units of its own mean E2EL over every form: a repeat the machine ran 5x slower weighs as
+    # much as any other (forms share every repeat's moments, so the unit is the same for all of them)
+    unit = [
+        sum(x.e2el or 0.0 for f in forms for x in runs[f][i]) / sum(len(runs[f][i]) for f in forms)
+        for i in range(a.repeats)
+    ]
+    scaled = {
+        f: [[replace(x, e2el=(x.e2el or 0.0) / unit[i]) for x in rs] for i, rs in enumerate(runs[f])] for f in forms
     }
+    result: dict[str, Any] = {}
+    for name, other in _ROWS:
+        result[name] = _compare_mixed(
+            scaled["replay"], scaled["replay2"], scaled[other] if other else None, a.min_per_turn
+        )
+        raw = _compare_mixed(runs["replay"], runs["replay2"], runs[other] if other else None, a.min_per_turn)
+        result[name]["pooled_seconds"] = raw["pooled"]
     _report(out, a, concurrency, trace_doc, runs, result, "sessions")
 
 
@@ -252,7 +264,8 @@ def _report(
     write_json(out / f"mape-{interleave}-c{concurrency}.json", doc)
     how = {
         "runs": "runs interleaved R H S R H S ...; MAPE of pooled halves (even repeats vs odd)",
-        "sessions": "sessions of every form shuffled into each run; MAPE of the pooled repeats",
+        "sessions": "sessions of every form shuffled into each run; MAPE of the pooled repeats, each repeat in units "
+        "of its mean E2EL (in seconds: the second figure)",
     }[interleave]
     print(
         f"trace: {len(trace_doc)} sessions, {doc['requests_per_replay']} requests; C={concurrency}; "
@@ -260,8 +273,9 @@ def _report(
     )
     for name, m in result.items():
         h, pt, q = m["pooled"], m["runs"]["per_turn"], m["runs"]["quantile"]
+        sec = f" / {m['pooled_seconds']['per_turn_mape']:.1%}" if "pooled_seconds" in m else ""
         print(
-            f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%} (single runs {pt['mean']:.1%}, "
+            f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%}{sec} (single runs {pt['mean']:.1%}, "
             f"{pt['min']:.1%}-{pt['max']:.1%}); over quantiles {h['quantile_mape']:.1%} (single runs {q['mean']:.1%})"
         )
     for f in runs:
@@ -308,7 +322,7 @@ def _summary(pooled: list[dict[str, Any]], singles: list[dict[str, Any]]) -> dic
 
 
 # (row, form compared with the replay; None: the replay with itself, the noise floor)
-_ROWS = (
+_ROWS: tuple[tuple[str, str | None], ...] = (
     ("replay vs replay (noise floor)", None),
     ("shadow vs replay", "shadow"),
     ("synthetic vs replay", "synthetic"),
