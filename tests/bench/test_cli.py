@@ -188,6 +188,8 @@ def test_run_replay_and_synthetic_publish_and_compare(
     assert code == 2 and "cannot read run" in out, out
     code, out = og("bench", "run", "--url", url, "--model", model, "--trace", str(trace), "--form", "exact")
     assert code == 2 and "form must be one of replay, shadow, synthetic" in out, out
+    code, out = og("bench", "run", "--url", url, "--model", model, "--profile", "chat", "--form", "replay")
+    assert code == 2 and "a profile has only the synthetic form; replay needs a trace" in out, out
 
     async def published() -> list[BenchRunCompleted]:
         log = await EventLog.connect(nats_server.url)

@@ -149,13 +149,13 @@ def run(
         Path | None, typer.Option("--trace", help="A trace (ShareGPT or ATIF JSON): run it in --form instead")
     ] = None,
     form: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--form",
-            help="With --trace: replay (its messages exactly), shadow (its lengths, random tokens) or synthetic"
-            " (sessions drawn from the profile fitted to it)",
+            help="With --trace: replay (its messages exactly; the default), shadow (its lengths, random tokens) or"
+            " synthetic (sessions drawn from the profile fitted to it); a profile is synthetic",
         ),
-    ] = "replay",
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="Trace format for --trace: sharegpt | atif")] = "sharegpt",
     sessions: Annotated[
         int | None, typer.Option("--sessions", help="Sessions to synthesise (default 16, or the trace's count)")
@@ -186,7 +186,7 @@ def run(
     spec = RunSpec(
         url,
         model,
-        form=form if trace is not None else "synthetic",
+        form=form or ("replay" if trace is not None else "synthetic"),
         profile=None if trace is not None else _profile(profile, length_scale, turn_scale),
         trace=_load_json(trace, "trace") if trace is not None else None,
         trace_format=fmt,
