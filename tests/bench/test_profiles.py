@@ -229,3 +229,29 @@ def test_a_system_prompt_every_session_shares_is_the_traces_shared_prefix() -> N
         for i in range(3)
     ]
     assert all(s.shared_prefix == 0 and s.turns[0].new_tokens == 11 for s in read_trace(same, "sharegpt", tok))
+
+
+def test_fit_keeps_lengths_per_turn_index_where_the_trace_has_enough_of_them() -> None:
+    # observations grow turn by turn (an agent reading bigger files); 10 sessions reach turn 3, 3 reach turn 4
+    def session(i: int) -> TraceSession:
+        turns = [TraceTurn(50, 5), TraceTurn(100 + i, 10), TraceTurn(300 + i, 20)]
+        if i < 3:
+            turns.append(TraceTurn(900, 40))
+        return TraceSession(str(i), tuple(turns))
+
+    sessions = [session(i) for i in range(10)]
+    p = fit_profile("growing", sessions, "test")
+    assert [d.mean for d in p.observation_by_turn] == [pytest.approx(104.5), pytest.approx(304.5)]
+    assert [d.mean for d in p.output_by_turn] == [5, 10, 20]  # turn 4: 3 requests, under MIN_PER_TURN_FIT
+    assert p.observation_at(4) == p.observation and p.output_at(4) == p.output  # pooled beyond
+    assert Profile.from_dict(p.to_dict()) == p
+    assert p.scaled(0.5).observation_at(3).mean == pytest.approx(152.25)
+    tok = load_tokenizer()
+    plans = synthesise_sessions(p, 40, TokenFill.for_tokenizer(tok), seed=2)
+    for k, want in ((1, 104.5), (2, 304.5)):  # turn 2 and 3: the turn's own lengths, not the pooled ~250
+        reached = [pl for pl in plans if len(pl.turns) > k]
+        got = [len(tok.encode(pl.turns[k].messages[-1]["content"], add_special_tokens=False)) for pl in reached]
+        assert len(got) >= 20 and sum(got) / len(got) == pytest.approx(want, rel=0.1)
+        assert {pl.turns[k].max_tokens for pl in reached} == {10 * k}
+    with pytest.raises(ProfileError, match=r"observation_by_turn\[0\]"):
+        Profile.from_dict({**p.to_dict(), "observation_by_turn": [{"kind": "lognormal"}]})

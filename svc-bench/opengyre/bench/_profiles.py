@@ -131,6 +131,20 @@ class Profile:
     source: str = ""
     length_scale: float = 1.0  # applied to every token length: reported with each result
     turn_scale: float = 1.0
+    # Per turn index, where a trace had enough requests at it (``fit_profile``): observations of turns 2, 3, ...
+    # and replies of turns 1, 2, ...; later turns use ``observation`` / ``output`` (all turns pooled)
+    observation_by_turn: tuple[LengthDist, ...] = ()
+    output_by_turn: tuple[LengthDist, ...] = ()
+
+    def observation_at(self, turn: int) -> LengthDist:
+        """The observation length of 1-based ``turn`` (>= 2)."""
+        i = turn - 2
+        return self.observation_by_turn[i] if 0 <= i < len(self.observation_by_turn) else self.observation
+
+    def output_at(self, turn: int) -> LengthDist:
+        """The reply length of 1-based ``turn``."""
+        i = turn - 1
+        return self.output_by_turn[i] if 0 <= i < len(self.output_by_turn) else self.output
 
     def scaled(self, length: float = 1.0, turns: float = 1.0) -> Profile:
         """The profile shrunk for a small server by explicit factors (kept on the profile, reported)."""
@@ -142,6 +156,8 @@ class Profile:
             observation=self.observation.scaled(length),
             output=self.output.scaled(length),
             turns=self.turns.scaled(turns),
+            observation_by_turn=tuple(d.scaled(length) for d in self.observation_by_turn),
+            output_by_turn=tuple(d.scaled(length) for d in self.output_by_turn),
             shared_prefix=round(self.shared_prefix * length),
             length_scale=self.length_scale * length,
             turn_scale=self.turn_scale * turns,
@@ -166,6 +182,8 @@ class Profile:
             "shared_prefix": self.shared_prefix,
             "length_scale": self.length_scale,
             "turn_scale": self.turn_scale,
+            "observation_by_turn": [d.to_dict() for d in self.observation_by_turn],
+            "output_by_turn": [d.to_dict() for d in self.output_by_turn],
         }
 
     @classmethod
@@ -191,11 +209,19 @@ class Profile:
                 source=str(d.get("source", "")),
                 length_scale=float(d.get("length_scale", 1.0)),
                 turn_scale=float(d.get("turn_scale", 1.0)),
+                observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
+                output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
                 raise
             raise ProfileError(f"profile: {e}") from None
+
+
+def _dists(docs: Any, where: str) -> tuple[LengthDist, ...]:
+    if not isinstance(docs, list):
+        raise ProfileError(f"{where}: expected a list of lengths, got {type(docs).__name__}")
+    return tuple(LengthDist.from_dict(x, f"{where}[{i}]") for i, x in enumerate(docs))
 
 
 def _paper(name: str, isl: float, osl: float, turns: float, description: str) -> Profile:
@@ -270,13 +296,30 @@ class TraceSession:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+# a turn index gets its own lengths when the trace has at least this many requests at it (a mean and a
+# dispersion from fewer are mostly the sample's noise); later turns use the lengths pooled over every turn
+MIN_PER_TURN_FIT = 8
+
+
+def _per_turn(by_turn: list[list[int]]) -> tuple[LengthDist, ...]:
+    out: list[LengthDist] = []
+    for vals in by_turn:
+        if len(vals) < MIN_PER_TURN_FIT:
+            break
+        out.append(LengthDist.fit(vals))
+    return tuple(out)
+
+
 def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Profile:
-    """Fit lognormal lengths (first prompt, observation, output) and the turn count to recorded sessions."""
+    """Fit lengths (first prompt, observation, output; pooled, and per turn index where the trace has enough
+    requests at it) and the turn count to recorded sessions."""
     firsts: list[int] = []
     obs: list[int] = []
     outs: list[int] = []
     turns: list[int] = []
     prefixes: list[int] = []
+    obs_by: list[list[int]] = []  # index 0: turn 2
+    outs_by: list[list[int]] = []  # index 0: turn 1
     for s in sessions:
         if not s.turns:
             raise ProfileError(f"trace session {s.session_id!r} has no turns")
@@ -287,6 +330,13 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
                 raise ProfileError(f"trace session {s.session_id!r} turn {i + 1}: token counts must be positive")
             (firsts if i == 0 else obs).append(t.new_tokens)
             outs.append(t.output_tokens)
+            if i > 0:
+                while len(obs_by) < i:
+                    obs_by.append([])
+                obs_by[i - 1].append(t.new_tokens)
+            while len(outs_by) <= i:
+                outs_by.append([])
+            outs_by[i].append(t.output_tokens)
     if not turns:
         raise ProfileError("the trace has no sessions")
     return Profile(
@@ -298,4 +348,6 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
         shared_prefix=min(prefixes),
         description=f"fitted to {len(turns)} sessions, {len(outs)} requests",
         source=source,
+        observation_by_turn=_per_turn(obs_by),
+        output_by_turn=_per_turn(outs_by),
     )

@@ -87,8 +87,8 @@ def synthesise_sessions(profile: Profile, n: int, fill: TokenFill, seed: int = 0
                 msg = {"role": "user", "content": fill.text(profile.first_prompt.sample(rng), rng, tag=i)}
                 msgs = (*shared, msg)
             else:
-                msgs = ({"role": "user", "content": fill.text(profile.observation.sample(rng), rng)},)
-            turns.append(TurnPlan(msgs, profile.output.sample(rng)))
+                msgs = ({"role": "user", "content": fill.text(profile.observation_at(k + 1).sample(rng), rng)},)
+            turns.append(TurnPlan(msgs, profile.output_at(k + 1).sample(rng)))
         out.append(SessionPlan(f"s{seed}-{i}", tuple(turns)))
     return out
 
