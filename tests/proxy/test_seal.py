@@ -1,21 +1,25 @@
 """Sealing an execution (ProxyService.SealExecution, what a rollout driver does before scoring): later calls are
 refused in each dialect's shape, a call still generating when the seal lands is refused when it would be recorded,
 the seal waits until the log holds the execution's held calls and returns their number, and the seal survives a
-SIGKILL of the proxy (it is in the outbox file, fsync'd)."""
+SIGKILL of the proxy (it is in the outbox file, fsync'd). Once the log holds an execution's sealed finish the outbox
+forgets its seal, and the proxy's store keeps refusing its calls."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import ExecutionDispatched, ModelCallRecorded
-from opengyre.proxy import Gateway, GatewayConfig
+from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
+from opengyre.projection import ProjectionRunner
+from opengyre.proxy import Gateway, GatewayConfig, SealedFinishes, TrajectoryProjection
 from opengyre.proxy.engine import EngineServer
 
 from .._polling import await_until
@@ -141,5 +145,72 @@ async def test_a_seal_survives_a_sigkill_of_the_proxy(tmp_path: Path, engine_a: 
     finally:
         if proxy.proc is not None and proxy.proc.poll() is None:
             proxy.sigkill()
+        await log.close()
+        nats.server.stop()
+
+
+def _outbox_executions(path: Path) -> list[tuple[str, int]]:
+    with sqlite3.connect(path) as db:
+        return sorted(db.execute("SELECT execution_id, sealed FROM outbox_executions"))
+
+
+async def test_the_outbox_forgets_the_seals_the_log_holds_and_the_store_still_refuses_their_calls(
+    tmp_path: Path, engine_a: EngineServer, engine: Engine
+) -> None:
+    nats = Nats(tmp_path / "nats")
+    log = await EventLog.connect(nats.url, LogConfig(stream="PRUNE", prefix="prune.ev", blob_bucket="PRUNEB"))
+    outbox = tmp_path / "outbox.sqlite3"
+    cfg = GatewayConfig(require_key=False, outbox_path=str(outbox), stop_drain_timeout_s=5)
+    sealed = SealedFinishes(engine)
+    runner = ProjectionRunner(TrajectoryProjection(), log, engine)
+    stop = asyncio.Event()
+    folding = asyncio.create_task(runner.run(stop))
+    try:
+        gw = Gateway(cfg, event_log=log, sealed=sealed)
+        await gw.pool.add("e0", engine_a.url)
+        await gw.start()
+        try:
+            for eid in ("done-0", "done-1", "scoring", "running"):
+                await _chat_turns(gw.base_url(eid), 2)
+            counts = {eid: await gw.seal_execution(eid) for eid in ("done-0", "done-1", "scoring")}
+            assert counts == {"done-0": 2, "done-1": 2, "scoring": 2}
+            # Scored: the finishes with the count are in the log ("scoring" is not yet, "running" goes on).
+            await log.append_many(
+                [
+                    ExecutionFinished(execution_id=e, status="completed", score=1.0, recorded_calls=2)
+                    for e in ("done-0", "done-1")
+                ]
+            )
+            await runner.wait_caught_up(60)
+            assert len(_outbox_executions(outbox)) == 4
+            assert await gw.recorder.prune_sealed() == 2
+            assert _outbox_executions(outbox) == [("running", 0), ("scoring", 1)]
+            assert await gw.recorder.prune_sealed() == 0  # nothing more the log holds
+
+            with pytest.raises(openai.PermissionDeniedError):  # the store answers for the forgotten seal
+                await _chat_turns(gw.base_url("done-0"), 1)
+            assert await gw.seal_execution("done-0") == 2  # idempotent still, with the count the log holds
+            with pytest.raises(openai.PermissionDeniedError):
+                await _chat_turns(gw.base_url("scoring"), 1)
+        finally:
+            await gw.stop()
+
+        gw = Gateway(cfg, event_log=log, sealed=sealed)  # a restart: the file holds two executions, not four
+        await gw.pool.add("e0", engine_a.url)
+        await gw.start()
+        try:
+            for eid in ("done-1", "scoring"):
+                with pytest.raises(openai.PermissionDeniedError):
+                    await _chat_turns(gw.base_url(eid), 1)
+            assert len(await _chat_turns(gw.base_url("running"), 1)) == 1
+            assert _outbox_executions(outbox) == [("running", 0), ("scoring", 1)]
+            await gw.recorder.flush()
+            calls = [e.execution_id async for _, e in log.events(ModelCallRecorded)]
+            assert sorted(calls) == sorted(["done-0"] * 2 + ["done-1"] * 2 + ["scoring"] * 2 + ["running"] * 3)
+        finally:
+            await gw.stop()
+    finally:
+        stop.set()
+        await folding
         await log.close()
         nats.server.stop()

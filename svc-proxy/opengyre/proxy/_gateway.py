@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -57,6 +57,9 @@ from ._sse import DONE, sse
 from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
+
+if TYPE_CHECKING:
+    from ._store import SealedFinishes
 
 __all__ = ["Gateway", "GatewayConfig"]
 
@@ -120,8 +123,11 @@ class Gateway:
         event_log: EventLog | None = None,
         pool: EnginePool | None = None,
         restore: Callable[[str], Awaitable[ExecutionTrajectory | None]] | None = None,
+        sealed: SealedFinishes | None = None,
     ) -> None:
-        """``restore(execution_id)`` rebuilds an execution's TITO state not held in memory (from the store)."""
+        """``restore(execution_id)`` rebuilds an execution's TITO state not held in memory (from the store);
+        ``sealed``: the executions whose sealed finish the log holds (the store), what lets the outbox forget
+        their seals (``Recorder.prune_sealed``)."""
         self.config = c = config or GatewayConfig()
         self.restore = restore
         self._restoring: dict[str, asyncio.Future[ExecutionTrajectory | None]] = {}
@@ -147,6 +153,7 @@ class Gateway:
             max_events=c.outbox_max_events,
             max_bytes=c.outbox_max_bytes,
             retry_after_s=c.outbox_retry_after_s,
+            sealed=sealed,
         )
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
