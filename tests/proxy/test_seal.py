@@ -112,6 +112,55 @@ async def test_a_seal_refuses_later_calls_and_returns_once_the_held_calls_are_in
         nats.server.stop()
 
 
+async def test_a_call_sealed_while_it_streams_ends_with_the_refusal_a_later_call_gets_in_each_dialect(
+    tmp_path: Path, engine_a: EngineServer
+) -> None:
+    """Not a server error: the 403-style permission error (``execution_sealed``) of the unstreamed path, in each
+    dialect's in-stream error shape (docs/proxy.md; PROTOCOLS: OpenAI ``data: {"error": ...}``, Anthropic
+    ``event: error``, Responses ``event: error`` with a code)."""
+    nats = Nats(tmp_path / "nats")
+    log = await EventLog.connect(nats.url, LogConfig(stream="SEALS", prefix="seals.ev", blob_bucket="SEALSB"))
+    gw = Gateway(GatewayConfig(require_key=False, outbox_path=str(tmp_path / "outbox.sqlite3")), event_log=log)
+    await gw.pool.add("e0", engine_a.url)
+    await gw.start()
+    try:
+        chat = openai.AsyncOpenAI(base_url=gw.base_url("chat"), api_key="any", max_retries=0)
+        s = await chat.chat.completions.create(
+            model=M, messages=[{"role": "user", "content": "x"}], max_tokens=8, stream=True
+        )
+        with pytest.raises(openai.APIError) as oa:
+            async for _ in s:
+                await gw.recorder.seal("chat")
+        assert (oa.value.type, oa.value.code) == ("permission_error", "execution_sealed")
+        assert "sealed" in oa.value.message
+
+        claude = anthropic.AsyncAnthropic(base_url=f"{gw.url}/x/claude", api_key="any", max_retries=0)
+        ms = await claude.messages.create(
+            model=M, max_tokens=8, messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        with pytest.raises(anthropic.APIStatusError) as an:
+            async for _ in ms:
+                await gw.recorder.seal("claude")
+        assert isinstance(an.value.body, dict) and an.value.body["error"]["type"] == "permission_error"
+        assert "sealed" in an.value.body["error"]["message"]
+
+        responses = openai.AsyncOpenAI(base_url=gw.base_url("resp"), api_key="any", max_retries=0)
+        rs = await responses.responses.create(model=M, input="x", max_output_tokens=8, stream=True)
+        events = []
+        async for ev in rs:
+            events.append(ev)
+            await gw.recorder.seal("resp")
+        last = events[-1]
+        assert last.type == "error" and last.code == "execution_sealed" and "sealed" in last.message
+        assert not any(e.type == "response.completed" for e in events)
+        for eid in ("chat", "claude", "resp"):
+            assert await gw.seal_execution(eid) == 0  # refused, so nothing recorded
+    finally:
+        await gw.stop()
+        await log.close()
+        nats.server.stop()
+
+
 @pytest.mark.slow
 async def test_a_seal_survives_a_sigkill_of_the_proxy(tmp_path: Path, engine_a: EngineServer) -> None:
     nats = Nats(tmp_path / "nats")

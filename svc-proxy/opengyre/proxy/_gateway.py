@@ -815,13 +815,21 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect
     mistakes a failed generation for a complete answer (and nothing is recorded for it). A call whose event
     could not be made durable ends the same way, before its final frames.
     """
+    failed: ApiError | None = None
     try:
         async for chunk in stream:
             yield chunk
     except RecordFailed as exc:
-        err = _record_error(exc)
-        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
-    if outcome.kind == "abort" and outcome.finish is not None:
+        # Refused at recording (a seal landed while it generated: 403 ``execution_sealed``) or not durable (500):
+        # the error the same call gets unstreamed.
+        failed = _record_error(exc)
+        outcome.finish = {"type": "abort", "message": failed.message, "status_code": failed.status}
+    if failed is None and outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
-        # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.
-        yield dialect.stream_error(msg, outcome.finish.get("status_code") in (None, 503, 529))
+        # No engine could finish (503/529) is an overload; anything else (a bad engine reply) is not.
+        if outcome.finish.get("status_code") in (None, 503, 529):
+            failed = ApiError(dialect.overloaded_status, "overloaded", msg, code="engine_unavailable")
+        else:
+            failed = ApiError(502, "api_error", msg, code="engine_error")
+    if failed is not None:
+        yield dialect.stream_error(failed)
