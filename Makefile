@@ -47,7 +47,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy libs svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
 
-# Every benchmark, each printing its figures (about 32 minutes on 2 cores; docs/benchmarks.md has the results).
+# Every benchmark, each printing its figures (about 36 minutes on 2 cores; docs/benchmarks.md has the results).
 # The soak runs 5 minutes here; its 30-minute run is `bench/soak.py` with no options.
 bench: $(STAMP)
 	$(PY) bench/eventlog_bench.py
@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) svc-trainer/bench/sampling_bench.py
 	$(PY) svc-trainer/bench/backend_bench.py --iters 20
 	$(PY) svc-trainer/bench/learning_curve.py --rl-steps 100
+	$(PY) bench/cell_idle.py
 
 clean:
 	rm -rf $(VENV) .opengyre build

@@ -4,9 +4,10 @@ tests run on one worker, one after the other, and each module of ``WHOLE_MODULES
 module fixture (one worker builds it once, instead of each worker that gets one of its tests).
 
 Every test has its own nats-server, stream, data dir and database, so tests may run at once, with one exception:
-a stack that `opengyre up` starts takes the default gRPC ports (50051...) when it finds them free, and two stacks
-starting at the same moment can both find them free; the loser's service cannot bind, and the supervisor's port
-check then sees the winner's service on that port. A new module that starts stacks belongs in ``STACK_MODULES``.
+stacks that `opengyre up` starts. They used to race for the default gRPC ports (50051...); services now bind their
+ports themselves and report them (tests/libs/runtime/test_supervisor_ports.py), but the grouping stays until the
+suite has run without it (two stack modules at once also load both cores). A new module that starts stacks belongs
+in ``STACK_MODULES``.
 
 (xdist's own ``--dist loadgroup`` would do this with an ``xdist_group`` mark, but xdist 3.8 names a grouped test by
 assigning ``item._nodeid``, which pytest 9 no longer reads: the mark is silently ignored. Hence the scheduler here.)

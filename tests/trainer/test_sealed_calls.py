@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import ExecutionDispatched, ExecutionFinished, default_registry
+from opengyre.events import ExecutionDispatched, ExecutionFinished, TrainingStepCompleted, default_registry
 from opengyre.projection import ProjectionRunner
 from opengyre.runtime import EmbeddedNats
+from opengyre.store import DeadLetter
 from opengyre.trainer import OnlineTrainer, TrainerProjection, TrainerStore
 from opengyre.v1 import common_pb2, trainer_pb2
 
@@ -84,6 +85,45 @@ async def test_a_call_past_the_count_is_refused_and_a_finish_without_one_keeps_t
         await runner.wait_caught_up(60)
         row = store.execution("c-e1")
         assert row is not None and (row["n_calls"], row["recorded_calls"]) == (5, None)
+
+
+async def test_a_sealed_execution_takes_its_counted_calls_after_a_step_consumed_it_and_only_the_unsealed_refuse(
+    event_log: EventLog, engine: Engine
+) -> None:
+    """The old rule (a call is applied until a step consumed its execution) is only for finishes without a count: a
+    sealed execution's calls are the proxy's count, whatever a step did meanwhile (a step that dropped the execution
+    while a call was still in the outbox: answered == applied), and one past the count is refused as past the seal."""
+    sealed, unsealed = calls("k-e0", 6), calls("k-e1", 7)
+    past = msgspec.structs.replace(sealed[-1], call_id="c9", event_id="past-the-seal")
+    await event_log.append_many(
+        [
+            *_dispatch("k", 2),
+            *sealed[:-1],
+            *unsealed[:-1],
+            ExecutionFinished(execution_id="k-e0", status="completed", score=1.0, recorded_calls=len(sealed)),
+            ExecutionFinished(execution_id="k-e1", status="completed", score=0.0),
+            TrainingStepCompleted(
+                step=1,
+                weight_version="v1",
+                loss=0.0,
+                n_samples=0,
+                n_tokens=0,
+                dropped={"k-e0": "excluded:test", "k-e1": "excluded:test"},
+            ),
+            sealed[-1],  # counted by the seal: the execution's, although a step consumed it
+            unsealed[-1],  # no count: after the step, refused as before
+            past,
+        ]
+    )
+    async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)):
+        with engine.connect() as c:
+            dead = [
+                (s.rsplit(".", 1)[-1], r)
+                for s, r in c.execute(select(DeadLetter.subject, DeadLetter.reason).order_by(DeadLetter.stream_seq))
+            ]
+        assert dead == [("k-e1", "call-after-consumed"), ("k-e0", "call-after-seal")]
+        row = TrainerStore(engine).execution("k-e0")
+        assert row is not None and (row["n_calls"], row["recorded_calls"], row["consumed_step"]) == (5, 5, 1)
 
 
 def test_a_finish_written_before_the_count_existed_still_decodes() -> None:

@@ -361,6 +361,8 @@ def status(data_dir: DataDirOpt = None) -> None:
 def service_run(
     name: Annotated[str, typer.Argument(help="Service to run")],
     port: Annotated[int | None, typer.Option(help="gRPC port [default: the service's own]")] = None,
+    port_fallback: Annotated[bool, typer.Option(help="serve on a free port if --port is taken")] = False,
+    port_file: Annotated[Path | None, typer.Option(help="write the bound gRPC port here once serving")] = None,
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
     db_url: DbUrlOpt = None,
@@ -379,7 +381,15 @@ def service_run(
     async def main() -> None:
         stop = asyncio.Event()
         _install_stop_signals(stop)
-        await run_service(service, settings, stop, port=port, supervisor_pid=int(supervisor) if supervisor else None)
+        await run_service(
+            service,
+            settings,
+            stop,
+            port=port,
+            port_fallback=port_fallback,
+            port_file=port_file,
+            supervisor_pid=int(supervisor) if supervisor else None,
+        )
 
     try:
         asyncio.run(main())

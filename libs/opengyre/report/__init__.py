@@ -13,6 +13,7 @@ from ._fold import FOLDED_TYPES, RunFold, fold_events
 from ._live import LiveDashboard, live_dashboard
 from ._model import (
     CellSpan,
+    CellUse,
     CellView,
     ExecutionTally,
     HardeningView,
@@ -36,6 +37,7 @@ __all__ = [
     "FOLDED_TYPES",
     "PLOTS",
     "CellSpan",
+    "CellUse",
     "CellView",
     "ExecutionTally",
     "HardeningView",

@@ -33,6 +33,7 @@ from ..events import (
 )
 from ._model import (
     CellSpan,
+    CellUse,
     CellView,
     ExecutionTally,
     HardeningView,
@@ -327,7 +328,73 @@ class RunFold:
             published=list(self.published),
             notes=self._notes(),
             anomalies=dict(sorted(self.anomalies.items())),
+            cell_use=self._cell_use(),
         )
+
+    def _cell_use(self) -> CellUse | None:
+        """``CellUse`` over [first dispatch, last training step]: one sweep over the moments anything changes
+        (roles, executions in flight, steps running)."""
+        if not self.execs or not self.steps or not self.cells:
+            return None
+        lo = min(self._rel(x.dispatched_at) for x in self.execs.values())
+        hi = max(self._rel(s.at) for s in self.steps)
+        if hi <= lo:
+            return None
+        # (at, kind, cell, change, role); kind 0: the cell's role from here on, 1: in flight, 2: steps running.
+        changes: list[tuple[float, int, str, int, CellRole | None]] = []
+        for span in self._all_spans():
+            changes.append((span.start_s, 0, span.cell_id, 0, span.role))
+        for x in self.execs.values():
+            changes.append((self._rel(x.dispatched_at), 1, "", 1, None))
+            if x.finished_at is not None:
+                changes.append((self._rel(x.finished_at), 1, "", -1, None))
+        for st in self.steps:
+            ends = [self.execs[x].finished_at for x in (*st.trained, *st.dropped) if x in self.execs]
+            known = [t for t in ends if t is not None]
+            if known and len(known) == len(ends) and max(known) < st.at:
+                changes.append((self._rel(max(known)), 2, "", 1, None))
+                changes.append((self._rel(st.at), 2, "", -1, None))
+        changes.sort(key=lambda c: (c[0], c[1]))
+        role: dict[str, CellRole | None] = dict.fromkeys(self.cells)
+        acc = [0.0] * 6  # rollout busy, rollout idle, training busy, training idle, switching, unassigned
+        inflight = running = 0
+        prev = lo
+
+        def add(upto: float) -> None:
+            dt = min(upto, hi) - max(prev, lo)
+            if dt <= 0:
+                return
+            serving = slots = training = 0
+            for cid, r in role.items():
+                if r in _SERVING:
+                    serving += 1
+                    slots += max(self.cells[cid].capacity, 1)
+                elif r in _TRAINING:
+                    training += 1
+                elif r in _SWITCHING:
+                    acc[4] += dt
+                else:
+                    acc[5] += dt
+            if serving:  # executions fill the serving cells' slots (the share of them held is busy)
+                used = serving * min(inflight, slots) / slots
+                acc[0] += used * dt
+                acc[1] += (serving - used) * dt
+            busy = min(training, 1) if running > 0 else 0
+            acc[2] += busy * dt
+            acc[3] += (training - busy) * dt
+
+        for at, kind, cid, change, to_role in changes:
+            add(at)
+            prev = max(prev, at)
+            if kind == 0:
+                role[cid] = to_role
+            elif kind == 1:
+                inflight += change
+            else:
+                running += change
+        add(hi)
+        total = len(self.cells) * (hi - lo)
+        return CellUse(hi - lo, len(self.cells), *(a / total for a in acc))
 
     def _tally(self) -> ExecutionTally:
         scores = [x.score for x in self.execs.values() if x.score is not None]

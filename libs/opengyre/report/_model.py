@@ -12,6 +12,7 @@ from ..events import CellRole
 
 __all__ = [
     "CellSpan",
+    "CellUse",
     "CellView",
     "ExecutionTally",
     "HardeningView",
@@ -137,6 +138,41 @@ class TimeSplit:
     cell_seconds: dict[str, float]
 
 
+@dataclass(frozen=True, slots=True)
+class CellUse:
+    """How the cells' time was spent over the RL loop's window (first dispatch to last training step),
+    as shares of cells x window; the shares sum to 1. What the log can say, per cell and instant:
+
+    - cells in ``rollout``: their slots are filled by the executions in flight (dispatched, not finished); the
+      share of slots held is busy, the rest idle (``rollout_idle``: slot-idle, the simulator's definition);
+    - cells in a training role: while a training step runs, one of them is busy (the trainer is one process;
+      the log has no micro-step events to show several at once), the others idle (``training_idle``); between
+      steps all are idle. A step runs from the last finish of the
+      executions it consumed to its ``training-step-completed`` (it trains as soon as its groups are complete;
+      the log has no start event);
+    - ``draining`` / ``switching``: ``switching``, neither busy nor idle;
+    - ``idle`` (no role): ``unassigned``, counted as idle.
+    """
+
+    window_s: float
+    cells: int
+    rollout_busy: float
+    rollout_idle: float
+    training_busy: float
+    training_idle: float
+    switching: float
+    unassigned: float
+
+    @property
+    def idle(self) -> float:
+        """The cell-idle fraction: rollout slots idle, training cells idle, cells without a role."""
+        return self.rollout_idle + self.training_idle + self.unassigned
+
+    @property
+    def busy(self) -> float:
+        return self.rollout_busy + self.training_busy
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """A run as its event log tells it. ``notes`` say what the log could not show (and so is absent here);
@@ -166,6 +202,7 @@ class RunSummary:
     published: list[tuple[int, str, float]]  # (step, weight version, at_s)
     notes: list[str] = field(default_factory=list)
     anomalies: dict[str, int] = field(default_factory=dict)
+    cell_use: CellUse | None = None  # None: no dispatch to a cell, or no training step, in the log
 
     @property
     def empty(self) -> bool:

@@ -110,6 +110,14 @@ def _time(s: RunSummary) -> Table:
         t.add_row(name, _secs(v), "—" if v is None or span <= 0 else f"{100 * v / span:.0f}%")
     if s.time.cell_seconds:
         t.add_row("cell-seconds", ", ".join(f"{k} {v:.1f}" for k, v in s.time.cell_seconds.items()), "")
+    u = s.cell_use
+    if u is not None:  # over the loop's window (first dispatch to last step), shares of cells x window
+        t.add_row(
+            "cell-idle",
+            f"{100 * u.idle:.0f}% of {u.cells} cells x {u.window_s:.1f} s (rollout slots {100 * u.rollout_idle:.0f}%, "
+            f"training {100 * u.training_idle:.0f}%); busy {100 * u.busy:.0f}%, switching {100 * u.switching:.0f}%",
+            "",
+        )
     return t
 
 

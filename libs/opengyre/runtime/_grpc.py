@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,16 +14,29 @@ from grpc_reflection.v1alpha import reflection
 __all__ = ["GrpcServer", "abort_invalid", "abort_status"]
 
 
-class GrpcServer:
-    """Build inside the running loop: grpc aio objects bound to another loop fail."""
+log = logging.getLogger(__name__)
 
-    def __init__(self, host: str, port: int) -> None:
-        self.server = grpc.aio.server()
+# gRPC turns SO_REUSEPORT on by default: a second server on a taken port then binds "successfully" and the kernel
+# splits connections between the two. Off, a taken port is a bind error, which is what lets a process that asked
+# for a default port fall back to a free one atomically (``fallback``) instead of trusting an earlier check.
+_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+class GrpcServer:
+    """Build inside the running loop: grpc aio objects bound to another loop fail. The port is bound here;
+    ``fallback``: if ``port`` is taken, bind a free one (``self.port`` says which)."""
+
+    def __init__(self, host: str, port: int, *, fallback: bool = False) -> None:
+        self.server = grpc.aio.server(options=_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
+        bound = _bind(self.server, host, port)
+        if bound == 0 and fallback and port != 0:
+            log.warning("port %d is taken: serving gRPC on a free port instead", port)
+            bound = _bind(self.server, host, 0)
+        if bound == 0:
             raise OSError(f"cannot bind gRPC to {host}:{port} (in use?)")
+        self.port = bound
         self._names: list[str] = [health.SERVICE_NAME]
         self.serving = False
 
@@ -57,6 +71,14 @@ class GrpcServer:
     async def stop(self, grace: float = 2.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """The bound port, 0 when the address is taken (grpc raises or returns 0 depending on the version)."""
+    try:
+        return int(server.add_insecure_port(f"{host}:{port}"))
+    except RuntimeError:
+        return 0
 
 
 async def abort_status(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str) -> None:

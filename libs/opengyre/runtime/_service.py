@@ -9,7 +9,8 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import ClassVar
 
 import grpc
@@ -24,6 +25,7 @@ from ._grpc import GrpcServer
 
 __all__ = [
     "SERVICE_CLASSES",
+    "SERVICE_NEEDS",
     "Service",
     "ServiceContext",
     "all_projections",
@@ -44,6 +46,9 @@ SERVICE_CLASSES: dict[str, str] = {
     "trainer": "opengyre.trainer.service:TrainerService",
     "bench": "opengyre.bench.service:BenchService",
 }
+# Services whose start needs another's gRPC address (the scheduler drains cells through the proxy): `opengyre up`
+# starts them once those have bound and reported their ports.
+SERVICE_NEEDS: dict[str, tuple[str, ...]] = {"scheduler": ("proxy",)}
 
 
 @dataclass
@@ -160,11 +165,15 @@ async def run_service(
     stop: asyncio.Event,
     *,
     port: int | None = None,
+    port_fallback: bool = False,
+    port_file: Path | None = None,
     ready: asyncio.Future[int] | None = None,
     supervisor_pid: int | None = None,
 ) -> None:
-    """Run until ``stop`` is set. ``ready`` receives the bound gRPC port once serving. ``supervisor_pid``: stop
-    when that process (our parent) is gone."""
+    """Run until ``stop`` is set. The gRPC port is ``port`` (else the settings'); ``port_fallback``: a free one if
+    that is taken. Once serving, the bound port goes to ``ready`` and to ``port_file`` (how a supervisor learns
+    it: a check that a port is free, made before the bind, races with every other process). ``supervisor_pid``:
+    stop when that process (our parent) is gone."""
     url = settings.resolved_nats_url()
     if not url:
         raise RuntimeError("no NATS URL: pass --nats-url or start the stack with `opengyre up`")
@@ -178,6 +187,10 @@ async def run_service(
     server: GrpcServer | None = None
     try:
         await asyncio.to_thread(migrate, engine)
+        # Bound first: the service's own start may need its address (the scheduler hands it to the cells it starts).
+        want = settings.ports[service.name] if port is None else port
+        server = GrpcServer(settings.host, want, fallback=port_fallback)
+        settings = replace(settings, ports={**settings.ports, service.name: server.port})
         ctx = ServiceContext(settings=settings, log=event_log, engine=engine)
         for projection in service.projections():
             runner = ProjectionRunner(projection, event_log, engine)
@@ -186,9 +199,10 @@ async def run_service(
             ctx.runners[projection.name] = runner
             tasks.append(asyncio.create_task(runner.run(stop), name=f"projection-{projection.name}"))
         await service.start(ctx)
-        server = GrpcServer(settings.host, settings.ports[service.name] if port is None else port)
         server.register(service.add_to_server(server.server, ctx))
         await server.start()
+        if port_file is not None:
+            await asyncio.to_thread(_write_atomic, port_file, f"{server.port}\n")
         watchers.append(asyncio.create_task(_watch_log(event_log, server, stop), name="watch-log"))
         log.info("%s serving gRPC on %s:%d", service.name, settings.host, server.port)
         if ready is not None and not ready.done():
@@ -218,3 +232,10 @@ async def run_service(
         await asyncio.gather(*tasks, return_exceptions=True)
         await event_log.close()
         engine.dispose()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # a reader never sees half a port

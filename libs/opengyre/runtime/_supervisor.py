@@ -30,9 +30,9 @@ from ..eventlog import EventLog, LogHealth, server_health
 from ..store import create_db_engine, migrate
 from ._lock import DataDirLock
 from ._nats import EmbeddedNats, is_nats_server_of
-from ._ports import free_port, port_is_free, wait_for_port
+from ._ports import port_is_free
 from ._procs import cmdline, spawn, stop_group
-from ._service import SERVICE_CLASSES
+from ._service import SERVICE_CLASSES, SERVICE_NEEDS
 
 __all__ = [
     "Leftover",
@@ -140,10 +140,11 @@ def reap_leftovers(settings: Settings) -> list[Leftover]:
 @dataclass
 class _Child:
     name: str
-    port: int
+    port: int  # the one wanted until ``bound``, then the one the service reported
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    bound: bool = False
 
 
 @dataclass
@@ -195,7 +196,7 @@ class Stack:
     async def _start(self) -> None:
         s = self.settings
         self.reaped = await asyncio.to_thread(reap_leftovers, s)
-        ports = self._pick_ports()
+        ports = self._wanted_ports(self.services)
         s.record()
         if s.nats_url:
             self.nats_url = s.nats_url
@@ -215,14 +216,7 @@ class Stack:
             engine = create_db_engine(url)
             self.engines[url] = engine
             await asyncio.to_thread(migrate, engine)
-        for name in self.services:
-            self.children[name] = _Child(name, ports[name])
-        for child in self.children.values():
-            self._spawn(child)
-        for child in self.children.values():
-            ok = await asyncio.to_thread(wait_for_port, child.port, s.host, 60.0)
-            if not ok:
-                raise RuntimeError(f"service {child.name} did not start; see {self._log_path(child.name)}")
+        await self._start_children(ports)
         self._write_stack_file()
 
     async def add_service(self, name: str) -> None:
@@ -233,37 +227,72 @@ class Stack:
         if name not in SERVICE_CLASSES:
             raise ValueError(f"no service {name!r} (known: {', '.join(SERVICE_CLASSES)})")
         s = self.settings
-        want = s.ports.get(name, 0)
-        port = want if want and port_is_free(want, s.host) else free_port(s.host)
+        ports = self._wanted_ports([name])
         url = s.store_url(name)
         if url not in self.engines:
             engine = self.engines[url] = create_db_engine(url)
             await asyncio.to_thread(migrate, engine)
         self.services.append(name)
-        child = self.children[name] = _Child(name, port)
-        self._spawn(child)
-        if not await asyncio.to_thread(wait_for_port, child.port, s.host, 60.0):
-            raise RuntimeError(f"service {name} did not start; see {self._log_path(name)}")
+        await self._start_children(ports)
         self._write_stack_file()
 
-    def _pick_ports(self) -> dict[str, int]:
-        """Each service's gRPC port: the configured one; a free one if the default is taken; an error if a port
-        the user asked for is taken."""
+    def _wanted_ports(self, names: list[str]) -> dict[str, int]:
+        """Each service's gRPC port to bind: the configured one (0: any). Which one it gets is what it reports
+        (``_start_children``): a default that is taken then is a free one, a port the user asked for an error —
+        raised here already when it is taken now, in the user's words."""
         s = self.settings
         ports: dict[str, int] = {}
-        for name in self.services:
+        for name in names:
             want = s.ports.get(name, 0)
-            if name in s.explicit_ports:
-                if not port_is_free(want, s.host):
-                    raise PortTaken(f"port {want} of svc-{name} (OPENGYRE_{name.upper()}_PORT) is in use on {s.host}")
-                ports[name] = want
-            else:
-                ports[name] = want if want and port_is_free(want, s.host) else free_port(s.host)
-        if "proxy" in self.services and PROXY_HTTP in s.explicit_ports and not port_is_free(s.proxy_http_port, s.host):
+            if name in s.explicit_ports and not port_is_free(want, s.host):
+                raise PortTaken(f"port {want} of svc-{name} (OPENGYRE_{name.upper()}_PORT) is in use on {s.host}")
+            ports[name] = want
+        if "proxy" in names and PROXY_HTTP in s.explicit_ports and not port_is_free(s.proxy_http_port, s.host):
             raise PortTaken(
                 f"port {s.proxy_http_port} of the proxy's HTTP gateway (OPENGYRE_PROXY_HTTP_PORT) is in use on {s.host}"
             )
         return ports
+
+    async def _start_children(self, ports: dict[str, int]) -> None:
+        """Start the services of ``ports``, each binding its port itself (falling back to a free one when a default
+        is taken) and reporting the port it bound; one that needs another's address (``SERVICE_NEEDS``) starts
+        once that one has reported."""
+        s = self.settings
+        pending = list(ports)
+        while pending:
+            wave = [n for n in pending if not any(d in pending for d in SERVICE_NEEDS.get(n, ()))]
+            if not wave:
+                raise RuntimeError(f"services that need each other's address cannot start: {', '.join(pending)}")
+            for name in wave:
+                child = self.children[name] = _Child(name, ports[name])
+                self._spawn(child, fallback=name not in s.explicit_ports)
+            for name in wave:
+                await self._await_bound(self.children[name])
+            pending = [n for n in pending if n not in wave]
+
+    def _port_file(self, name: str) -> Path:
+        return self.settings.data_dir / "ports" / name
+
+    async def _await_bound(self, child: _Child, timeout: float = 60.0) -> None:
+        """Wait for the port the service reports once it serves (a service that exits first did not start)."""
+        path, deadline = self._port_file(child.name), time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(FileNotFoundError):
+                text = path.read_text().strip()
+                if text:
+                    child.port, child.bound = int(text), True
+                    return
+            proc = child.proc
+            if proc is None or proc.poll() is not None:
+                code = proc.returncode if proc is not None else None
+                raise RuntimeError(
+                    f"service {child.name} exited with {code} before serving; see {self._log_path(child.name)}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"service {child.name} did not start in {timeout:.0f} s; see {self._log_path(child.name)}"
+                )
+            await asyncio.sleep(0.05)
 
     async def _start_nats(self) -> None:
         s = self.settings
@@ -280,7 +309,9 @@ class Stack:
     def _log_path(self, name: str) -> Path:
         return self.settings.data_dir / "logs" / f"{name}.log"
 
-    def _spawn(self, child: _Child) -> None:
+    def _spawn(self, child: _Child, *, fallback: bool) -> None:
+        """Start the service on ``child.port``; ``fallback``: a free port if that one is taken (a first start on a
+        default port; a restart keeps the port the others were told)."""
         s = self.settings
         env = {**os.environ, **self.env}
         env.update(
@@ -293,14 +324,16 @@ class Stack:
             OPENGYRE_HOST=s.host,
             OPENGYRE_SUPERVISOR_PID=str(os.getpid()),
         )
-        # Every service learns where the others really are (a default port may have been taken).
-        env.update({f"OPENGYRE_{c.name.upper()}_PORT": str(c.port) for c in self.children.values()})
+        # Every service learns where the others really are (the ports they reported: a default may have been taken).
+        env.update({f"OPENGYRE_{c.name.upper()}_PORT": str(c.port) for c in self.children.values() if c.bound})
         if PROXY_HTTP in s.explicit_ports:
             env["OPENGYRE_PROXY_HTTP_PORT"] = str(s.proxy_http_port)
         else:
             env.pop("OPENGYRE_PROXY_HTTP_PORT", None)
         logf = self._log_path(child.name)
         logf.parent.mkdir(parents=True, exist_ok=True)
+        port_file = self._port_file(child.name)
+        port_file.unlink(missing_ok=True)  # what a previous run wrote is not this one's port
         with logf.open("ab") as out:
             child.proc = spawn(
                 [
@@ -312,6 +345,9 @@ class Stack:
                     child.name,
                     "--port",
                     str(child.port),
+                    *(["--port-fallback"] if fallback else []),
+                    "--port-file",
+                    str(port_file.resolve()),
                     "--data-dir",
                     str(s.data_dir.resolve()),
                 ],
@@ -369,7 +405,7 @@ class Stack:
                     continue
                 child.restarts += 1
                 log.warning("service %s exited with %s; restarting (%d)", child.name, code, child.restarts)
-                self._spawn(child)
+                self._spawn(child, fallback=False)
                 self._write_stack_file()
 
     async def _keep_nats(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -47,9 +48,14 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+# Alembic's command API keeps the running migration's environment in module globals (``alembic.context``): two
+# threads migrating at once (two stacks started by one process) would run each other's steps.
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to every branch's head (idempotent)."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with _ONE_AT_A_TIME, engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "heads")

@@ -4,6 +4,7 @@
 - ``EnginePool``: rollout engines, drain with transparent re-issue, bounded queue; ``KVMigrator`` hook.
 - ``TrajectoryProjection`` and ``load_tree`` / ``load_execution`` / ``load_calls`` / ``resolve_stored`` /
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
+  ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
 - ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
 - ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from ._keys import ExecutionKeys, KeyClaim
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._replay import replay_conversation
-    from ._store import TrajectoryProjection
+    from ._store import SealedFinishes, TrajectoryProjection
     from ._tito import ExecutionTrajectory, TitoNode
     from ._trees import (
         ExecutionSummary,
@@ -64,6 +65,7 @@ _WHERE = {
     "NoCapacity": "_pool",
     "RePrefill": "_pool",
     "replay_conversation": "_replay",
+    "SealedFinishes": "_store",
     "TrajectoryProjection": "_store",
     "ExecutionTrajectory": "_tito",
     "TitoNode": "_tito",
@@ -96,6 +98,7 @@ __all__ = [
     "NoCapacity",
     "Outcome",
     "RePrefill",
+    "SealedFinishes",
     "StoredCall",
     "TitoNode",
     "TrajectoryProjection",

@@ -46,10 +46,10 @@ def error_body(err: ApiError, request_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def stream_error(message: str, overload: bool) -> bytes:
-    """The event that ends a stream whose generation failed after the 200 went out."""
-    kind = "overloaded_error" if overload else "api_error"
-    return _event("error", {"type": "error", "error": {"type": kind, "message": message}})
+def stream_error(err: ApiError) -> bytes:
+    """The event that ends a stream whose call failed after the 200 went out (the error a non-streamed call gets)."""
+    kind = _ERROR_TYPES.get(err.kind, "api_error")
+    return _event("error", {"type": "error", "error": {"type": kind, "message": err.message}})
 
 
 def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:

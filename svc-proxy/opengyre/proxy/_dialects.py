@@ -37,7 +37,7 @@ class Dialect:
     respond: RespondFn  # the non-streamed body
     stream: StreamFn  # the SSE body; ends early (before its final frames) when the outcome is an abort
     error_body: Callable[[ApiError], dict[str, Any]]
-    stream_error: Callable[[str, bool], bytes]  # (message, overload) -> the closing error frames
+    stream_error: Callable[[ApiError], bytes]  # the closing error frames of a stream whose call failed
     # (prompt tokens, context length, max_tokens asked for or None) -> the 400 it answers
     context_error: Callable[[int, int, int | None], ApiError]
     overloaded_status: int = 503  # Anthropic says 529

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -57,6 +57,9 @@ from ._sse import DONE, sse
 from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
+
+if TYPE_CHECKING:
+    from ._store import SealedFinishes
 
 __all__ = ["Gateway", "GatewayConfig"]
 
@@ -120,8 +123,11 @@ class Gateway:
         event_log: EventLog | None = None,
         pool: EnginePool | None = None,
         restore: Callable[[str], Awaitable[ExecutionTrajectory | None]] | None = None,
+        sealed: SealedFinishes | None = None,
     ) -> None:
-        """``restore(execution_id)`` rebuilds an execution's TITO state not held in memory (from the store)."""
+        """``restore(execution_id)`` rebuilds an execution's TITO state not held in memory (from the store);
+        ``sealed``: the executions whose sealed finish the log holds (the store), what lets the outbox forget
+        their seals (``Recorder.prune_sealed``)."""
         self.config = c = config or GatewayConfig()
         self.restore = restore
         self._restoring: dict[str, asyncio.Future[ExecutionTrajectory | None]] = {}
@@ -147,6 +153,7 @@ class Gateway:
             max_events=c.outbox_max_events,
             max_bytes=c.outbox_max_bytes,
             retry_after_s=c.outbox_retry_after_s,
+            sealed=sealed,
         )
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
@@ -808,13 +815,21 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect
     mistakes a failed generation for a complete answer (and nothing is recorded for it). A call whose event
     could not be made durable ends the same way, before its final frames.
     """
+    failed: ApiError | None = None
     try:
         async for chunk in stream:
             yield chunk
     except RecordFailed as exc:
-        err = _record_error(exc)
-        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
-    if outcome.kind == "abort" and outcome.finish is not None:
+        # Refused at recording (a seal landed while it generated: 403 ``execution_sealed``) or not durable (500):
+        # the error the same call gets unstreamed.
+        failed = _record_error(exc)
+        outcome.finish = {"type": "abort", "message": failed.message, "status_code": failed.status}
+    if failed is None and outcome.kind == "abort" and outcome.finish is not None:
         msg = str(outcome.finish.get("message", "the generation was aborted"))
-        # No engine could finish (503/529) is an overload; anything else (a bad engine reply, recording) is not.
-        yield dialect.stream_error(msg, outcome.finish.get("status_code") in (None, 503, 529))
+        # No engine could finish (503/529) is an overload; anything else (a bad engine reply) is not.
+        if outcome.finish.get("status_code") in (None, 503, 529):
+            failed = ApiError(dialect.overloaded_status, "overloaded", msg, code="engine_unavailable")
+        else:
+            failed = ApiError(502, "api_error", msg, code="engine_error")
+    if failed is not None:
+        yield dialect.stream_error(failed)

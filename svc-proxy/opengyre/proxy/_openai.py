@@ -57,11 +57,10 @@ def error_body(err: ApiError) -> dict[str, Any]:
     }
 
 
-def stream_error(message: str, overload: bool) -> bytes:
-    """The frames that end a stream whose generation failed after the 200 went out."""
-    code = "engine_unavailable" if overload else "engine_error"
-    err = {"message": message, "type": "server_error", "param": None, "code": code}
-    return sse({"error": err}) + DONE
+def stream_error(err: ApiError) -> bytes:
+    """The frames that end a stream whose call failed after the 200 went out: the error body a non-streamed call
+    gets (the SDK raises on a ``data:`` object with an ``error`` key), then ``[DONE]``."""
+    return sse(error_body(err)) + DONE
 
 
 def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:

@@ -11,7 +11,10 @@ the same code, without surviving a crash of the process.
 Per execution the outbox also keeps how many calls were put (``calls``, in the same transaction as the row, so it
 outlives the rows) and whether the execution is sealed (``seal``): a sealed execution's calls are refused
 (``ExecutionSealed``), so once its rows have left (``wait_flushed``) the log holds exactly ``calls`` of them. The
-seal is durable like the rows: a restarted proxy still refuses the execution's calls.
+seal is durable like the rows: a restarted proxy still refuses the execution's calls. Once the log holds the
+execution's sealed finish (``execution-finished`` with the count) its row is pruned (``prune``): from then on
+``sealed_in_log`` — the proxy's projection of those finishes — answers for it, consulted only for an execution
+the table does not know (its first call, or a pruned one), so the table holds only executions in progress.
 
 The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
 and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
@@ -27,7 +30,7 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -76,10 +79,14 @@ class Outbox:
         registry: EventRegistry | None = None,
         cache_bytes: int = 64 << 20,
         fsync: bool = True,
+        sealed_in_log: Callable[[str], int | None] | None = None,
     ) -> None:
         """``fsync=False``: commits are written to the OS but not fsync'd (SQLite ``synchronous=NORMAL``); an
-        event then survives the process being killed, but not the machine losing power or crashing."""
+        event then survives the process being killed, but not the machine losing power or crashing.
+        ``sealed_in_log(execution)``: the count of recorded calls of the execution's sealed finish in the log, None
+        without one (what lets ``prune`` forget a seal)."""
         self.path = path
+        self.sealed_in_log = sealed_in_log
         self.fsync = fsync and path is not None
         self.registry = registry or default_registry()
         self.cache_bytes = cache_bytes
@@ -472,25 +479,62 @@ class Outbox:
             if flushed is not None:
                 flushed.set()
 
-    def sealed(self, execution_id: str) -> bool:
+    def _row(self, execution_id: str) -> tuple[int, bool] | None:
         row = (
             self._conn()
-            .execute("SELECT sealed FROM outbox_executions WHERE execution_id = ?", (execution_id,))
+            .execute("SELECT calls, sealed FROM outbox_executions WHERE execution_id = ?", (execution_id,))
             .fetchone()
         )
-        return bool(row and row[0])
+        return (int(row[0]), bool(row[1])) if row is not None else None
+
+    def _execution(self, execution_id: str) -> tuple[int, bool] | None:
+        """``(calls, sealed)`` of the execution's row; for one without a row, its sealed finish in the log (a
+        pruned seal); None when neither knows it."""
+        row = self._row(execution_id)
+        if row is not None:
+            return row
+        in_log = self.sealed_in_log(execution_id) if self.sealed_in_log is not None else None
+        return (in_log, True) if in_log is not None else None
+
+    def sealed(self, execution_id: str) -> bool:
+        known = self._execution(execution_id)
+        return known is not None and known[1]
 
     def calls(self, execution_id: str) -> int:
-        """The execution's calls put here (over every run of this outbox), whether or not they left yet."""
-        row = (
-            self._conn()
-            .execute("SELECT calls FROM outbox_executions WHERE execution_id = ?", (execution_id,))
-            .fetchone()
-        )
-        return int(row[0]) if row else 0
+        """The execution's calls put here (over every run of this outbox), whether or not they left yet; for a
+        pruned execution the count its finish in the log carries."""
+        known = self._execution(execution_id)
+        return known[0] if known is not None else 0
+
+    def executions(self) -> int:
+        """Rows of ``outbox_executions``: executions in progress, and sealed ones not pruned yet."""
+        return int(self._conn().execute("SELECT count(*) FROM outbox_executions").fetchone()[0])
+
+    def sealed_ids(self) -> list[str]:
+        """Executions sealed here whose seal is not pruned yet."""
+        return [str(r[0]) for r in self._conn().execute("SELECT execution_id FROM outbox_executions WHERE sealed = 1")]
+
+    def prune(self, in_log: Iterable[str]) -> int:
+        """Forget the seals of executions whose sealed finish the log holds (``in_log``, as ``sealed_in_log``
+        knows them: it answers for them from now on, with the same count); how many rows left. An execution with a
+        row still to drain keeps its seal here."""
+        if self.sealed_in_log is None:
+            return 0
+        gone = [x for x in in_log if not self._execution_rows.get(x)]
+        before = self.executions()
+        for k in range(0, len(gone), 500):
+            part = gone[k : k + 500]
+            marks = ",".join("?" * len(part))
+            self._transaction([(f"DELETE FROM outbox_executions WHERE sealed = 1 AND execution_id IN ({marks})", part)])
+        return before - self.executions()
 
     async def seal(self, execution_id: str) -> None:
         """Refuse the execution's calls from now on, durably (fsync'd before this returns). Idempotent."""
+        in_log = self.sealed_in_log
+        if self._row(execution_id) is None and in_log is not None:
+            known = await asyncio.to_thread(in_log, execution_id)
+            if known is not None:
+                return  # sealed, and its seal is in the log already (pruned here)
         try:
             self._transaction(
                 [

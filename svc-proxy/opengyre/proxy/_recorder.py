@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nats.js.api import Header
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
@@ -38,6 +39,9 @@ from opengyre.events import InvalidEvent, ModelCallRecorded
 from opengyre.trajectory import split_payload
 
 from ._outbox import ExecutionSealed, Outbox, RecordFailed
+
+if TYPE_CHECKING:
+    from ._store import SealedFinishes
 
 __all__ = ["ExecutionSealed", "RecordFailed", "Recorder", "RecorderFull", "SealUnavailable"]
 
@@ -69,15 +73,21 @@ class Recorder:
         retry_after_s: float = 5.0,
         max_backoff_s: float = 2.0,
         publish_timeout_s: float = 10.0,
+        sealed: SealedFinishes | None = None,
     ) -> None:
+        """``sealed``: the executions whose sealed finish the log holds (the proxy's store), what lets the outbox
+        forget their seals (``prune_sealed``)."""
         self.log = event_log
+        self.sealed = sealed
         self.batch = batch
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.retry_after_s = retry_after_s
         self.max_backoff_s = max_backoff_s
         self.publish_timeout_s = publish_timeout_s  # a batch whose acknowledgements do not come is sent again
-        self.outbox = Outbox(outbox_path, fsync=outbox_fsync)
+        self.outbox = Outbox(
+            outbox_path, fsync=outbox_fsync, sealed_in_log=sealed.count if sealed is not None else None
+        )
         self.recorded = 0  # events the log acknowledged
         self.invalid = 0  # calls whose event no store could keep (answered with an error)
         self.refused = 0  # calls refused because the outbox was full
@@ -159,6 +169,17 @@ class Recorder:
             raise SealUnavailable("the proxy records no calls (no event log), so it cannot seal an execution")
         await self.outbox.wait_flushed(execution_id)
         return self.outbox.calls(execution_id)
+
+    async def prune_sealed(self) -> int:
+        """Forget the outbox's seals of executions whose sealed finish the log holds (the store answers for them
+        from now on); how many. The outbox then holds only executions in progress."""
+        if self.sealed is None or self._task is None:
+            return 0
+        ids = self.outbox.sealed_ids()
+        if not ids:
+            return 0
+        in_log = await asyncio.to_thread(self.sealed.which, ids)
+        return self.outbox.prune(in_log)
 
     def record(self, event: ModelCallRecorded) -> asyncio.Future[None] | None:
         """Commit ``event`` to the outbox. None: it is durable already (in memory, or without fsync); else a

@@ -17,7 +17,7 @@ from typing import Any
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._chat import ChatCodec
 from ._errors import ApiError
-from ._openai import chat_logprobs_content
+from ._openai import chat_logprobs_content, error_body
 from ._request import GenRequest, check_number
 from ._sse import sse
 from ._structured import ToolChoice, response_format_schema
@@ -306,10 +306,11 @@ def response_body(
     return _finished(req, rid, time.time(), outcome, turn, prompt_ids, output)
 
 
-def stream_error(message: str, overload: bool) -> bytes:
-    """The event that ends a stream whose generation failed after the 200 went out (no response.completed)."""
-    code = "engine_unavailable" if overload else "server_error"
-    return _event({"type": "error", "code": code, "message": message, "param": None, "sequence_number": -1})
+def stream_error(err: ApiError) -> bytes:
+    """The event that ends a stream whose call failed after the 200 went out (no response.completed); its
+    ``code`` is the one a non-streamed call's error carries, else the error's type."""
+    code = err.code or error_body(err)["error"]["type"]
+    return _event({"type": "error", "code": code, "message": err.message, "param": err.param, "sequence_number": -1})
 
 
 def _event(obj: dict[str, Any]) -> bytes:

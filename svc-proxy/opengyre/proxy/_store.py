@@ -6,7 +6,9 @@ and read back by digest (``_trees.load_execution``). An inline call (v1 events, 
 what the event carried, packed by the shared codec (``opengyre.trajectory``: int32 ids, float32 logprobs)
 after the shared rules (``check_call``) accepted it. ``payloads-compacted`` marks an execution's calls
 whose payloads retention deleted; their lengths and counts stay. A rebuild from the log gives the same bytes.
-``proxy_executions`` keeps per-execution counters.
+``proxy_executions`` keeps per-execution counters; ``proxy_sealed`` the executions whose ``execution-finished``
+carries the proxy's count of recorded calls (they were sealed): the seal is in the log, so the proxy's outbox may
+forget it and still refuse the execution's calls (``_outbox``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from datetime import datetime
 from sqlalchemy import (
     Connection,
     DateTime,
+    Engine,
     Float,
     Integer,
     LargeBinary,
@@ -30,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from opengyre.events import ModelCallRecorded, PayloadsCompacted
+from opengyre.events import ExecutionFinished, ModelCallRecorded, PayloadsCompacted
 from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
 from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
@@ -38,8 +41,11 @@ from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprob
 __all__ = [
     "CALLS",
     "EXECUTIONS",
+    "SEALED",
     "CallRow",
     "ExecutionRow",
+    "SealedFinishes",
+    "SealedRow",
     "TrajectoryProjection",
 ]
 
@@ -103,8 +109,17 @@ class ExecutionRow(Base):
     compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)  # last compaction
 
 
+class SealedRow(Base):
+    __tablename__ = "proxy_sealed"
+
+    execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    recorded_calls: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(STREAM_SEQ, index=True)
+
+
 CALLS: Table = CallRow.__table__  # type: ignore[assignment]
 EXECUTIONS: Table = ExecutionRow.__table__  # type: ignore[assignment]
+SEALED: Table = SealedRow.__table__  # type: ignore[assignment]
 
 
 class TrajectoryProjection(Projection):
@@ -113,7 +128,16 @@ class TrajectoryProjection(Projection):
 
     @property
     def tables(self) -> Sequence[Table]:
-        return (CALLS, EXECUTIONS)
+        return (CALLS, EXECUTIONS, SEALED)
+
+    @folds(ExecutionFinished)
+    def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
+        # Only a sealed finish (it carries the count): an unsealed execution keeps taking calls (docs/trainer.md).
+        if e.recorded_calls is None:
+            return
+        if tx.execute(select(SEALED.c.execution_id).where(SEALED.c.execution_id == e.execution_id)).first():
+            raise Rejected(f"{e.execution_id} finished twice")
+        tx.execute(insert(SEALED).values(execution_id=e.execution_id, recorded_calls=e.recorded_calls, seq=seq))
 
     @folds(PayloadsCompacted)
     def _compacted(self, tx: Connection, e: PayloadsCompacted, seq: int) -> None:
@@ -225,3 +249,25 @@ class TrajectoryProjection(Projection):
                 payload_bytes=ex.payload_bytes + size,
             )
         )
+
+
+class SealedFinishes:
+    """The executions whose sealed finish the log holds, as this store has folded them (``proxy_sealed``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def count(self, execution_id: str) -> int | None:
+        """The recorded calls its finish carries; None when the store has no sealed finish of it."""
+        with self.engine.connect() as c:
+            row = c.execute(select(SEALED.c.recorded_calls).where(SEALED.c.execution_id == execution_id)).first()
+        return int(row[0]) if row is not None else None
+
+    def which(self, execution_ids: Sequence[str]) -> set[str]:
+        """Those of ``execution_ids`` with a sealed finish here."""
+        out: set[str] = set()
+        with self.engine.connect() as c:
+            for k in range(0, len(execution_ids), 500):
+                part = list(execution_ids[k : k + 500])
+                out |= {r[0] for r in c.execute(select(SEALED.c.execution_id).where(SEALED.c.execution_id.in_(part)))}
+        return out

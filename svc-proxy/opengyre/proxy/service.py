@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,13 +18,18 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import proxy_pb2_grpc
 
-from ._store import TrajectoryProjection
+from ._store import SealedFinishes, TrajectoryProjection
 
 if TYPE_CHECKING:
     from ._cells import CellWatcher
     from ._gateway import Gateway, GatewayConfig
 
 __all__ = ["ProxyService"]
+
+log = logging.getLogger(__name__)
+
+# How often the outbox forgets the seals the log now holds: the outbox file keeps executions in progress only.
+PRUNE_EVERY_S = 30.0
 
 
 def _env_list(name: str) -> tuple[str, ...]:
@@ -52,6 +59,7 @@ class ProxyService(Service):
         self._static = list(engines)  # else the settings' proxy_engines (`up --engine`, OPENGYRE_PROXY_ENGINES)
         self.gateway: Gateway | None = None
         self._cells: CellWatcher | None = None
+        self._pruner: asyncio.Task[None] | None = None
 
     def projections(self) -> Sequence[Projection]:
         return (TrajectoryProjection(),)
@@ -103,7 +111,9 @@ class ProxyService(Service):
             contexts = await resolve_contexts(ctx.log, calls)
             return restore_trajectory(execution_id, self.gateway.codec, calls, contexts)
 
-        self.gateway = Gateway(self._gateway_config(ctx), event_log=ctx.log, restore=restore)
+        self.gateway = Gateway(
+            self._gateway_config(ctx), event_log=ctx.log, restore=restore, sealed=SealedFinishes(ctx.engine)
+        )
         for i, url in enumerate(self._static or ctx.settings.proxy_engines):
             await self.gateway.pool.add(f"static-{i}", url)
         await self.gateway.start()
@@ -111,8 +121,14 @@ class ProxyService(Service):
         await asyncio.to_thread(_write_url, ctx.settings.data_dir / "proxy.url", self.gateway.url)
         self._cells = CellWatcher(ctx.log, self.gateway.pool)
         await self._cells.start()
+        self._pruner = asyncio.create_task(_prune_sealed(self.gateway), name="proxy-prune-seals")
 
     async def stop(self) -> None:
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
+            self._pruner = None
         if self._cells is not None:
             await self._cells.stop()
             self._cells = None
@@ -127,6 +143,18 @@ class ProxyService(Service):
             raise RuntimeError("the proxy gateway must be started before its gRPC service")
         proxy_pb2_grpc.add_ProxyServiceServicer_to_server(ProxyServicer(self, ctx, self.gateway), server)
         return ("opengyre.v1.ProxyService",)
+
+
+async def _prune_sealed(gateway: Gateway) -> None:
+    while True:
+        await asyncio.sleep(PRUNE_EVERY_S)
+        try:
+            pruned = await gateway.recorder.prune_sealed()
+        except Exception:
+            log.exception("pruning the outbox's seals failed; trying again in %.0f s", PRUNE_EVERY_S)
+            continue
+        if pruned:
+            log.info("the outbox forgot %d seals the log holds", pruned)
 
 
 def _write_url(path: Path, url: str) -> None:

@@ -97,14 +97,16 @@ class TrainerProjection(Projection):
         # outbox and hands it to the log after, so the finish a runtime appends when the harness ends can overtake
         # the last calls (the soak saw it for a third of executions). A runtime that seals the execution first
         # (ProxyService.SealExecution) puts the proxy's count in the finish: calls up to it are the execution's
-        # (the step waits for them), one past it is not. Without a count a call belongs to the execution until a
-        # step has consumed it; after that the step's samples are fixed and the call is refused.
-        if ex.status != "running" and ex.recorded_calls is not None and ex.n_calls >= ex.recorded_calls:
+        # (the step waits for them; one that dropped the execution meanwhile has fixed samples, the call is still
+        # recorded), one past it is not. Only a finish without a count (older logs) keeps the old rule: a call
+        # belongs to the execution until a step has consumed it, and is refused after.
+        sealed_count = ex.recorded_calls if ex.status != "running" else None
+        if sealed_count is not None and ex.n_calls >= sealed_count:
             raise TrajectoryRejected(
                 "call-after-seal",
-                f"call {e.call_id} of {e.execution_id} past the {ex.recorded_calls} calls its finish counted",
+                f"call {e.call_id} of {e.execution_id} past the {sealed_count} calls its finish counted",
             )
-        if ex.consumed_step is not None:
+        if sealed_count is None and ex.consumed_step is not None:
             raise TrajectoryRejected(
                 "call-after-consumed", f"call {e.call_id} after step {ex.consumed_step} consumed {e.execution_id}"
             )
