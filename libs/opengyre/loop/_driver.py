@@ -16,7 +16,7 @@ outcome yet.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
-import httpx
 import tomli_w
 
 from opengyre.config import Settings
 from opengyre.harness import HarnessSpec, builtin_spec
+from opengyre.retry import backoff
 from opengyre.runtime import Stack
 from opengyre.v1 import (
     common_pb2,
@@ -62,8 +62,14 @@ log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
 T = TypeVar("T")
-_NOT_NOW = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-POLL_S = 0.5
+_AWAY = (grpc.StatusCode.UNAVAILABLE,)  # a service the supervisor is restarting
+_NOT_NOW = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, *_AWAY)
+# Waits on the policy, capacity or a projection are the loop's normal pace, not warnings: their retries are not
+# logged (a wait that gives up still raises its last refusal).
+_WAITS = logging.getLogger(f"{__name__}.waits")
+_WAITS.setLevel(logging.ERROR)
+WAIT_ATTEMPTS = 1200  # at most 1 s apart: ~20 minutes
+ENGINE_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,7 @@ class _Loop:
         self.result = LoopResult()
         self.channels: list[grpc.aio.Channel] = []
         self.engine_urls: list[str] = []
+        self.settled = asyncio.Event()  # every step trained, the cells back in rollout
 
     def channel(self, stack: Stack, name: str) -> grpc.aio.Channel:
         ch = grpc.aio.insecure_channel(f"{self.settings.host}:{stack.children[name].port}")
@@ -171,7 +178,9 @@ class _Loop:
             skill_ids=ids, tasks_per_skill=cfg.tasks_per_skill, seed=cfg.seed, challenges=cfg.challenges,
             level=cfg.level,
         )  # fmt: skip
-        built = await _until_accepted(lambda: synth.BuildTasks(req, timeout=600), (grpc.StatusCode.NOT_FOUND,))
+        built = await _until_accepted(
+            lambda: synth.BuildTasks(req, timeout=600), (grpc.StatusCode.NOT_FOUND,), "building tasks"
+        )
         ok = [t for t in built.tasks if t.ok]
         self.say(f"synth: {len(ids)} skill(s) -> {len(built.tasks)} task(s), {len(ok)} validated")
         if not ok:
@@ -190,24 +199,36 @@ class _Loop:
 
     # --- the loop ----------------------------------------------------------------------------------------
 
-    async def engines_serve(self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, bound_s: float = 120.0) -> None:
-        """On-policy (max_lag 0): the next rollouts wait until every engine serves the latest published weights."""
-        req = trainer_pb2.ListWeightsRequest(run_id=self.cfg.run_id)
-        weights = await _up(lambda: trainer.ListWeights(req, timeout=30))
-        if not weights.versions:
-            return
-        want = weights.versions[-1].weight_version
-        deadline = time.monotonic() + bound_s
-        async with httpx.AsyncClient(timeout=10) as http:
-            for url in self.engine_urls:
-                while True:
-                    with contextlib.suppress(httpx.HTTPError, ValueError):
-                        if (await http.get(f"{url}/model_info")).json().get("weight_version") == want:
-                            break
-                    if time.monotonic() > deadline:
-                        log.warning("engine %s does not serve %s after %.0f s; rolling out anyway", url, want, bound_s)
-                        break
-                    await asyncio.sleep(POLL_S)
+    async def engines_serve(self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, want: str) -> None:
+        """On-policy (max_lag 0): a step's rollouts wait until every engine serves the weights the step was
+        dispatched on. The trainer reloads the engines after each step and brings a stale one up to date, so it
+        is the one source of which engine serves what (``GetEngineVersions``); nothing here asks an engine."""
+        req = trainer_pb2.GetEngineVersionsRequest()
+        deadline = time.monotonic() + ENGINE_WAIT_S
+        lagging: list[str] = []
+        try:
+            async for attempt in backoff(
+                f"engines to serve {want}", first_s=0.1, max_s=1.0, retry_if=_not_yet_or(grpc.StatusCode.UNAVAILABLE),
+                until=lambda: time.monotonic() > deadline, logger=_WAITS,
+            ):  # fmt: skip
+                with attempt:
+                    got = await trainer.GetEngineVersions(req, timeout=30)
+                    if not got.latest_weight_version:
+                        return  # nothing published yet: every engine serves the starting weights
+                    # The step's weights, or newer ones (an engine the trainer already moved on is not stale).
+                    ok = {want, got.latest_weight_version}
+                    by_url = {e.url: e for e in got.engines}
+                    lagging = [
+                        u for u in self.engine_urls
+                        if (e := by_url.get(u)) is None or (e.serving not in ok and e.failed_version not in ok)
+                    ]  # fmt: skip
+                    for e in got.engines:
+                        if e.url in self.engine_urls and e.failed_version in ok:  # its later calls are not trained
+                            log.warning("engine %s failed to load %s: %s", e.url, e.failed_version, e.message)
+                    if lagging:
+                        raise _NotYet(f"{len(lagging)} engine(s) do not serve {want} yet")
+        except _NotYet:
+            log.warning("engines %s do not serve %s after %.0f s; rolling out anyway", lagging, want, ENGINE_WAIT_S)
 
     async def dispatch(
         self, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub, step: int, tasks: list[TaskRef]
@@ -222,30 +243,42 @@ class _Loop:
             for k, t in enumerate(tasks)
         ]
         req = scheduler_pb2.DispatchGroupsRequest(groups=groups, timeout_s=self.cfg.timeout_s)
-        return await _until_accepted(lambda: sched.DispatchGroups(req, timeout=60), _NOT_NOW)
+        return await _until_accepted(
+            lambda: sched.DispatchGroups(req, timeout=60), _NOT_NOW, f"dispatching step {step}"
+        )
 
-    async def watch(
-        self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
-        stop: asyncio.Event,
-    ) -> None:  # fmt: skip
-        """One plain line per completed training step (the hook a live dashboard replaces)."""
+    async def follow(
+        self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub
+    ) -> None:
+        """Follow the scheduler's state as it changes (``WatchState``): one plain line per completed training
+        step (the hook a live dashboard replaces), and ``settled`` set once every step of the run is trained
+        and the cells are back in rollout (the policy returns them once nothing is left)."""
         seen = 0
-        while not stop.is_set():
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                req = trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id)
-                steps = (await trainer.ListSteps(req, timeout=30)).steps
-                for s in steps[seen:]:
-                    st = await sched.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
-                    roles = ", ".join(f"{c.cell_id.rsplit('-', 1)[-1]}={c.role}" for c in st.cells)
-                    reward = f"{s.reward_mean:.3f}" if s.has_reward_mean else "-"
-                    self.say(
-                        f"step {s.step}: trained {s.n_trained}, dropped {s.n_dropped}, reward {reward}, "
-                        f"loss {s.loss:.4f}, weights {s.weight_version or '(none)'}; cells {roles}"
-                    )
-                seen = len(steps)
-                self.result.steps = list(steps)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL_S)
+        req = scheduler_pb2.WatchStateRequest()
+        steps_req = trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id)
+        async for attempt in backoff(
+            "following the scheduler's state", first_s=0.1, max_s=2.0, retry_if=_not_yet_or(*_AWAY), logger=_WAITS
+        ):
+            with attempt:
+                async for st in sched.WatchState(req):
+                    if st.trained_step > seen:
+                        # The trainer's projection may fold its own step a moment after the scheduler's.
+                        steps = await _until_caught_up(
+                            lambda: trainer.ListSteps(steps_req, timeout=30),
+                            functools.partial(_has_steps, want=st.trained_step),
+                        )
+                        roles = ", ".join(f"{c.cell_id.rsplit('-', 1)[-1]}={c.role}" for c in st.cells)
+                        for s in steps.steps[seen:]:
+                            reward = f"{s.reward_mean:.3f}" if s.has_reward_mean else "-"
+                            self.say(
+                                f"step {s.step}: trained {s.n_trained}, dropped {s.n_dropped}, reward {reward}, "
+                                f"loss {s.loss:.4f}, weights {s.weight_version or '(none)'}; cells {roles}"
+                            )
+                        seen = len(steps.steps)
+                        self.result.steps = list(steps.steps)
+                    if seen >= self.cfg.steps and st.cells and all(c.role == "rollout" for c in st.cells):
+                        self.settled.set()
+                raise _NotYet("the scheduler's state stream ended")  # a restarted scheduler: follow it again
 
     async def run(self, stack: Stack) -> LoopResult:
         cfg, res = self.cfg, self.result
@@ -257,14 +290,11 @@ class _Loop:
         tasks = res.tasks
         model = _served_name(cfg.model)
         workdir = (self.settings.data_dir / "rollouts").resolve()
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(self.watch(trainer, sched, stop))
+        follower = asyncio.create_task(self.follow(trainer, sched), name="follow-scheduler")
         running: set[asyncio.Task[Finished]] = set()
         t0 = time.monotonic()
         try:
             for step in range(1, cfg.steps + 1):
-                if cfg.max_lag == 0 and step > 1:
-                    await self.engines_serve(trainer)
                 first = (step - 1) * cfg.groups_per_step  # the tasks take turns, one group each
                 turn = [tasks[(first + k) % len(tasks)] for k in range(cfg.groups_per_step)]
                 chosen = [await self.current(synth, t) for t in turn]
@@ -274,6 +304,8 @@ class _Loop:
                     f"dispatch: step {reply.step}, {len(reply.executions)} executions of "
                     f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights {reply.weight_version}"
                 )
+                if cfg.max_lag == 0 and reply.step > 1:
+                    await self.engines_serve(trainer, reply.weight_version)
                 for e in reply.executions:
                     t = by_id[e.task_id]
                     a = Assignment(
@@ -290,22 +322,21 @@ class _Loop:
                 await asyncio.wait(set(running))
             res.timings["rollout"] = time.monotonic() - t0
             t0 = time.monotonic()
-            await self.trained(trainer, sched)
+            await self.trained(follower)
             res.timings["training tail"] = time.monotonic() - t0
             res.hardened = await self.harden(synth)
         finally:
-            stop.set()
-            await watcher
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
             for j in running:
                 j.cancel()
         return res
 
-    async def synth_caught_up(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, polls: int = 600) -> None:
-        for _ in range(polls):
-            status = await _up(lambda: synth.GetStatus(common_pb2.StatusRequest(), timeout=30))
-            if all(p.pending == 0 for p in status.projections):
-                return
-            await asyncio.sleep(POLL_S / 5)
+    async def synth_caught_up(self, synth: synth_pb2_grpc.SynthServiceAsyncStub) -> None:
+        await _until_caught_up(
+            lambda: synth.GetStatus(common_pb2.StatusRequest(), timeout=30),
+            lambda status: all(p.pending == 0 for p in status.projections),
+        )
 
     async def harden(self, synth: synth_pb2_grpc.SynthServiceAsyncStub) -> int:
         """Once the synth's projections have folded every outcome, harden what got easy (its worker does so on
@@ -334,21 +365,17 @@ class _Loop:
             f"score {score} ({f.duration_s:.1f} s)"
         )
 
-    async def trained(
-        self, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
-        bound_s: float = 900.0,
-    ) -> None:  # fmt: skip
-        """Every step trained, and the cells back from training (the policy returns them once nothing is left)."""
-        deadline = time.monotonic() + bound_s
-        req = trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id)
-        while time.monotonic() < deadline:
-            steps = (await _up(lambda: trainer.ListSteps(req, timeout=30))).steps
-            st = await _up(lambda: sched.GetState(scheduler_pb2.GetStateRequest(), timeout=30))
-            if len(steps) >= self.cfg.steps and all(c.role == "rollout" for c in st.cells):
-                self.result.steps = list(steps)
-                return
-            await asyncio.sleep(POLL_S)
-        raise TimeoutError(f"the trainer did not complete {self.cfg.steps} step(s) within {bound_s:.0f} s")
+    async def trained(self, follower: asyncio.Task[None], bound_s: float = 900.0) -> None:
+        """Every step trained, and the cells back from training (``follow`` says so from the state stream)."""
+        settled = asyncio.create_task(self.settled.wait())
+        try:
+            await asyncio.wait({settled, follower}, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settled.cancel()
+        if follower.done():
+            follower.result()  # its error, if it failed
+        if not self.settled.is_set():
+            raise TimeoutError(f"the trainer did not complete {self.cfg.steps} step(s) within {bound_s:.0f} s")
 
 
 def _served_name(model: str) -> str:
@@ -361,23 +388,48 @@ def _task_ref(task_id: str, version: int, task_dir: Path) -> TaskRef:
     return TaskRef(task_id, version, task_dir, (task_dir / "instruction.md").read_text())
 
 
-async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.StatusCode, ...], polls: int = 2400) -> T:
+def _has_steps(reply: trainer_pb2.ListStepsReply, want: int) -> bool:
+    return len(reply.steps) >= want
+
+
+class _NotYet(Exception):
+    """A condition waited for does not hold yet (``backoff`` asks again)."""
+
+
+def _not_yet_or(*codes: grpc.StatusCode) -> Callable[[BaseException], bool]:
+    def retryable(exc: BaseException) -> bool:
+        return isinstance(exc, _NotYet) or (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in codes)
+
+    return retryable
+
+
+async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.StatusCode, ...], what: str) -> T:
     """Call until the service accepts: a refusal with one of ``codes`` means "not now" (the policy holds the
     step, cells are full, a projection has not caught up, the service is being restarted by the supervisor), so
-    it is asked again shortly; after ``polls`` tries the last refusal is raised."""
-    for i in range(polls):
-        try:
+    it is asked again; after ``WAIT_ATTEMPTS`` the last refusal is raised."""
+    async for attempt in backoff(
+        what, first_s=0.1, max_s=1.0, retry_if=_not_yet_or(*codes), attempts=WAIT_ATTEMPTS, logger=_WAITS
+    ):
+        with attempt:
             return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in codes or i == polls - 1:
-                raise
-        await asyncio.sleep(POLL_S)
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: backoff re-raises its last error")
+
+
+async def _until_caught_up(call: Callable[[], Awaitable[T]], done: Callable[[T], bool]) -> T:
+    """Read until ``done(reply)``: a projection folding what another service just appended."""
+
+    async def checked() -> T:
+        got = await call()
+        if not done(got):
+            raise _NotYet("not caught up yet")
+        return got
+
+    return await _until_accepted(checked, _AWAY, "waiting for a projection to catch up")
 
 
 async def _up(call: Callable[[], Awaitable[T]]) -> T:
     """A read that waits out a service's restart."""
-    return await _until_accepted(call, (grpc.StatusCode.UNAVAILABLE,))
+    return await _until_accepted(call, _AWAY, "waiting for a service to come back")
 
 
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
