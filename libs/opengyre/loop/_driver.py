@@ -17,21 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 import tomli_w
 
 from opengyre.config import Settings
+from opengyre.eventlog import EventLog
+from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.harness import HarnessSpec, builtin_spec
 from opengyre.retry import backoff
-from opengyre.runtime import Stack
+from opengyre.runtime import Stack, cmdline, stop_group
 from opengyre.v1 import (
     common_pb2,
     proxy_pb2_grpc,
@@ -44,7 +47,10 @@ from opengyre.v1 import (
 )
 
 from ._config import RunConfig
-from ._rollout import Assignment, Finished, roll_out
+from ._rollout import Assignment, Finished, end_abandoned, roll_out
+
+if TYPE_CHECKING:
+    from opengyre.proxy.engine import EngineProcess
 
 __all__ = [
     "AfterStart",
@@ -162,8 +168,15 @@ class _Loop:
             try:
                 await sched.RegisterCell(req, timeout=60)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # a resumed run: registered before
+                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
                     raise
+                # A resumed run: the cell was registered by the driver before; its engine is a new one now.
+                moved = scheduler_pb2.SetCellEngineRequest(
+                    cell_id=req.cell_id, engine_url=url, reason="the run resumed with a new engine"
+                )
+                await _until_accepted(
+                    functools.partial(sched.SetCellEngine, moved, timeout=60), _NOT_NOW, f"moving {req.cell_id}"
+                )
         self.say(f"cells: {len(self.engine_urls)} CPU cells of {self.cfg.cell_capacity} registered ({self.cfg.policy})")
 
     async def build_tasks(self, synth: synth_pb2_grpc.SynthServiceAsyncStub) -> list[TaskRef]:
@@ -186,6 +199,56 @@ class _Loop:
         if not ok:
             raise RuntimeError("no task passed validation: nothing to train on")
         return [_task_ref(t.task_id, t.version, Path(t.task_dir)) for t in ok]
+
+    async def resume(
+        self, stack: Stack, synth: synth_pb2_grpc.SynthServiceAsyncStub, proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
+        trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, workdir: Path,
+    ) -> set[str]:  # fmt: skip
+        """What an earlier driver of this run left, read from the event log: every execution it dispatched that
+        has no ``execution-finished`` ends now as abandoned (``end_abandoned``: its harness went with that
+        driver). Returns every execution of the run dispatched so far, each now with exactly one outcome: the
+        loop never runs them again (a re-dispatched group is answered with these members)."""
+        prefix = f"{self.cfg.run_id}-s"
+        dispatched: dict[str, ExecutionDispatched] = {}
+        finished: set[str] = set()
+        log = await EventLog.connect(stack.nats_url, self.settings.log)
+        try:
+            async for _, e in log.events(ExecutionDispatched, ExecutionFinished):
+                if isinstance(e, ExecutionDispatched) and e.execution_id.startswith(prefix):
+                    dispatched[e.execution_id] = e
+                elif isinstance(e, ExecutionFinished) and e.execution_id.startswith(prefix):
+                    finished.add(e.execution_id)
+        finally:
+            await log.close()
+        lost = [e for x, e in dispatched.items() if x not in finished]
+        if dispatched:
+            self.say(
+                f"resume: {len(dispatched)} execution(s) dispatched before, {len(dispatched) - len(lost)} finished, "
+                f"{len(lost)} abandoned"
+            )
+
+        async def end(e: ExecutionDispatched) -> None:
+            t = await self.version(synth, e.task_id, e.task_version)
+            a = Assignment(
+                e.execution_id, e.group_id, e.task_id, e.task_version, e.cell_id or "", e.step, t.task_dir,
+                t.instruction,
+            )  # fmt: skip
+            ws = workdir / e.execution_id / "app"
+            await asyncio.to_thread(ws.mkdir, parents=True, exist_ok=True)  # it may not have started at all
+            why = "abandoned: the driver running it stopped before it ended; ended when the run resumed"
+            r = await end_abandoned(proxy, trainer, a, ws, why)
+            self.say(f"  {e.execution_id} on {a.cell_id}: abandoned -> {r.status} ({r.failure_class})")
+
+        await asyncio.gather(*(end(e) for e in lost))
+        return set(dispatched)
+
+    async def version(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, task_id: str, version: int) -> TaskRef:
+        req = synth_pb2.GetLineageRequest(task_id=task_id)
+        lineage = await _up(lambda: synth.GetLineage(req, timeout=60))
+        for v in lineage.versions:
+            if v.version == version and v.task_dir:
+                return _task_ref(task_id, version, Path(v.task_dir))
+        raise RuntimeError(f"task {task_id} has no version {version} with a task folder")
 
     async def current(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, task: TaskRef) -> TaskRef:
         """The task's newest validated version (hardening adds versions while the run goes on)."""
@@ -290,6 +353,7 @@ class _Loop:
         tasks = res.tasks
         model = _served_name(cfg.model)
         workdir = (self.settings.data_dir / "rollouts").resolve()
+        before = await self.resume(stack, synth, proxy, trainer, workdir)
         follower = asyncio.create_task(self.follow(trainer, sched), name="follow-scheduler")
         running: set[asyncio.Task[Finished]] = set()
         t0 = time.monotonic()
@@ -304,9 +368,12 @@ class _Loop:
                     f"dispatch: step {reply.step}, {len(reply.executions)} executions of "
                     f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights {reply.weight_version}"
                 )
-                if cfg.max_lag == 0 and reply.step > 1:
+                todo = [e for e in reply.executions if e.execution_id not in before]
+                if len(todo) < len(reply.executions):
+                    self.say(f"  {len(reply.executions) - len(todo)} of them ended before the resume: not run again")
+                if todo and cfg.max_lag == 0 and reply.step > 1:
                     await self.engines_serve(trainer, reply.weight_version)
-                for e in reply.executions:
+                for e in todo:
                     t = by_id[e.task_id]
                     a = Assignment(
                         e.execution_id, e.group_id, e.task_id, t.version, e.cell_id, reply.step, t.task_dir,
@@ -432,6 +499,28 @@ async def _up(call: Callable[[], Awaitable[T]]) -> T:
     return await _until_accepted(call, _AWAY, "waiting for a service to come back")
 
 
+ENGINES_FILE = "loop-engines.json"  # the driver's engines (pid, argv): a driver started again stops leftovers
+
+
+def _write_engines(data_dir: Path, engines: list[EngineProcess]) -> None:
+    rows = [{"pid": e.pid, "argv": cmdline(e.pid), "url": e.url} for e in engines if e.pid is not None]
+    (data_dir / ENGINES_FILE).write_text(json.dumps({"engines": rows}))
+
+
+def _stop_leftover_engines(data_dir: Path) -> None:
+    """Engines run in sessions of their own and outlive a driver that was killed: stop the ones the last driver
+    on this data dir started (checked to be the same program, not a process that reused the pid)."""
+    path = data_dir / ENGINES_FILE
+    if not path.exists():
+        return
+    for row in json.loads(path.read_text()).get("engines", []):
+        pid, argv = int(row["pid"]), row.get("argv")
+        if argv and cmdline(pid) == argv:
+            log.warning("stopping engine %s (pid %d) left by an earlier driver", row.get("url"), pid)
+            stop_group(pid)
+    path.unlink()
+
+
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
 # Called with the stack still up once the run is over (a replay of the log, a report), before it stops.
 BeforeStop = Callable[[Stack, LoopResult], Awaitable[None]]
@@ -496,9 +585,11 @@ async def run_loop(
             )
             for _ in range(cfg.cells)
         ]  # fmt: skip
+        await asyncio.to_thread(_stop_leftover_engines, settings.data_dir)
         for e in engines:
             await e.start(timeout=600)
         loop.engine_urls = [e.url for e in engines]
+        _write_engines(settings.data_dir, engines)
         say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(loop.engine_urls)}")
         toml = tomli_w.dumps(trainer_settings(cfg, settings, loop.engine_urls, init))
         (settings.data_dir / "trainer.toml").write_text(toml)
