@@ -34,7 +34,7 @@ from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.harness import HarnessSpec, builtin_spec
 from opengyre.retry import backoff
-from opengyre.runtime import Stack, cmdline, stop_group
+from opengyre.runtime import Stack, cmdline, stack_alive, stop_group
 from opengyre.v1 import (
     common_pb2,
     proxy_pb2_grpc,
@@ -55,13 +55,16 @@ if TYPE_CHECKING:
 __all__ = [
     "AfterStart",
     "BeforeStop",
+    "DeploymentMismatch",
     "LoopResult",
     "TaskRef",
     "WarmStart",
+    "deployment_env",
     "proxy_env",
     "run_loop",
     "scheduler_env",
     "trainer_settings",
+    "write_trainer_toml",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,6 +121,19 @@ def scheduler_env(cfg: RunConfig) -> dict[str, str]:
     }
 
 
+def deployment_env(cfg: RunConfig) -> dict[str, str]:
+    """What the services of a deployment (``opengyre up``) must be started with to serve ``cfg``: the scheduler's
+    loop and policy, the proxy's model (each reads them at start)."""
+    return {**scheduler_env(cfg), **proxy_env(cfg.model)}
+
+
+def write_trainer_toml(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> Path:
+    """The trainer service's ``trainer.toml`` for this run, in the data dir (it reads it at start)."""
+    path = settings.data_dir / "trainer.toml"
+    path.write_text(tomli_w.dumps(trainer_settings(cfg, settings, engines, init)))
+    return path
+
+
 def trainer_settings(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> dict[str, object]:
     """The trainer service's ``trainer.toml`` for this run: it trains as soon as a step's groups are complete
     and reloads every engine after each step (whatever role its cell has now: it serves again after the switch)."""
@@ -141,6 +157,35 @@ def trainer_settings(cfg: RunConfig, settings: Settings, engines: list[str], ini
     return out
 
 
+class DeploymentMismatch(RuntimeError):
+    """The running deployment does not serve this run (no stack, a service missing, other settings)."""
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the run's services answer: gRPC ports on ``host``, and the event log."""
+
+    host: str
+    nats_url: str
+    ports: dict[str, int]
+
+    @classmethod
+    def of(cls, stack: Stack) -> Services:
+        return cls(stack.settings.host, stack.nats_url, {n: c.port for n, c in stack.children.items()})
+
+    @classmethod
+    def running(cls, settings: Settings) -> Services:
+        """The deployment running on ``settings.data_dir`` (``opengyre up``), from its stack record."""
+        found = stack_alive(settings)
+        if found is None:
+            raise DeploymentMismatch(f"no stack runs on {settings.data_dir}: start one with opengyre up")
+        ports = {n: int(s["port"]) for n, s in found.get("services", {}).items()}
+        missing = sorted({"synth", "scheduler", "proxy", "trainer"} - set(ports))
+        if missing:
+            raise DeploymentMismatch(f"the stack on {settings.data_dir} runs no {', '.join(missing)}")
+        return cls(str(found.get("host") or settings.host), str(found["nats_url"]), ports)
+
+
 class _Loop:
     def __init__(self, cfg: RunConfig, settings: Settings, say: Say, spec: HarnessSpec) -> None:
         self.cfg, self.settings, self.say, self.spec = cfg, settings, say, spec
@@ -149,10 +194,53 @@ class _Loop:
         self.engine_urls: list[str] = []
         self.settled = asyncio.Event()  # every step trained, the cells back in rollout
 
-    def channel(self, stack: Stack, name: str) -> grpc.aio.Channel:
-        ch = grpc.aio.insecure_channel(f"{self.settings.host}:{stack.children[name].port}")
+    def channel(self, services: Services, name: str) -> grpc.aio.Channel:
+        ch = grpc.aio.insecure_channel(f"{services.host}:{services.ports[name]}")
         self.channels.append(ch)
         return ch
+
+    async def start_engines(self, init: Path | None) -> list[EngineProcess]:
+        """One CPU engine per cell, on ``init`` (else the model's own weights); an earlier driver's are stopped."""
+        from opengyre.proxy.engine import EngineConfig, EngineProcess
+
+        cfg = self.cfg
+        engines = [
+            EngineProcess(EngineConfig(preset=cfg.model, checkpoint=init, seed=cfg.seed, threads=cfg.engine_threads))
+            for _ in range(cfg.cells)
+        ]
+        await asyncio.to_thread(_stop_leftover_engines, self.settings.data_dir)
+        try:
+            for e in engines:
+                await e.start(timeout=600)
+        except BaseException:
+            for e in engines:
+                await e.stop()
+            raise
+        self.engine_urls = [e.url for e in engines]
+        _write_engines(self.settings.data_dir, engines)
+        self.say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(self.engine_urls)}")
+        return engines
+
+    async def check_deployment(self, services: Services) -> None:
+        """A running deployment serves this run only if its scheduler runs the run's policy in auto mode and its
+        trainer trains this run (both read their settings at start: ``opengyre train env`` prints them)."""
+        sched = scheduler_pb2_grpc.SchedulerServiceStub(self.channel(services, "scheduler"))
+        trainer = trainer_pb2_grpc.TrainerServiceStub(self.channel(services, "trainer"))
+        st = await sched.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+        hint = "start it with this run's settings (opengyre train env RUN.toml, docs/loop.md)"
+        if st.policy != self.cfg.policy or not st.auto:
+            mode = "auto" if st.auto else "advice only"
+            raise DeploymentMismatch(
+                f"the running scheduler runs policy {st.policy} ({mode}), not {self.cfg.policy} (auto); {hint}"
+            )
+        try:
+            got = await trainer.GetEngineVersions(trainer_pb2.GetEngineVersionsRequest(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            raise DeploymentMismatch(f"the running trainer does not train (no trainer.toml); {hint}") from exc
+        if got.run_id != self.cfg.run_id:
+            raise DeploymentMismatch(f"the running trainer trains run {got.run_id}, not {self.cfg.run_id}; {hint}")
 
     async def close(self) -> None:
         for ch in self.channels:
@@ -201,8 +289,8 @@ class _Loop:
         return [_task_ref(t.task_id, t.version, Path(t.task_dir)) for t in ok]
 
     async def resume(
-        self, stack: Stack, synth: synth_pb2_grpc.SynthServiceAsyncStub, proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
-        trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, workdir: Path,
+        self, services: Services, synth: synth_pb2_grpc.SynthServiceAsyncStub,
+        proxy: proxy_pb2_grpc.ProxyServiceAsyncStub, trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, workdir: Path,
     ) -> set[str]:  # fmt: skip
         """What an earlier driver of this run left, read from the event log: every execution it dispatched that
         has no ``execution-finished`` ends now as abandoned (``end_abandoned``: its harness went with that
@@ -211,7 +299,7 @@ class _Loop:
         prefix = f"{self.cfg.run_id}-s"
         dispatched: dict[str, ExecutionDispatched] = {}
         finished: set[str] = set()
-        log = await EventLog.connect(stack.nats_url, self.settings.log)
+        log = await EventLog.connect(services.nats_url, self.settings.log)
         try:
             async for _, e in log.events(ExecutionDispatched, ExecutionFinished):
                 if isinstance(e, ExecutionDispatched) and e.execution_id.startswith(prefix):
@@ -343,17 +431,17 @@ class _Loop:
                         self.settled.set()
                 raise _NotYet("the scheduler's state stream ended")  # a restarted scheduler: follow it again
 
-    async def run(self, stack: Stack) -> LoopResult:
+    async def run(self, services: Services) -> LoopResult:
         cfg, res = self.cfg, self.result
-        synth = synth_pb2_grpc.SynthServiceStub(self.channel(stack, "synth"))
-        sched = scheduler_pb2_grpc.SchedulerServiceStub(self.channel(stack, "scheduler"))
-        trainer = trainer_pb2_grpc.TrainerServiceStub(self.channel(stack, "trainer"))
-        proxy = proxy_pb2_grpc.ProxyServiceStub(self.channel(stack, "proxy"))
+        synth = synth_pb2_grpc.SynthServiceStub(self.channel(services, "synth"))
+        sched = scheduler_pb2_grpc.SchedulerServiceStub(self.channel(services, "scheduler"))
+        trainer = trainer_pb2_grpc.TrainerServiceStub(self.channel(services, "trainer"))
+        proxy = proxy_pb2_grpc.ProxyServiceStub(self.channel(services, "proxy"))
         await self.register_cells(sched)
         tasks = res.tasks
         model = _served_name(cfg.model)
         workdir = (self.settings.data_dir / "rollouts").resolve()
-        before = await self.resume(stack, synth, proxy, trainer, workdir)
+        before = await self.resume(services, synth, proxy, trainer, workdir)
         follower = asyncio.create_task(self.follow(trainer, sched), name="follow-scheduler")
         running: set[asyncio.Task[Finished]] = set()
         t0 = time.monotonic()
@@ -537,23 +625,30 @@ async def run_loop(
     warm_start: WarmStart | None = None,
     before_stop: BeforeStop | None = None,
     after_start: AfterStart | None = None,
+    attach: bool = False,
 ) -> LoopResult:
     """Run ``cfg`` on the embedded stack of ``settings.data_dir`` (started and stopped here) end to end.
 
     Order: the stack without the trainer; tasks built; ``warm_start(tasks, folder)`` (an SFT on their reference
     solutions) may return the checkpoint the run starts from; the engines start on it, one per cell, and the
-    cells are registered; then the trainer service starts with this run's ``trainer.toml``, and the loop runs."""
-    from opengyre.proxy.engine import EngineConfig, EngineProcess
+    cells are registered; then the trainer service starts with this run's ``trainer.toml``, and the loop runs.
 
+    ``attach``: drive the run on the deployment already running on the data dir (``opengyre up``, started with
+    this run's service settings, ``opengyre train env``) instead: nothing is started but the engines, and the
+    services keep running after the run. A warm start and the stack hooks need the embedded stack."""
     cfg.validate()
     if spec is None:
         spec = builtin_spec(*cfg.harness_args) if cfg.harness == "builtin" else HarnessSpec.from_toml(Path(cfg.harness))
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
+    loop = _Loop(cfg, settings, say, spec)
+    if attach:
+        if warm_start is not None or before_stop is not None or after_start is not None:
+            raise ValueError("a warm start and stack hooks need the embedded stack (attach=False)")
+        return await _run_attached(loop)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    loop = _Loop(cfg, settings, say, spec)
     res = loop.result
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
-    env = {**scheduler_env(cfg), **await asyncio.to_thread(proxy_env, cfg.model)}
+    env = await asyncio.to_thread(deployment_env, cfg)
     stack = Stack(settings, services=["synth", "scheduler", "proxy"], env=env)
     engines: list[EngineProcess] = []
     halt = asyncio.Event()
@@ -568,7 +663,7 @@ async def run_loop(
         if after_start is not None:
             await after_start(stack)
         t0 = time.monotonic()
-        synth = synth_pb2_grpc.SynthServiceStub(loop.channel(stack, "synth"))
+        synth = synth_pb2_grpc.SynthServiceStub(loop.channel(Services.of(stack), "synth"))
         res.tasks = await loop.build_tasks(synth)
         res.timings["synthesis"] = time.monotonic() - t0
         init = None
@@ -577,25 +672,11 @@ async def run_loop(
             init = await warm_start(res.tasks, (settings.data_dir / "warm-start").resolve())
             res.timings["warm start"] = time.monotonic() - t0
         t0 = time.monotonic()
-        engines = [
-            EngineProcess(
-                EngineConfig(
-                    preset=cfg.model, checkpoint=init, seed=cfg.seed, threads=cfg.engine_threads,
-                )
-            )
-            for _ in range(cfg.cells)
-        ]  # fmt: skip
-        await asyncio.to_thread(_stop_leftover_engines, settings.data_dir)
-        for e in engines:
-            await e.start(timeout=600)
-        loop.engine_urls = [e.url for e in engines]
-        _write_engines(settings.data_dir, engines)
-        say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(loop.engine_urls)}")
-        toml = tomli_w.dumps(trainer_settings(cfg, settings, loop.engine_urls, init))
-        (settings.data_dir / "trainer.toml").write_text(toml)
+        engines = await loop.start_engines(init)
+        write_trainer_toml(cfg, settings, loop.engine_urls, init)
         await stack.add_service("trainer")
         res.timings["engines and trainer start"] = time.monotonic() - t0
-        await loop.run(stack)
+        await loop.run(Services.of(stack))
         if before_stop is not None:
             await before_stop(stack, res)
         return res
@@ -605,5 +686,28 @@ async def run_loop(
             await supervisor
         await loop.close()
         await stack.stop()
+        for e in engines:
+            await e.stop()
+
+
+async def _run_attached(loop: _Loop) -> LoopResult:
+    """The run on a deployment already running: its services as they are, checked to serve this run first."""
+    res = loop.result
+    started = time.monotonic()
+    services = await asyncio.to_thread(Services.running, loop.settings)
+    engines: list[EngineProcess] = []
+    try:
+        await loop.check_deployment(services)
+        loop.say(f"attached: event log {services.nats_url}, services {', '.join(sorted(services.ports))}")
+        res.timings["start"] = time.monotonic() - started
+        t0 = time.monotonic()
+        res.tasks = await loop.build_tasks(synth_pb2_grpc.SynthServiceStub(loop.channel(services, "synth")))
+        res.timings["synthesis"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        engines = await loop.start_engines(None)
+        res.timings["engines start"] = time.monotonic() - t0
+        return await loop.run(services)
+    finally:
+        await loop.close()
         for e in engines:
             await e.stop()
