@@ -382,20 +382,16 @@ class _Loop:
             log.warning("engines %s do not serve %s after %.0f s; rolling out anyway", lagging, want, ENGINE_WAIT_S)
 
     async def dispatch(
-        self, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub, step: int, tasks: list[TaskRef]
+        self, sched: scheduler_pb2_grpc.SchedulerServiceAsyncStub, step: int, k: int, t: TaskRef
     ) -> scheduler_pb2.DispatchGroupsReply:
-        groups = [
-            scheduler_pb2.GroupRequest(
-                group_id=f"{self.cfg.run_id}-s{step}-g{k}",
-                task_id=t.task_id,
-                task_version=t.version,
-                group_size=self.cfg.group_size,
-            )
-            for k, t in enumerate(tasks)
-        ]
-        req = scheduler_pb2.DispatchGroupsRequest(groups=groups, timeout_s=self.cfg.timeout_s)
+        """Group ``k`` of ``step``, once the policy admits the step and the rollout cells have room for it."""
+        group = scheduler_pb2.GroupRequest(
+            group_id=f"{self.cfg.run_id}-s{step}-g{k}", task_id=t.task_id, task_version=t.version,
+            group_size=self.cfg.group_size,
+        )  # fmt: skip
+        req = scheduler_pb2.DispatchGroupsRequest(groups=[group], timeout_s=self.cfg.timeout_s)
         return await _until_accepted(
-            lambda: sched.DispatchGroups(req, timeout=60), _NOT_NOW, f"dispatching step {step}"
+            lambda: sched.DispatchGroups(req, timeout=60), _NOT_NOW, f"dispatching step {step} group {k}"
         )
 
     async def follow(
@@ -446,11 +442,13 @@ class _Loop:
         running: set[asyncio.Task[Finished]] = set()
         t0 = time.monotonic()
         try:
-            for step in range(1, cfg.steps + 1):
-                first = (step - 1) * cfg.groups_per_step  # the tasks take turns, one group each
-                turn = [tasks[(first + k) % len(tasks)] for k in range(cfg.groups_per_step)]
-                chosen = [await self.current(synth, t) for t in turn]
-                reply = await self.dispatch(sched, step, chosen)
+            # Streaming across groups: each group goes out on its own as soon as the cells have room for it (a
+            # step's later groups start while its earlier ones run; a step larger than the cells still runs), and
+            # the next step's as soon as the policy admits it. The tasks take turns, one group each.
+            for n in range(cfg.steps * cfg.groups_per_step):
+                step, k = n // cfg.groups_per_step + 1, n % cfg.groups_per_step
+                chosen = [await self.current(synth, tasks[n % len(tasks)])]
+                reply = await self.dispatch(sched, step, k, chosen[0])
                 by_id = {t.task_id: t for t in chosen}
                 self.say(
                     f"dispatch: step {reply.step}, {len(reply.executions)} executions of "
