@@ -9,19 +9,8 @@
 """
 
 from ._config import RunConfig, RunConfigError
-from ._driver import (
-    AfterStart,
-    BeforeStop,
-    DeploymentMismatch,
-    LoopResult,
-    TaskRef,
-    WarmStart,
-    deployment_env,
-    run_loop,
-    scheduler_env,
-    trainer_settings,
-    write_trainer_toml,
-)
+from ._deployment import DeploymentMismatch, deployment_env, scheduler_env, trainer_settings, write_trainer_toml
+from ._driver import AfterStart, BeforeStop, LoopResult, TaskRef, WarmStart, run_loop
 from ._rollout import Assignment, Finished, end_execution, harness_failure, roll_out
 from ._warmstart import SFT_VERSION, reference_messages, sft_warm_start
 

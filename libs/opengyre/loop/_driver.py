@@ -8,33 +8,32 @@ soon as a step's groups are complete (its ``trainer.toml``, written here), publi
 engines; the scheduler's policy moves cells between rollout and training; svc-synth hardens task versions that
 got easy, and later groups use the newest version. Nothing here appends an event: each has its owning service.
 
-Resumable: group ids are derived from the run and the step, and a group the scheduler already dispatched is
-answered with its members again, so a driver started again on the same data dir re-runs only what has no
-outcome yet.
+Resumable (``_Loop.resume``): a driver started again on the same data dir reads from the event log what the
+killed one dispatched; an execution without an outcome ends once as abandoned, re-dispatched groups are answered
+with their old members, and cells move to the new engines (``cell-engine-changed``). Streaming: groups go out one
+by one as the cells have room. ``attach``: the same loop on a deployment already running (``_deployment``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import grpc
-import tomli_w
 
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.harness import HarnessSpec, builtin_spec
 from opengyre.retry import backoff
-from opengyre.runtime import Stack, cmdline, stack_alive, stop_group
+from opengyre.runtime import Stack
 from opengyre.v1 import (
     common_pb2,
     proxy_pb2_grpc,
@@ -47,37 +46,27 @@ from opengyre.v1 import (
 )
 
 from ._config import RunConfig
+from ._deployment import (
+    DeploymentMismatch,
+    Services,
+    deployment_env,
+    record_engines,
+    served_name,
+    stop_leftover_engines,
+    write_trainer_toml,
+)
 from ._rollout import Assignment, Finished, end_abandoned, roll_out
+from ._waits import AWAY, NOT_NOW, WAITS, NotYet, not_yet_or, until_accepted, until_caught_up, up
 
 if TYPE_CHECKING:
     from opengyre.proxy.engine import EngineProcess
 
-__all__ = [
-    "AfterStart",
-    "BeforeStop",
-    "DeploymentMismatch",
-    "LoopResult",
-    "TaskRef",
-    "WarmStart",
-    "deployment_env",
-    "proxy_env",
-    "run_loop",
-    "scheduler_env",
-    "trainer_settings",
-    "write_trainer_toml",
-]
+__all__ = ["AfterStart", "BeforeStop", "LoopResult", "TaskRef", "WarmStart", "run_loop"]
 
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
-T = TypeVar("T")
-_AWAY = (grpc.StatusCode.UNAVAILABLE,)  # a service the supervisor is restarting
-_NOT_NOW = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, *_AWAY)
-# Waits on the policy, capacity or a projection are the loop's normal pace, not warnings: their retries are not
-# logged (a wait that gives up still raises its last refusal).
-_WAITS = logging.getLogger(f"{__name__}.waits")
-_WAITS.setLevel(logging.ERROR)
-WAIT_ATTEMPTS = 1200  # at most 1 s apart: ~20 minutes
+ENGINE_WAIT_S = 120.0
 ENGINE_WAIT_S = 120.0
 
 
@@ -96,94 +85,6 @@ class LoopResult:
     steps: list[trainer_pb2.TrainingStep] = field(default_factory=list)
     hardened: int = 0
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds (wall clock)
-
-
-def proxy_env(model: str) -> dict[str, str]:
-    """The proxy serves the run's model by its engines' name, recording token ids in its tokenizer."""
-    from opengyre.models import resolve_model
-
-    env = {"OPENGYRE_PROXY_MODELS": _served_name(model)}
-    source = resolve_model(model)
-    if source.checkpoint is not None:  # a pretrained model (a preset uses the shipped byte-level tokenizer)
-        env["OPENGYRE_PROXY_TOKENIZER"] = str(source.tokenizer_dir)
-    return env
-
-
-def scheduler_env(cfg: RunConfig) -> dict[str, str]:
-    """The scheduler's RL loop and policy for this run (its service reads them at start)."""
-    return {
-        "OPENGYRE_SCHEDULER_POLICY": cfg.policy,
-        "OPENGYRE_SCHEDULER_AUTO": "1",
-        "OPENGYRE_SCHEDULER_MAX_LAG": str(cfg.max_lag),
-        "OPENGYRE_SCHEDULER_GROUPS_PER_STEP": str(cfg.groups_per_step),
-        "OPENGYRE_SCHEDULER_GROUP_SIZE": str(cfg.group_size),
-        "OPENGYRE_SCHEDULER_STEPS": str(cfg.steps),
-    }
-
-
-def deployment_env(cfg: RunConfig) -> dict[str, str]:
-    """What the services of a deployment (``opengyre up``) must be started with to serve ``cfg``: the scheduler's
-    loop and policy, the proxy's model (each reads them at start)."""
-    return {**scheduler_env(cfg), **proxy_env(cfg.model)}
-
-
-def write_trainer_toml(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> Path:
-    """The trainer service's ``trainer.toml`` for this run, in the data dir (it reads it at start)."""
-    path = settings.data_dir / "trainer.toml"
-    path.write_text(tomli_w.dumps(trainer_settings(cfg, settings, engines, init)))
-    return path
-
-
-def trainer_settings(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> dict[str, object]:
-    """The trainer service's ``trainer.toml`` for this run: it trains as soon as a step's groups are complete
-    and reloads every engine after each step (whatever role its cell has now: it serves again after the switch)."""
-    out: dict[str, object] = {
-        "run_id": cfg.run_id,
-        "model": cfg.model,
-        "algorithm": cfg.algorithm,
-        "group_size": cfg.group_size,
-        "groups_per_step": cfg.groups_per_step,
-        "lr": cfg.lr,
-        "max_paths": cfg.max_paths,
-        "micro_batch_tokens": cfg.micro_batch_tokens,
-        "max_staleness": max(1, cfg.max_lag),
-        "seed": cfg.seed,
-        "checkpoint_dir": str((settings.data_dir / "checkpoints").resolve()),
-        "engines": engines,
-        "engine_sync_s": 1.0,
-    }
-    if init is not None:
-        out["init_checkpoint"] = str(init)
-    return out
-
-
-class DeploymentMismatch(RuntimeError):
-    """The running deployment does not serve this run (no stack, a service missing, other settings)."""
-
-
-@dataclass(frozen=True)
-class Services:
-    """Where the run's services answer: gRPC ports on ``host``, and the event log."""
-
-    host: str
-    nats_url: str
-    ports: dict[str, int]
-
-    @classmethod
-    def of(cls, stack: Stack) -> Services:
-        return cls(stack.settings.host, stack.nats_url, {n: c.port for n, c in stack.children.items()})
-
-    @classmethod
-    def running(cls, settings: Settings) -> Services:
-        """The deployment running on ``settings.data_dir`` (``opengyre up``), from its stack record."""
-        found = stack_alive(settings)
-        if found is None:
-            raise DeploymentMismatch(f"no stack runs on {settings.data_dir}: start one with opengyre up")
-        ports = {n: int(s["port"]) for n, s in found.get("services", {}).items()}
-        missing = sorted({"synth", "scheduler", "proxy", "trainer"} - set(ports))
-        if missing:
-            raise DeploymentMismatch(f"the stack on {settings.data_dir} runs no {', '.join(missing)}")
-        return cls(str(found.get("host") or settings.host), str(found["nats_url"]), ports)
 
 
 class _Loop:
@@ -208,7 +109,7 @@ class _Loop:
             EngineProcess(EngineConfig(preset=cfg.model, checkpoint=init, seed=cfg.seed, threads=cfg.engine_threads))
             for _ in range(cfg.cells)
         ]
-        await asyncio.to_thread(_stop_leftover_engines, self.settings.data_dir)
+        await asyncio.to_thread(stop_leftover_engines, self.settings.data_dir)
         try:
             for e in engines:
                 await e.start(timeout=600)
@@ -217,7 +118,7 @@ class _Loop:
                 await e.stop()
             raise
         self.engine_urls = [e.url for e in engines]
-        _write_engines(self.settings.data_dir, engines)
+        record_engines(self.settings.data_dir, engines)
         self.say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(self.engine_urls)}")
         return engines
 
@@ -262,8 +163,8 @@ class _Loop:
                 moved = scheduler_pb2.SetCellEngineRequest(
                     cell_id=req.cell_id, engine_url=url, reason="the run resumed with a new engine"
                 )
-                await _until_accepted(
-                    functools.partial(sched.SetCellEngine, moved, timeout=60), _NOT_NOW, f"moving {req.cell_id}"
+                await until_accepted(
+                    functools.partial(sched.SetCellEngine, moved, timeout=60), NOT_NOW, f"moving {req.cell_id}"
                 )
         self.say(f"cells: {len(self.engine_urls)} CPU cells of {self.cfg.cell_capacity} registered ({self.cfg.policy})")
 
@@ -279,7 +180,7 @@ class _Loop:
             skill_ids=ids, tasks_per_skill=cfg.tasks_per_skill, seed=cfg.seed, challenges=cfg.challenges,
             level=cfg.level,
         )  # fmt: skip
-        built = await _until_accepted(
+        built = await until_accepted(
             lambda: synth.BuildTasks(req, timeout=600), (grpc.StatusCode.NOT_FOUND,), "building tasks"
         )
         ok = [t for t in built.tasks if t.ok]
@@ -332,7 +233,7 @@ class _Loop:
 
     async def version(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, task_id: str, version: int) -> TaskRef:
         req = synth_pb2.GetLineageRequest(task_id=task_id)
-        lineage = await _up(lambda: synth.GetLineage(req, timeout=60))
+        lineage = await up(lambda: synth.GetLineage(req, timeout=60))
         for v in lineage.versions:
             if v.version == version and v.task_dir:
                 return _task_ref(task_id, version, Path(v.task_dir))
@@ -341,7 +242,7 @@ class _Loop:
     async def current(self, synth: synth_pb2_grpc.SynthServiceAsyncStub, task: TaskRef) -> TaskRef:
         """The task's newest validated version (hardening adds versions while the run goes on)."""
         req = synth_pb2.GetLineageRequest(task_id=task.task_id)
-        lineage = await _up(lambda: synth.GetLineage(req, timeout=60))
+        lineage = await up(lambda: synth.GetLineage(req, timeout=60))
         valid = [v for v in lineage.versions if v.validated == "true" and v.task_dir]
         if not valid:
             return task
@@ -359,8 +260,8 @@ class _Loop:
         lagging: list[str] = []
         try:
             async for attempt in backoff(
-                f"engines to serve {want}", first_s=0.1, max_s=1.0, retry_if=_not_yet_or(grpc.StatusCode.UNAVAILABLE),
-                until=lambda: time.monotonic() > deadline, logger=_WAITS,
+                f"engines to serve {want}", first_s=0.1, max_s=1.0, retry_if=not_yet_or(grpc.StatusCode.UNAVAILABLE),
+                until=lambda: time.monotonic() > deadline, logger=WAITS,
             ):  # fmt: skip
                 with attempt:
                     got = await trainer.GetEngineVersions(req, timeout=30)
@@ -377,8 +278,8 @@ class _Loop:
                         if e.url in self.engine_urls and e.failed_version in ok:  # its later calls are not trained
                             log.warning("engine %s failed to load %s: %s", e.url, e.failed_version, e.message)
                     if lagging:
-                        raise _NotYet(f"{len(lagging)} engine(s) do not serve {want} yet")
-        except _NotYet:
+                        raise NotYet(f"{len(lagging)} engine(s) do not serve {want} yet")
+        except NotYet:
             log.warning("engines %s do not serve %s after %.0f s; rolling out anyway", lagging, want, ENGINE_WAIT_S)
 
     async def dispatch(
@@ -390,8 +291,8 @@ class _Loop:
             group_size=self.cfg.group_size,
         )  # fmt: skip
         req = scheduler_pb2.DispatchGroupsRequest(groups=[group], timeout_s=self.cfg.timeout_s)
-        return await _until_accepted(
-            lambda: sched.DispatchGroups(req, timeout=60), _NOT_NOW, f"dispatching step {step} group {k}"
+        return await until_accepted(
+            lambda: sched.DispatchGroups(req, timeout=60), NOT_NOW, f"dispatching step {step} group {k}"
         )
 
     async def follow(
@@ -404,13 +305,13 @@ class _Loop:
         req = scheduler_pb2.WatchStateRequest()
         steps_req = trainer_pb2.ListStepsRequest(run_id=self.cfg.run_id)
         async for attempt in backoff(
-            "following the scheduler's state", first_s=0.1, max_s=2.0, retry_if=_not_yet_or(*_AWAY), logger=_WAITS
+            "following the scheduler's state", first_s=0.1, max_s=2.0, retry_if=not_yet_or(*AWAY), logger=WAITS
         ):
             with attempt:
                 async for st in sched.WatchState(req):
                     if st.trained_step > seen:
                         # The trainer's projection may fold its own step a moment after the scheduler's.
-                        steps = await _until_caught_up(
+                        steps = await until_caught_up(
                             lambda: trainer.ListSteps(steps_req, timeout=30),
                             functools.partial(_has_steps, want=st.trained_step),
                         )
@@ -425,7 +326,7 @@ class _Loop:
                         self.result.steps = list(steps.steps)
                     if seen >= self.cfg.steps and st.cells and all(c.role == "rollout" for c in st.cells):
                         self.settled.set()
-                raise _NotYet("the scheduler's state stream ended")  # a restarted scheduler: follow it again
+                raise NotYet("the scheduler's state stream ended")  # a restarted scheduler: follow it again
 
     async def run(self, services: Services) -> LoopResult:
         cfg, res = self.cfg, self.result
@@ -435,7 +336,7 @@ class _Loop:
         proxy = proxy_pb2_grpc.ProxyServiceStub(self.channel(services, "proxy"))
         await self.register_cells(sched)
         tasks = res.tasks
-        model = _served_name(cfg.model)
+        model = served_name(cfg.model)
         workdir = (self.settings.data_dir / "rollouts").resolve()
         before = await self.resume(services, synth, proxy, trainer, workdir)
         follower = asyncio.create_task(self.follow(trainer, sched), name="follow-scheduler")
@@ -486,7 +387,7 @@ class _Loop:
         return res
 
     async def synth_caught_up(self, synth: synth_pb2_grpc.SynthServiceAsyncStub) -> None:
-        await _until_caught_up(
+        await until_caught_up(
             lambda: synth.GetStatus(common_pb2.StatusRequest(), timeout=30),
             lambda status: all(p.pending == 0 for p in status.projections),
         )
@@ -496,11 +397,11 @@ class _Loop:
         its own while the run goes on; this is the last pass before the stack stops). Returns the versions
         hardened in the whole run."""
         await self.synth_caught_up(synth)
-        done = await _up(lambda: synth.HardenTasks(synth_pb2.HardenTasksRequest(), timeout=600))
+        done = await up(lambda: synth.HardenTasks(synth_pb2.HardenTasksRequest(), timeout=600))
         for h in done.hardened:
             self.say(f"hardened {h.task_id} v{h.from_version} -> v{h.to_version}: {h.reason}")
         await self.synth_caught_up(synth)
-        listed = await _up(lambda: synth.ListTasks(synth_pb2.ListTasksRequest(), timeout=60))
+        listed = await up(lambda: synth.ListTasks(synth_pb2.ListTasksRequest(), timeout=60))
         return sum(t.hardened_count for t in listed.tasks)
 
     def _done(self, job: asyncio.Task[Finished], running: set[asyncio.Task[Finished]]) -> None:
@@ -531,80 +432,12 @@ class _Loop:
             raise TimeoutError(f"the trainer did not complete {self.cfg.steps} step(s) within {bound_s:.0f} s")
 
 
-def _served_name(model: str) -> str:
-    from opengyre.proxy.engine import EngineConfig
-
-    return EngineConfig(preset=model).model_name
-
-
 def _task_ref(task_id: str, version: int, task_dir: Path) -> TaskRef:
     return TaskRef(task_id, version, task_dir, (task_dir / "instruction.md").read_text())
 
 
 def _has_steps(reply: trainer_pb2.ListStepsReply, want: int) -> bool:
     return len(reply.steps) >= want
-
-
-class _NotYet(Exception):
-    """A condition waited for does not hold yet (``backoff`` asks again)."""
-
-
-def _not_yet_or(*codes: grpc.StatusCode) -> Callable[[BaseException], bool]:
-    def retryable(exc: BaseException) -> bool:
-        return isinstance(exc, _NotYet) or (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in codes)
-
-    return retryable
-
-
-async def _until_accepted(call: Callable[[], Awaitable[T]], codes: tuple[grpc.StatusCode, ...], what: str) -> T:
-    """Call until the service accepts: a refusal with one of ``codes`` means "not now" (the policy holds the
-    step, cells are full, a projection has not caught up, the service is being restarted by the supervisor), so
-    it is asked again; after ``WAIT_ATTEMPTS`` the last refusal is raised."""
-    async for attempt in backoff(
-        what, first_s=0.1, max_s=1.0, retry_if=_not_yet_or(*codes), attempts=WAIT_ATTEMPTS, logger=_WAITS
-    ):
-        with attempt:
-            return await call()
-    raise AssertionError("unreachable: backoff re-raises its last error")
-
-
-async def _until_caught_up(call: Callable[[], Awaitable[T]], done: Callable[[T], bool]) -> T:
-    """Read until ``done(reply)``: a projection folding what another service just appended."""
-
-    async def checked() -> T:
-        got = await call()
-        if not done(got):
-            raise _NotYet("not caught up yet")
-        return got
-
-    return await _until_accepted(checked, _AWAY, "waiting for a projection to catch up")
-
-
-async def _up(call: Callable[[], Awaitable[T]]) -> T:
-    """A read that waits out a service's restart."""
-    return await _until_accepted(call, _AWAY, "waiting for a service to come back")
-
-
-ENGINES_FILE = "loop-engines.json"  # the driver's engines (pid, argv): a driver started again stops leftovers
-
-
-def _write_engines(data_dir: Path, engines: list[EngineProcess]) -> None:
-    rows = [{"pid": e.pid, "argv": cmdline(e.pid), "url": e.url} for e in engines if e.pid is not None]
-    (data_dir / ENGINES_FILE).write_text(json.dumps({"engines": rows}))
-
-
-def _stop_leftover_engines(data_dir: Path) -> None:
-    """Engines run in sessions of their own and outlive a driver that was killed: stop the ones the last driver
-    on this data dir started (checked to be the same program, not a process that reused the pid)."""
-    path = data_dir / ENGINES_FILE
-    if not path.exists():
-        return
-    for row in json.loads(path.read_text()).get("engines", []):
-        pid, argv = int(row["pid"]), row.get("argv")
-        if argv and cmdline(pid) == argv:
-            log.warning("stopping engine %s (pid %d) left by an earlier driver", row.get("url"), pid)
-            stop_group(pid)
-    path.unlink()
 
 
 WarmStart = Callable[[list[TaskRef], Path], Awaitable[Path | None]]
