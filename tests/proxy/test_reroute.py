@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from opengyre.eventlog import EventLog
-from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged
 from opengyre.proxy._assembly import Outcome, assemble
 from opengyre.proxy._cells import CellWatcher
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
@@ -332,6 +332,30 @@ async def test_a_cell_whose_url_no_client_speaks_is_skipped(event_log: EventLog)
             CellRegistered(cell_id="c-ok", role="rollout", engine_url=f"http://127.0.0.1:{free_port()}")
         )
         assert [h.engine_id for h in pool.engines()] == ["c-ok"]
+    finally:
+        await pool.close()
+
+
+async def test_a_cell_whose_engine_changed_is_routed_to_the_new_one_in_any_role(event_log: EventLog) -> None:
+    from opengyre.proxy import EnginePool
+    from opengyre.runtime import free_port
+
+    old, new, later = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
+    pool = EnginePool()
+    try:
+        watcher = CellWatcher(event_log, pool)
+        await watcher.apply(CellRegistered(cell_id="c0", role="rollout", engine_url=old))
+        await watcher.apply(CellEngineChanged(cell_id="c0", engine_url=new))
+        h = pool.get("c0")
+        assert h is not None and h.url == new and watcher.roles == {"c0": "rollout"}
+        # Off rollout the new URL is remembered, and used once the cell is back.
+        await watcher.apply(CellRoleChanged(cell_id="c0", from_role="rollout", to_role="draining"))
+        await watcher.apply(CellEngineChanged(cell_id="c0", engine_url=later))
+        await watcher.apply(CellRoleChanged(cell_id="c0", from_role="switching", to_role="rollout"))
+        h = pool.get("c0")
+        assert h is not None and h.url == later
+        await watcher.apply(CellEngineChanged(cell_id="nope", engine_url=new))  # unknown cell: skipped
+        assert [h.engine_id for h in pool.engines()] == ["c0"]
     finally:
         await pool.close()
 

@@ -342,3 +342,44 @@ def test_the_default_proxy_address_is_one_to_dial_not_a_wildcard_bind(host: str,
     settings = Settings(host=host)
     assert proxy_address(settings, {}) == f"{dial}:{settings.ports['proxy']}"
     assert proxy_address(settings, {"OPENGYRE_SCHEDULER_PROXY_ADDR": "proxy:50053"}) == "proxy:50053"
+
+
+async def test_a_cell_moves_to_a_new_engine_keeping_its_role_and_then_changes_role_as_before(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    svc = SchedulerService(
+        policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2), actuator=ExternalActuator()
+    )
+    async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
+        for c in ("c0", "c1"):
+            await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=2, engine_url=f"http://old-{c}"))
+        n = await event_log.last_seq()
+        bad = [
+            (stub.SetCellEngine(pb.SetCellEngineRequest(cell_id="nope", engine_url="http://x")), grpc.StatusCode.NOT_FOUND),
+            (stub.SetCellEngine(pb.SetCellEngineRequest(cell_id="c0")), grpc.StatusCode.INVALID_ARGUMENT),
+            (stub.SetCellEngine(pb.SetCellEngineRequest(cell_id="c0", engine_url="http://" + "e" * 250)),
+             grpc.StatusCode.INVALID_ARGUMENT),
+        ]  # fmt: skip
+        for call, code in bad:
+            assert await _code(call) == code
+        assert await event_log.last_seq() == n
+        moved = await stub.SetCellEngine(pb.SetCellEngineRequest(cell_id="c0", engine_url="http://new-c0", reason="r"))
+        assert (moved.engine_url, moved.role) == ("http://new-c0", "rollout")
+        again = await stub.SetCellEngine(pb.SetCellEngineRequest(cell_id="c0", engine_url="http://new-c0"))
+        assert again.engine_url == "http://new-c0"
+        assert (await _log_types(event_log))[-1] == "cell-engine-changed"
+        assert await event_log.last_seq() == n + 1  # the same URL again appends nothing
+        st = await stub.GetState(pb.GetStateRequest())
+        assert {c.cell_id: c.engine_url for c in st.cells} == {"c0": "http://new-c0", "c1": "http://old-c1"}
+        # The cell's next role change appends after the engine change (its stream position moved with it).
+        done = await stub.ForceRole(pb.ForceRoleRequest(cell_id="c0", target="training"))
+        assert done.cell.role.startswith("training") and done.cell.engine_url == "http://new-c0"
+    # A scheduler started again rebuilds the same cells from the log.
+    fresh = SchedulerService(
+        policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2), actuator=ExternalActuator()
+    )
+    (tmp_path / "again").mkdir()
+    async with running_scheduler(fresh, nats_server, log_config, tmp_path / "again") as (stub, _):
+        await fresh.controller.wait_applied(await event_log.last_seq())  # type: ignore[union-attr]
+        st = await stub.GetState(pb.GetStateRequest())
+        assert {c.cell_id: c.engine_url for c in st.cells} == {"c0": "http://new-c0", "c1": "http://old-c1"}

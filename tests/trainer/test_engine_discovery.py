@@ -12,7 +12,7 @@ import msgspec
 from sqlalchemy import Engine, select
 
 from opengyre.eventlog import EventLog
-from opengyre.events import CellRegistered, CellRoleChanged, ModelCallRecorded
+from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
@@ -41,6 +41,7 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
     async with (
         EngineServer(EngineConfig(preset="tiny")) as a,
         EngineServer(EngineConfig(preset="tiny")) as b,
+        EngineServer(EngineConfig(preset="tiny")) as c,
         folding(runner),
     ):
         await event_log.append_many(
@@ -67,8 +68,16 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
         synced = await trainer.sync_engines()
         assert [(r.url, r.success) for r in synced] == [(b.url, True)]  # a is current: left alone
         assert await served(b.url) == "default-s1"
-    with engine.connect() as c:
-        assert [r for (r,) in c.execute(select(DeadLetter.reason))] == ["unknown-cell"]
+        # A cell's engine restarted elsewhere (cell-engine-changed): the new one is a rollout engine, brought up to date.
+        await event_log.append(CellEngineChanged(cell_id="c1", engine_url=c.url))
+        await event_log.append(CellEngineChanged(cell_id="ghost", engine_url=c.url))  # never registered: rejected
+        await runner.wait_caught_up(60)
+        assert store.rollout_engines() == sorted([b.url, c.url])
+        synced = await trainer.sync_engines()
+        assert [(r.url, r.success) for r in synced] == [(c.url, True)]
+        assert await served(c.url) == "default-s1" and trainer.engines[c.url].serving == "default-s1"
+    with engine.connect() as conn:
+        assert [r for (r,) in conn.execute(select(DeadLetter.reason))] == ["unknown-cell", "unknown-cell"]
 
 
 class _OddEngine(BaseHTTPRequestHandler):

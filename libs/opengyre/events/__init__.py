@@ -4,6 +4,7 @@ from ._base import Event, new_event_id, subject_token, utcnow
 from ._catalogue import (
     BenchRunCompleted,
     CallTimings,
+    CellEngineChanged,
     CellRegistered,
     CellRole,
     CellRoleChanged,
@@ -43,6 +44,7 @@ from ._text import RawText
 __all__ = [
     "BenchRunCompleted",
     "CallTimings",
+    "CellEngineChanged",
     "CellRegistered",
     "CellRole",
     "CellRoleChanged",

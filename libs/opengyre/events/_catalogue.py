@@ -18,6 +18,7 @@ __all__ = [
     "UPCASTERS",
     "BenchRunCompleted",
     "CallTimings",
+    "CellEngineChanged",
     "CellRegistered",
     "CellRole",
     "CellRoleChanged",
@@ -323,6 +324,19 @@ class CellRoleChanged(Event, frozen=True, kw_only=True, tag="cell-role-changed")
     to_role: CellRole
     reason: str = ""
     engine_url: str | None = None
+
+
+class CellEngineChanged(Event, frozen=True, kw_only=True, tag="cell-engine-changed"):
+    """A registered cell is served by another engine from now on (its engine restarted at a new address, e.g. a
+    rollout driver started again after a crash). The cell keeps its role and its place; routing follows the URL."""
+
+    owner = "scheduler"
+    aggregate = "cell"
+    aggregate_key = "cell_id"
+
+    cell_id: str
+    engine_url: str
+    reason: str = ""
 
 
 class TrainingStepCompleted(Event, frozen=True, kw_only=True, tag="training-step-completed"):

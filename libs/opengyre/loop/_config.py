@@ -71,11 +71,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise bad("max_lag and sft_epochs must be >= 0")
         if not 0 <= self.level <= 3 or not 1 <= self.challenges <= 8:
             raise bad("level must be in 0..3 and challenges in 1..8")
-        if self.group_size * self.groups_per_step > self.cells * self.cell_capacity:
-            raise bad(
-                f"a step's {self.groups_per_step} group(s) of {self.group_size} are dispatched together and do not "
-                f"fit on {self.cells} cell(s) of {self.cell_capacity}"
-            )
+        if self.group_size > self.cells * self.cell_capacity:  # groups go out one by one, each needs room at once
+            raise bad(f"a group of {self.group_size} does not fit on {self.cells} cell(s) of {self.cell_capacity}")
         if self.timeout_s <= 0 or self.lr <= 0 or self.sft_lr <= 0:
             raise bad("timeout_s, lr and sft_lr must be > 0")
         if self.harness != "builtin" and not Path(self.harness).is_file():

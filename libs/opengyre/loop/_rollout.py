@@ -20,12 +20,13 @@ from opengyre.retry import backoff
 from opengyre.sandbox import SandboxLimits
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
-__all__ = ["Assignment", "Finished", "end_execution", "harness_failure", "roll_out"]
+__all__ = ["ABANDONED", "Assignment", "Finished", "end_abandoned", "end_execution", "harness_failure", "roll_out"]
 
 # How the harness ended -> the failure the runtime observed itself (ScoreExecution's ``failure_class``). A harness
 # that could not reach the model (the endpoint unreachable or failing after its retries) is an infrastructure
 # failure, masked downstream; every other ending is graded on the workspace it left.
 _FAILURES = {"model-error": "engine"}
+ABANDONED = "sandbox"  # the failure class of an execution whose harness was lost with the driver (``end_abandoned``)
 
 
 @dataclass(frozen=True)
@@ -80,28 +81,52 @@ async def end_execution(
     """The execution is over: the proxy seals it (no further calls; every recorded call flushed to the log) and
     the trainer grades the preserved workspace and records ``execution-finished`` with the proxy's call count,
     so no step samples the execution before all its calls are in (docs/proxy.md, "Ending an execution")."""
-    sealed = proxy_pb2.SealExecutionRequest(execution_id=a.execution_id)
-    async for attempt in backoff(
-        f"sealing {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_seal_retryable, attempts=60
-    ):
-        with attempt:
-            seal = await proxy.SealExecution(sealed, timeout=60)
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
-        failure_class=harness_failure(outcome), has_recorded_calls=True, recorded_calls=seal.recorded_calls,
+        failure_class=harness_failure(outcome),
     )  # fmt: skip
+    return await _seal_and_score(proxy, trainer, req)
+
+
+async def end_abandoned(
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
+    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
+    a: Assignment,
+    workspace: Path,
+    why: str,
+) -> trainer_pb2.ScoreExecutionReply:
+    """An execution whose harness was lost with the runtime that ran it (a driver killed mid-run) ends here, once:
+    sealed like any other (a harness left running can record nothing more), then recorded as an infrastructure
+    failure (``sandbox``: the sandbox's runtime went away), which training masks rather than scores: its
+    trajectory is cut off by the crash, not by the policy."""
+    req = trainer_pb2.ScoreExecutionRequest(
+        execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), output=why,
+        failure_class=ABANDONED,
+    )  # fmt: skip
+    return await _seal_and_score(proxy, trainer, req)
+
+
+async def _seal_and_score(
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
+    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
+    req: trainer_pb2.ScoreExecutionRequest,
+) -> trainer_pb2.ScoreExecutionReply:
+    eid = req.execution_id
+    sealed = proxy_pb2.SealExecutionRequest(execution_id=eid)
+    async for attempt in backoff(f"sealing {eid}", first_s=0.1, max_s=2.0, retry_if=_seal_retryable, attempts=60):
+        with attempt:
+            seal = await proxy.SealExecution(sealed, timeout=60)
+    req.has_recorded_calls, req.recorded_calls = True, seal.recorded_calls
     try:
-        async for attempt in backoff(
-            f"scoring {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60
-        ):
+        async for attempt in backoff(f"scoring {eid}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
             with attempt:
                 return await trainer.ScoreExecution(req, timeout=300)
     except grpc.aio.AioRpcError as exc:
         if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
             raise
         # Scored already (a reply lost before a retry): the recorded outcome stands; read it back.
-        row = await trainer.GetExecution(trainer_pb2.GetExecutionRequest(execution_id=a.execution_id), timeout=30)
+        row = await trainer.GetExecution(trainer_pb2.GetExecutionRequest(execution_id=eid), timeout=30)
         return trainer_pb2.ScoreExecutionReply(
             status=row.status, has_score=row.has_score, score=row.score, failure_class=row.failure_class
         )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bopengyre/v1/scheduler.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"\xa1\x01\n\x08\x43\x65llInfo\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\x12\r\n\x05order\x18\x08 \x01(\r\x12\x13\n\x0bswitch_from\x18\t \x01(\t\"\x88\x01\n\x13RegisterCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\"\x11\n\x0fGetStateRequest\"(\n\x11WatchStateRequest\x12\x13\n\x0bmax_updates\x18\x01 \x01(\r\".\n\x0e\x44ispatchAdvice\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0e\n\x06groups\x18\x02 \x01(\r\"=\n\nRoleAdvice\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa6\x03\n\x12SchedulerStateView\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12$\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x15.opengyre.v1.CellInfo\x12\x11\n\twatermark\x18\x03 \x01(\x04\x12\x18\n\x10rollout_capacity\x18\x04 \x01(\x04\x12\x18\n\x10\x64ispatched_total\x18\x05 \x01(\x04\x12\x16\n\x0e\x66inished_total\x18\x06 \x01(\x04\x12\x15\n\rready_samples\x18\x07 \x01(\x04\x12\x14\n\x0cready_groups\x18\x08 \x01(\r\x12\x14\n\x0ctrained_step\x18\t \x01(\r\x12\x17\n\x0f\x64ispatched_step\x18\n \x01(\r\x12\x16\n\x0estaleness_mean\x18\x0b \x01(\x01\x12\x15\n\rstaleness_max\x18\x0c \x01(\r\x12\x0e\n\x06policy\x18\r \x01(\t\x12\x0c\n\x04\x61uto\x18\x0e \x01(\x08\x12-\n\x08\x64ispatch\x18\x0f \x03(\x0b\x32\x1b.opengyre.v1.DispatchAdvice\x12&\n\x05roles\x18\x10 \x03(\x0b\x32\x17.opengyre.v1.RoleAdvice\"3\n\x10\x44rainCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x10\x46orceRoleRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"F\n\x10RoleChangeResult\x12#\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x15.opengyre.v1.CellInfo\x12\r\n\x05steps\x18\x02 \x03(\t\"(\n\x15\x43laimMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\"m\n\x13\x43laimMicroStepReply\x12\x0f\n\x07\x63laimed\x18\x01 \x01(\x08\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\x12\x11\n\tgroup_ids\x18\x04 \x03(\t\x12\x15\n\rexecution_ids\x18\x05 \x03(\t\"H\n\x18\x43ompleteMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\"F\n\x16\x43ompleteMicroStepReply\x12\x15\n\rstep_complete\x18\x01 \x01(\x08\x12\x15\n\rexecution_ids\x18\x02 \x03(\t\"[\n\x0cGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0ctask_version\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\r\"U\n\x15\x44ispatchGroupsRequest\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.opengyre.v1.GroupRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\x89\x01\n\x13\x44ispatchedExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x14\n\x0ctask_version\x18\x04 \x01(\r\x12\x0f\n\x07\x63\x65ll_id\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\"~\n\x13\x44ispatchGroupsReply\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x16\n\x0eweight_version\x18\x02 \x01(\t\x12\x34\n\nexecutions\x18\x03 \x03(\x0b\x32 .opengyre.v1.DispatchedExecution\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x32\xe3\x05\n\x10SchedulerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12G\n\x0cRegisterCell\x12 .opengyre.v1.RegisterCellRequest\x1a\x15.opengyre.v1.CellInfo\x12I\n\x08GetState\x12\x1c.opengyre.v1.GetStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView\x12O\n\nWatchState\x12\x1e.opengyre.v1.WatchStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView0\x01\x12I\n\tDrainCell\x12\x1d.opengyre.v1.DrainCellRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12I\n\tForceRole\x12\x1d.opengyre.v1.ForceRoleRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12V\n\x0e\x43laimMicroStep\x12\".opengyre.v1.ClaimMicroStepRequest\x1a .opengyre.v1.ClaimMicroStepReply\x12_\n\x11\x43ompleteMicroStep\x12%.opengyre.v1.CompleteMicroStepRequest\x1a#.opengyre.v1.CompleteMicroStepReply\x12V\n\x0e\x44ispatchGroups\x12\".opengyre.v1.DispatchGroupsRequest\x1a .opengyre.v1.DispatchGroupsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bopengyre/v1/scheduler.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"\xa1\x01\n\x08\x43\x65llInfo\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\x12\r\n\x05order\x18\x08 \x01(\r\x12\x13\n\x0bswitch_from\x18\t \x01(\t\"\x88\x01\n\x13RegisterCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\x12\x10\n\x08resident\x18\x07 \x01(\x08\"K\n\x14SetCellEngineRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x12\n\nengine_url\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x11\n\x0fGetStateRequest\"(\n\x11WatchStateRequest\x12\x13\n\x0bmax_updates\x18\x01 \x01(\r\".\n\x0e\x44ispatchAdvice\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0e\n\x06groups\x18\x02 \x01(\r\"=\n\nRoleAdvice\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa6\x03\n\x12SchedulerStateView\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12$\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x15.opengyre.v1.CellInfo\x12\x11\n\twatermark\x18\x03 \x01(\x04\x12\x18\n\x10rollout_capacity\x18\x04 \x01(\x04\x12\x18\n\x10\x64ispatched_total\x18\x05 \x01(\x04\x12\x16\n\x0e\x66inished_total\x18\x06 \x01(\x04\x12\x15\n\rready_samples\x18\x07 \x01(\x04\x12\x14\n\x0cready_groups\x18\x08 \x01(\r\x12\x14\n\x0ctrained_step\x18\t \x01(\r\x12\x17\n\x0f\x64ispatched_step\x18\n \x01(\r\x12\x16\n\x0estaleness_mean\x18\x0b \x01(\x01\x12\x15\n\rstaleness_max\x18\x0c \x01(\r\x12\x0e\n\x06policy\x18\r \x01(\t\x12\x0c\n\x04\x61uto\x18\x0e \x01(\x08\x12-\n\x08\x64ispatch\x18\x0f \x03(\x0b\x32\x1b.opengyre.v1.DispatchAdvice\x12&\n\x05roles\x18\x10 \x03(\x0b\x32\x17.opengyre.v1.RoleAdvice\"3\n\x10\x44rainCellRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x10\x46orceRoleRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"F\n\x10RoleChangeResult\x12#\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x15.opengyre.v1.CellInfo\x12\r\n\x05steps\x18\x02 \x03(\t\"(\n\x15\x43laimMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\"m\n\x13\x43laimMicroStepReply\x12\x0f\n\x07\x63laimed\x18\x01 \x01(\x08\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\x12\x11\n\tgroup_ids\x18\x04 \x03(\t\x12\x15\n\rexecution_ids\x18\x05 \x03(\t\"H\n\x18\x43ompleteMicroStepRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\"F\n\x16\x43ompleteMicroStepReply\x12\x15\n\rstep_complete\x18\x01 \x01(\x08\x12\x15\n\rexecution_ids\x18\x02 \x03(\t\"[\n\x0cGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x14\n\x0ctask_version\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\r\"U\n\x15\x44ispatchGroupsRequest\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.opengyre.v1.GroupRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\x89\x01\n\x13\x44ispatchedExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x14\n\x0ctask_version\x18\x04 \x01(\r\x12\x0f\n\x07\x63\x65ll_id\x18\x05 \x01(\t\x12\x12\n\nengine_url\x18\x06 \x01(\t\"~\n\x13\x44ispatchGroupsReply\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x16\n\x0eweight_version\x18\x02 \x01(\t\x12\x34\n\nexecutions\x18\x03 \x03(\x0b\x32 .opengyre.v1.DispatchedExecution\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x32\xae\x06\n\x10SchedulerService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12G\n\x0cRegisterCell\x12 .opengyre.v1.RegisterCellRequest\x1a\x15.opengyre.v1.CellInfo\x12I\n\x08GetState\x12\x1c.opengyre.v1.GetStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView\x12O\n\nWatchState\x12\x1e.opengyre.v1.WatchStateRequest\x1a\x1f.opengyre.v1.SchedulerStateView0\x01\x12I\n\tDrainCell\x12\x1d.opengyre.v1.DrainCellRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12I\n\tForceRole\x12\x1d.opengyre.v1.ForceRoleRequest\x1a\x1d.opengyre.v1.RoleChangeResult\x12V\n\x0e\x43laimMicroStep\x12\".opengyre.v1.ClaimMicroStepRequest\x1a .opengyre.v1.ClaimMicroStepReply\x12_\n\x11\x43ompleteMicroStep\x12%.opengyre.v1.CompleteMicroStepRequest\x1a#.opengyre.v1.CompleteMicroStepReply\x12V\n\x0e\x44ispatchGroups\x12\".opengyre.v1.DispatchGroupsRequest\x1a .opengyre.v1.DispatchGroupsReply\x12I\n\rSetCellEngine\x12!.opengyre.v1.SetCellEngineRequest\x1a\x15.opengyre.v1.CellInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,38 +36,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CELLINFO']._serialized_end=232
   _globals['_REGISTERCELLREQUEST']._serialized_start=235
   _globals['_REGISTERCELLREQUEST']._serialized_end=371
-  _globals['_GETSTATEREQUEST']._serialized_start=373
-  _globals['_GETSTATEREQUEST']._serialized_end=390
-  _globals['_WATCHSTATEREQUEST']._serialized_start=392
-  _globals['_WATCHSTATEREQUEST']._serialized_end=432
-  _globals['_DISPATCHADVICE']._serialized_start=434
-  _globals['_DISPATCHADVICE']._serialized_end=480
-  _globals['_ROLEADVICE']._serialized_start=482
-  _globals['_ROLEADVICE']._serialized_end=543
-  _globals['_SCHEDULERSTATEVIEW']._serialized_start=546
-  _globals['_SCHEDULERSTATEVIEW']._serialized_end=968
-  _globals['_DRAINCELLREQUEST']._serialized_start=970
-  _globals['_DRAINCELLREQUEST']._serialized_end=1021
-  _globals['_FORCEROLEREQUEST']._serialized_start=1023
-  _globals['_FORCEROLEREQUEST']._serialized_end=1090
-  _globals['_ROLECHANGERESULT']._serialized_start=1092
-  _globals['_ROLECHANGERESULT']._serialized_end=1162
-  _globals['_CLAIMMICROSTEPREQUEST']._serialized_start=1164
-  _globals['_CLAIMMICROSTEPREQUEST']._serialized_end=1204
-  _globals['_CLAIMMICROSTEPREPLY']._serialized_start=1206
-  _globals['_CLAIMMICROSTEPREPLY']._serialized_end=1315
-  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_start=1317
-  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_end=1389
-  _globals['_COMPLETEMICROSTEPREPLY']._serialized_start=1391
-  _globals['_COMPLETEMICROSTEPREPLY']._serialized_end=1461
-  _globals['_GROUPREQUEST']._serialized_start=1463
-  _globals['_GROUPREQUEST']._serialized_end=1554
-  _globals['_DISPATCHGROUPSREQUEST']._serialized_start=1556
-  _globals['_DISPATCHGROUPSREQUEST']._serialized_end=1641
-  _globals['_DISPATCHEDEXECUTION']._serialized_start=1644
-  _globals['_DISPATCHEDEXECUTION']._serialized_end=1781
-  _globals['_DISPATCHGROUPSREPLY']._serialized_start=1783
-  _globals['_DISPATCHGROUPSREPLY']._serialized_end=1909
-  _globals['_SCHEDULERSERVICE']._serialized_start=1912
-  _globals['_SCHEDULERSERVICE']._serialized_end=2651
+  _globals['_SETCELLENGINEREQUEST']._serialized_start=373
+  _globals['_SETCELLENGINEREQUEST']._serialized_end=448
+  _globals['_GETSTATEREQUEST']._serialized_start=450
+  _globals['_GETSTATEREQUEST']._serialized_end=467
+  _globals['_WATCHSTATEREQUEST']._serialized_start=469
+  _globals['_WATCHSTATEREQUEST']._serialized_end=509
+  _globals['_DISPATCHADVICE']._serialized_start=511
+  _globals['_DISPATCHADVICE']._serialized_end=557
+  _globals['_ROLEADVICE']._serialized_start=559
+  _globals['_ROLEADVICE']._serialized_end=620
+  _globals['_SCHEDULERSTATEVIEW']._serialized_start=623
+  _globals['_SCHEDULERSTATEVIEW']._serialized_end=1045
+  _globals['_DRAINCELLREQUEST']._serialized_start=1047
+  _globals['_DRAINCELLREQUEST']._serialized_end=1098
+  _globals['_FORCEROLEREQUEST']._serialized_start=1100
+  _globals['_FORCEROLEREQUEST']._serialized_end=1167
+  _globals['_ROLECHANGERESULT']._serialized_start=1169
+  _globals['_ROLECHANGERESULT']._serialized_end=1239
+  _globals['_CLAIMMICROSTEPREQUEST']._serialized_start=1241
+  _globals['_CLAIMMICROSTEPREQUEST']._serialized_end=1281
+  _globals['_CLAIMMICROSTEPREPLY']._serialized_start=1283
+  _globals['_CLAIMMICROSTEPREPLY']._serialized_end=1392
+  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_start=1394
+  _globals['_COMPLETEMICROSTEPREQUEST']._serialized_end=1466
+  _globals['_COMPLETEMICROSTEPREPLY']._serialized_start=1468
+  _globals['_COMPLETEMICROSTEPREPLY']._serialized_end=1538
+  _globals['_GROUPREQUEST']._serialized_start=1540
+  _globals['_GROUPREQUEST']._serialized_end=1631
+  _globals['_DISPATCHGROUPSREQUEST']._serialized_start=1633
+  _globals['_DISPATCHGROUPSREQUEST']._serialized_end=1718
+  _globals['_DISPATCHEDEXECUTION']._serialized_start=1721
+  _globals['_DISPATCHEDEXECUTION']._serialized_end=1858
+  _globals['_DISPATCHGROUPSREPLY']._serialized_start=1860
+  _globals['_DISPATCHGROUPSREPLY']._serialized_end=1986
+  _globals['_SCHEDULERSERVICE']._serialized_start=1989
+  _globals['_SCHEDULERSERVICE']._serialized_end=2803
 # @@protoc_insertion_point(module_scope)

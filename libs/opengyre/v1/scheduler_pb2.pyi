@@ -105,6 +105,31 @@ class RegisterCellRequest(_message.Message):
 Global___RegisterCellRequest: _TypeAlias = RegisterCellRequest  # noqa: Y015
 
 @_typing.final
+class SetCellEngineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_URL_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    engine_url: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        engine_url: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_url", b"engine_url", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCellEngineRequest: _TypeAlias = SetCellEngineRequest  # noqa: Y015
+
+@_typing.final
 class GetStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

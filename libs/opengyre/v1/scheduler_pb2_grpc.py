@@ -85,6 +85,11 @@ class SchedulerServiceStub:
                 request_serializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.FromString,
                 _registered_method=True)
+        self.SetCellEngine = channel.unary_unary(
+                '/opengyre.v1.SchedulerService/SetCellEngine',
+                request_serializer=opengyre_dot_v1_dot_scheduler__pb2.SetCellEngineRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_scheduler__pb2.CellInfo.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -163,6 +168,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCellEngine(self, request, context):
+        """Point a registered cell at another engine (its engine restarted at a new address), appending
+        cell-engine-changed; the cell keeps its role. The same URL again appends nothing. Refusals: NOT_FOUND,
+        FAILED_PRECONDITION (a role change of the cell is in progress: retry), INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +224,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.DispatchGroups,
                     request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.SerializeToString,
+            ),
+            'SetCellEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCellEngine,
+                    request_deserializer=opengyre_dot_v1_dot_scheduler__pb2.SetCellEngineRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_scheduler__pb2.CellInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -460,6 +479,33 @@ class SchedulerService:
             '/opengyre.v1.SchedulerService/DispatchGroups',
             opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsRequest.SerializeToString,
             opengyre_dot_v1_dot_scheduler__pb2.DispatchGroupsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCellEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.SchedulerService/SetCellEngine',
+            opengyre_dot_v1_dot_scheduler__pb2.SetCellEngineRequest.SerializeToString,
+            opengyre_dot_v1_dot_scheduler__pb2.CellInfo.FromString,
             options,
             channel_credentials,
             insecure,

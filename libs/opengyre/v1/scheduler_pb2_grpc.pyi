@@ -63,6 +63,11 @@ class SchedulerServiceStub:
     next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
     retry later), INVALID_ARGUMENT.
     """
+    SetCellEngine: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetCellEngineRequest, _scheduler_pb2.CellInfo]
+    """Point a registered cell at another engine (its engine restarted at a new address), appending
+    cell-engine-changed; the cell keeps its role. The same URL again appends nothing. Refusals: NOT_FOUND,
+    FAILED_PRECONDITION (a role change of the cell is in progress: retry), INVALID_ARGUMENT.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -97,6 +102,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
     next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
     retry later), INVALID_ARGUMENT.
+    """
+    SetCellEngine: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetCellEngineRequest, _scheduler_pb2.CellInfo]  # type: ignore[assignment]
+    """Point a registered cell at another engine (its engine restarted at a new address), appending
+    cell-engine-changed; the cell keeps its role. The same URL again appends nothing. Refusals: NOT_FOUND,
+    FAILED_PRECONDITION (a role change of the cell is in progress: retry), INVALID_ARGUMENT.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -183,6 +193,17 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         appended (a client's retry after a lost reply). Refusals: FAILED_PRECONDITION (the staleness bound holds the
         next step, or the step's batch is full), RESOURCE_EXHAUSTED (not enough free capacity on rollout cells now:
         retry later), INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def SetCellEngine(
+        self,
+        request: _scheduler_pb2.SetCellEngineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CellInfo, _abc.Awaitable[_scheduler_pb2.CellInfo]]:
+        """Point a registered cell at another engine (its engine restarted at a new address), appending
+        cell-engine-changed; the cell keeps its role. The same URL again appends nothing. Refusals: NOT_FOUND,
+        FAILED_PRECONDITION (a role change of the cell is in progress: retry), INVALID_ARGUMENT.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -579,3 +579,75 @@ class ScoreExecutionReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScoreExecutionReply: _TypeAlias = ScoreExecutionReply  # noqa: Y015
+
+@_typing.final
+class GetEngineVersionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEngineVersionsRequest: _TypeAlias = GetEngineVersionsRequest  # noqa: Y015
+
+@_typing.final
+class EngineVersion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    SERVING_FIELD_NUMBER: _builtins.int
+    FAILED_VERSION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    serving: _builtins.str
+    """the version it last said it serves ("" = not known yet)"""
+    failed_version: _builtins.str
+    """a version it failed to load ("" = none): its later calls are not trained"""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        serving: _builtins.str = ...,
+        failed_version: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_version", b"failed_version", "message", b"message", "serving", b"serving", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineVersion: _TypeAlias = EngineVersion  # noqa: Y015
+
+@_typing.final
+class GetEngineVersionsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    LATEST_WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    ENGINES_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    latest_weight_version: _builtins.str
+    """the run's latest published weights ("" = none yet)"""
+    @_builtins.property
+    def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineVersion]: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        latest_weight_version: _builtins.str = ...,
+        engines: _abc.Iterable[Global___EngineVersion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engines", b"engines", "latest_weight_version", b"latest_weight_version", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEngineVersionsReply: _TypeAlias = GetEngineVersionsReply  # noqa: Y015

@@ -71,6 +71,11 @@ class TrainerServiceStub:
                 request_serializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.SerializeToString,
                 response_deserializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.FromString,
                 _registered_method=True)
+        self.GetEngineVersions = channel.unary_unary(
+                '/opengyre.v1.TrainerService/GetEngineVersions',
+                request_serializer=opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsRequest.SerializeToString,
+                response_deserializer=opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsReply.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -126,6 +131,15 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEngineVersions(self, request, context):
+        """The weights each rollout engine serves, as the online trainer knows them: it reloads every engine after a
+        step and brings a stale one (a new engine, a missed reload) to the latest. FAILED_PRECONDITION when this
+        process does not train (no trainer.toml).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.ScoreExecution,
                     request_deserializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.FromString,
                     response_serializer=opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.SerializeToString,
+            ),
+            'GetEngineVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEngineVersions,
+                    request_deserializer=opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsRequest.FromString,
+                    response_serializer=opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class TrainerService:
             '/opengyre.v1.TrainerService/ScoreExecution',
             opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionRequest.SerializeToString,
             opengyre_dot_v1_dot_trainer__pb2.ScoreExecutionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEngineVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opengyre.v1.TrainerService/GetEngineVersions',
+            opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsRequest.SerializeToString,
+            opengyre_dot_v1_dot_trainer__pb2.GetEngineVersionsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,11 @@ class TrainerServiceStub:
     """Published weight versions of a run, oldest first."""
     ScoreExecution: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ScoreExecutionRequest, _trainer_pb2.ScoreExecutionReply]
     """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
+    GetEngineVersions: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.GetEngineVersionsRequest, _trainer_pb2.GetEngineVersionsReply]
+    """The weights each rollout engine serves, as the online trainer knows them: it reloads every engine after a
+    step and brings a stale one (a new engine, a missed reload) to the latest. FAILED_PRECONDITION when this
+    process does not train (no trainer.toml).
+    """
 
 @_typing.type_check_only
 class TrainerServiceAsyncStub(TrainerServiceStub):
@@ -68,6 +73,11 @@ class TrainerServiceAsyncStub(TrainerServiceStub):
     """Published weight versions of a run, oldest first."""
     ScoreExecution: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ScoreExecutionRequest, _trainer_pb2.ScoreExecutionReply]  # type: ignore[assignment]
     """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
+    GetEngineVersions: _aio.UnaryUnaryMultiCallable[_trainer_pb2.GetEngineVersionsRequest, _trainer_pb2.GetEngineVersionsReply]  # type: ignore[assignment]
+    """The weights each rollout engine serves, as the online trainer knows them: it reloads every engine after a
+    step and brings a stale one (a new engine, a missed reload) to the latest. FAILED_PRECONDITION when this
+    process does not train (no trainer.toml).
+    """
 
 class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The QwenGyre trainer: what it admitted, what it sampled, what it trained and published."""
@@ -127,5 +137,16 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_trainer_pb2.ScoreExecutionReply, _abc.Awaitable[_trainer_pb2.ScoreExecutionReply]]:
         """Grade a finished execution with its task's verifier on the preserved workspace and record the outcome."""
+
+    @_abc_1.abstractmethod
+    def GetEngineVersions(
+        self,
+        request: _trainer_pb2.GetEngineVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.GetEngineVersionsReply, _abc.Awaitable[_trainer_pb2.GetEngineVersionsReply]]:
+        """The weights each rollout engine serves, as the online trainer knows them: it reloads every engine after a
+        step and brings a stale one (a new engine, a missed reload) to the latest. FAILED_PRECONDITION when this
+        process does not train (no trainer.toml).
+        """
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,7 +12,7 @@ import contextlib
 import logging
 
 from opengyre.eventlog import EventLog
-from opengyre.events import CellRegistered, CellRoleChanged
+from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged
 from opengyre.retry import backoff
 
 from ._pool import EnginePool
@@ -51,17 +51,24 @@ class CellWatcher:
         next_seq = 1
         async for attempt in backoff("following cell events failed; resuming", first_s=0.5, max_s=10.0, logger=log):
             with attempt:
-                cells = self.log.subscribe(CellRegistered, CellRoleChanged, start_seq=next_seq)
+                cells = self.log.subscribe(CellRegistered, CellRoleChanged, CellEngineChanged, start_seq=next_seq)
                 async with contextlib.aclosing(cells) as events:
                     async for seq, event in events:
                         next_seq = seq + 1
                         await self.apply(event)
 
     async def apply(self, event: object) -> None:
+        role: str
         if isinstance(event, CellRegistered):
             cell, role, url = event.cell_id, event.role, event.engine_url
         elif isinstance(event, CellRoleChanged):
             cell, role, url = event.cell_id, event.to_role, event.engine_url
+        elif isinstance(event, CellEngineChanged):  # same role, a new engine: a rollout cell is re-pointed
+            cell, url = event.cell_id, event.engine_url
+            if cell not in self.roles:
+                log.warning("engine change of unknown cell %s", cell)
+                return
+            role = self.roles[cell]
         else:
             return
         self.applied += 1

@@ -19,6 +19,7 @@ __all__ = [
     "RefusalCode",
     "arrival_role",
     "check_drain",
+    "check_engine_url",
     "check_registration",
     "check_role_request",
     "core_heir",
@@ -51,6 +52,14 @@ def check_registration(state: SchedulerState, e: CellRegistered) -> None:
         raise CommandRefused("invalid-argument", f"cell {e.cell_id}: gpus and capacity must be >= 0")
     if e.role not in ("idle", "rollout"):
         raise CommandRefused("invalid-argument", f"cell {e.cell_id}: a new cell starts idle or in rollout")
+
+
+def check_engine_url(cell_id: str, url: str) -> None:
+    limit = cast(String, CELLS.c["engine_url"].type).length or 0
+    if not url:
+        raise CommandRefused("invalid-argument", f"cell {cell_id}: engine_url is required")
+    if len(url) > limit:
+        raise CommandRefused("invalid-argument", f"cell {cell_id}: engine_url is longer than {limit} characters")
 
 
 def check_role_request(state: SchedulerState, req: RoleRequest) -> None:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, func, select
 
 from opengyre.eventlog import ConcurrencyError, EventLog
-from opengyre.events import CellRegistered, CellRoleChanged, Event
+from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged, Event
 from opengyre.store import Tracking
 
 from ._actuation import Membership, RoleChanger
-from ._commands import CommandRefused, check_drain, check_registration, check_role_request
+from ._commands import CommandRefused, check_drain, check_engine_url, check_registration, check_role_request
 from ._dispatch import GroupAsk, check_asks, plan_dispatch
 from ._executions import EXECUTIONS
 from ._packing import MicroStep
@@ -148,6 +148,25 @@ class SchedulerController:
                 await self.append(event, expected=0)  # 0: no event for this cell yet, even from a racing writer
             except ConcurrencyError as exc:
                 raise CommandRefused("already-exists", f"cell {event.cell_id} is already registered") from exc
+            return (await self.state()).cells[event.cell_id]
+
+    async def change_engine(self, event: CellEngineChanged) -> CellState:
+        """Point a registered cell at another engine; the same URL again appends nothing."""
+        async with self._lock:
+            cell = (await self.fresh_state()).cells.get(event.cell_id)
+            if cell is None:
+                raise CommandRefused("not-found", f"cell {event.cell_id} is not registered")
+            check_engine_url(event.cell_id, event.engine_url)
+            if event.cell_id in self._busy:
+                raise CommandRefused("failed-precondition", f"a role change of cell {event.cell_id} is in progress")
+            if cell.engine_url == event.engine_url:
+                return cell
+            try:  # on the cell's position as last folded: a role change appended meanwhile refuses this one
+                await self.append(event, expected=cell.role_seq)
+            except ConcurrencyError as exc:
+                raise CommandRefused(
+                    "failed-precondition", f"cell {event.cell_id} changed meanwhile; nothing appended"
+                ) from exc
             return (await self.state()).cells[event.cell_id]
 
     async def change_role(self, req: RoleRequest) -> RoleChangeOutcome:

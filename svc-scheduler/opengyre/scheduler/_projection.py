@@ -10,6 +10,7 @@ from typing import cast
 from sqlalchemy import Connection, Table, func, insert, select, update
 
 from opengyre.events import (
+    CellEngineChanged,
     CellRegistered,
     CellRole,
     CellRoleChanged,
@@ -131,6 +132,12 @@ class SchedulerProjection(Projection):
         if e.engine_url is not None:
             values["engine_url"] = e.engine_url
         tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(**values))
+
+    @folds(CellEngineChanged)
+    def _engine_changed(self, tx: Connection, e: CellEngineChanged, seq: int) -> None:
+        if not tx.execute(select(_C.c.cell_id).where(_C.c.cell_id == e.cell_id)).first():
+            raise Rejected(f"engine change of unregistered cell {e.cell_id}")
+        tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(engine_url=e.engine_url, role_seq=seq))
 
     @folds(TrainingStepCompleted)
     def _step_completed(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from opengyre.events import (
+    CellEngineChanged,
     CellRegistered,
     CellRole,
     CellRoleChanged,
@@ -379,6 +380,13 @@ class SchedulerState:
         if e.engine_url is not None:
             cell.engine_url = e.engine_url
 
+    def _engine_changed(self, e: CellEngineChanged, seq: int) -> None:
+        cell = self.cells.get(e.cell_id)
+        if cell is None:
+            raise Rejected(f"engine change of unregistered cell {e.cell_id}")
+        cell.engine_url = e.engine_url
+        cell.role_seq = seq  # the cell's last event: the next role change appends after it
+
     def _step_completed(self, e: TrainingStepCompleted, seq: int = 0) -> None:
         if e.step <= self.trained_step:
             raise Rejected(f"training step {e.step} is not after step {self.trained_step}")
@@ -430,5 +438,6 @@ _FOLDS: dict[type[Event], Callable[[SchedulerState, Any, int], None]] = {
     ExecutionFinished: SchedulerState._finished,
     CellRegistered: SchedulerState._registered,
     CellRoleChanged: SchedulerState._role_changed,
+    CellEngineChanged: SchedulerState._engine_changed,
     TrainingStepCompleted: SchedulerState._step_completed,
 }

@@ -23,7 +23,7 @@ from typing import Any, cast
 import grpc
 
 from opengyre.config import Settings
-from opengyre.events import CellRegistered, CellRole
+from opengyre.events import CellEngineChanged, CellRegistered, CellRole
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -79,6 +79,16 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             return cell_pb(await self._c.register(event))
+        except CommandRefused as exc:
+            await self._refuse(context, exc)
+            raise
+
+    async def SetCellEngine(  # noqa: N802
+        self, request: scheduler_pb2.SetCellEngineRequest, context: Ctx
+    ) -> scheduler_pb2.CellInfo:
+        event = CellEngineChanged(cell_id=request.cell_id, engine_url=request.engine_url, reason=request.reason)
+        try:
+            return cell_pb(await self._c.change_engine(event))
         except CommandRefused as exc:
             await self._refuse(context, exc)
             raise

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -22,15 +23,21 @@ from ._sampling import PathSampler
 from ._scoring import score_execution
 from ._store import TrainerStore
 
+if TYPE_CHECKING:
+    from ._loop import OnlineTrainer
+
 __all__ = ["TrainerServicer"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, service: Service, ctx: ServiceContext) -> None:
+    def __init__(
+        self, service: Service, ctx: ServiceContext, online: Callable[[], OnlineTrainer | None] = lambda: None
+    ) -> None:
         self._service = service
         self._ctx = ctx
+        self._online = online  # the process's online trainer, when it trains
         self._store = TrainerStore(ctx.engine)
 
     async def GetStatus(self, request: common_pb2.StatusRequest, context: Ctx) -> common_pb2.ServiceStatus:  # noqa: N802
@@ -170,6 +177,26 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 trainer_pb2.WeightVersion(weight_version=r.weight_version, step=r.step, uri=r.uri, digest=r.digest)
                 for r in rows
             ]
+        )
+
+    async def GetEngineVersions(  # noqa: N802
+        self, request: trainer_pb2.GetEngineVersionsRequest, context: Ctx
+    ) -> trainer_pb2.GetEngineVersionsReply:
+        trainer = self._online()
+        if trainer is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this trainer does not train (no trainer.toml)")
+        assert trainer is not None
+        run = trainer.config.run_id
+        latest = await asyncio.to_thread(self._store.latest_weights, run)
+        return trainer_pb2.GetEngineVersionsReply(
+            run_id=run,
+            latest_weight_version=latest.weight_version if latest is not None else "",
+            engines=[
+                trainer_pb2.EngineVersion(
+                    url=st.url, serving=st.serving or "", failed_version=st.failed_version or "", message=st.message
+                )
+                for st in list(trainer.engines.values())
+            ],
         )
 
     async def ScoreExecution(  # noqa: N802

@@ -17,6 +17,7 @@ from typing import cast
 from sqlalchemy import Connection, Table, func, insert, select, update
 
 from opengyre.events import (
+    CellEngineChanged,
     CellRegistered,
     CellRoleChanged,
     ExecutionDispatched,
@@ -63,6 +64,12 @@ class TrainerProjection(Projection):
     @folds(CellRoleChanged)
     def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
         self._cell(tx, e.cell_id, e.to_role, e.engine_url, seq, registered=False)
+
+    @folds(CellEngineChanged)
+    def _engine_changed(self, tx: Connection, e: CellEngineChanged, seq: int) -> None:
+        if not tx.execute(select(_N.c.cell_id).where(_N.c.cell_id == e.cell_id)).first():
+            raise TrajectoryRejected("unknown-cell", f"engine change of unregistered cell {e.cell_id}")
+        tx.execute(update(_N).where(_N.c.cell_id == e.cell_id).values(engine_url=e.engine_url, seq=seq))
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()

@@ -154,9 +154,17 @@ def run_command(
 def loop_command(
     config: Annotated[Path, typer.Argument(help="The run configuration (TOML; see docs/loop.md)")],
     data_dir: DataDirOpt = None,
+    attach: Annotated[
+        bool,
+        typer.Option(
+            "--attach",
+            help="Drive the run on the deployment already running on the data dir (opengyre up, started with "
+            "the settings `opengyre train env RUN.toml` prints) instead of starting a stack",
+        ),
+    ] = False,
 ) -> None:
     """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
-    from opengyre.loop import RunConfig, RunConfigError, run_loop
+    from opengyre.loop import DeploymentMismatch, RunConfig, RunConfigError, run_loop
     from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken
 
     try:
@@ -165,14 +173,39 @@ def loop_command(
         raise fail(str(exc)) from exc
     settings = settings_from(data_dir)
     try:
-        result = asyncio.run(run_loop(cfg, settings, say=console.print))
-    except (DataDirBusy, DataDirUnusable, PortTaken) as exc:
+        result = asyncio.run(run_loop(cfg, settings, say=console.print, attach=attach))
+    except (DataDirBusy, DataDirUnusable, PortTaken, DeploymentMismatch) as exc:
         raise fail(str(exc)) from exc
     ended = sum(1 for f in result.finished if f.score is not None)
     console.print(
         f"{len(result.finished)} executions ({ended} scored), {len(result.steps)} step(s) trained, "
         f"{result.hardened} task version(s) hardened; " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())
     )
+
+
+@train_app.command("env")
+def env_command(
+    config: Annotated[Path, typer.Argument(help="The run configuration (TOML; see docs/loop.md)")],
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Prepare a deployment for `train loop --attach`: write the run's trainer.toml into the data dir and print the
+    environment its services must start with: eval "$(opengyre train env RUN.toml --data-dir D)", then opengyre up."""
+    import shlex
+
+    from opengyre.loop import RunConfig, RunConfigError, deployment_env, write_trainer_toml
+
+    try:
+        cfg = RunConfig.from_toml(config)
+        cfg.validate()
+    except RunConfigError as exc:
+        raise fail(str(exc)) from exc
+    settings = settings_from(data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # No engine list: the trainer reloads the engines of the rollout cells the driver registers (from their events).
+    path = write_trainer_toml(cfg, settings, [], None)
+    typer.echo(f"# wrote {path}", err=True)
+    for k, v in sorted(deployment_env(cfg).items()):
+        typer.echo(f"export {k}={shlex.quote(v)}")
 
 
 @train_app.command("sft")

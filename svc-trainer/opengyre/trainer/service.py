@@ -74,7 +74,7 @@ class TrainerService(Service):
         )
 
     def add_to_server(self, server: grpc.aio.Server, ctx: ServiceContext) -> Sequence[str]:
-        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(self, ctx), server)
+        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(self, ctx, lambda: self._trainer), server)
         return ("opengyre.v1.TrainerService",)
 
     async def start(self, ctx: ServiceContext) -> None:

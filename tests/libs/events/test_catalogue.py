@@ -33,6 +33,7 @@ REQUIRED = {
     "payloads-compacted": {"execution_id": "e1", "step": 3, "calls": 2, "bytes": 900},
     "cell-registered": {"cell_id": "cell0"},
     "cell-role-changed": {"cell_id": "cell0", "from_role": "rollout", "to_role": "draining"},
+    "cell-engine-changed": {"cell_id": "cell0", "engine_url": "http://engine:30000"},
     "training-step-completed": {"step": 1, "weight_version": "v1", "loss": 0.1, "n_samples": 4, "n_tokens": 100},
     "weights-published": {"weight_version": "v1", "step": 1, "uri": "file:///tmp/ck"},
     "bench-run-completed": {"run_id": "r1", "profile": "coding", "concurrency": 8},

@@ -29,7 +29,7 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("grup_size = 2\n", "grup_size"),  # a typo is not silently ignored
         ('group_size = "four"\n', "group_size"),
         ("steps = 0\n", r"steps must be >= 1"),
-        ("group_size = 4\ngroups_per_step = 3\ncells = 2\ncell_capacity = 4\n", "do not fit"),
+        ("group_size = 9\ngroups_per_step = 1\ncells = 2\ncell_capacity = 4\n", "does not fit"),
         ('run_id = "a/b"\n', "run_id"),
         ("level = 9\n", "level"),
         ('harness = "nowhere.toml"\n', "harness"),
