@@ -24,6 +24,7 @@ STACK_MODULES = frozenset(
         "tests/libs/cli/test_cli.py",
         "tests/libs/cli/test_stack.py",
         "tests/e2e/test_soak.py",
+        "tests/e2e/test_attach.py",
     }
 )
 STACK_GROUP = "opengyre-up-stacks"
