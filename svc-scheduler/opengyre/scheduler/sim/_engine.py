@@ -8,8 +8,8 @@ import gc
 import uuid
 from bisect import bisect_left, insort
 from collections import deque
-from itertools import repeat
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 from opengyre.events import (
@@ -73,6 +73,13 @@ class _Exec:
     created per burst)."""
 
     __slots__ = ("cell", "delay", "dur", "end", "grp", "start_no", "t0", "token", "xid")
+    # Set when it starts: the cell it runs on, start time, move delay so far, end, finish token, start number.
+    cell: str
+    t0: float
+    delay: float
+    end: float
+    token: int
+    start_no: int
 
     def __init__(self, xid: str, grp: _Group, dur: float) -> None:
         self.xid, self.grp, self.dur = xid, grp, dur
