@@ -5,13 +5,14 @@ random event sequences, and the simulator's queue, slots, accounting and event-f
 from __future__ import annotations
 
 import contextlib
+import gc
 import heapq
 from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from opengyre.events import Event
@@ -265,5 +266,60 @@ def test_the_event_free_fold_gives_what_the_recorded_events_give(name: str) -> N
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(0, 1e8, allow_nan=False))
+# Half-microsecond ties (rounded to even) and fractions just beside them, where a rounding slip would show.
+@example(2.5e-6)
+@example(3.5e-6)
+@example(0.0000005)
+@example(1.0000015)
+@example(12345.0000025)
+@example(86400.4999995)
+@example(0.9999995)
 def test_the_fast_timestamp_is_the_folds_timestamp_bit_for_bit(t: float) -> None:
     assert at_seconds(t) == (EPOCH + timedelta(seconds=t)).timestamp()  # as_seconds of an aware datetime
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.lists(st.integers(0, 3), max_size=4), st.integers(1, 3),
+                          st.integers(0, 2), st.sampled_from([0, 2, 4])), max_size=25))  # fmt: skip
+def test_a_group_dispatched_at_once_folds_as_its_members_one_by_one(
+    ops: list[tuple[bool, int, list[int], int, int, int]],
+) -> None:
+    # The simulator folds a burst group by group (``dispatch_group``); the live service folds the log event by
+    # event (``dispatch_execution``). Late members of a complete group, duplicates, refusals: the same state.
+    one, many = SchedulerState(), SchedulerState()
+    for finish, g, members, step, version, size in ops:
+        xids = [f"g{g}-e{k}" for k in members]
+        if finish:  # finish whatever of the group is running, in both
+            for xid in sorted(x for x in one.running if x.startswith(f"g{g}-")):
+                one.finish_execution(xid, True, 10.0 * step)
+                many.finish_execution(xid, True, 10.0 * step)
+            continue
+        args = (f"g{g}", step, f"v{version}", 5.0, 60.0, size)
+        try:
+            probe = SchedulerState(running=dict(one.running), finished=dict(one.finished))
+            for xid in xids:
+                probe.dispatch_execution(xid, *args)
+        except Rejected:
+            before = many.snapshot()
+            with pytest.raises(Rejected):  # refused as a whole, and nothing of it applied
+                many.dispatch_group(xids, *args)
+            assert many.snapshot() == before
+            continue
+        for xid in xids:
+            one.dispatch_execution(xid, *args)
+        many.dispatch_group(xids, *args)
+        assert many.snapshot() == one.snapshot()
+        assert many.untrained_by_version == one.untrained_by_version and many.ready_rev == one.ready_rev
+
+
+def test_a_run_pauses_the_cyclic_collector_and_restores_it() -> None:
+    cfg = small_config(steps=2)
+    assert gc.isenabled()
+    simulate(cfg, make_policy("elastic"))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(cfg, make_policy("elastic"))
+        assert not gc.isenabled()  # a caller's choice is left as it was
+    finally:
+        gc.enable()

@@ -150,8 +150,10 @@ class Policy(ABC):
 def dispatchable(view: View) -> tuple[DispatchRequest, ...]:
     """Batches the staleness bound lets start now: step ``s``'s once step ``s - 1 - max_lag`` is trained."""
     st, loop = view.state, view.loop
-    out: list[DispatchRequest] = []
     nxt = st.dispatched_step + 1
+    if nxt > loop.steps or nxt - 1 - st.trained_step > loop.max_lag:
+        return ()  # most instants: nothing to start (no list built)
+    out: list[DispatchRequest] = []
     while nxt <= loop.steps and nxt - 1 - st.trained_step <= loop.max_lag:
         out.append(DispatchRequest(nxt, loop.groups_per_step))
         nxt += 1

@@ -327,6 +327,39 @@ class SchedulerState:
         if step > self.dispatched_step:
             self.dispatched_step = step
 
+    def dispatch_group(
+        self, execution_ids: list[str], group_id: str, step: int, weight_version: str, at_s: float,
+        timeout_s: float, group_size: int,
+    ) -> None:  # fmt: skip
+        """``dispatch_execution`` for each of ``execution_ids`` in turn, of one group at one instant (the
+        simulator's bursts): the same state, the shared work done once. Refuses the whole batch, before changing
+        anything, if any of them was already dispatched."""
+        running, finished = self.running, self.finished
+        for xid in execution_ids:
+            if xid in running or xid in finished:
+                raise Rejected(f"execution {xid} was already dispatched")
+        if len(set(execution_ids)) != len(execution_ids):
+            raise Rejected(f"group {group_id}: an execution id appears twice in one dispatch")
+        if not execution_ids:
+            return
+        vstep = version_step(weight_version, self.versions)
+        g = self.groups.get(group_id)
+        if g is None:
+            g = self.groups[group_id] = GroupState(group_id, step, vstep, group_size)
+            self.untrained_by_version[vstep] = self.untrained_by_version.get(vstep, 0) + 1
+        elif group_id in self._ready_groups:
+            del self._ready_groups[group_id]
+            self._ready_samples -= g.finished
+        for xid in execution_ids:
+            running[xid] = RunningExecution(xid, group_id, step, vstep, at_s, timeout_s)
+        n = len(execution_ids)
+        g.dispatched += n
+        if group_size > g.size:
+            g.size = group_size
+        self.dispatched_total += n
+        if step > self.dispatched_step:
+            self.dispatched_step = step
+
     def _finished(self, e: ExecutionFinished, seq: int = 0) -> None:
         self.finish_execution(e.execution_id, e.score is not None, as_seconds(e.occurred_at))
 

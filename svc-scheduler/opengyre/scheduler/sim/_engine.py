@@ -4,10 +4,12 @@ folds the log, so a recorded run can be replayed into the SQL projection and the
 
 from __future__ import annotations
 
+import gc
 import uuid
 from bisect import bisect_left, insort
 from collections import deque
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 from opengyre.events import (
@@ -39,8 +41,11 @@ _EPOCH_US = (EPOCH - datetime(1970, 1, 1, tzinfo=UTC)) // _US
 
 def at_seconds(t: float) -> float:
     """``as_seconds(EPOCH + timedelta(seconds=t))`` (what the fold records for an event at simulated time ``t``),
-    bit for bit, without building the datetime: the same microsecond rounding, one exact integer division."""
-    return (_EPOCH_US + timedelta(seconds=t) // _US) / 1_000_000
+    bit for bit, without building a datetime or a timedelta: ``timedelta`` splits off the whole seconds (exact),
+    scales the fraction by 10^6 (one rounding) and rounds that half to even, which is Python's ``round``; then
+    one exact integer division. ``t`` is never negative (the clock starts at 0)."""
+    s = int(t)
+    return (_EPOCH_US + s * 1_000_000 + round((t - s) * 1e6)) / 1_000_000
 
 
 _EXEC, _SWITCH, _MICRO, _STEP = 0, 1, 2, 3
@@ -52,16 +57,32 @@ def _category(role: str) -> int:
     return _ROLLOUT if role == "rollout" else _TRAINING if role in TRAINING_ROLES else _OTHER
 
 
+class _Group:
+    """One dispatched group as the simulator tracks it: where its durations come from, its members' ids (the
+    training step names them again) and the slot-seconds its finished members held."""
+
+    __slots__ = ("idx", "slot_s", "xids")
+
+    def __init__(self, idx: int, xids: list[str]) -> None:
+        self.idx, self.xids, self.slot_s = idx, xids, 0.0
+
+
 class _Exec:
-    """One dispatched execution as the simulator tracks it (queued, then running on a cell)."""
+    """One dispatched execution as the simulator tracks it (queued, then running on a cell). Only what a
+    queued execution has is set here; ``_start_queued`` sets the rest when it starts (hundreds of thousands are
+    created per burst)."""
 
-    __slots__ = ("cell", "delay", "dur", "end", "gid", "start_no", "t0", "token", "xid")
+    __slots__ = ("cell", "delay", "dur", "end", "grp", "start_no", "t0", "token", "xid")
+    # Set when it starts: the cell it runs on, start time, move delay so far, end, finish token, start number.
+    cell: str
+    t0: float
+    delay: float
+    end: float
+    token: int
+    start_no: int
 
-    def __init__(self, xid: str, gid: str, dur: float) -> None:
-        self.xid, self.gid, self.dur = xid, gid, dur
-        self.t0 = self.end = self.delay = 0.0
-        self.token = self.start_no = 0
-        self.cell = ""  # the rollout cell it runs on
+    def __init__(self, xid: str, grp: _Group, dur: float) -> None:
+        self.xid, self.grp, self.dur = xid, grp, dur
 
 
 class SimulationStalled(RuntimeError):
@@ -98,8 +119,7 @@ class Simulator:
         self._queue: deque[_Exec] = deque()
         self._slots: Slots[_Exec] = Slots()  # the running executions, on their cells
         self._started = 0  # executions started so far (an execution's ``start_no``)
-        self._gidx: dict[str, int] = {}  # group -> its index in the duration stream
-        self._gslot: dict[str, float] = {}  # group -> slot-seconds its finished members held
+        self._groups: dict[str, _Group] = {}  # every dispatched group
         self._trained: list[int] = []  # indices of trained groups, in training order
         self._micro: dict[str, tuple[MicroStep, int]] = {}  # cell -> (claimed micro-step, token)
         self._idle: list[tuple[int, int, str]] = []  # training cells without a micro-step: (-gpus, order, id)
@@ -173,6 +193,18 @@ class Simulator:
     # --- the run -------------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
+        # A large run holds millions of small objects (executions, groups, queued events) and makes no reference
+        # cycles worth collecting: the cyclic collector would walk them again and again (a fifth of the run's
+        # time at 512 cells). Paused for the run and restored after it.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self) -> SimResult:
         cl = self.cfg.cluster
         for i in range(cl.cells + cl.resident_cells):
             resident = i >= cl.cells
@@ -240,7 +272,7 @@ class Simulator:
         for gid, g in self.state.groups.items():
             if g.consumed_step is not None:
                 continue
-            slot_s += self._gslot.get(gid, 0.0)
+            slot_s += self._groups[gid].slot_s
             if g.complete:
                 finished += 1
             else:
@@ -255,7 +287,8 @@ class Simulator:
         key = x.xid
         t = self.t
         self._usage.jump(_BUSY, t, -self._slots.remove(x, x.cell))
-        self._gslot[x.gid] = self._gslot.get(x.gid, 0.0) + t - x.t0
+        grp = x.grp
+        grp.slot_s = grp.slot_s + t - x.t0
         if self._record:
             timed_out = x.dur >= self.cfg.workload.timeout_s
             self._emit(
@@ -330,12 +363,14 @@ class Simulator:
         gs = self.loop.group_size
         record = self.cfg.record_events
         st = self.state
+        queue, groups = self._queue, self._groups
         for g in range(req.groups):
             gid = f"s{step}-g{g}"
-            self._gidx[gid] = self._next_group
-            for k, dur in enumerate(self._source.group(self._next_group).tolist()):
-                xid = f"{gid}-e{k}"
-                if record:
+            durs = self._source.group(self._next_group).tolist()
+            xids = [f"{gid}-e{k}" for k in range(len(durs))]
+            grp = groups[gid] = _Group(self._next_group, xids)
+            if record:
+                for xid in xids:
                     self._emit(
                         ExecutionDispatched(
                             execution_id=xid, task_id=f"task-s{step}-g{g}", group_id=gid, step=step,
@@ -343,10 +378,10 @@ class Simulator:
                             occurred_at=at,
                         )
                     )  # fmt: skip
-                else:  # the same fold, without building the event
-                    self.seq += 1
-                    st.dispatch_execution(xid, gid, step, version, at_s, timeout, gs)
-                self._queue.append(_Exec(xid, gid, dur))
+            else:  # the same fold (one call for the group's members), without building the events
+                self.seq += len(xids)
+                st.dispatch_group(xids, gid, step, version, at_s, timeout, gs)
+            queue.extend(map(_Exec, xids, repeat(grp), durs))
             self._next_group += 1
         st.last_seq = self.seq
         return True
@@ -361,7 +396,7 @@ class Simulator:
                 return
             queue.popleft()
             jump(_BUSY, t, slots.gpus_per_slot(cell))
-            x.t0, x.cell = t, cell
+            x.t0, x.cell, x.delay = t, cell, 0.0
             x.start_no = self._started = self._started + 1
             # ``_finish_at``, inlined: a burst starts hundreds of thousands
             self._micro_token += 1
@@ -469,12 +504,9 @@ class Simulator:
             self._schedule(self.t + took, _MICRO, cell_id, self._micro_token)
 
     def _step_done(self, step: int) -> None:
-        groups = self.packer.groups()
-        gs = self.loop.group_size
-        ids = [f"{g}-e{k}" for g in groups for k in range(gs)]
-        for g in groups:
-            self._trained.append(self._gidx[g])
-            self._gslot.pop(g, None)
+        groups = [self._groups.pop(g) for g in self.packer.groups()]  # trained: nothing more to follow
+        ids = [xid for g in groups for xid in g.xids]
+        self._trained.extend(g.idx for g in groups)
         before = dict(self.state.staleness_hist)
         self._emit(
             TrainingStepCompleted(

@@ -72,8 +72,10 @@ class EventQueue:
         """The next entry if it is due at exactly ``t`` (the instant being handled), else None."""
         if not self._size:
             return None
-        self._fill()
         now, late = self._now, self._late
+        if not now and not late:
+            self._fill()
+            now, late = self._now, self._late
         if late and (not now or late[0] < now[-1]):
             if late[0][0] != t:
                 return None

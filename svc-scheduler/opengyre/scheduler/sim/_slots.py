@@ -77,7 +77,10 @@ class Slots(Generic[K]):
 
     def place(self, xid: K) -> str | None:
         """Put ``xid`` on the least-loaded open cell with a free slot (ties: the first registered)."""
-        cell = self._least()
+        heap = self._heap
+        # ``_least`` without the call when nothing is pending and the top is current (a burst's placements).
+        fast = not self._dirty and heap and self._load.get(heap[0][2]) == heap[0][0]
+        cell = heap[0][2] if fast else self._least()
         if cell is None:
             return None
         load = self._load[cell]
