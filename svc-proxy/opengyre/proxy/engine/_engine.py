@@ -202,6 +202,7 @@ class CpuEngine:
 
         def load() -> str:
             version = load_weights(self.model, Path(model_path), verify=True)
+            self.runner.weights_changed()  # the packed projections are copies of the old weights
             self.scheduler.weight_version = weight_version or version
             self.scheduler.prefix_cache.clear()  # cached keys and values came from the old weights
             self.model_path = model_path

@@ -1,14 +1,22 @@
 """Forward passes of the shared Llama model with a per-request KV cache.
 
-The HF module's own layers (embeddings, norms, projections, MLP, rotary embedding) do the maths, so the
-engine computes exactly what ``opengyre.models.token_logprobs`` computes for the trainer; only attention is
-done here, over each request's cache: chunked prefill for one request, then one batched decode step for
-all running requests.
+The HF module's own layers (embeddings, norms, rotary embedding, activation) do the maths, so the engine
+computes what ``opengyre.models.token_logprobs`` computes for the trainer; only attention is done here, over each
+request's cache: chunked prefill for one request, then one batched decode step for all running requests.
+
+Two kernels for the projections (registry ``PROJECTIONS``):
+
+- ``exact``: the modules' own ``nn.Linear`` (MKL's sgemm on x86), the trainer's kernel: prompt logprobs
+  (``all_logits=True``) always take it, so they equal the trainer's bit for bit;
+- ``onednn``: the same float32 weights laid out once for oneDNN's GEMM (QKV and gate/up fused). On CPUs where
+  MKL's sgemm runs a generic path (AMD: half oneDNN's speed on the development machine's EPYC) generation is
+  bound by these GEMMs, so this is where its time goes. Results differ from ``exact`` by float summation
+  order only (~1e-6 per projection), like the KV-cached path already does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +24,7 @@ import torch.nn.functional as F  # noqa: N812 (the conventional name)
 from transformers import LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-__all__ = ["KVCache", "ModelRunner"]
+__all__ = ["PROJECTIONS", "KVCache", "ModelRunner", "OneDnnProjections", "Projections"]
 
 
 @dataclass
@@ -51,8 +59,92 @@ class KVCache:
         return out
 
 
-class ModelRunner:
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
+
+
+class Projections:
+    """The model's projections over 2-D activations [n, hidden]: the modules' own (the trainer's kernels)."""
+
     def __init__(self, model: LlamaForCausalLM) -> None:
+        self.layers = list(model.model.layers)
+        self.head: Linear = model.lm_head
+
+    def qkv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.layers[i].self_attn
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layers[i].self_attn.o_proj(x)
+        return out
+
+    def mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layers[i].mlp(h)
+        return out
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(h)
+
+
+class OneDnnProjections(Projections):
+    """The same float32 weights, laid out once for oneDNN's GEMM, QKV and gate/up fused into one GEMM each.
+
+    A copy of the weights: rebuild it after loading new weights into the model."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        super().__init__(model)
+        self._qkv = [_packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj) for ly in self.layers]
+        self._o = [_packed(ly.self_attn.o_proj) for ly in self.layers]
+        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj) for ly in self.layers]
+        self._down = [_packed(ly.mlp.down_proj) for ly in self.layers]
+        self.head = _packed(model.lm_head)
+        attn = self.layers[0].self_attn
+        self._splits = (int(attn.q_proj.out_features), int(attn.k_proj.out_features))
+
+    def qkv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self._qkv[i](h)
+        nq, nk = self._splits
+        return out[:, :nq], out[:, nq : nq + nk], out[:, nq + nk :]
+
+    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self._o[i](x)
+
+    def mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate_up[i](h).chunk(2, dim=-1)
+        return self._down[i](self.layers[i].mlp.act_fn(gate.contiguous()) * up)
+
+
+def _packed(*mods: torch.nn.Linear) -> Linear:
+    """One oneDNN GEMM computing ``mods`` side by side (their outputs concatenated)."""
+    biases = [m.bias for m in mods if m.bias is not None]
+    if biases and len(biases) < len(mods):  # some with a bias, some without: no fused form
+        return lambda x: torch.cat([m(x) for m in mods], dim=-1)
+    with torch.inference_mode():
+        w = torch.cat([m.weight.detach() for m in mods]).contiguous()
+        b = torch.cat([x.detach() for x in biases]) if biases else None
+        pw = torch.ops.mkldnn._reorder_linear_weight(w)
+    pointwise = torch.ops.mkldnn._linear_pointwise.default
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = pointwise(x, pw, b, "none", [], "")
+        return out
+
+    return f
+
+
+def _onednn(model: LlamaForCausalLM) -> Projections:
+    if not torch.backends.mkldnn.is_available() or next(model.parameters()).dtype != torch.float32:
+        return Projections(model)  # oneDNN's float32 GEMM only; anything else keeps the modules' own
+    return OneDnnProjections(model)
+
+
+# How the projections of generation (prefill without prompt logprobs, decode) are computed, by name.
+PROJECTIONS: dict[str, Callable[[LlamaForCausalLM], Projections]] = {"exact": Projections, "onednn": _onednn}
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, projections: str = "onednn") -> None:
+        if projections not in PROJECTIONS:
+            raise ValueError(f"unknown projection kernel {projections!r}: one of {', '.join(PROJECTIONS)}")
         self.model = model
         cfg = model.config
         self.n_layers = int(cfg.num_hidden_layers)
@@ -62,6 +154,13 @@ class ModelRunner:
         self.vocab_size = int(cfg.vocab_size)
         self.max_positions = int(cfg.max_position_embeddings)
         self.dtype = next(model.parameters()).dtype
+        self.projections = projections
+        self.exact = Projections(model)  # the trainer's kernels, on the live weights (nothing to rebuild)
+        self.fast = PROJECTIONS[projections](model)
+
+    def weights_changed(self) -> None:
+        """Rebuild what was derived from the weights (call after loading new weights into the model in place)."""
+        self.fast = PROJECTIONS[self.projections](self.model)
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -84,14 +183,24 @@ class ModelRunner:
             nv[:, : cache.length] = cache.values[i][:, : cache.length]
             cache.keys[i], cache.values[i] = nk, nv
 
+    def _heads(self, proj: Projections, i: int, h: torch.Tensor, b: int, s: int) -> list[torch.Tensor]:
+        """q [b, heads, s, d], k and v [b, kv_heads, s, d] from activations [b*s, hidden]."""
+        return [
+            t.reshape(b, s, n, self.head_dim).transpose(1, 2)
+            for t, n in zip(proj.qkv(i, h), (self.n_heads, self.kv_heads, self.kv_heads), strict=True)
+        ]
+
     @torch.inference_mode()
     def prefill(self, cache: KVCache, ids: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
-        """Run ``ids`` after what ``cache`` holds; returns logits [vocab] of the last position, or [S, vocab]."""
+        """Run ``ids`` after what ``cache`` holds; returns logits [vocab] of the last position, or [S, vocab].
+
+        ``all_logits`` (prompt logprobs) runs the trainer's own kernels: those logprobs equal the trainer's."""
         m = self.model.model
+        proj = self.exact if all_logits else self.fast
         s = len(ids)
         p0 = cache.length
         self._reserve(cache, p0 + s)
-        x = m.embed_tokens(torch.tensor([list(ids)], dtype=torch.long))
+        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long))  # [S, H]
         pos = torch.arange(p0, p0 + s).unsqueeze(0)
         cos, sin = m.rotary_emb(x, pos)
         mask = None
@@ -100,10 +209,7 @@ class ModelRunner:
             mask = torch.arange(p0 + s).unsqueeze(0) <= (torch.arange(s) + p0).unsqueeze(1)
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(1, s, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), 1, s)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             cache.keys[i][:, p0 : p0 + s] = k[0]
             cache.values[i][:, p0 : p0 + s] = v[0]
@@ -112,29 +218,26 @@ class ModelRunner:
             o = F.scaled_dot_product_attention(
                 q, kk, vv, attn_mask=mask, is_causal=mask is None, scale=attn.scaling, enable_gqa=True
             )
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(1, s, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + proj.o(i, o[0].transpose(0, 1).reshape(s, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         cache.length = p0 + s
-        h = m.norm(x[0] if all_logits else x[0, -1:])
-        logits: torch.Tensor = self.model.lm_head(h).float()
+        logits: torch.Tensor = proj.lm_head(m.norm(x if all_logits else x[-1:])).float()
         return logits if all_logits else logits[0]
 
     @torch.inference_mode()
     def decode(self, caches: Sequence[KVCache], ids: Sequence[int]) -> torch.Tensor:
         """One token for each sequence; returns logits [B, vocab]."""
         m = self.model.model
+        proj = self.fast
         b = len(ids)
         for c in caches:
             self._reserve(c, c.length + 1)
-        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long).unsqueeze(1))  # [B, 1, H]
+        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long))  # [B, H]
         pos = torch.tensor([c.length for c in caches], dtype=torch.long).unsqueeze(1)
         cos, sin = m.rotary_emb(x, pos)
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(b, 1, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), b, 1)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             outs = []
             for j, c in enumerate(caches):
@@ -152,9 +255,9 @@ class ModelRunner:
                     )
                 )
             o = torch.cat(outs, dim=0)  # [B, heads, 1, head_dim]
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + proj.o(i, o.reshape(b, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         for c in caches:
             c.length += 1
-        logits: torch.Tensor = self.model.lm_head(m.norm(x[:, 0])).float()
+        logits: torch.Tensor = proj.lm_head(m.norm(x)).float()
         return logits
