@@ -58,3 +58,37 @@ def test_a_prefix_cache_hit_computes_the_same_logits() -> None:
     cold = runner.prefill(cold_cache, second)
     assert torch.allclose(warm, cold, atol=1e-5)
     assert pc.lookup(_ids(30, 9)) == (0, None)  # nothing shared: no reuse
+
+
+def test_sequences_joining_leaving_and_reordered_between_steps_decode_as_if_alone() -> None:
+    """The decode batch shares one KV pool: members join, leave (their row taken by another) and come in any
+    order; each sequence's logits stay those of decoding it alone."""
+    runner = ModelRunner(build_model(model_config("tiny"), seed=4))
+    prompts = {name: _ids(n, seed) for name, n, seed in (("a", 30, 5), ("b", 45, 6), ("c", 12, 7), ("d", 60, 8))}
+    steps = [["a", "b", "c"], ["a", "b", "c"], ["c", "a"], ["d", "c", "a"], ["a", "d"]]
+
+    def alone(name: str, tokens: list[int]) -> torch.Tensor:
+        cache = runner.new_cache()
+        runner.prefill(cache, prompts[name])
+        out = torch.empty(0)
+        for t in tokens:
+            out = runner.decode([cache], [t])[0]
+        return out
+
+    caches = {}
+    for name, ids in prompts.items():
+        caches[name] = runner.new_cache()
+        runner.prefill(caches[name], ids)
+    fed: dict[str, list[int]] = {name: [] for name in prompts}
+    for k, names in enumerate(steps):
+        if k == 2:
+            runner.release(caches["b"], keep=True)  # b leaves from the middle: c's row moves into its hole
+        toks = [(k * 7 + j * 3) % 288 for j in range(len(names))]
+        logits = runner.decode([caches[n] for n in names], toks)
+        for j, n in enumerate(names):
+            fed[n].append(toks[j])
+            assert caches[n].length == len(prompts[n]) + len(fed[n])
+            assert torch.allclose(logits[j], alone(n, fed[n]), atol=1e-5), (k, n)
+    # b kept its own copy when it left: it still continues exactly as if it had been alone.
+    assert caches["b"].slot is None and caches["b"].length == len(prompts["b"]) + 2
+    assert torch.allclose(runner.decode([caches["b"]], [9])[0], alone("b", [*fed["b"], 9]), atol=1e-5)

@@ -34,6 +34,7 @@ class KVCache:
     keys: list[torch.Tensor] = field(default_factory=list)  # [kv_heads, capacity, head_dim] per layer
     values: list[torch.Tensor] = field(default_factory=list)
     length: int = 0
+    slot: int | None = None  # while it is being decoded: its row in the runner's KVPool (keys are views into it)
 
     @property
     def capacity(self) -> int:
@@ -57,6 +58,95 @@ class KVCache:
             out.keys.append(nk)
             out.values.append(nv)
         return out
+
+
+class KVPool:
+    """The KV of the sequences being decoded, side by side: per layer [slots, kv_heads, capacity, head_dim].
+
+    A member's ``KVCache`` holds views of its row, so one decode step writes every member's new key and value
+    with one indexed copy and attends for all of them in one SDPA call (masked to each one's length) instead of
+    one call per sequence per layer. Rows are kept dense (a leaving member's row is taken by the last one);
+    the capacity doubles as the longest member grows and the buffers are freed when the pool empties."""
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.n_layers, self.kv_heads, self.head_dim, self.dtype = n_layers, kv_heads, head_dim, dtype
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.members: list[KVCache] = []
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        if self.keys and self.slots >= slots and self.capacity >= capacity:
+            return
+        s, cap = max(8, self.slots), max(64, self.capacity)
+        while s < slots:
+            s *= 2
+        while cap < capacity:
+            cap *= 2
+        shape = (s, self.kv_heads, cap, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
+        values = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
+        n = len(self.members)
+        if n:
+            top = max(c.length for c in self.members)
+            for i in range(self.n_layers):
+                keys[i][:n, :, :top] = self.keys[i][:n, :, :top]
+                values[i][:n, :, :top] = self.values[i][:n, :, :top]
+        self.keys, self.values = keys, values
+        for c in self.members:
+            self._point(c)
+
+    def _point(self, c: KVCache) -> None:
+        assert c.slot is not None
+        c.keys = [k[c.slot] for k in self.keys]
+        c.values = [v[c.slot] for v in self.values]
+
+    def sync(self, caches: Sequence[KVCache], needed: int) -> None:
+        """Make the members exactly ``caches``, with room for ``needed`` positions each."""
+        wanted = {id(c) for c in caches}
+        for c in [m for m in self.members if id(m) not in wanted]:
+            self.leave(c, keep=True)
+        joining = [c for c in caches if c.slot is None]
+        self._grow(len(self.members) + len(joining), needed)
+        for c in joining:
+            c.slot = len(self.members)
+            self.members.append(c)
+            n = c.length
+            for i in range(self.n_layers):
+                if n:
+                    self.keys[i][c.slot, :, :n] = c.keys[i][:, :n]
+                    self.values[i][c.slot, :, :n] = c.values[i][:, :n]
+            self._point(c)
+
+    def leave(self, c: KVCache, *, keep: bool) -> None:
+        """Take ``c`` out of the pool; ``keep``: it gets its own copy of its keys and values (else it is emptied)."""
+        if c.slot is None:
+            return
+        slot, n = c.slot, c.length
+        if keep:
+            own = c.truncated_copy(n)
+            c.keys, c.values = own.keys, own.values
+        else:
+            c.keys, c.values, c.length = [], [], 0
+        c.slot = None
+        last = self.members.pop()
+        if last is not c:  # the last row moves into the hole
+            self.members[slot] = last
+            m = last.length
+            for i in range(self.n_layers):
+                self.keys[i][slot, :, :m] = self.keys[i][last.slot, :, :m]
+                self.values[i][slot, :, :m] = self.values[i][last.slot, :, :m]
+            last.slot = slot
+            self._point(last)
+        if not self.members:
+            self.keys, self.values = [], []
 
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
@@ -157,6 +247,7 @@ class ModelRunner:
         self.projections = projections
         self.exact = Projections(model)  # the trainer's kernels, on the live weights (nothing to rebuild)
         self.fast = PROJECTIONS[projections](model)
+        self.pool = KVPool(self.n_layers, self.kv_heads, self.head_dim, self.dtype)
 
     def weights_changed(self) -> None:
         """Rebuild what was derived from the weights (call after loading new weights into the model in place)."""
@@ -164,6 +255,11 @@ class ModelRunner:
 
     def new_cache(self) -> KVCache:
         return KVCache()
+
+    @torch.inference_mode()  # the pool's buffers are inference tensors
+    def release(self, cache: KVCache, *, keep: bool) -> None:
+        """``cache`` will not be decoded further; ``keep``: its keys and values stay readable (prefix reuse)."""
+        self.pool.leave(cache, keep=keep)
 
     def _reserve(self, cache: KVCache, needed: int) -> None:
         if cache.keys and cache.capacity >= needed:
@@ -197,6 +293,7 @@ class ModelRunner:
         ``all_logits`` (prompt logprobs) runs the trainer's own kernels: those logprobs equal the trainer's."""
         m = self.model.model
         proj = self.exact if all_logits else self.fast
+        self.pool.leave(cache, keep=True)  # a decoded sequence continued by a prompt (not the scheduler's order)
         s = len(ids)
         p0 = cache.length
         self._reserve(cache, p0 + s)
@@ -226,36 +323,41 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, caches: Sequence[KVCache], ids: Sequence[int]) -> torch.Tensor:
-        """One token for each sequence; returns logits [B, vocab]."""
+        """One token for each sequence; returns logits [B, vocab].
+
+        The sequences become the pool's members (see ``KVPool``): one indexed write and one masked SDPA call per
+        layer for the whole batch."""
         m = self.model.model
         proj = self.fast
         b = len(ids)
-        for c in caches:
-            self._reserve(c, c.length + 1)
+        lengths = [c.length for c in caches]
+        top = max(lengths) + 1
+        self.pool.sync(caches, top)
+        slot = torch.tensor([c.slot for c in caches], dtype=torch.long)
+        pos = torch.tensor(lengths, dtype=torch.long)
+        order = torch.empty_like(slot)
+        order[slot] = torch.arange(b)  # order[s]: the batch row whose cache is pool row s
+        ordered = bool(torch.equal(order, torch.arange(b)))
+        # Row s of the pool attends over its first length + 1 positions (the new token included).
+        mask = (torch.arange(top).unsqueeze(0) <= pos[order].unsqueeze(1)).view(b, 1, 1, top)
         x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long))  # [B, H]
-        pos = torch.tensor([c.length for c in caches], dtype=torch.long).unsqueeze(1)
-        cos, sin = m.rotary_emb(x, pos)
+        cos, sin = m.rotary_emb(x, pos.unsqueeze(1))
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
             q, k, v = self._heads(proj, i, layer.input_layernorm(x), b, 1)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            outs = []
-            for j, c in enumerate(caches):
-                n = c.length
-                c.keys[i][:, n] = k[j, :, 0]
-                c.values[i][:, n] = v[j, :, 0]
-                # Each sequence attends over its own cache: no padding, no copies of other sequences.
-                outs.append(
-                    F.scaled_dot_product_attention(
-                        q[j : j + 1],
-                        c.keys[i][:, : n + 1].unsqueeze(0),
-                        c.values[i][:, : n + 1].unsqueeze(0),
-                        scale=attn.scaling,
-                        enable_gqa=True,
-                    )
-                )
-            o = torch.cat(outs, dim=0)  # [B, heads, 1, head_dim]
-            x = x + proj.o(i, o.reshape(b, -1))
+            keys, values = self.pool.keys[i], self.pool.values[i]
+            keys[slot, :, pos] = k[:, :, 0]
+            values[slot, :, pos] = v[:, :, 0]
+            o = F.scaled_dot_product_attention(
+                q if ordered else q[order],
+                keys[:b, :, :top],
+                values[:b, :, :top],
+                attn_mask=mask,
+                scale=attn.scaling,
+                enable_gqa=True,
+            )  # [B, heads, 1, head_dim], pool order
+            x = x + proj.o(i, (o if ordered else o[slot]).reshape(b, -1))
             x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         for c in caches:
             c.length += 1

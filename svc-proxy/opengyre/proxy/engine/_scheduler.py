@@ -355,6 +355,10 @@ class Scheduler:
             )
         )
         cache, req.cache = req.cache, None
-        if cache is not None and not req.aborted and cache.length > 0:
+        if cache is None:
+            return
+        keep = not req.aborted and self.prefix_cache.accepts(cache.length)
+        self.runner.release(cache, keep=keep)
+        if keep:
             covered = req.input_ids + req.output_ids
             self.prefix_cache.insert(covered[: cache.length], cache)
