@@ -63,16 +63,17 @@ def test_a_prefix_cache_hit_computes_the_same_logits() -> None:
 def test_sequences_joining_leaving_and_reordered_between_steps_decode_as_if_alone() -> None:
     """The decode batch shares one KV pool: members join, leave (their row taken by another) and come in any
     order; each sequence's logits stay those of decoding it alone."""
-    runner = ModelRunner(build_model(model_config("tiny"), seed=4))
+    model = build_model(model_config("tiny"), seed=4)
+    runner, solo = ModelRunner(model), ModelRunner(model)  # the reference decodes on a pool of its own
     prompts = {name: _ids(n, seed) for name, n, seed in (("a", 30, 5), ("b", 45, 6), ("c", 12, 7), ("d", 60, 8))}
     steps = [["a", "b", "c"], ["a", "b", "c"], ["c", "a"], ["d", "c", "a"], ["a", "d"]]
 
     def alone(name: str, tokens: list[int]) -> torch.Tensor:
-        cache = runner.new_cache()
-        runner.prefill(cache, prompts[name])
+        cache = solo.new_cache()
+        solo.prefill(cache, prompts[name])
         out = torch.empty(0)
         for t in tokens:
-            out = runner.decode([cache], [t])[0]
+            out = solo.decode([cache], [t])[0]
         return out
 
     caches = {}
@@ -81,6 +82,8 @@ def test_sequences_joining_leaving_and_reordered_between_steps_decode_as_if_alon
         runner.prefill(caches[name], ids)
     fed: dict[str, list[int]] = {name: [] for name in prompts}
     for k, names in enumerate(steps):
+        if k == 3:
+            assert [c.slot for c in (caches["a"], caches["c"])] == [0, 1]  # c took b's row; the batch was [c, a]
         if k == 2:
             runner.release(caches["b"], keep=True)  # b leaves from the middle: c's row moves into its hole
         toks = [(k * 7 + j * 3) % 288 for j in range(len(names))]
