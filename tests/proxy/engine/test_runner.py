@@ -95,3 +95,23 @@ def test_sequences_joining_leaving_and_reordered_between_steps_decode_as_if_alon
     # b kept its own copy when it left: it still continues exactly as if it had been alone.
     assert caches["b"].slot is None and caches["b"].length == len(prompts["b"]) + 2
     assert torch.allclose(runner.decode([caches["b"]], [9])[0], alone("b", [*fed["b"], 9]), atol=1e-5)
+
+
+def test_prompts_prefilled_together_equal_prompts_prefilled_alone() -> None:
+    """Several requests' chunks in one forward pass (one of them continuing a cached prefix): each one's last
+    logits and what its cache then decodes are those of prefilling it alone."""
+    runner = ModelRunner(build_model(model_config("tiny"), seed=5))
+    a, b, c = _ids(33, 10), _ids(7, 11), _ids(50, 12)
+    alone = []
+    for ids in (a, b, c):
+        cache = runner.new_cache()
+        first = runner.prefill(cache, ids)
+        alone.append((first, runner.decode([cache], [3])[0]))
+    ca, cb, cc = runner.new_cache(), runner.new_cache(), runner.new_cache()
+    runner.prefill(cc, c[:20])  # c continues a prefix already in its cache
+    together = runner.prefill_many([ca, cb, cc], [a, b, c[20:]])
+    assert [x.length for x in (ca, cb, cc)] == [33, 7, 50]
+    after = runner.decode([ca, cb, cc], [3, 3, 3])
+    for j, (first, nxt) in enumerate(alone):
+        assert torch.allclose(together[j], first, atol=1e-5), j
+        assert torch.allclose(after[j], nxt, atol=1e-5), j

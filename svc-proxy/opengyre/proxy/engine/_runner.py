@@ -290,9 +290,12 @@ class ModelRunner:
     def prefill(self, cache: KVCache, ids: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
         """Run ``ids`` after what ``cache`` holds; returns logits [vocab] of the last position, or [S, vocab].
 
-        ``all_logits`` (prompt logprobs) runs the trainer's own kernels: those logprobs equal the trainer's."""
+        ``all_logits`` (prompt logprobs) runs the trainer's own kernels, as the trainer shapes it (one sequence):
+        those logprobs equal the trainer's bit for bit."""
+        if not all_logits:
+            return self.prefill_many([cache], [ids])[0]
         m = self.model.model
-        proj = self.exact if all_logits else self.fast
+        proj = self.exact
         self.pool.leave(cache, keep=True)  # a decoded sequence continued by a prompt (not the scheduler's order)
         s = len(ids)
         p0 = cache.length
@@ -318,8 +321,58 @@ class ModelRunner:
             x = x + proj.o(i, o[0].transpose(0, 1).reshape(s, -1))
             x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         cache.length = p0 + s
-        logits: torch.Tensor = proj.lm_head(m.norm(x if all_logits else x[-1:])).float()
-        return logits if all_logits else logits[0]
+        logits: torch.Tensor = proj.lm_head(m.norm(x)).float()
+        return logits
+
+    @torch.inference_mode()
+    def prefill_many(self, caches: Sequence[KVCache], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run each chunk after what its cache holds, all in one forward pass (the projections over every token
+        at once, attention per sequence); returns the logits of each chunk's last position [len(chunks), vocab]."""
+        m = self.model.model
+        proj = self.fast
+        sizes = [len(c) for c in chunks]
+        total = sum(sizes)
+        starts = []
+        for cache, s in zip(caches, sizes, strict=True):
+            self.pool.leave(cache, keep=True)  # a decoded sequence continued by a prompt (not the scheduler's order)
+            self._reserve(cache, cache.length + s)
+            starts.append(cache.length)
+        x = m.embed_tokens(torch.tensor([t for c in chunks for t in c], dtype=torch.long))  # [T, H]
+        pos = torch.cat([torch.arange(p0, p0 + s) for p0, s in zip(starts, sizes, strict=True)]).unsqueeze(0)
+        cos, sin = m.rotary_emb(x, pos)
+        masks = [
+            # Causal over the new block, full over the cached prefix.
+            None if p0 == 0 else torch.arange(p0 + s).unsqueeze(0) <= (torch.arange(s) + p0).unsqueeze(1)
+            for p0, s in zip(starts, sizes, strict=True)
+        ]
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), 1, total)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            outs, at = [], 0
+            for cache, p0, s, mask in zip(caches, starts, sizes, masks, strict=True):
+                cache.keys[i][:, p0 : p0 + s] = k[0, :, at : at + s]
+                cache.values[i][:, p0 : p0 + s] = v[0, :, at : at + s]
+                outs.append(
+                    F.scaled_dot_product_attention(
+                        q[:, :, at : at + s],
+                        cache.keys[i][:, : p0 + s].unsqueeze(0),
+                        cache.values[i][:, : p0 + s].unsqueeze(0),
+                        attn_mask=mask,
+                        is_causal=mask is None,
+                        scale=attn.scaling,
+                        enable_gqa=True,
+                    )
+                )
+                at += s
+            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, heads, T, head_dim]
+            x = x + proj.o(i, o[0].transpose(0, 1).reshape(total, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
+        for cache, s in zip(caches, sizes, strict=True):
+            cache.length += s
+        ends = torch.tensor(sizes).cumsum(0) - 1
+        logits: torch.Tensor = proj.lm_head(m.norm(x[ends])).float()
+        return logits
 
     @torch.inference_mode()
     def decode(self, caches: Sequence[KVCache], ids: Sequence[int]) -> torch.Tensor:
