@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -193,19 +194,12 @@ async def main() -> None:
                 flush=True,
             )
             floors.append(f"batch {b}:")
+            layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
             floors.append(
-                floor_line(
-                    "engine",
-                    b / edc,
-                    lambda b=b: projections_cpu_s(engine.runner.fast, cfg.num_hidden_layers, cfg.hidden_size, b),
-                )
+                floor_line("engine", b / edc, partial(projections_cpu_s, engine.runner.fast, layers, hidden, b))
             )
             floors.append(
-                floor_line(
-                    "transformers",
-                    b / hdc,
-                    lambda b=b: projections_cpu_s(Projections(hf), cfg.num_hidden_layers, cfg.hidden_size, b),
-                )
+                floor_line("transformers", b / hdc, partial(projections_cpu_s, Projections(hf), layers, hidden, b))
             )
     finally:
         engine.stop()

@@ -222,7 +222,7 @@ def _packed(*mods: torch.nn.Linear) -> Linear:
 
 
 def _onednn(model: LlamaForCausalLM) -> Projections:
-    if not torch.backends.mkldnn.is_available() or next(model.parameters()).dtype != torch.float32:
+    if not torch._C._has_mkldnn or next(model.parameters()).dtype != torch.float32:
         return Projections(model)  # oneDNN's float32 GEMM only; anything else keeps the modules' own
     return OneDnnProjections(model)
 
