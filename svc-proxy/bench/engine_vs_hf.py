@@ -1,26 +1,36 @@
-"""The CPU engine's generation throughput on a real model against transformers' ``generate``, in one process.
+"""The CPU engine's prefill and decode throughput on a real model against transformers' ``generate``, in one process.
 
-Same weights, same prompts (chat prompts rendered by the model's template), greedy, a fixed number of new tokens
-(eos ignored on both sides so every request decodes the same length), the same torch thread count. For each
-batch size: prefill + decode tokens/s of each, wall-clock and per CPU-second, and engine / transformers ratios.
-The greedy outputs are compared too (the share of identical tokens): both run the same model, so a throughput
-won by computing something else would show here.
+Same weights (two copies of the model in one process), same prompts (chat prompts rendered by the model's
+template), greedy, the same number of new tokens (eos ignored on both sides so every request decodes the same
+length), the same torch thread count. For each batch size, each side runs twice per repeat, interleaved with the
+other: with 1 new token (prefill + the first token) and with ``--new`` tokens; prefill tokens/s = prompt tokens
+over the first run, decode tokens/s = the further tokens over the difference. Best of the repeats, wall-clock and
+per CPU-second (the machine is shared: CPU-seconds are the steadier figure), and engine / transformers ratios.
 
-    .venv/bin/python svc-proxy/bench/engine_vs_hf.py [--model smollm2-135m] [--batches 1,8] [--new 32]
+The greedy outputs are compared too (the share of identical tokens): both run the same model, so a throughput won
+by computing something else would show here. Last, the floor: the model's projections alone (every linear layer +
+the LM head, the shapes of one decode step) with transformers' kernel (``nn.Linear``) and with the engine's, per
+step, beside each side's whole decode step: how much of a step is those GEMMs.
+
+    .venv/bin/python svc-proxy/bench/engine_vs_hf.py [--model smollm2-135m] [--batches 1,8,32] [--new 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from opengyre.models import resolve_model
 from opengyre.proxy import ChatCodec
 from opengyre.proxy.engine import CpuEngine, EngineConfig, SamplingParams
+from opengyre.proxy.engine._runner import Projections
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -39,6 +49,27 @@ class Run:
     wall: float
     cpu: float
     outputs: list[list[int]]
+
+
+@dataclass
+class Side:
+    """One side's best prefill-only and full runs over the repeats."""
+
+    first: Run | None = None
+    full: Run | None = None
+
+    def keep(self, first: Run, full: Run) -> None:
+        if self.first is None or first.wall < self.first.wall:
+            self.first = first
+        if self.full is None or full.wall < self.full.wall:
+            self.full = full
+
+    def rates(self, prompt_tokens: int, decoded: int) -> tuple[float, float, float, float]:
+        """prefill tok/s, decode tok/s, prefill tok/CPU-s, decode tok/CPU-s."""
+        assert self.first is not None and self.full is not None
+        dw = max(self.full.wall - self.first.wall, 1e-9)
+        dc = max(self.full.cpu - self.first.cpu, 1e-9)
+        return prompt_tokens / self.first.wall, decoded / dw, prompt_tokens / self.first.cpu, decoded / dc
 
 
 def prompts(codec: ChatCodec, n: int) -> list[list[int]]:
@@ -93,10 +124,34 @@ def same(a: list[list[int]], b: list[list[int]], eos: int) -> float:
     return agree / max(total, 1)
 
 
+def projections_cpu_s(proj: Projections, layers: int, hidden: int, b: int, reps: int = 3) -> float:
+    """CPU-seconds of one decode step's projections alone (every layer's, then the LM head) at batch ``b``."""
+    x = torch.randn(b, hidden)
+
+    def step() -> None:
+        for i in range(layers):
+            proj.qkv(i, x)
+            proj.o(i, x)
+            proj.mlp(i, x)
+        proj.lm_head(x)
+
+    with torch.inference_mode():
+        step()
+        c = time.process_time()
+        for _ in range(reps):
+            step()
+    return (time.process_time() - c) / reps
+
+
+def floor_line(name: str, step_cpu: float, gemm: Callable[[], float]) -> str:
+    g = gemm()
+    return f"  {name:<14} decode step {step_cpu * 1e3:7.1f} ms CPU, projections alone {g * 1e3:7.1f} ms ({g / step_cpu:.0%})"
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
@@ -109,29 +164,48 @@ async def main() -> None:
     hf.eval()  # type: ignore[no-untyped-call]
     codec = engine.codec
     pad = codec.eos_id
-    print(f"model {args.model}, {args.new} new tokens a request, greedy, {args.threads} torch thread(s)")
-    print("batch  prompt_tok  engine_tok/s  hf_tok/s  ratio  engine_tok/cpu_s  hf_tok/cpu_s  cpu_ratio  same_tokens")
+    cfg = hf.config
+    print(
+        f"model {args.model}, {args.new} new tokens a request, greedy, {args.threads} torch thread(s), "
+        f"engine projections: {type(engine.runner.fast).__name__}, load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "batch  prompt_tok | prefill tok/s: engine   hf  ratio | decode tok/s: engine   hf  ratio |"
+        " per CPU-s prefill: engine  hf  ratio | decode: engine  hf  ratio | same_tokens"
+    )
+    floors: list[str] = []
     try:
         for b in (int(x) for x in args.batches.split(",")):
             batch = prompts(codec, b)
-            await run_engine(engine, batch[:1], 2)  # warm-up (allocations, the first graph)
-            run_hf(hf, batch[:1], 2, pad)
-            best_e = best_h = None
+            await run_engine(engine, batch, 2)  # warm-up (allocations, first calls)
+            run_hf(hf, batch, 2, pad)
+            eng, ref = Side(), Side()
             for _ in range(args.repeats):  # interleaved, best of: the machine is shared
-                e = await run_engine(engine, batch, args.new)
-                h = run_hf(hf, batch, args.new, pad)
-                best_e = e if best_e is None or e.wall < best_e.wall else best_e
-                best_h = h if best_h is None or h.wall < best_h.wall else best_h
-            assert best_e is not None and best_h is not None
-            toks = b * args.new
-            et, ht = toks / best_e.wall, toks / best_h.wall
-            ec, hc = toks / best_e.cpu, toks / best_h.cpu
+                eng.keep(await run_engine(engine, batch, 1), await run_engine(engine, batch, args.new))
+                ref.keep(run_hf(hf, batch, 1, pad), run_hf(hf, batch, args.new, pad))
+            ptoks, dtoks = sum(map(len, batch)), b * (args.new - 1)
+            ep, ed, epc, edc = eng.rates(ptoks, dtoks)
+            hp, hd, hpc, hdc = ref.rates(ptoks, dtoks)
+            assert eng.full is not None and ref.full is not None
             print(
-                f"{b:>5}  {sum(map(len, batch)):>10}  {et:>12.1f}  {ht:>8.1f}  {et / ht:>5.2f}  {ec:>16.1f}  "
-                f"{hc:>12.1f}  {ec / hc:>9.2f}  {same(best_e.outputs, best_h.outputs, pad):>11.2f}"
+                f"{b:>5}  {ptoks:>10} | {ep:>20.1f} {hp:>5.1f} {ep / hp:>5.2f} | {ed:>19.1f} {hd:>5.1f} "
+                f"{ed / hd:>5.2f} | {epc:>26.1f} {hpc:>4.1f} {epc / hpc:>5.2f} | {edc:>14.1f} {hdc:>4.1f} "
+                f"{edc / hdc:>5.2f} | {same(eng.full.outputs, ref.full.outputs, pad):>11.2f}",
+                flush=True,
+            )
+            floors.append(f"batch {b}:")
+            layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
+            floors.append(
+                floor_line("engine", b / edc, partial(projections_cpu_s, engine.runner.fast, layers, hidden, b))
+            )
+            floors.append(
+                floor_line("transformers", b / hdc, partial(projections_cpu_s, Projections(hf), layers, hidden, b))
             )
     finally:
         engine.stop()
+    print("where a decode step's CPU time goes (projections: every linear layer + the LM head at that batch):")
+    print("\n".join(floors))
+    print(f"load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

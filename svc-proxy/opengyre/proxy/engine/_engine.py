@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,7 +168,7 @@ class CpuEngine:
             rid=rid,
             input_ids=list(input_ids),
             params=params,
-            on_update=lambda u: _post(loop, queue, u),
+            on_update=lambda u: _mailbox(loop).post(queue, u),
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
@@ -202,6 +204,7 @@ class CpuEngine:
 
         def load() -> str:
             version = load_weights(self.model, Path(model_path), verify=True)
+            self.runner.weights_changed()  # the packed projections are copies of the old weights
             self.scheduler.weight_version = weight_version or version
             self.scheduler.prefix_cache.clear()  # cached keys and values came from the old weights
             self.model_path = model_path
@@ -225,5 +228,40 @@ class CpuEngine:
         return [r for r in records if rid is None or r.rid == rid or r.rid.startswith(rid)]
 
 
-def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[StepUpdate], u: StepUpdate) -> None:
-    loop.call_soon_threadsafe(queue.put_nowait, u)
+class _Mailbox:
+    """Step updates for one event loop, handed over in bulk: one wake-up of the loop per scheduler step (not one
+    per request), so the engine thread does not wait on a busy loop thread for each request it updates."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[StepUpdate], StepUpdate]] = []
+
+    def post(self, queue: asyncio.Queue[StepUpdate], u: StepUpdate) -> None:
+        with self._lock:
+            self._pending.append((queue, u))
+            if len(self._pending) > 1:
+                return  # a drain is scheduled already and will take this one too
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting for these updates any more
+            with self._lock:
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, u in pending:
+            queue.put_nowait(u)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    with _mailboxes_lock:
+        box = _mailboxes.get(loop)
+        if box is None:
+            box = _mailboxes[loop] = _Mailbox(loop)
+        return box

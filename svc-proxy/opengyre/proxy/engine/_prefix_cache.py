@@ -61,10 +61,14 @@ class PrefixCache:
         self.hit_tokens += best
         return best, self._entries[best_key][1].truncated_copy(best)
 
+    def accepts(self, n: int) -> bool:
+        """Whether a sequence of ``n`` cached tokens would be kept."""
+        return self.min_match <= n <= self.max_tokens
+
     def insert(self, ids: Sequence[int], cache: KVCache) -> None:
         """Keep ``cache`` (which now belongs to the prefix cache) for the tokens it covers."""
         n = min(len(ids), cache.length)
-        if n < self.min_match or n > self.max_tokens:
+        if not self.accepts(n):
             return
         tokens = torch.tensor(list(ids[:n]), dtype=torch.int32)
         # An entry that is a prefix of the new one is superseded by it.

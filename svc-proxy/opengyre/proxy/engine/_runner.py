@@ -1,14 +1,22 @@
 """Forward passes of the shared Llama model with a per-request KV cache.
 
-The HF module's own layers (embeddings, norms, projections, MLP, rotary embedding) do the maths, so the
-engine computes exactly what ``opengyre.models.token_logprobs`` computes for the trainer; only attention is
-done here, over each request's cache: chunked prefill for one request, then one batched decode step for
-all running requests.
+The HF module's own layers (embeddings, norms, rotary embedding, activation) do the maths, so the engine
+computes what ``opengyre.models.token_logprobs`` computes for the trainer; only attention is done here, over each
+request's cache: chunked prefill for one request, then one batched decode step for all running requests.
+
+Two kernels for the projections (registry ``PROJECTIONS``):
+
+- ``exact``: the modules' own ``nn.Linear`` (MKL's sgemm on x86), the trainer's kernel: prompt logprobs
+  (``all_logits=True``) always take it, so they equal the trainer's bit for bit;
+- ``onednn``: the same float32 weights laid out once for oneDNN's GEMM (QKV and gate/up fused). On CPUs where
+  MKL's sgemm runs a generic path (AMD: half oneDNN's speed on the development machine's EPYC) generation is
+  bound by these GEMMs, so this is where its time goes. Results differ from ``exact`` by float summation
+  order only (~1e-6 per projection), like the KV-cached path already does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +24,7 @@ import torch.nn.functional as F  # noqa: N812 (the conventional name)
 from transformers import LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-__all__ = ["KVCache", "ModelRunner"]
+__all__ = ["PROJECTIONS", "KVCache", "ModelRunner", "OneDnnProjections", "Projections"]
 
 
 @dataclass
@@ -26,6 +34,7 @@ class KVCache:
     keys: list[torch.Tensor] = field(default_factory=list)  # [kv_heads, capacity, head_dim] per layer
     values: list[torch.Tensor] = field(default_factory=list)
     length: int = 0
+    slot: int | None = None  # while it is being decoded: its row in the runner's KVPool (keys are views into it)
 
     @property
     def capacity(self) -> int:
@@ -51,8 +60,181 @@ class KVCache:
         return out
 
 
-class ModelRunner:
+class KVPool:
+    """The KV of the sequences being decoded, side by side: per layer [slots, kv_heads, capacity, head_dim].
+
+    A member's ``KVCache`` holds views of its row, so one decode step writes every member's new key and value
+    with one indexed copy and attends for all of them in one SDPA call (masked to each one's length) instead of
+    one call per sequence per layer. Rows are kept dense (a leaving member's row is taken by the last one);
+    the capacity doubles as the longest member grows and the buffers are freed when the pool empties."""
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.n_layers, self.kv_heads, self.head_dim, self.dtype = n_layers, kv_heads, head_dim, dtype
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.members: list[KVCache] = []
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        if self.keys and self.slots >= slots and self.capacity >= capacity:
+            return
+        s, cap = max(8, self.slots), max(64, self.capacity)
+        while s < slots:
+            s *= 2
+        while cap < capacity:
+            cap *= 2
+        shape = (s, self.kv_heads, cap, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
+        values = [torch.zeros(shape, dtype=self.dtype) for _ in range(self.n_layers)]
+        n = len(self.members)
+        if n:
+            top = max(c.length for c in self.members)
+            for i in range(self.n_layers):
+                keys[i][:n, :, :top] = self.keys[i][:n, :, :top]
+                values[i][:n, :, :top] = self.values[i][:n, :, :top]
+        self.keys, self.values = keys, values
+        for c in self.members:
+            self._point(c)
+
+    def _point(self, c: KVCache) -> None:
+        assert c.slot is not None
+        c.keys = [k[c.slot] for k in self.keys]
+        c.values = [v[c.slot] for v in self.values]
+
+    def sync(self, caches: Sequence[KVCache], needed: int) -> None:
+        """Make the members exactly ``caches``, with room for ``needed`` positions each."""
+        wanted = {id(c) for c in caches}
+        for c in [m for m in self.members if id(m) not in wanted]:
+            self.leave(c, keep=True)
+        joining = [c for c in caches if c.slot is None]
+        self._grow(len(self.members) + len(joining), needed)
+        for c in joining:
+            c.slot = len(self.members)
+            self.members.append(c)
+            n = c.length
+            for i in range(self.n_layers):
+                if n:
+                    self.keys[i][c.slot, :, :n] = c.keys[i][:, :n]
+                    self.values[i][c.slot, :, :n] = c.values[i][:, :n]
+            self._point(c)
+
+    def leave(self, c: KVCache, *, keep: bool) -> None:
+        """Take ``c`` out of the pool; ``keep``: it gets its own copy of its keys and values (else it is emptied)."""
+        if c.slot is None:
+            return
+        slot, n = c.slot, c.length
+        if keep:
+            own = c.truncated_copy(n)
+            c.keys, c.values = own.keys, own.values
+        else:
+            c.keys, c.values, c.length = [], [], 0
+        c.slot = None
+        last = self.members.pop()
+        if last is not c:  # the last row moves into the hole
+            self.members[slot] = last
+            m = last.length
+            for i in range(self.n_layers):
+                self.keys[i][slot, :, :m] = self.keys[i][last.slot, :, :m]
+                self.values[i][slot, :, :m] = self.values[i][last.slot, :, :m]
+            last.slot = slot
+            self._point(last)
+        if not self.members:
+            self.keys, self.values = [], []
+
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
+
+
+class Projections:
+    """The model's projections over 2-D activations [n, hidden]: the modules' own (the trainer's kernels)."""
+
     def __init__(self, model: LlamaForCausalLM) -> None:
+        self.layers = list(model.model.layers)
+        self.head: Linear = model.lm_head
+
+    def qkv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.layers[i].self_attn
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layers[i].self_attn.o_proj(x)
+        return out
+
+    def mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layers[i].mlp(h)
+        return out
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(h)
+
+
+class OneDnnProjections(Projections):
+    """The same float32 weights, laid out once for oneDNN's GEMM, QKV and gate/up fused into one GEMM each.
+
+    A copy of the weights: rebuild it after loading new weights into the model."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        super().__init__(model)
+        self._qkv = [_packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj) for ly in self.layers]
+        self._o = [_packed(ly.self_attn.o_proj) for ly in self.layers]
+        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj) for ly in self.layers]
+        self._down = [_packed(ly.mlp.down_proj) for ly in self.layers]
+        self.head = _packed(model.lm_head)
+        attn = self.layers[0].self_attn
+        self._splits = (int(attn.q_proj.out_features), int(attn.k_proj.out_features))
+
+    def qkv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self._qkv[i](h)
+        nq, nk = self._splits
+        return out[:, :nq], out[:, nq : nq + nk], out[:, nq + nk :]
+
+    def o(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self._o[i](x)
+
+    def mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate_up[i](h).chunk(2, dim=-1)
+        return self._down[i](self.layers[i].mlp.act_fn(gate.contiguous()) * up)
+
+
+def _packed(*mods: torch.nn.Linear) -> Linear:
+    """One oneDNN GEMM computing ``mods`` side by side (their outputs concatenated)."""
+    biases = [m.bias for m in mods if m.bias is not None]
+    if biases and len(biases) < len(mods):  # some with a bias, some without: no fused form
+        return lambda x: torch.cat([m(x) for m in mods], dim=-1)
+    with torch.inference_mode():
+        w = torch.cat([m.weight.detach() for m in mods]).contiguous()
+        b = torch.cat([x.detach() for x in biases]) if biases else None
+        pw = torch.ops.mkldnn._reorder_linear_weight(w)
+    pointwise = torch.ops.mkldnn._linear_pointwise.default
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = pointwise(x, pw, b, "none", [], "")
+        return out
+
+    return f
+
+
+def _onednn(model: LlamaForCausalLM) -> Projections:
+    if not torch._C._has_mkldnn or next(model.parameters()).dtype != torch.float32:
+        return Projections(model)  # oneDNN's float32 GEMM only; anything else keeps the modules' own
+    return OneDnnProjections(model)
+
+
+# How the projections of generation (prefill without prompt logprobs, decode) are computed, by name.
+PROJECTIONS: dict[str, Callable[[LlamaForCausalLM], Projections]] = {"exact": Projections, "onednn": _onednn}
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, projections: str = "onednn") -> None:
+        if projections not in PROJECTIONS:
+            raise ValueError(f"unknown projection kernel {projections!r}: one of {', '.join(PROJECTIONS)}")
         self.model = model
         cfg = model.config
         self.n_layers = int(cfg.num_hidden_layers)
@@ -62,9 +244,22 @@ class ModelRunner:
         self.vocab_size = int(cfg.vocab_size)
         self.max_positions = int(cfg.max_position_embeddings)
         self.dtype = next(model.parameters()).dtype
+        self.projections = projections
+        self.exact = Projections(model)  # the trainer's kernels, on the live weights (nothing to rebuild)
+        self.fast = PROJECTIONS[projections](model)
+        self.pool = KVPool(self.n_layers, self.kv_heads, self.head_dim, self.dtype)
+
+    def weights_changed(self) -> None:
+        """Rebuild what was derived from the weights (call after loading new weights into the model in place)."""
+        self.fast = PROJECTIONS[self.projections](self.model)
 
     def new_cache(self) -> KVCache:
         return KVCache()
+
+    @torch.inference_mode()  # the pool's buffers are inference tensors
+    def release(self, cache: KVCache, *, keep: bool) -> None:
+        """``cache`` will not be decoded further; ``keep``: its keys and values stay readable (prefix reuse)."""
+        self.pool.leave(cache, keep=keep)
 
     def _reserve(self, cache: KVCache, needed: int) -> None:
         if cache.keys and cache.capacity >= needed:
@@ -84,14 +279,28 @@ class ModelRunner:
             nv[:, : cache.length] = cache.values[i][:, : cache.length]
             cache.keys[i], cache.values[i] = nk, nv
 
+    def _heads(self, proj: Projections, i: int, h: torch.Tensor, b: int, s: int) -> list[torch.Tensor]:
+        """q [b, heads, s, d], k and v [b, kv_heads, s, d] from activations [b*s, hidden]."""
+        return [
+            t.reshape(b, s, n, self.head_dim).transpose(1, 2)
+            for t, n in zip(proj.qkv(i, h), (self.n_heads, self.kv_heads, self.kv_heads), strict=True)
+        ]
+
     @torch.inference_mode()
     def prefill(self, cache: KVCache, ids: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
-        """Run ``ids`` after what ``cache`` holds; returns logits [vocab] of the last position, or [S, vocab]."""
+        """Run ``ids`` after what ``cache`` holds; returns logits [vocab] of the last position, or [S, vocab].
+
+        ``all_logits`` (prompt logprobs) runs the trainer's own kernels, as the trainer shapes it (one sequence):
+        those logprobs equal the trainer's bit for bit."""
+        if not all_logits:
+            return self.prefill_many([cache], [ids])[0]
         m = self.model.model
+        proj = self.exact
+        self.pool.leave(cache, keep=True)  # a decoded sequence continued by a prompt (not the scheduler's order)
         s = len(ids)
         p0 = cache.length
         self._reserve(cache, p0 + s)
-        x = m.embed_tokens(torch.tensor([list(ids)], dtype=torch.long))
+        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long))  # [S, H]
         pos = torch.arange(p0, p0 + s).unsqueeze(0)
         cos, sin = m.rotary_emb(x, pos)
         mask = None
@@ -100,10 +309,7 @@ class ModelRunner:
             mask = torch.arange(p0 + s).unsqueeze(0) <= (torch.arange(s) + p0).unsqueeze(1)
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(1, s, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), 1, s)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             cache.keys[i][:, p0 : p0 + s] = k[0]
             cache.values[i][:, p0 : p0 + s] = v[0]
@@ -112,49 +318,101 @@ class ModelRunner:
             o = F.scaled_dot_product_attention(
                 q, kk, vv, attn_mask=mask, is_causal=mask is None, scale=attn.scaling, enable_gqa=True
             )
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(1, s, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + proj.o(i, o[0].transpose(0, 1).reshape(s, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         cache.length = p0 + s
-        h = m.norm(x[0] if all_logits else x[0, -1:])
-        logits: torch.Tensor = self.model.lm_head(h).float()
-        return logits if all_logits else logits[0]
+        logits: torch.Tensor = proj.lm_head(m.norm(x)).float()
+        return logits
 
     @torch.inference_mode()
-    def decode(self, caches: Sequence[KVCache], ids: Sequence[int]) -> torch.Tensor:
-        """One token for each sequence; returns logits [B, vocab]."""
+    def prefill_many(self, caches: Sequence[KVCache], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run each chunk after what its cache holds, all in one forward pass (the projections over every token
+        at once, attention per sequence); returns the logits of each chunk's last position [len(chunks), vocab]."""
         m = self.model.model
-        b = len(ids)
-        for c in caches:
-            self._reserve(c, c.length + 1)
-        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long).unsqueeze(1))  # [B, 1, H]
-        pos = torch.tensor([c.length for c in caches], dtype=torch.long).unsqueeze(1)
+        proj = self.fast
+        sizes = [len(c) for c in chunks]
+        total = sum(sizes)
+        starts = []
+        for cache, s in zip(caches, sizes, strict=True):
+            self.pool.leave(cache, keep=True)  # a decoded sequence continued by a prompt (not the scheduler's order)
+            self._reserve(cache, cache.length + s)
+            starts.append(cache.length)
+        x = m.embed_tokens(torch.tensor([t for c in chunks for t in c], dtype=torch.long))  # [T, H]
+        pos = torch.cat([torch.arange(p0, p0 + s) for p0, s in zip(starts, sizes, strict=True)]).unsqueeze(0)
         cos, sin = m.rotary_emb(x, pos)
+        masks = [
+            # Causal over the new block, full over the cached prefix.
+            None if p0 == 0 else torch.arange(p0 + s).unsqueeze(0) <= (torch.arange(s) + p0).unsqueeze(1)
+            for p0, s in zip(starts, sizes, strict=True)
+        ]
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(b, 1, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), 1, total)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            outs = []
-            for j, c in enumerate(caches):
-                n = c.length
-                c.keys[i][:, n] = k[j, :, 0]
-                c.values[i][:, n] = v[j, :, 0]
-                # Each sequence attends over its own cache: no padding, no copies of other sequences.
+            outs, at = [], 0
+            for cache, p0, s, mask in zip(caches, starts, sizes, masks, strict=True):
+                cache.keys[i][:, p0 : p0 + s] = k[0, :, at : at + s]
+                cache.values[i][:, p0 : p0 + s] = v[0, :, at : at + s]
                 outs.append(
                     F.scaled_dot_product_attention(
-                        q[j : j + 1],
-                        c.keys[i][:, : n + 1].unsqueeze(0),
-                        c.values[i][:, : n + 1].unsqueeze(0),
+                        q[:, :, at : at + s],
+                        cache.keys[i][:, : p0 + s].unsqueeze(0),
+                        cache.values[i][:, : p0 + s].unsqueeze(0),
+                        attn_mask=mask,
+                        is_causal=mask is None,
                         scale=attn.scaling,
                         enable_gqa=True,
                     )
                 )
-            o = torch.cat(outs, dim=0)  # [B, heads, 1, head_dim]
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+                at += s
+            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, heads, T, head_dim]
+            x = x + proj.o(i, o[0].transpose(0, 1).reshape(total, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
+        for cache, s in zip(caches, sizes, strict=True):
+            cache.length += s
+        ends = torch.tensor(sizes).cumsum(0) - 1
+        logits: torch.Tensor = proj.lm_head(m.norm(x[ends])).float()
+        return logits
+
+    @torch.inference_mode()
+    def decode(self, caches: Sequence[KVCache], ids: Sequence[int]) -> torch.Tensor:
+        """One token for each sequence; returns logits [B, vocab].
+
+        The sequences become the pool's members (see ``KVPool``): one indexed write and one masked SDPA call per
+        layer for the whole batch."""
+        m = self.model.model
+        proj = self.fast
+        b = len(ids)
+        lengths = [c.length for c in caches]
+        top = max(lengths) + 1
+        self.pool.sync(caches, top)
+        slot = torch.tensor([c.slot for c in caches], dtype=torch.long)
+        pos = torch.tensor(lengths, dtype=torch.long)
+        order = torch.empty_like(slot)
+        order[slot] = torch.arange(b)  # order[s]: the batch row whose cache is pool row s
+        ordered = bool(torch.equal(order, torch.arange(b)))
+        # Row s of the pool attends over its first length + 1 positions (the new token included).
+        mask = (torch.arange(top).unsqueeze(0) <= pos[order].unsqueeze(1)).view(b, 1, 1, top)
+        x = m.embed_tokens(torch.tensor(list(ids), dtype=torch.long))  # [B, H]
+        cos, sin = m.rotary_emb(x, pos.unsqueeze(1))
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            q, k, v = self._heads(proj, i, layer.input_layernorm(x), b, 1)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys, values = self.pool.keys[i], self.pool.values[i]
+            keys[slot, :, pos] = k[:, :, 0]
+            values[slot, :, pos] = v[:, :, 0]
+            o = F.scaled_dot_product_attention(
+                q if ordered else q[order],
+                keys[:b, :, :top],
+                values[:b, :, :top],
+                attn_mask=mask,
+                scale=attn.scaling,
+                enable_gqa=True,
+            )  # [B, heads, 1, head_dim], pool order
+            x = x + proj.o(i, (o if ordered else o[slot]).reshape(b, -1))
+            x = x + proj.mlp(i, layer.post_attention_layernorm(x))
         for c in caches:
             c.length += 1
-        logits: torch.Tensor = self.model.lm_head(m.norm(x[:, 0])).float()
+        logits: torch.Tensor = proj.lm_head(m.norm(x)).float()
         return logits

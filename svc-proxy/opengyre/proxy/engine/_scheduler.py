@@ -235,30 +235,30 @@ class Scheduler:
         self._admit()
         budget = self.prefill_chunk
         updates: list[tuple[EngineRequest, StepUpdate]] = []
-        while self._prefilling and budget > 0:
-            req = self._prefilling[0]
+        packed: list[tuple[EngineRequest, int]] = []  # prefilled together, in one forward pass
+        for req in list(self._prefilling):
+            if budget <= 0:
+                break  # the budget ran out inside a prompt; the next step continues it
             assert req.cache is not None
             n = min(budget, len(req.input_ids) - req.prefilled)
-            chunk = req.input_ids[req.prefilled : req.prefilled + n]
-            want_all = req.logprob_start_len >= 0
-            logits = self.runner.prefill(req.cache, chunk, all_logits=want_all)
-            input_lps: tuple[float | None, ...] | None = None
-            if want_all:
-                lp = torch.log_softmax(logits, dim=-1)
-                start = req.prefilled
-                nxt = req.input_ids[start + 1 : start + n + 1]
-                vals = lp[: len(nxt)].gather(-1, torch.tensor(nxt).unsqueeze(-1)).squeeze(-1).tolist() if nxt else []
-                input_lps = ((None,) if start == 0 else ()) + tuple(float(v) for v in vals)
-                logits = logits[-1]
-            req.prefilled += n
             budget -= n
-            if input_lps is not None:
-                updates.append((req, self._update(req, (), (), None, input_lps)))
-            if req.prefilled < len(req.input_ids):
-                continue  # the budget ran out inside this prompt; the next step continues it
-            self._prefilling.pop(0)
-            self._decoding.append(req)
-            updates.append((req, self._sample(req, logits)))
+            if req.logprob_start_len < 0:
+                packed.append((req, n))
+                continue
+            # Prompt logprobs: this request alone, on the trainer's kernels (see ModelRunner.prefill).
+            start = req.prefilled
+            logits = self.runner.prefill(req.cache, req.input_ids[start : start + n], all_logits=True)
+            lp = torch.log_softmax(logits, dim=-1)
+            nxt = req.input_ids[start + 1 : start + n + 1]
+            vals = lp[: len(nxt)].gather(-1, torch.tensor(nxt).unsqueeze(-1)).squeeze(-1).tolist() if nxt else []
+            input_lps = ((None,) if start == 0 else ()) + tuple(float(v) for v in vals)
+            updates.append((req, self._update(req, (), (), None, input_lps)))
+            self._prefilled(req, n, logits[-1], updates)
+        if packed:
+            chunks = [req.input_ids[req.prefilled : req.prefilled + n] for req, n in packed]
+            last = self.runner.prefill_many([req.cache for req, _ in packed if req.cache is not None], chunks)
+            for j, (req, n) in enumerate(packed):
+                self._prefilled(req, n, last[j], updates)
         # Requests that just finished prefill already sampled their first token this step.
         fresh = {id(r) for r, u in updates if u.new_ids}
         batch = [
@@ -275,6 +275,17 @@ class Scheduler:
         self._decoding = [r for r in self._decoding if r.finish is None]
         for req, upd in updates:
             req.on_update(upd)
+
+    def _prefilled(
+        self, req: EngineRequest, n: int, logits: torch.Tensor, updates: list[tuple[EngineRequest, StepUpdate]]
+    ) -> None:
+        """``n`` more prompt tokens of ``req`` are in its cache; at the prompt's end it samples its first token."""
+        req.prefilled += n
+        if req.prefilled < len(req.input_ids):
+            return
+        self._prefilling.remove(req)
+        self._decoding.append(req)
+        updates.append((req, self._sample(req, logits)))
 
     def _update(
         self,
@@ -355,6 +366,10 @@ class Scheduler:
             )
         )
         cache, req.cache = req.cache, None
-        if cache is not None and not req.aborted and cache.length > 0:
+        if cache is None:
+            return
+        keep = not req.aborted and self.prefix_cache.accepts(cache.length)
+        self.runner.release(cache, keep=keep)
+        if keep:
             covered = req.input_ids + req.output_ids
             self.prefix_cache.insert(covered[: cache.length], cache)
