@@ -6,6 +6,7 @@ checked before anything starts.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import msgspec
@@ -53,6 +54,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         def bad(why: str) -> RunConfigError:
             return RunConfigError(f"run config: {why}")
 
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"{name} must be a finite number, got {value!r}")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 24:
             raise bad("run_id must be a non-empty name of at most 24 characters without '/'")
         names = (

@@ -34,6 +34,10 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("level = 9\n", "level"),
         ('harness = "nowhere.toml"\n', "harness"),
         ("steps = \n", r"run\.toml"),
+        ("timeout_s = nan\n", "timeout_s must be a finite number"),  # it reached the event log as null
+        ("timeout_s = inf\n", "timeout_s must be a finite number"),
+        ("lr = nan\n", "lr must be a finite number"),
+        ("sft_lr = -inf\n", "sft_lr must be a finite number"),
     ],
 )
 def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: str) -> None:
