@@ -404,7 +404,7 @@ async def run_loop(
     cells are registered; then the trainer service starts with this run's ``trainer.toml``, and the loop runs."""
     from opengyre.proxy.engine import EngineConfig, EngineProcess
 
-    cfg.validate()
+    cfg.check()
     if spec is None:
         spec = builtin_spec(*cfg.harness_args) if cfg.harness == "builtin" else HarnessSpec.from_toml(Path(cfg.harness))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -452,7 +452,7 @@ async def run_loop(
         (settings.data_dir / "trainer.toml").write_text(toml)
         await stack.add_service("trainer")
         res.timings["engines and trainer start"] = time.monotonic() - t0
-        await loop.run(stack)
+        await stack.watch(loop.run(stack))  # a service that keeps failing the same way ends the run
         if before_stop is not None:
             await before_stop(stack, res)
         return res

@@ -157,10 +157,10 @@ def loop_command(
 ) -> None:
     """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
     from opengyre.loop import RunConfig, RunConfigError, run_loop
-    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken
+    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken, ServiceFailed
 
     try:
-        cfg = RunConfig.from_toml(config)
+        cfg = RunConfig.from_toml(config).check()  # before any service starts
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     settings = settings_from(data_dir)
@@ -168,6 +168,8 @@ def loop_command(
         result = asyncio.run(run_loop(cfg, settings, say=console.print))
     except (DataDirBusy, DataDirUnusable, PortTaken) as exc:
         raise fail(str(exc)) from exc
+    except ServiceFailed as exc:  # a service kept exiting with the same error: the run cannot go on
+        raise fail(str(exc), 1) from exc
     ended = sum(1 for f in result.finished if f.score is not None)
     console.print(
         f"{len(result.finished)} executions ({ended} scored), {len(result.steps)} step(s) trained, "
