@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +59,22 @@ def _seal_retryable(exc: BaseException) -> bool:
     )
 
 
-def harness_failure(outcome: HarnessOutcome) -> str:
-    return _FAILURES.get(outcome.finish_reason, "")
+def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None) -> str:
+    """The failure class the runtime observed in how the harness ended ("" for none: graded as it stands).
+
+    The harness is the runtime's program, not the policy's output: killed by a signal (a segfault, an abort; a
+    SIGKILL stays the trainer's ``oom``), or exiting non-zero without a summary having made no model call at
+    all, it ran nothing of the policy's, so the execution is the sandbox's failure (infrastructure, masked), not
+    a trainable zero. A harness that called the model and then exited non-zero is graded on what it left."""
+    if outcome.finish_reason in _FAILURES:
+        return _FAILURES[outcome.finish_reason]
+    if outcome.timed_out or outcome.signal == signal.SIGKILL:
+        return ""
+    if outcome.signal is not None:
+        return "sandbox"
+    if outcome.summary is None and outcome.exit_code != 0 and recorded_calls == 0:
+        return "sandbox"
+    return ""
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -89,7 +104,8 @@ async def end_execution(
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
-        failure_class=harness_failure(outcome), has_recorded_calls=True, recorded_calls=seal.recorded_calls,
+        failure_class=harness_failure(outcome, seal.recorded_calls), has_recorded_calls=True,
+        recorded_calls=seal.recorded_calls,
     )  # fmt: skip
     try:
         async for attempt in backoff(
