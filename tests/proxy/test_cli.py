@@ -14,6 +14,7 @@ from opengyre.proxy._keys import load_or_create_secret
 
 def test_proxy_key_prints_a_key_the_gateway_verifies(tmp_path: Path) -> None:
     (tmp_path / "proxy.url").write_text("http://127.0.0.1:9999\n")
+    load_or_create_secret(tmp_path / "proxy.secret")  # as the proxy service does at its start
     r = CliRunner().invoke(app, ["proxy", "key", "ex-7", "--role", "sub-agent", "--data-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
@@ -23,6 +24,12 @@ def test_proxy_key_prints_a_key_the_gateway_verifies(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["proxy", "key", "ex.7", "--data-dir", str(tmp_path)])
     assert bad.exit_code != 0
     assert CliRunner().invoke(app, ["engine", "--help"]).exit_code == 0
+
+
+def test_proxy_key_without_the_proxys_secret_is_refused_naming_where_it_looked(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["proxy", "key", "ex-7", "--data-dir", str(tmp_path / "elsewhere")])
+    assert r.exit_code == 2 and "no proxy.secret in" in r.output and "elsewhere" in r.output
+    assert not (tmp_path / "elsewhere").exists()  # no secret the running proxy does not know was made
 
 
 async def test_proxy_tree_and_atif_read_the_store(event_log: object, tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ async def test_groups_go_to_cells_with_room_for_the_step_the_policy_allows(
         assert await refused(ask(group("g1", 3))) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert await refused(ask()) == grpc.StatusCode.INVALID_ARGUMENT
         assert await refused(ask(group("g1", task=""))) == grpc.StatusCode.INVALID_ARGUMENT
+        for timeout in (float("nan"), float("inf"), 0.0):  # a NaN became a null every projection dead-letters
+            req = stub.DispatchGroups(pb.DispatchGroupsRequest(groups=[group("g1")], timeout_s=timeout))
+            assert await refused(req) == grpc.StatusCode.INVALID_ARGUMENT
         assert await refused(ask(group("g1"), group("g2"))) == grpc.StatusCode.FAILED_PRECONDITION  # step 1 holds 2
         assert await event_log.last_seq() == last
         second = await ask(group("g1"))

@@ -33,3 +33,10 @@ def test_from_toml_resolves_paths_and_means_all_paths_by_zero(tmp_path: Path) ->
 def test_invalid_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises((ValueError, TypeError)):
         TrainerConfig.from_dict(bad)
+
+
+@pytest.mark.parametrize("bad", [{"lr": float("nan")}, {"lr": float("inf")}, {"weight_decay": float("nan")}])
+def test_a_non_finite_number_is_refused_naming_its_key(bad: dict[str, object]) -> None:
+    (key,) = bad
+    with pytest.raises(ValueError, match=f"{key} must be a finite number"):
+        TrainerConfig.from_dict(bad)

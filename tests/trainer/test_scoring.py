@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.events import default_registry
 from opengyre.sandbox import SandboxLimits
 from opengyre.trainer import (
     ExecutionOutcome,
@@ -142,6 +143,15 @@ def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
     assert said.status == "completed" and said.score == 1.0 and said.failure_class is None
     with pytest.raises(ValueError):
         score_execution("ex", HarborVerifier(), task, tmp_path / "ws", failure="agent-timeout")  # not the runtime's
+
+
+def test_a_crashed_harness_with_binary_output_still_ends_as_an_event_every_store_keeps(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    out = "garbage \x00\x01 from /dev/urandom"
+    fin = score_execution("ex", HarborVerifier(), task, tmp_path / "ws", exit_code=139, output=out, failure="sandbox")
+    assert fin.status == "infra-failed" and fin.failure_class == "sandbox" and fin.score is None
+    assert "\x00" not in fin.detail and fin.detail.startswith("garbage")
+    default_registry().encode(fin)  # raised InvalidEvent (a NUL): ScoreExecution failed, the execution never ended
 
 
 # A grader that runs the agent's solution and gives 1 if it prints the answer (Harbor-style: test.sh owns the run).

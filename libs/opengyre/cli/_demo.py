@@ -106,7 +106,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of the tasks, the engines and the trainer")] = 7,
 ) -> None:
     """The main job on the embedded stack: synthesize, warm-start, roll out, train, harden, replay."""
-    from ..loop import LoopResult, RunConfig, run_loop, sft_warm_start
+    from ..loop import LoopResult, RunConfig, RunConfigError, run_loop, sft_warm_start
 
     run = f"demo-{uuid.uuid4().hex[:6]}"
     base = settings_from(data_dir)
@@ -118,6 +118,10 @@ def demo(
         steps=steps, policy="colocate", max_lag=0, timeout_s=240.0, lr=2e-5, sft_epochs=sft_epochs, sft_lr=5e-5,
         harness_args=["--max-turns", str(max_turns), "--max-tokens", str(max_tokens), "--command-timeout", "20"],
     )  # fmt: skip
+    try:
+        cfg.check()  # a bad --model is one line, before anything starts
+    except RunConfigError as exc:
+        raise fail(str(exc)) from exc
     warm = sft_warm_start(model, epochs=sft_epochs, lr=cfg.sft_lr, seed=seed, say=console.print) if sft_epochs else None
     replayed: list[bool] = []
     # The live view and the report read the event log only (docs/report.md): the run's data dir is its own, so

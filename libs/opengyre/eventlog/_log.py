@@ -30,7 +30,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from ..events import DecodeError, Event, EventRegistry, InvalidEvent, default_registry
+from ..events import DecodeError, Event, EventRegistry, InvalidEvent, MalformedEvent, default_registry
 from ..retry import backoff
 from ._acks import AckError, AckPipeline, PubAck
 from ._blobs import BlobReader, BlobUnreadable
@@ -90,9 +90,12 @@ class StoredEvent(msgspec.Struct, frozen=True):
     body: bytes
     unreadable: str = ""
     unreadable_detail: str = ""
+    bad_version: str | None = None  # an Og-Version header that is not a number, as it came (version is then -1)
 
     def decode(self, registry: EventRegistry) -> Event:
         """The event; raises a ``DecodeError`` subclass (with a ``reason`` code) when it cannot be had."""
+        if self.bad_version is not None:
+            raise MalformedEvent(f"{self.type_name}: bad {VERSION_HEADER} header {self.bad_version!r}")
         if self.unreadable:
             raise UnreadableBody(self.unreadable, self.unreadable_detail)
         return registry.decode(self.type_name, self.version, self.body)
@@ -103,6 +106,11 @@ def _version_of(headers: dict[str, str]) -> int:
         return int(headers.get(VERSION_HEADER, "1"))
     except ValueError:
         return -1
+
+
+def _bad_version(headers: dict[str, str]) -> str | None:
+    """The Og-Version header as it came when it is not a number (else None)."""
+    return headers.get(VERSION_HEADER) if _version_of(headers) == -1 else None
 
 
 async def _log_error(exc: Exception) -> None:
@@ -436,6 +444,7 @@ class EventLog:
             subject=msg.subject,
             type_name=headers.get(TYPE_HEADER, ""),
             version=_version_of(headers),
+            bad_version=_bad_version(headers),
             event_id=headers.get(Header.MSG_ID, ""),
             time=datetime.fromtimestamp(ts_ns / 1e9, UTC),
             body=msg.data,
@@ -608,6 +617,7 @@ class EventLog:
             subject=raw.subject or "",
             type_name=headers.get(TYPE_HEADER, ""),
             version=_version_of(headers),
+            bad_version=_bad_version(headers),
             event_id=headers.get(Header.MSG_ID, ""),
             time=None,
             body=raw.data or b"",

@@ -46,6 +46,7 @@ class HarnessOutcome:
     stdout: str
     stderr: str
     duration_s: float
+    signal: int | None = None  # the signal that ended the harness when no limit of the sandbox did
 
 
 def _anthropic_base(base_url: str) -> str:
@@ -95,5 +96,12 @@ def run_harness(spec: HarnessSpec, target: HarnessTarget, limits: SandboxLimits 
     else:
         reason = "exited" if result.exit_code == 0 else "crashed"
     return HarnessOutcome(
-        result.exit_code, reason, summary, result.timed_out, result.stdout, result.stderr, result.duration_s
+        result.exit_code,
+        reason,
+        summary,
+        result.timed_out,
+        result.stdout,
+        result.stderr,
+        result.duration_s,
+        result.signal,
     )

@@ -6,6 +6,9 @@ checked before anything starts.
 
 from __future__ import annotations
 
+import math
+import re
+import tempfile
 from pathlib import Path
 
 import msgspec
@@ -13,6 +16,20 @@ import msgspec
 __all__ = ["RunConfig", "RunConfigError"]
 
 _ROOT = Path(__file__).resolve().parents[3]
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,24}")
+# The trainer's settings the run passes on as they are (the driver's trainer.toml): checked by its own config.
+_TRAINER_KEYS = (
+    "run_id",
+    "model",
+    "algorithm",
+    "group_size",
+    "groups_per_step",
+    "lr",
+    "max_paths",
+    "micro_batch_tokens",
+)
 
 
 class RunConfigError(ValueError):
@@ -53,8 +70,13 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         def bad(why: str) -> RunConfigError:
             return RunConfigError(f"run config: {why}")
 
-        if not self.run_id or "/" in self.run_id or len(self.run_id) > 24:
-            raise bad("run_id must be a non-empty name of at most 24 characters without '/'")
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"{name} must be a finite number, got {value!r}")
+        if not _RUN_ID.fullmatch(self.run_id):
+            # Cell, group and weight-version ids are made from it (<run_id>-cell0, <run_id>-s1-g0, <run_id>-s1).
+            raise bad(f"run_id must be 1 to 24 of A-Z a-z 0-9 _ -, got {self.run_id!r}")
         names = (
             "tasks_per_skill",
             "cells",
@@ -78,6 +100,59 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         if self.harness != "builtin" and not Path(self.harness).is_file():
             raise bad(f"harness must be 'builtin' or a HarnessSpec TOML file; {self.harness!r} is neither")
         return self
+
+    def check(self) -> RunConfig:
+        """``validate`` and, before any service starts, what the services would refuse later (the model, the
+        policy, the trainer's settings, the harness spec, the skills): each asked of its own registry or parser."""
+        self.validate()
+        from opengyre.harness import HarnessSpec
+        from opengyre.models import check_model
+        from opengyre.scheduler.policies import make_policy
+        from opengyre.trainer import TrainerConfig
+
+        def bad(key: str, exc: BaseException) -> RunConfigError:
+            why = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            return RunConfigError(f"run config: {key}: {why}")
+
+        try:
+            check_model(self.model)
+        except ValueError as exc:  # CheckpointError too
+            raise bad("model", exc) from None
+        try:
+            make_policy(self.policy)
+        except (KeyError, ValueError) as exc:
+            raise bad("policy", exc) from None
+        trainer = {k: getattr(self, k) for k in _TRAINER_KEYS}
+        try:
+            TrainerConfig.from_dict(trainer)
+        except (TypeError, ValueError) as exc:
+            raise bad("trainer settings", exc) from None
+        if self.harness != "builtin":
+            try:
+                HarnessSpec.from_toml(Path(self.harness))
+            except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
+                raise bad(f"harness {self.harness}", exc) from None
+        self._check_skills()
+        return self
+
+    def _check_skills(self) -> None:
+        """The skills source reads, and each of ``skill_names`` is among its accepted skills (synth's own reader)."""
+        from opengyre.synth import ingest
+
+        source = Path(self.skills)
+        if not source.exists():
+            raise RunConfigError(f"run config: skills: {source} does not exist")
+        with tempfile.TemporaryDirectory(prefix="og-skills-check-") as out:
+            try:
+                accepted = {s.name for s in ingest(source, Path(out)).accepted}
+            except (OSError, ValueError) as exc:
+                raise RunConfigError(f"run config: skills: {source}: {exc}") from None
+        missing = sorted(set(self.skill_names) - accepted)
+        if missing or not accepted:
+            raise RunConfigError(
+                f"run config: skill_names: no accepted skill(s) {', '.join(missing) or '(none at all)'} in {source}; "
+                f"accepted: {', '.join(sorted(accepted)) or 'none'}"
+            )
 
     @classmethod
     def from_toml(cls, path: Path) -> RunConfig:

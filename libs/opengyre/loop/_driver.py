@@ -467,7 +467,7 @@ async def run_loop(
     ``attach``: drive the run on the deployment already running on the data dir (``opengyre up``, started with
     this run's service settings, ``opengyre train env``) instead: nothing is started but the engines, and the
     services keep running after the run. A warm start and the stack hooks need the embedded stack."""
-    cfg.validate()
+    cfg.check()
     if spec is None:
         spec = builtin_spec(*cfg.harness_args) if cfg.harness == "builtin" else HarnessSpec.from_toml(Path(cfg.harness))
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
@@ -507,7 +507,7 @@ async def run_loop(
         write_trainer_toml(cfg, settings, loop.engine_urls, init)
         await stack.add_service("trainer")
         res.timings["engines and trainer start"] = time.monotonic() - t0
-        await loop.run(Services.of(stack))
+        await stack.watch(loop.run(Services.of(stack)))  # a service that keeps failing the same way ends the run
         if before_stop is not None:
             await before_stop(stack, res)
         return res

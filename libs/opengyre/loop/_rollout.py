@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +60,22 @@ def _seal_retryable(exc: BaseException) -> bool:
     )
 
 
-def harness_failure(outcome: HarnessOutcome) -> str:
-    return _FAILURES.get(outcome.finish_reason, "")
+def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None) -> str:
+    """The failure class the runtime observed in how the harness ended ("" for none: graded as it stands).
+
+    The harness is the runtime's program, not the policy's output: killed by a signal (a segfault, an abort; a
+    SIGKILL stays the trainer's ``oom``), or exiting non-zero without a summary having made no model call at
+    all, it ran nothing of the policy's, so the execution is the sandbox's failure (infrastructure, masked), not
+    a trainable zero. A harness that called the model and then exited non-zero is graded on what it left."""
+    if outcome.finish_reason in _FAILURES:
+        return _FAILURES[outcome.finish_reason]
+    if outcome.timed_out or outcome.signal == signal.SIGKILL:
+        return ""
+    if outcome.signal is not None:
+        return "sandbox"
+    if outcome.summary is None and outcome.exit_code != 0 and recorded_calls == 0:
+        return "sandbox"
+    return ""
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -81,12 +96,13 @@ async def end_execution(
     """The execution is over: the proxy seals it (no further calls; every recorded call flushed to the log) and
     the trainer grades the preserved workspace and records ``execution-finished`` with the proxy's call count,
     so no step samples the execution before all its calls are in (docs/proxy.md, "Ending an execution")."""
+    calls = await _seal(proxy, a.execution_id)
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
-        failure_class=harness_failure(outcome),
+        failure_class=harness_failure(outcome, calls), has_recorded_calls=True, recorded_calls=calls,
     )  # fmt: skip
-    return await _seal_and_score(proxy, trainer, req)
+    return await _score(trainer, req)
 
 
 async def end_abandoned(
@@ -102,22 +118,24 @@ async def end_abandoned(
     trajectory is cut off by the crash, not by the policy."""
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), output=why,
-        failure_class=ABANDONED,
+        failure_class=ABANDONED, has_recorded_calls=True, recorded_calls=await _seal(proxy, a.execution_id),
     )  # fmt: skip
-    return await _seal_and_score(proxy, trainer, req)
+    return await _score(trainer, req)
 
 
-async def _seal_and_score(
-    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub,
-    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub,
-    req: trainer_pb2.ScoreExecutionRequest,
-) -> trainer_pb2.ScoreExecutionReply:
-    eid = req.execution_id
+async def _seal(proxy: proxy_pb2_grpc.ProxyServiceAsyncStub, eid: str) -> int:
+    """The proxy seals the execution: no further calls; the count of those it recorded, all flushed to the log."""
     sealed = proxy_pb2.SealExecutionRequest(execution_id=eid)
     async for attempt in backoff(f"sealing {eid}", first_s=0.1, max_s=2.0, retry_if=_seal_retryable, attempts=60):
         with attempt:
             seal = await proxy.SealExecution(sealed, timeout=60)
-    req.has_recorded_calls, req.recorded_calls = True, seal.recorded_calls
+    return int(seal.recorded_calls)
+
+
+async def _score(
+    trainer: trainer_pb2_grpc.TrainerServiceAsyncStub, req: trainer_pb2.ScoreExecutionRequest
+) -> trainer_pb2.ScoreExecutionReply:
+    eid = req.execution_id
     try:
         async for attempt in backoff(f"scoring {eid}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
             with attempt:

@@ -16,7 +16,7 @@ from ._llama import (
     target_logprobs,
     token_logprobs,
 )
-from ._registry import PRETRAINED, ModelSource, Pretrained, default_model_cache, resolve_model
+from ._registry import PRETRAINED, ModelSource, Pretrained, check_model, default_model_cache, resolve_model
 from ._tokenizer import TOKENIZER_DIR, load_tokenizer
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ModelSource",
     "Pretrained",
     "build_model",
+    "check_model",
     "checkpoint_info",
     "convert_gguf",
     "default_model_cache",

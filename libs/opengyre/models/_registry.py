@@ -112,8 +112,27 @@ class ModelSource:
         return load_checkpoint(self.checkpoint)
 
 
+def check_model(name: str) -> None:
+    """Raise (ValueError, or CheckpointError) unless ``name`` designates a model ``resolve_model`` can load; cheap:
+    nothing is converted or read beyond a folder's listing."""
+    if name in MODEL_PRESETS or name in PRETRAINED:
+        return
+    path = Path(name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise CheckpointError(f"GGUF file {path} does not exist")
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model folder {path} has no config.json")
+        return
+    known = ", ".join([*MODEL_PRESETS, *PRETRAINED])
+    raise ValueError(f"unknown model {name!r}: not one of {known}, a model folder or a .gguf file")
+
+
 def resolve_model(name: str, cache_dir: Path | None = None, *, log: Callable[[str], None] | None = None) -> ModelSource:
     """The model ``name`` designates (see the module's docstring); converts a GGUF on first use."""
+    check_model(name)
     if name in MODEL_PRESETS:
         return ModelSource(name=name, preset=name)
     cache = Path(cache_dir) if cache_dir is not None else default_model_cache()
@@ -122,12 +141,5 @@ def resolve_model(name: str, cache_dir: Path | None = None, *, log: Callable[[st
         return ModelSource(name=name, checkpoint=convert_gguf(p.locate(), cache, expected_sha256=p.sha256, log=log))
     path = Path(name)
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise CheckpointError(f"GGUF file {path} does not exist")
         return ModelSource(name=name, checkpoint=convert_gguf(path, cache, log=log))
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"model folder {path} has no config.json")
-        return ModelSource(name=name, checkpoint=path)
-    known = ", ".join([*MODEL_PRESETS, *PRETRAINED])
-    raise ValueError(f"unknown model {name!r}: not one of {known}, a model folder or a .gguf file")
+    return ModelSource(name=name, checkpoint=path)

@@ -17,6 +17,7 @@ from ._service import (
 from ._supervisor import (
     Leftover,
     PortTaken,
+    ServiceFailed,
     Stack,
     find_leftovers,
     is_service_of,
@@ -38,6 +39,7 @@ __all__ = [
     "PortTaken",
     "Service",
     "ServiceContext",
+    "ServiceFailed",
     "Stack",
     "abort_invalid",
     "abort_status",

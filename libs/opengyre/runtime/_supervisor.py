@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
@@ -37,6 +38,7 @@ from ._service import SERVICE_CLASSES, SERVICE_NEEDS
 __all__ = [
     "Leftover",
     "PortTaken",
+    "ServiceFailed",
     "Stack",
     "find_leftovers",
     "lock_holder",
@@ -47,6 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 STABLE_AFTER_S = 60.0
 NATS_STORE = "nats"
 
@@ -137,6 +140,11 @@ def reap_leftovers(settings: Settings) -> list[Leftover]:
     return stopped
 
 
+class ServiceFailed(RuntimeError):
+    """A service reached its restart limit (it kept exiting, with the same error): restarting it again would not
+    help. The message names it and quotes its log's last line."""
+
+
 @dataclass
 class _Child:
     name: str
@@ -145,6 +153,19 @@ class _Child:
     restarts: int = 0
     started_at: float = 0.0
     bound: bool = False
+    last_error: str = ""  # its log's last line when it last exited by itself
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a service's log (an exception's message ends its traceback), cut to 300."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 @dataclass
@@ -174,6 +195,7 @@ class Stack:
     engines: dict[str, Engine] = field(default_factory=dict)
     reaped: list[Leftover] = field(default_factory=list)
     health_every: float = 1.0
+    gave_up: ServiceFailed | None = None  # the first service that reached its restart limit
     # Extra environment for the services (a run's scheduler policy, the hardening knobs): over this process's own.
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
@@ -398,15 +420,42 @@ class Stack:
                 if child.proc is None or child.proc.poll() is None:
                     continue
                 code = child.proc.returncode
-                if time.monotonic() - child.started_at > STABLE_AFTER_S:
+                # Exited by itself (not a signal's kill): the log's last line says why. The same line again is
+                # the same failure however long the service ran first (a bad setting it reads at start).
+                line = _last_line(self._log_path(child.name)) if code > 0 else ""
+                same = bool(line) and line == child.last_error
+                child.last_error = line
+                if time.monotonic() - child.started_at > STABLE_AFTER_S and not same:
                     child.restarts = 0  # it had been running fine: this is a new failure, not a crash loop
                 if child.restarts >= self.max_restarts:
-                    log.error("service %s exited with %s; restart limit reached", child.name, code)
+                    if self.gave_up is None:
+                        log.error("service %s exited with %s; restart limit reached: %s", child.name, code, line)
+                        self.gave_up = ServiceFailed(
+                            f"service {child.name} exited with {code} after {child.restarts} restart(s)"
+                            + (f": {line}" if line else "")
+                        )
                     continue
                 child.restarts += 1
                 log.warning("service %s exited with %s; restarting (%d)", child.name, code, child.restarts)
                 self._spawn(child, fallback=False)
                 self._write_stack_file()
+
+    async def watch(self, work: Awaitable[T]) -> T:
+        """``work``'s result, unless a service reaches its restart limit first (``supervise`` running beside it):
+        then ``work`` is cancelled and that ``ServiceFailed`` is raised, rather than waiting on it for ever."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.5)
+                if done:
+                    return task.result()
+                if self.gave_up is not None:
+                    raise self.gave_up
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _keep_nats(self) -> None:
         """A nats-server that exited is started again on the same port and store (services reconnect); one

@@ -1,8 +1,9 @@
 """The local process sandbox: a private temp dir, time and memory limits, no network where the OS allows.
 
 It is the embedded default beside Docker/Harbor environments: commands run as the current user in a fresh
-directory tree (``home/`` and ``tmp/`` inside it), with a clean environment, in their own session so a timeout
-kills every process they started, and what they leave running in the background dies when they end.
+directory tree (``home/`` and ``tmp/`` inside it), with a clean environment, under a launcher that is their
+child subreaper (``_reaper.py``): a timeout kills every process they started, and what they leave running in the
+background dies when they end, even a process that left their session or was double-forked.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +34,13 @@ _BASE_ENV = ("LANG", "LC_ALL", "TZ")
 # Without this a host's version-manager shims shadow the system's programs: a pyenv ``python3`` is a bash
 # script that runs ~40 processes before the interpreter (~0.1 CPU-s for each grader or solution started).
 _SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+# The launcher (``_reaper.py``, standard library only) that runs every command as a child subreaper: when the
+# command ends, whatever it started ends too, even what left its session (``setsid``) or was orphaned.
+_REAPER = str(Path(__file__).with_name("_reaper.py"))
+_LAUNCHER_GRACE_S = 10.0  # for the launcher to kill and reap the command's tree once asked to
+_PIPE_GRACE_S = 5.0  # for the output readers to reach the end of pipes the command's tree no longer holds
 
 
 class SandboxError(RuntimeError):
@@ -68,7 +77,8 @@ def _exit_code(returncode: int) -> int:
 
 
 def _group_rss(session: int) -> int:
-    """Resident bytes of every process in ``session`` (the command's: it runs in a session of its own).
+    """Resident bytes of every process in ``session`` (the command's: it runs in a session of its own), but
+    the session's leader, the sandbox's launcher.
 
     Every process on the machine is looked at (a process the command orphaned keeps its session but leaves the
     command's tree), several times a second while a command runs: raw ``os.open``/``os.read`` instead of a
@@ -90,7 +100,7 @@ def _group_rss(session: int) -> int:
             os.close(fd)
         # After "pid (comm) ": state ppid pgrp session ... rss is field 24 (index 21 from state).
         fields = stat[stat.rfind(b")") + 2 :].split(maxsplit=22)
-        if len(fields) > 21 and int(fields[3]) == session:
+        if len(fields) > 21 and int(fields[3]) == session and int(name) != session:  # not the launcher
             total += int(fields[21]) * page
     return total
 
@@ -98,10 +108,11 @@ def _group_rss(session: int) -> int:
 def _collect(
     proc: subprocess.Popen[bytes], stdin: bytes | None, limits: SandboxLimits
 ) -> tuple[bytes, bytes, bool, bool]:
-    """``communicate`` (both pipes to their end and the exit, within the timeout; on timeout the group is killed),
-    keeping only the first ``max_output_bytes`` of each stream as they come: a command that prints without end
-    cannot fill this process's memory. With ``group_memory_mb`` the command's processes are watched and killed
-    together past it. Returns (stdout, stderr, timed out, memory exceeded)."""
+    """``communicate`` (the exit, within the timeout, then both pipes to their end; on timeout the launcher
+    kills the command's whole tree), keeping only the first ``max_output_bytes`` of each stream as they come:
+    a command that prints without end cannot fill this process's memory. With ``group_memory_mb`` the
+    command's processes are watched and killed together past it.
+    Returns (stdout, stderr, timed out, memory exceeded)."""
     timeout_s, keep = limits.timeout_s, limits.max_output_bytes
     budget = limits.group_memory_mb * 1024 * 1024 if limits.group_memory_mb is not None else None
     deadline = time.monotonic() + timeout_s
@@ -116,24 +127,25 @@ def _collect(
     for w in workers:
         w.start()
     timed_out = exceeded = False
-    while not timed_out and not exceeded:
+    while True:
         left = deadline - time.monotonic()
-        alive = [w for w in workers if w.is_alive()]
-        if not alive:
-            try:
-                proc.wait(left if budget is None else min(max(left, 0.0), limits.memory_poll_s))
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        elif left > 0:
-            alive[0].join(left if budget is None else min(left, limits.memory_poll_s))
-        timed_out = time.monotonic() >= deadline and (proc.poll() is None or any(w.is_alive() for w in workers))
-        exceeded = budget is not None and proc.poll() is None and _group_rss(proc.pid) > budget
+        try:
+            proc.wait(max(left, 0.0) if budget is None else min(max(left, 0.0), limits.memory_poll_s))
+            break  # the command's end is its launcher's exit, whoever else still holds the pipes open
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= deadline:
+            timed_out = True
+            break
+        if budget is not None and _group_rss(proc.pid) > budget:
+            exceeded = True
+            break
     if timed_out or exceeded:
-        _kill_group(proc)
-        proc.wait()
-        for w in workers:
-            w.join()
+        _end(proc)
+    # The launcher killed everything the command started, so the pipes are at their end; a reader that is not
+    # (a descriptor passed out of the tree) is left behind rather than holding the result.
+    for w in workers:
+        w.join(_PIPE_GRACE_S)
     return bytes(out), bytes(err), timed_out, exceeded
 
 
@@ -235,20 +247,21 @@ class LocalSandbox:
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                [*prefix, exe, *argv[1:]],
+                [sys.executable, "-I", "-S", _REAPER, *prefix, exe, *argv[1:]],
                 cwd=workdir,
                 env=run_env,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: a timeout kills children too
+                start_new_session=True,  # its own session: what the command's processes hold is counted by it
             )
         except OSError as exc:
             raise SandboxError(f"sandbox failed to start {argv[0]!r}: {exc}") from exc
         try:
             out, err, timed_out, exceeded = _collect(proc, stdin, lim)
         finally:
-            _kill_group(proc)  # what it left running (a server started in the background) must not outlive it
+            if proc.poll() is None:  # _collect was interrupted
+                _end(proc)
         code = 124 if timed_out else 137 if exceeded else _exit_code(proc.returncode)
         return SandboxResult(
             exit_code=code,
@@ -273,8 +286,14 @@ def _special_files(folder: str, names: list[str]) -> set[str]:
     return out
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    # The group keeps the leader's id while any member lives, even after the leader was reaped (Linux does not
-    # reuse an id that still names a process group); an empty group is ProcessLookupError.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Ask the launcher to kill the command and everything it started (SIGTERM), and wait for it; a launcher
+    that does not end within the grace is killed with its session's process groups as a last resort."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(_LAUNCHER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -35,7 +35,12 @@ def key_command(
 
     if role not in ROLES:
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
-    keys = ExecutionKeys(load_or_create_secret(data_dir / "proxy.secret"))
+    secret = data_dir / "proxy.secret"
+    if not secret.is_file():  # a new secret here would sign keys no running proxy accepts
+        raise fail(
+            f"no proxy.secret in {data_dir.resolve()}: pass the running stack's --data-dir (or OPENGYRE_DATA_DIR)"
+        )
+    keys = ExecutionKeys(load_or_create_secret(secret))  # it exists: read, not created
     try:
         key = keys.issue(execution_id, role)  # type: ignore[arg-type]
     except ValueError as exc:

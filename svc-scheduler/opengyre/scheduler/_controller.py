@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -238,6 +239,9 @@ class SchedulerController:
         """Place new groups on rollout cells (under the lock: no cell starts draining between check and append)
         and append their ``execution-dispatched``; groups already dispatched are answered as they were placed."""
         check_asks(asks)
+        if not math.isfinite(timeout_s) or timeout_s <= 0:
+            # A NaN would reach the event as null, which every projection refuses (dead-letters).
+            raise CommandRefused("invalid-argument", f"timeout_s must be a finite number > 0, got {timeout_s!r}")
         async with self._lock:
             st = await self.fresh_state()
             new = [a for a in asks if a.group_id not in st.groups]

@@ -54,6 +54,8 @@ def _grade(
 ) -> ExecutionFinished:
     if failure is not None and failure not in REPORTABLE_CLASSES:
         raise ValueError(f"a runtime reports one of {sorted(REPORTABLE_CLASSES)}, not {failure!r}")
+    # The agent's output is bytes it chose (/dev/urandom): a NUL would make the event one no store keeps.
+    output = output.replace("\x00", "\ufffd")
     timed_out = timed_out or exit_code == 124
     cls = failure or (None if timed_out else classify_failure(exit_code))
     if cls in INFRA_CLASSES:

@@ -165,10 +165,10 @@ def loop_command(
 ) -> None:
     """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
     from opengyre.loop import DeploymentMismatch, RunConfig, RunConfigError, run_loop
-    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken
+    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken, ServiceFailed
 
     try:
-        cfg = RunConfig.from_toml(config)
+        cfg = RunConfig.from_toml(config).check()  # before any service starts
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     settings = settings_from(data_dir)
@@ -176,6 +176,8 @@ def loop_command(
         result = asyncio.run(run_loop(cfg, settings, say=console.print, attach=attach))
     except (DataDirBusy, DataDirUnusable, PortTaken, DeploymentMismatch) as exc:
         raise fail(str(exc)) from exc
+    except ServiceFailed as exc:  # a service kept exiting with the same error: the run cannot go on
+        raise fail(str(exc), 1) from exc
     ended = sum(1 for f in result.finished if f.score is not None)
     console.print(
         f"{len(result.finished)} executions ({ended} scored), {len(result.steps)} step(s) trained, "

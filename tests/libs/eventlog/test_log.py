@@ -182,3 +182,16 @@ async def test_a_nats_server_older_than_2_10_is_refused_with_both_versions(tmp_p
     finally:
         proc.terminate()
         proc.wait()
+
+
+async def test_an_unreadable_version_header_is_reported_as_such(event_log: EventLog) -> None:
+    from opengyre.events import MalformedEvent
+
+    subj = event_log.config.subject
+    await event_log.append(ExecutionDispatched(execution_id="a", task_id="t", group_id="g"))
+    await event_log.js.publish(
+        subj("execution", "v"), b"{}", headers={"Og-Type": "cell-registered", "Og-Version": "abc"}
+    )
+    stored = [s async for s in event_log.read()][-1]
+    with pytest.raises(MalformedEvent, match=r"cell-registered: bad Og-Version header 'abc'"):
+        event_log.decode(stored)

@@ -34,6 +34,10 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("level = 9\n", "level"),
         ('harness = "nowhere.toml"\n', "harness"),
         ("steps = \n", r"run\.toml"),
+        ("timeout_s = nan\n", "timeout_s must be a finite number"),  # it reached the event log as null
+        ("timeout_s = inf\n", "timeout_s must be a finite number"),
+        ("lr = nan\n", "lr must be a finite number"),
+        ("sft_lr = -inf\n", "sft_lr must be a finite number"),
     ],
 )
 def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: str) -> None:
@@ -44,3 +48,35 @@ def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: s
 def test_a_missing_run_file_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(RunConfigError, match=r"nope\.toml"):
         RunConfig.from_toml(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('model = "gpt-9"\n', r"model: unknown model 'gpt-9'"),
+        ('policy = "nope"\n', r"policy: unknown policy 'nope'"),
+        ('algorithm = "ppo-nope"\n', r"trainer settings: algorithm must be one of"),  # the trainer crash-looped
+        ("micro_batch_tokens = 1\n", r"trainer settings: .*micro_batch_tokens >= 2"),
+        ('skills = "/nonexistent/skills"\n', r"skills: /nonexistent/skills does not exist"),
+        ('skill_names = ["no-such-skill"]\n', r"skill_names: no accepted skill\(s\) no-such-skill"),
+        ('harness = "h.toml"\n', r"harness .*h\.toml: "),  # not TOML
+        ('harness = "ph.toml"\n', r"unknown placeholder \{nosuch\}"),
+    ],
+)
+def test_what_a_service_would_refuse_is_refused_before_any_starts(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "h.toml").write_text("this is not toml\n")
+    (tmp_path / "ph.toml").write_text('name = "h"\nargv = ["{nosuch}"]\n')
+    cfg = RunConfig.from_toml(write(tmp_path, text))  # each part alone is well-formed
+    with pytest.raises(RunConfigError, match=says):
+        cfg.check()
+
+
+def test_a_good_run_file_passes_the_check(tmp_path: Path) -> None:
+    cfg = RunConfig.from_toml(write(tmp_path, 'skill_names = ["csv-report"]\n'))
+    assert cfg.check() is cfg
+
+
+@pytest.mark.parametrize("run_id", ["a.b*c >", "x" * 25, "", "a/b"])
+def test_a_run_id_the_ids_made_from_it_cannot_carry_is_refused(tmp_path: Path, run_id: str) -> None:
+    with pytest.raises(RunConfigError, match="run_id must be 1 to 24 of"):
+        RunConfig.from_toml(write(tmp_path, f"run_id = {run_id!r}\n".replace("'", '"')))

@@ -78,6 +78,30 @@ def test_what_a_command_leaves_running_dies_when_it_ends() -> None:
     assert gone, "a background process outlived its sandboxed command"
 
 
+def test_a_command_ends_when_it_exits_though_a_setsid_child_holds_its_output() -> None:
+    """A child that left the command's session keeps stdout open: the result is still the command's exit (not a
+    timeout once the child ends), and the child dies with the command."""
+    with LocalSandbox(SandboxLimits(timeout_s=30.0)) as sb:
+        r = sb.run(["bash", "-c", "setsid sleep 100 & echo $!; exit 0"])
+    assert r.ok and not r.timed_out and r.exit_code == 0
+    pid = int(r.stdout)
+    gone = _gone(pid)
+    if not gone:
+        os.kill(pid, signal.SIGKILL)
+    assert gone, "a setsid child outlived its sandboxed command"
+
+
+def test_a_timeout_kills_what_a_double_fork_left_outside_the_session() -> None:
+    with LocalSandbox(SandboxLimits(timeout_s=1.0)) as sb:
+        r = sb.run(["bash", "-c", "( setsid sleep 100 >/dev/null 2>&1 & echo $! ); echo up; exec sleep 100"])
+    assert r.timed_out and r.exit_code == 124
+    pid = int(r.stdout.split()[0])
+    gone = _gone(pid)
+    if not gone:
+        os.kill(pid, signal.SIGKILL)
+    assert gone, "an orphaned, setsid process outlived its timed-out command"
+
+
 def test_signal_kill_is_137() -> None:
     with LocalSandbox() as sb:
         r = sb.run(["bash", "-c", "kill -9 $$"])

@@ -1,0 +1,40 @@
+"""How a harness ended -> the failure class the runtime reports: a crashed harness is not a trainable zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
+from opengyre.loop import harness_failure
+from opengyre.sandbox import SandboxLimits
+
+
+def ended(tmp_path: Path, script: str) -> object:
+    spec = HarnessSpec("h", ("bash", "-c", script))
+    target = HarnessTarget("http://127.0.0.1:9/v1", "key", "tiny", tmp_path, "do it")
+    return run_harness(spec, target, SandboxLimits(timeout_s=60, network=True))
+
+
+@pytest.mark.parametrize(
+    ("script", "calls", "failure"),
+    [
+        # The adversary's: garbage out, a summary that is not one, then a segfault: the harness's own fault.
+        (
+            """echo '{{"finish_reason": 42}}' > {summary_file}; head -c 20000 /dev/urandom; kill -SEGV $$""",
+            0,
+            "sandbox",
+        ),
+        ("kill -ABRT $$", 5, "sandbox"),  # a signal, whatever the policy did before
+        ("exit 1", 0, "sandbox"),  # it never reached the model: nothing of the policy's ran
+        ("exit 3", 2, ""),  # it called the model, then failed: graded on what it left (tests/e2e's crash)
+        ("exit 0", 0, ""),
+        ("kill -9 $$", 0, ""),  # a SIGKILL from outside: the trainer classes it (oom) from exit 137
+    ],
+)
+def test_a_harness_killed_by_a_signal_or_failing_before_any_call_is_the_sandboxs_failure(
+    tmp_path: Path, script: str, calls: int, failure: str
+) -> None:
+    outcome = ended(tmp_path, script)
+    assert harness_failure(outcome, recorded_calls=calls) == failure  # type: ignore[arg-type]
