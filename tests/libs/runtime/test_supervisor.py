@@ -19,7 +19,7 @@ async def test_a_service_failing_the_same_way_on_every_restart_fails_the_work_wi
     stack = Stack(Settings(data_dir=tmp_path), services=[], max_restarts=2)
     child = _Child("no-such-service", free_port())
     stack.children[child.name] = child
-    stack._spawn(child)
+    stack._spawn(child, fallback=False)
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
     try:
