@@ -135,6 +135,7 @@ class _Loop:
         self.result = LoopResult()
         self.channels: list[grpc.aio.Channel] = []
         self.engine_urls: list[str] = []
+        self.start_version = "default"  # what the engines serve before any step is published (a warm start's)
 
     def channel(self, stack: Stack, name: str) -> grpc.aio.Channel:
         ch = grpc.aio.insecure_channel(f"{self.settings.host}:{stack.children[name].port}")
@@ -272,7 +273,8 @@ class _Loop:
                 by_id = {t.task_id: t for t in chosen}
                 self.say(
                     f"dispatch: step {reply.step}, {len(reply.executions)} executions of "
-                    f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights {reply.weight_version}"
+                    f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights "
+                    f"{self.start_version if reply.weight_version == 'default' else reply.weight_version}"
                 )
                 for e in reply.executions:
                     t = by_id[e.task_id]
@@ -402,6 +404,7 @@ async def run_loop(
     Order: the stack without the trainer; tasks built; ``warm_start(tasks, folder)`` (an SFT on their reference
     solutions) may return the checkpoint the run starts from; the engines start on it, one per cell, and the
     cells are registered; then the trainer service starts with this run's ``trainer.toml``, and the loop runs."""
+    from opengyre.models import checkpoint_info
     from opengyre.proxy.engine import EngineConfig, EngineProcess
 
     cfg.validate()
@@ -447,6 +450,10 @@ async def run_loop(
         for e in engines:
             await e.start(timeout=600)
         loop.engine_urls = [e.url for e in engines]
+        # The scheduler calls "default" what engines serve until a step is published; from a warm start that is
+        # the checkpoint's version (the calls are stamped with it), so the dispatch line says that.
+        info = checkpoint_info(init) if init is not None else None
+        loop.start_version = info["weight_version"] if info else "default"
         say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(loop.engine_urls)}")
         toml = tomli_w.dumps(trainer_settings(cfg, settings, loop.engine_urls, init))
         (settings.data_dir / "trainer.toml").write_text(toml)
