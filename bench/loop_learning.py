@@ -13,6 +13,7 @@ Prints the mean reward per step side by side and the difference, then the CPU se
 
     .venv/bin/python bench/loop_learning.py                    # the documented size (docs/benchmarks.md)
     .venv/bin/python bench/loop_learning.py --steps 2 --group-size 2 --sft-epochs 1   # a quick look
+    .venv/bin/python bench/loop_learning.py --init .opengyre/runs/demo-XXXX/warm-start/checkpoint  # reuse a demo's SFT
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def shared_warm_start(args: argparse.Namespace, keep: Path) -> WarmStart:
     )
 
     async def warm(tasks: list[TaskRef], folder: Path) -> Path | None:
+        if args.init is not None and not keep.exists():  # a warm start made before on the same seeded tasks
+            await asyncio.to_thread(shutil.copytree, args.init, keep)
         if not keep.exists():
             made = await sft(tasks, folder)
             assert made is not None
@@ -89,17 +92,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--cells", type=int, default=2)
     ap.add_argument("--sft-epochs", type=int, default=4)
-    ap.add_argument("--sft-lr", type=float, default=1e-4)
+    ap.add_argument("--sft-lr", type=float, default=2e-4)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--control-lr", type=float, default=1e-12)
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--data-dir", type=Path, default=None, help="keep the runs' data here (default: a temp dir)")
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="a warm-start checkpoint already made on the same tasks (e.g. a demo's <run>/warm-start/checkpoint: "
+        "same seed, skills and level); default: run the SFT here",
+    )
     args = ap.parse_args()
 
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="og-loop-learning-"))

@@ -156,7 +156,7 @@ def loop_command(
     data_dir: DataDirOpt = None,
 ) -> None:
     """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
-    from opengyre.loop import RunConfig, RunConfigError, run_loop
+    from opengyre.loop import RunConfig, RunConfigError, run_loop, sft_warm_start
     from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken
 
     try:
@@ -164,8 +164,13 @@ def loop_command(
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     settings = settings_from(data_dir)
+    warm = (
+        sft_warm_start(cfg.model, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, say=console.print)
+        if cfg.sft_epochs
+        else None
+    )  # the run configuration's warm start: SFT on the built tasks' reference solutions first
     try:
-        result = asyncio.run(run_loop(cfg, settings, say=console.print))
+        result = asyncio.run(run_loop(cfg, settings, say=console.print, warm_start=warm))
     except (DataDirBusy, DataDirUnusable, PortTaken) as exc:
         raise fail(str(exc)) from exc
     ended = sum(1 for f in result.finished if f.score is not None)
