@@ -45,7 +45,10 @@ class DemoSize:
 
     steps: int = 3
     cells: int = 2
-    group_size: int = 2
+    # Groups of 4: after the warm start a task is solved by both members of a group of 2 or by neither (6 of 6
+    # groups at temperature 0.5), which leaves GSPO nothing to train on; 4 rewards per task per step also fill the
+    # hardening window (8) by step 2.
+    group_size: int = 4
     # SFT: one optimizer step per reference conversation (3 tasks: 3 steps an epoch) until the policy reproduces
     # the solutions. 3 epochs of one batched step each at 5e-5 (the old default) left the nll at 0.93 and no call
     # was a tool call; 4 epochs at 2e-4 (nll 0.09) gave tool calls with near-miss solutions, all scored 0.
@@ -56,8 +59,9 @@ class DemoSize:
     # The reference calls are 174-226 tokens on the demo's tasks: 96 (the old default) cut every one of them.
     max_tokens: int = 256
     # Below 1 a nearly memorised solution is reproduced more often, and not always: a group needs mixed rewards to
-    # train. The engine records the logprobs at this temperature and the trainer uses the same one.
-    temperature: float = 0.5
+    # train (0.5 was too sure: each group all 1 or all 0). The engine records the logprobs at this temperature and
+    # the trainer uses the same one.
+    temperature: float = 0.7
 
 
 DEMO = DemoSize()
