@@ -16,7 +16,8 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Annotated
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
 
 import grpc
 import typer
@@ -29,10 +30,70 @@ from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
 from ._replay import replay_compare
 
+if TYPE_CHECKING:
+    from ..loop import LoopResult, RunConfig
+
 __all__ = ["register"]
 
 # The demo's skills: a handful, each with a procedural task whose reference solution is short.
 DEMO_SKILLS = ["csv-report", "text-cleanup", "log-triage"]
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """What makes learning visible on a 135M model in under 10 minutes on two cores (docs/loop.md, "The demo")."""
+
+    steps: int = 3
+    cells: int = 2
+    # Groups of 4: after the warm start a task is solved by both members of a group of 2 or by neither (6 of 6
+    # groups at temperature 0.5), which leaves GSPO nothing to train on; 4 rewards per task per step also fill the
+    # hardening window (8) by step 2.
+    group_size: int = 4
+    # SFT: one optimizer step per reference conversation (3 tasks: 3 steps an epoch) until the policy reproduces
+    # the solutions. 3 epochs of one batched step each at 5e-5 (the old default) left the nll at 0.93 and no call
+    # was a tool call; 4 epochs at 2e-4 (nll 0.09) gave tool calls with near-miss solutions, all scored 0.
+    sft_epochs: int = 6
+    sft_lr: float = 2.5e-4
+    lr: float = 2e-5
+    max_turns: int = 3  # the reference episode is 2 calls: run the solution, submit
+    # The reference calls are 174-226 tokens on the demo's tasks: 96 (the old default) cut every one of them.
+    max_tokens: int = 256
+    # Below 1 a nearly memorised solution is reproduced more often, and not always: a group needs mixed rewards to
+    # train (0.5 was too sure: each group all 1 or all 0). The engine records the logprobs at this temperature and
+    # the trainer uses the same one.
+    temperature: float = 0.7
+
+
+DEMO = DemoSize()
+
+
+def demo_config(run: str, model: str, seed: int, size: DemoSize) -> RunConfig:
+    """The demo's run: its skills at level 0, one task each, every task a group per step (dispatched together)."""
+    from ..loop import RunConfig
+
+    capacity = -(-size.group_size * len(DEMO_SKILLS) // size.cells)  # a step's groups are dispatched together
+    harness = ["--max-turns", str(size.max_turns), "--max-tokens", str(size.max_tokens), "--command-timeout", "20"]
+    return RunConfig(
+        run_id=run,
+        seed=seed,
+        skill_names=DEMO_SKILLS,
+        tasks_per_skill=1,
+        challenges=1,
+        level=0,
+        model=model,
+        cells=size.cells,
+        cell_capacity=capacity,
+        group_size=size.group_size,
+        groups_per_step=len(DEMO_SKILLS),
+        steps=size.steps,
+        policy="colocate",
+        max_lag=0,
+        timeout_s=240.0,
+        lr=size.lr,
+        sft_epochs=size.sft_epochs,
+        sft_lr=size.sft_lr,
+        harness_args=[*harness, "--temperature", str(size.temperature)],
+    ).check()  # fmt: skip: a bad --model is one line, before anything starts
 
 
 async def _pending(stack: Stack) -> int:
@@ -97,32 +158,35 @@ def demo(
     model: Annotated[str, typer.Option(help="The policy: smollm2-135m (pretrained), tiny, small, a folder")] = (
         "smollm2-135m"
     ),
-    steps: Annotated[int, typer.Option(min=1, help="RL steps")] = 3,
-    cells: Annotated[int, typer.Option(min=1, max=4, help="CPU rollout cells")] = 2,
-    group_size: Annotated[int, typer.Option(min=2, help="Executions per task per step")] = 2,
-    sft_epochs: Annotated[int, typer.Option(min=0, help="Warm-start SFT epochs (0: none)")] = 3,
-    max_turns: Annotated[int, typer.Option(min=1, help="The reference harness's turns per episode")] = 4,
-    max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per model call")] = 96,
+    steps: Annotated[int, typer.Option(min=1, help="RL steps")] = DEMO.steps,
+    cells: Annotated[int, typer.Option(min=1, max=4, help="CPU rollout cells")] = DEMO.cells,
+    group_size: Annotated[int, typer.Option(min=2, help="Executions per task per step")] = DEMO.group_size,
+    sft_epochs: Annotated[int, typer.Option(min=0, help="Warm-start SFT epochs (0: none)")] = DEMO.sft_epochs,
+    sft_lr: Annotated[float, typer.Option(min=0.0, help="Warm-start SFT learning rate")] = DEMO.sft_lr,
+    lr: Annotated[float, typer.Option(min=0.0, help="RL learning rate")] = DEMO.lr,
+    max_turns: Annotated[int, typer.Option(min=1, help="The reference harness's turns per episode")] = (DEMO.max_turns),
+    max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per model call")] = DEMO.max_tokens,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature of the rollouts")] = (
+        DEMO.temperature
+    ),
     seed: Annotated[int, typer.Option(help="Seed of the tasks, the engines and the trainer")] = 7,
 ) -> None:
     """The main job on the embedded stack: synthesize, warm-start, roll out, train, harden, replay."""
-    from ..loop import LoopResult, RunConfig, RunConfigError, run_loop, sft_warm_start
+    from ..loop import RunConfigError, run_loop, sft_warm_start
 
     run = f"demo-{uuid.uuid4().hex[:6]}"
     base = settings_from(data_dir)
     settings = settings_from(base.data_dir / "runs" / run)
-    capacity = -(-group_size * len(DEMO_SKILLS) // cells)  # a step's groups are dispatched together
-    cfg = RunConfig(
-        run_id=run, seed=seed, skill_names=DEMO_SKILLS, tasks_per_skill=1, challenges=1, level=0, model=model,
-        cells=cells, cell_capacity=capacity, group_size=group_size, groups_per_step=len(DEMO_SKILLS),
-        steps=steps, policy="colocate", max_lag=0, timeout_s=240.0, lr=2e-5, sft_epochs=sft_epochs, sft_lr=5e-5,
-        harness_args=["--max-turns", str(max_turns), "--max-tokens", str(max_tokens), "--command-timeout", "20"],
-    )  # fmt: skip
+    size = DemoSize(steps, cells, group_size, sft_epochs, sft_lr, lr, max_turns, max_tokens, temperature)
     try:
-        cfg.check()  # a bad --model is one line, before anything starts
+        cfg = demo_config(run, model, seed, size)
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
-    warm = sft_warm_start(model, epochs=sft_epochs, lr=cfg.sft_lr, seed=seed, say=console.print) if sft_epochs else None
+    warm = (
+        sft_warm_start(model, epochs=sft_epochs, lr=sft_lr, seed=seed, max_tokens=max_tokens, say=console.print)
+        if sft_epochs
+        else None
+    )
     replayed: list[bool] = []
     # The live view and the report read the event log only (docs/report.md): the run's data dir is its own, so
     # its whole log is this run.
@@ -162,14 +226,28 @@ def demo(
     cpu = cpu1.user + cpu1.system + cpu1.children_user + cpu1.children_system - sum(cpu0[:4])
     console.print(f"{'total':28} {wall:7.1f} s wall ({cpu:.0f} CPU-s in this process's tree; load {load})")
     scored = [f.score for f in result.finished if f.score is not None]
+    trained = [s for s in result.steps if s.n_trained > 0]
+    published = sorted({s.weight_version for s in result.steps if s.weight_version})
     console.print(
         f"{len(result.finished)} executions ({len(scored)} scored, mean reward "
-        f"{(sum(scored) / len(scored)) if scored else 0.0:.3f}), {len(result.steps)} step(s) trained, "
+        f"{(sum(scored) / len(scored)) if scored else 0.0:.3f}), {len(trained)} of {len(result.steps)} step(s) "
+        f"trained on a signal, weights published: {', '.join(published) or 'none'}, "
         f"{result.hardened} task version(s) hardened"
     )
+    for step, rewards in sorted(rewards_per_step(result).items()):
+        console.print(f"  step {step}: mean reward {sum(rewards) / len(rewards):.3f} over {len(rewards)} scored")
     console.print(f"\nTry: [bold]opengyre events tail --data-dir {settings.data_dir}[/]")
     if not (replayed and replayed[0]):
         raise typer.Exit(1)
+
+
+def rewards_per_step(result: LoopResult) -> dict[int, list[float]]:
+    """The scored executions' rewards by the step they were dispatched for."""
+    out: dict[int, list[float]] = {}
+    for f in result.finished:
+        if f.score is not None:
+            out.setdefault(f.assignment.step, []).append(f.score)
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -94,6 +94,7 @@ class _Loop:
         self.channels: list[grpc.aio.Channel] = []
         self.engine_urls: list[str] = []
         self.settled = asyncio.Event()  # every step trained, the cells back in rollout
+        self.start_version = "default"  # what the engines serve before any step is published (a warm start's)
 
     def channel(self, services: Services, name: str) -> grpc.aio.Channel:
         ch = grpc.aio.insecure_channel(f"{services.host}:{services.ports[name]}")
@@ -102,6 +103,7 @@ class _Loop:
 
     async def start_engines(self, init: Path | None) -> list[EngineProcess]:
         """One CPU engine per cell, on ``init`` (else the model's own weights); an earlier driver's are stopped."""
+        from opengyre.models import checkpoint_info
         from opengyre.proxy.engine import EngineConfig, EngineProcess
 
         cfg = self.cfg
@@ -119,6 +121,10 @@ class _Loop:
             raise
         self.engine_urls = [e.url for e in engines]
         record_engines(self.settings.data_dir, engines)
+        # The scheduler calls "default" what engines serve until a step is published; from a warm start that is
+        # the checkpoint's version (the calls are stamped with it), so the dispatch line says that.
+        info = checkpoint_info(init) if init is not None else None
+        self.start_version = info["weight_version"] if info else "default"
         self.say(f"engines: {len(engines)} x {cfg.model} serving at {', '.join(self.engine_urls)}")
         return engines
 
@@ -353,7 +359,8 @@ class _Loop:
                 by_id = {t.task_id: t for t in chosen}
                 self.say(
                     f"dispatch: step {reply.step}, {len(reply.executions)} executions of "
-                    f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights {reply.weight_version}"
+                    f"{', '.join(f'{t.task_id} v{t.version}' for t in chosen)} on weights "
+                    f"{self.start_version if reply.weight_version == 'default' else reply.weight_version}"
                 )
                 todo = [e for e in reply.executions if e.execution_id not in before]
                 if len(todo) < len(reply.executions):

@@ -164,7 +164,7 @@ def loop_command(
     ] = False,
 ) -> None:
     """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
-    from opengyre.loop import DeploymentMismatch, RunConfig, RunConfigError, run_loop
+    from opengyre.loop import DeploymentMismatch, RunConfig, RunConfigError, run_loop, sft_warm_start
     from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken, ServiceFailed
 
     try:
@@ -172,8 +172,17 @@ def loop_command(
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     settings = settings_from(data_dir)
+    if attach and cfg.sft_epochs:
+        raise fail(
+            "sft_epochs: a warm start needs the embedded stack (the running trainer starts from its own weights); set it to 0 with --attach"
+        )
+    warm = (
+        sft_warm_start(cfg.model, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, say=console.print)
+        if cfg.sft_epochs
+        else None
+    )  # the run configuration's warm start: SFT on the built tasks' reference solutions first
     try:
-        result = asyncio.run(run_loop(cfg, settings, say=console.print, attach=attach))
+        result = asyncio.run(run_loop(cfg, settings, say=console.print, warm_start=warm, attach=attach))
     except (DataDirBusy, DataDirUnusable, PortTaken, DeploymentMismatch) as exc:
         raise fail(str(exc)) from exc
     except ServiceFailed as exc:  # a service kept exiting with the same error: the run cannot go on
