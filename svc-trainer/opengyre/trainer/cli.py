@@ -174,7 +174,8 @@ def loop_command(
     settings = settings_from(data_dir)
     if attach and cfg.sft_epochs:
         raise fail(
-            "sft_epochs: a warm start needs the embedded stack (the running trainer starts from its own weights); set it to 0 with --attach"
+            "sft_epochs: a warm start needs the embedded stack (the running trainer starts from its own "
+            "weights); set it to 0 with --attach"
         )
     warm = (
         sft_warm_start(cfg.model, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, say=console.print)
