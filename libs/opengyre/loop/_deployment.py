@@ -140,8 +140,9 @@ def record_engines(data_dir: Path, engines: list[EngineProcess]) -> None:
 
 
 def stop_leftover_engines(data_dir: Path) -> None:
-    """Engines run in sessions of their own and outlive a driver that was killed: stop the ones the last driver
-    on this data dir started (checked to be the same program, not a process that reused the pid)."""
+    """Engines die with the driver that started them (parent-death signal); where that did not reach one (another
+    platform, a signal lost), stop the ones the last driver on this data dir started (checked to be the same
+    program, not a process that reused the pid)."""
     path = data_dir / ENGINES_FILE
     if not path.exists():
         return

@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from opengyre.models import build_model, load_checkpoint, model_config, save_checkpoint, token_logprobs
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer, SamplingParams
+from opengyre.runtime import cmdline
 
 from ..._polling import await_until
 
@@ -251,6 +253,36 @@ async def test_a_cancelled_start_leaves_no_child_process() -> None:
             os.kill(pid, 0)  # stopped and reaped, not orphaned in its own session
     finally:
         await proc.stop()
+
+
+_ENGINE_OWNER = """
+import asyncio, sys
+from opengyre.proxy.engine import EngineConfig, EngineProcess
+
+async def main() -> None:
+    proc = await EngineProcess(EngineConfig(port=0, threads=1)).start()
+    print("engine-pid", proc.pid, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_an_engine_dies_with_the_process_that_started_it_even_by_sigkill() -> None:
+    # A driver killed mid-run must not leave its engines serving (their ports, their memory, the caller's stdout).
+    owner = await asyncio.create_subprocess_exec(sys.executable, "-c", _ENGINE_OWNER, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert owner.stdout is not None
+        line = b""
+        while not line.startswith(b"engine-pid "):  # the engine shares the owner's stdout: its own lines come too
+            line = await owner.stdout.readline()
+            assert line, "the owner ended before starting its engine"
+        engine_pid = int(line.split()[1])
+        assert cmdline(engine_pid) is not None  # serving
+    finally:
+        owner.kill()
+        await owner.wait()
+    await await_until(lambda: cmdline(engine_pid) is None, "the engine exited with its owner", polls=1200, every=0.05)
 
 
 async def test_pause_holds_requests_until_continue(engine_a: EngineServer) -> None:

@@ -15,6 +15,8 @@ from types import TracebackType
 
 import httpx
 
+from opengyre.runtime import spawn
+
 from .._http import HttpServer
 from ._engine import CpuEngine, EngineConfig
 from ._server import build_app
@@ -127,13 +129,10 @@ class EngineProcess:
 
     async def start(self, timeout: float = 120.0) -> EngineProcess:
         port_file = Path(self._dir.name) / "url"
-        self._proc = await asyncio.to_thread(
-            subprocess.Popen,
-            _cli_args(self.config, port_file),
-            env={**os.environ, **(self.env or {})},
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Started from this (the event loop's) thread, not a worker's: the kernel's parent-death signal follows the
+        # thread that forked, and an engine must die with its driver however that ends (SIGTERM, SIGKILL), or it
+        # keeps its port, its memory and the caller's stdout (opengyre.runtime.spawn).
+        self._proc = spawn(_cli_args(self.config, port_file), env={**os.environ, **(self.env or {})})
         deadline = time.monotonic() + timeout
         try:
             while not port_file.exists() or not port_file.read_text().strip():
