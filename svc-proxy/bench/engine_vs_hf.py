@@ -29,8 +29,7 @@ import torch
 
 from opengyre.models import resolve_model
 from opengyre.proxy import ChatCodec
-from opengyre.proxy.engine import CpuEngine, EngineConfig, SamplingParams
-from opengyre.proxy.engine._runner import Projections
+from opengyre.proxy.engine import CpuEngine, EngineConfig, Projections, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -13,6 +13,7 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._engine import CpuEngine, EngineConfig, Generation
     from ._launch import EngineProcess, EngineServer, serve_forever
+    from ._runner import Projections
     from ._sampling import SamplingError, SamplingParams
     from ._scheduler import RequestRecord
 
@@ -23,6 +24,7 @@ _WHERE = {
     "EngineProcess": "_launch",
     "EngineServer": "_launch",
     "serve_forever": "_launch",
+    "Projections": "_runner",
     "SamplingError": "_sampling",
     "SamplingParams": "_sampling",
     "RequestRecord": "_scheduler",
@@ -34,6 +36,7 @@ __all__ = [
     "EngineProcess",
     "EngineServer",
     "Generation",
+    "Projections",
     "RequestRecord",
     "SamplingError",
     "SamplingParams",
