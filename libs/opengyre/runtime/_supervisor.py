@@ -196,6 +196,7 @@ class Stack:
     reaped: list[Leftover] = field(default_factory=list)
     health_every: float = 1.0
     gave_up: ServiceFailed | None = None  # the first service that reached its restart limit
+    _given_up: asyncio.Event = field(default_factory=asyncio.Event)  # set with ``gave_up``: what ``watch`` awaits
     # Extra environment for the services (a run's scheduler policy, the hardening knobs): over this process's own.
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
@@ -434,6 +435,7 @@ class Stack:
                             f"service {child.name} exited with {code} after {child.restarts} restart(s)"
                             + (f": {line}" if line else "")
                         )
+                        self._given_up.set()
                     continue
                 child.restarts += 1
                 log.warning("service %s exited with %s; restarting (%d)", child.name, code, child.restarts)
@@ -444,14 +446,15 @@ class Stack:
         """``work``'s result, unless a service reaches its restart limit first (``supervise`` running beside it):
         then ``work`` is cancelled and that ``ServiceFailed`` is raised, rather than waiting on it for ever."""
         task = asyncio.ensure_future(work)
+        failed = asyncio.ensure_future(self._given_up.wait())
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.5)
-                if done:
-                    return task.result()
-                if self.gave_up is not None:
-                    raise self.gave_up
+            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            assert self.gave_up is not None
+            raise self.gave_up
         finally:
+            failed.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
