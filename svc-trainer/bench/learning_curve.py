@@ -254,7 +254,10 @@ async def main() -> None:
                 cfg = TrainerConfig(
                     run_id=run,
                     model=args.model,
+                    # The objective the recorded curves were run with (docs/benchmarks.md): clip-higher, one epoch.
                     algorithm="grpo",
+                    algorithm_params={"eps_high": 0.28},
+                    ppo_epochs=1,
                     group_size=args.group_size,
                     groups_per_step=args.groups_per_step,
                     lr=lr,

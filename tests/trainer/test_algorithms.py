@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from opengyre.trainer.algorithms import GRPO, GSPO, SFT, LossInputs, get_algorithm, group_advantages, k3
+from opengyre.trainer.algorithms import DAPO, GRPO, GSPO, SFT, LossInputs, get_algorithm, group_advantages, k3
 
 LOGP = [-1.0, -2.0, -0.5]
 OLD = [-1.0, -1.5, -0.9]
@@ -52,7 +52,7 @@ def test_truncated_importance_weight_is_capped() -> None:
     x = inputs(1.0, behaviour=beh)
     out = GRPO(tis_cap=2.0).loss(x)
     r1, r2 = math.exp(-0.5), math.exp(0.4)
-    assert float(out.loss.detach()) == pytest.approx(-(0.2 * 1.0 * 2.0 + 0.3 * r1 * 1.5 + 0.5 * min(r2, 1.28)))
+    assert float(out.loss.detach()) == pytest.approx(-(0.2 * 1.0 * 2.0 + 0.3 * r1 * 1.5 + 0.5 * min(r2, 1.2)))
 
 
 def test_gspo_sequence_ratio_and_clip() -> None:
@@ -97,8 +97,23 @@ def test_kl_k3_is_nonnegative_and_zero_at_reference() -> None:
     assert float(with_kl.loss.detach()) > base and with_kl.metrics["kl"] > 0
 
 
+def test_grpo_clips_symmetrically_and_dapo_clips_higher() -> None:
+    # Token ratios exp(0) = 1, exp(-0.5) = 0.61, exp(0.4) = 1.49 (LOGP against OLD).
+    r1, r2 = math.exp(-0.5), math.exp(0.4)
+    grpo, dapo = GRPO(tis_cap=None), DAPO(tis_cap=None)
+    assert (grpo.eps_low, grpo.eps_high) == (0.2, 0.2) and (dapo.eps_low, dapo.eps_high) == (0.2, 0.28)
+    assert float(grpo.loss(inputs(1.0)).loss.detach()) == pytest.approx(-(0.2 + 0.3 * r1 + 0.5 * 1.2))
+    assert float(dapo.loss(inputs(1.0)).loss.detach()) == pytest.approx(-(0.2 + 0.3 * r1 + 0.5 * 1.28))
+    # Below 1 both clip at 1 - 0.2 (a negative advantage: the clipped 0.8 wins the max).
+    for algorithm in (grpo, dapo):
+        assert float(algorithm.loss(inputs(-1.0)).loss.detach()) == pytest.approx(0.2 + 0.3 * 0.8 + 0.5 * r2)
+    assert DAPO.loss_aggregation == "token-mean" and DAPO.dynamic_sampling
+    assert GRPO.loss_aggregation is None and GRPO.dynamic_sampling is None  # no recipe beyond the loss
+
+
 def test_registry() -> None:
     assert isinstance(get_algorithm("gspo", eps_low=1e-3), GSPO)
+    assert type(get_algorithm("dapo")) is DAPO and type(get_algorithm("grpo")) is GRPO
     with pytest.raises(ValueError):
         get_algorithm("ppo-magic")
 

@@ -27,6 +27,9 @@ def test_from_toml_resolves_paths_and_means_all_paths_by_zero(tmp_path: Path) ->
         {"run_id": "a/b"},
         {"satellites": 2},  # satellites need streaming
         {"breaker_ratio": 0.0},
+        {"negative_weight": 0.0},
+        {"algorithm": "dapo", "loss_aggregation": "execution-mean"},  # DAPO's loss is token-level
+        {"algorithm": "dapo", "dynamic_sampling": False},  # and it samples dynamically
         {"no_such_knob": 1},
     ],
 )
@@ -40,3 +43,17 @@ def test_a_non_finite_number_is_refused_naming_its_key(bad: dict[str, object]) -
     (key,) = bad
     with pytest.raises(ValueError, match=f"{key} must be a finite number"):
         TrainerConfig.from_dict(bad)
+
+
+def test_an_algorithms_recipe_fills_what_is_unset_and_only_that() -> None:
+    dapo = TrainerConfig.from_dict({"algorithm": "dapo"})
+    assert dapo.aggregation == "token-mean" and dapo.uses_dynamic_sampling
+    explicit = TrainerConfig.from_dict(
+        {"algorithm": "dapo", "loss_aggregation": "token-mean", "dynamic_sampling": True}
+    )
+    assert explicit.aggregation == "token-mean" and explicit.uses_dynamic_sampling
+    for name in ("grpo", "gspo"):  # no recipe: the trainer's own defaults, and any setting goes
+        plain = TrainerConfig.from_dict({"algorithm": name})
+        assert plain.aggregation == "execution-mean" and not plain.uses_dynamic_sampling
+        token = TrainerConfig.from_dict({"algorithm": name, "loss_aggregation": "token-mean", "dynamic_sampling": True})
+        assert token.aggregation == "token-mean" and token.uses_dynamic_sampling

@@ -174,7 +174,9 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     assert trainer.satellites[0].joined_digest  # the satellite joined the step with the core's weights
     # the same update as one worker over the same samples from the same weights
     ref_backend = build_backend("torch", model_config("tiny"), initial)
-    ref = Learner(ref_backend, GRPO(), lr=1e-3).step([MiniBatch(pack_samples(report.prepared.samples, 128), 4.0)])
+    ref = Learner(ref_backend, GRPO(), lr=1e-3).step(
+        [MiniBatch(pack_samples(report.prepared.samples, 128), 4.0)], cfg.ppo_epochs
+    )
     assert report.result.loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
     got, want = trainer.backend.hf_state_dict(), ref_backend.hf_state_dict()
     for k in want:
@@ -205,7 +207,7 @@ async def test_kl_to_the_starting_policy_is_wired_in(event_log: EventLog, engine
         await event_log.append_many(group("g2", [("completed", 0.2, None), ("completed", 0.9, None)], seed=2))
         await runner.wait_caught_up(60)
         # one update per step: the first step's KL is measured before the policy moves
-        cfg = config(tmp_path, group_size=2, algorithm_params={"kl_beta": 0.5}, mini_batches=1)
+        cfg = config(tmp_path, group_size=2, algorithm_params={"kl_beta": 0.5}, mini_batches=1, ppo_epochs=1)
         trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
         assert trainer.learner.reference is not None and trainer.learner.reference.parameters() == []
         first = await trainer.step_once()
@@ -309,6 +311,6 @@ async def test_a_step_with_non_finite_gradients_leaves_the_weights_and_says_so(
     stored = [s async for s in event_log.read(1) if s.type_name == "training-step-completed"]
     [event] = [event_log.decode(s) for s in stored]  # decodes: no NaN became a JSON null
     assert isinstance(event, TrainingStepCompleted)
-    # two executions: two mini-batches, each update skipped
-    assert event.metrics["update_skipped"] == 2.0 and "grad_norm" not in event.metrics
+    # two executions: two mini-batches, each update of each PPO epoch skipped
+    assert event.metrics["update_skipped"] == 2.0 * trainer.config.ppo_epochs and "grad_norm" not in event.metrics
     assert sorted(event.execution_ids) == ["g1-e0", "g1-e1"]  # consumed once, not retried forever

@@ -187,3 +187,55 @@ def test_overlong_filter_masks_executions_cut_at_the_length_limit(tmp_path: Path
     assert filtered.dropped == {"cut": "masked:overlong"} and sorted(filtered.trained) == ["a", "b"]
     kept = prepare_step(1, [g], **kw)  # type: ignore[arg-type]
     assert sorted(kept.trained) == ["a", "b", "cut"]
+
+
+def test_truncated_negatives_are_masked_not_trained_as_failures() -> None:
+    from opengyre.trainer import ReadyGroup, prepare_step
+    from opengyre.trajectory import TrajectoryTree
+
+    def tree(eid: str) -> TrajectoryTree:
+        t = TrajectoryTree(eid)
+        t.add(node("r", None, 0, [1, 2, 3], [10, 11, 12]))
+        if eid.startswith("cut"):
+            object.__setattr__(t.node("r"), "finish_reason", "length")
+        return t
+
+    scores = (("cut-fail", 0.0), ("cut-win", 1.0), ("a", 1.0), ("b", 0.0), ("c", 1.0))
+    g = ReadyGroup("g", "t", tuple(ExecutionOutcome(e, "g", "completed", s) for e, s in scores), {}, 1, 5)
+    kw = dict(sampler=PathSampler(5), load_tree=tree, corrupt={}, version_steps={})
+    on = prepare_step(1, [g], policy=AdmissionPolicy(mask_truncated_negatives=True), **kw)  # type: ignore[arg-type]
+    # The truncated failure is masked; a truncated success is an ordinary member.
+    assert on.dropped == {"cut-fail": "masked:truncated-negative"}
+    assert sorted(on.trained) == ["a", "b", "c", "cut-win"]
+    # The baseline is recomputed over the four trained: rewards 1, 1, 0, 1 -> mean 3/4, sample std 1/2.
+    adv = {a.execution_id: a.advantage for a in on.groups[0].admissions}
+    assert adv["a"] == pytest.approx(0.25 / (0.5 + 1e-6)) and adv["b"] == pytest.approx(-0.75 / (0.5 + 1e-6))
+    off = prepare_step(1, [g], policy=AdmissionPolicy(), **kw)  # type: ignore[arg-type]
+    assert not off.dropped and "cut-fail" in off.trained  # without the option: trained as a failure
+    with pytest.raises(ValueError, match="negative_weight"):
+        AdmissionPolicy(negative_weight=0.0).validate()
+
+
+def test_global_negative_weight_scales_the_loss_of_every_negative() -> None:
+    outs = [ExecutionOutcome(f"e{i}", "g", "completed", s) for i, s in enumerate((1.0, 0.0, 0.0, 1.0))]
+    plain = AdmissionPolicy().admit("g", outs)
+    weighted = AdmissionPolicy(negative_weight=0.25).admit("g", outs)
+    a0 = {a.execution_id: a.advantage for a in plain.admissions}
+    a1 = {a.execution_id: a.advantage for a in weighted.admissions}
+    # Rewards 1, 0, 0, 1: mean 1/2, sample std 1/sqrt(3); positives keep theirs, negatives get a quarter.
+    z = 0.5 / (1 / math.sqrt(3) + 1e-6)
+    assert a1["e0"] == a0["e0"] == pytest.approx(z) and a1["e3"] == pytest.approx(z)
+    assert a1["e1"] == pytest.approx(-0.25 * z) and a0["e1"] == pytest.approx(-z)
+    # The loss, by hand: two sequences of two tokens each, token weights 1/4, ratios exp(+-0.3) at clip 0.2.
+    lp = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]])
+    old = lp - torch.tensor([[0.3, -0.3], [0.3, -0.3]])
+    x = LossInputs(
+        logprobs=lp.clone().requires_grad_(True), old_logprobs=old, behaviour_logprobs=old,
+        advantages=torch.tensor([a1["e0"], a1["e1"]]), mask=torch.ones(2, 2, dtype=torch.bool),
+        token_weights=torch.full((2, 2), 0.25),
+    )  # fmt: skip
+    loss = float(GRPO(eps_low=0.2, eps_high=0.2).loss(x).loss.detach())
+    up, down = math.exp(0.3), math.exp(-0.3)
+    positive = -0.25 * (min(up * z, 1.2 * z) + min(down * z, max(down, 0.8) * z))
+    negative = 0.25 * (max(up * z, min(up, 1.2) * z) + max(down * z, 0.8 * z))  # -min(r * -z, clip(r) * -z)
+    assert loss == pytest.approx(positive + 0.25 * negative)

@@ -110,6 +110,35 @@ def test_temperature_scaled_logprobs_are_the_engines_rule() -> None:
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
 
 
+def test_the_default_objective_clips_on_a_fixed_off_policy_batch() -> None:
+    """16 executions (the default step: one group of 16) with behaviour logprobs far from the model's, trained
+    with every default: algorithm, lr, mini-batches and epochs. One epoch over 4 mini-batches (the old
+    default) clips little or nothing at lr 1e-5; the second epoch finds the sequences past GSPO's bounds."""
+    from opengyre.trainer import plan_minibatches
+    from opengyre.trainer.algorithms import get_algorithm
+
+    cfg = TrainerConfig()
+    samples = []
+    for i in range(cfg.group_size):
+        eid = f"e{i}"
+        drawn = PathSampler(5).sample(random_tree(i, eid), random.Random(i))
+        samples += execution_samples(eid, drawn, 1.0 if i % 2 else -1.0, 1.0 / sum(p.n_targets for p in drawn))
+
+    def clip_fraction(epochs: int) -> float:
+        backend = build_backend("torch", model_config(cfg.model), seed=cfg.seed)
+        learner = Learner(backend, get_algorithm(cfg.algorithm), lr=cfg.lr, max_grad_norm=cfg.max_grad_norm)
+        plan = plan_minibatches(
+            samples, mini_batches=cfg.mini_batches, aggregation=cfg.aggregation, norm_tokens=None,  # type: ignore[arg-type]
+            micro_batch_tokens=cfg.micro_batch_tokens, packed=False, seed=cfg.seed, step=1,
+        )  # fmt: skip
+        result = learner.step(plan, epochs)
+        assert result.updates == cfg.mini_batches * epochs
+        return result.metrics["clip_fraction"]
+
+    two, one = clip_fraction(cfg.ppo_epochs), clip_fraction(1)
+    assert two > 0.1 and two > 3 * one  # one epoch (the old default) leaves the clip all but idle
+
+
 def test_the_run_configuration_caps_staleness_and_splits_steps_by_default() -> None:
     cfg = TrainerConfig()
     assert cfg.max_staleness == 1  # the scheduler's default bound (phi = 1)

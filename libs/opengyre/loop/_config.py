@@ -124,9 +124,19 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise bad("policy", exc) from None
         trainer = {k: getattr(self, k) for k in _TRAINER_KEYS}
         try:
-            TrainerConfig.from_dict(trainer)
+            settings = TrainerConfig.from_dict(trainer)
         except (TypeError, ValueError) as exc:
             raise bad("trainer settings", exc) from None
+        if settings.uses_dynamic_sampling:
+            # The loop dispatches exactly groups_per_step groups a step; a step waiting for more with signal
+            # (DAPO over-samples) would wait for groups nobody dispatches.
+            raise bad(
+                "trainer settings",
+                ValueError(
+                    f"algorithm {self.algorithm} samples dynamically, which "
+                    "needs over-sampled groups the loop does not dispatch: use gspo or grpo"
+                ),
+            )
         if self.harness != "builtin":
             try:
                 HarnessSpec.from_toml(Path(self.harness))

@@ -7,7 +7,8 @@
   be dropped (the practice chapter's global 50 %), so a flaky stretch cannot starve training.
 - The agent's own code hanging or exhausting memory while graded is the agent's failure: graded 0, trained.
 - Group statistics use the members actually trained, after every later drop (a corrupt trajectory, a stale or
-  overlong execution, a long negative), so the trained advantages are zero-mean; a group with fewer than two
+  overlong execution, a long or truncated negative), so the trained advantages are zero-mean (unless
+  ``negative_weight`` re-weights the negatives afterwards); a group with fewer than two
   (a lone survivor) or with no spread in reward gives no advantage.
 Timed-out executions are ordinary members: they carry their evaluator's score on the preserved workspace.
 """
@@ -15,7 +16,7 @@ Timed-out executions are ordinary members: they carry their evaluator's score on
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,6 +117,10 @@ class AdmissionPolicy:
     positive_only: bool = False
     # Mask negative-advantage executions that generated more tokens than this (ROLL's long-failure masking).
     max_negative_tokens: int | None = None
+    # Mask negative-advantage executions with a call cut at the length limit (ROLL's max_len_mask, for failures).
+    mask_truncated_negatives: bool = False
+    # Multiply every trained negative advantage by this (ROLL's global re-weighting of negatives, TOPR's weight).
+    negative_weight: float = 1.0
     # DAPO's soft overlong punishment: past ``overlong_max_tokens - overlong_buffer_tokens`` generated tokens the
     # reward falls linearly, by 1 at ``overlong_max_tokens`` (and stays there beyond).
     overlong_max_tokens: int | None = None
@@ -128,6 +133,8 @@ class AdmissionPolicy:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if self.overlong_max_tokens is not None and not 0 <= self.overlong_buffer_tokens <= self.overlong_max_tokens:
             raise ValueError("overlong_buffer_tokens must be in [0, overlong_max_tokens]")
+        if not self.negative_weight > 0:
+            raise ValueError(f"negative_weight must be > 0, got {self.negative_weight}")
 
     def shaped(self, score: float, generated: int | None) -> float:
         """The reward the baseline uses: the score, minus DAPO's overlong penalty where it applies."""
@@ -149,12 +156,14 @@ class AdmissionPolicy:
         generated: Mapping[str, int] | None = None,
         *,
         prior: tuple[int, int] = (0, 0),
+        truncated: Collection[str] = (),
     ) -> StepAdmission:
         """Decide every member of a step's groups (decisions come back sorted by id within each group).
 
         ``dropped``: members the caller found untrainable after the verdicts (a corrupt or stale trajectory), with
         their decision and reason; they count against the breaker and stay out of the statistics.
         ``generated``: tokens each member generated (overlong shaping, long-negative masking).
+        ``truncated``: members with a call the engine cut at its length limit (truncated-negative masking).
         ``prior``: (samples, dropped) of the step's groups already admitted (a streaming step admits its groups
         as they arrive: the breaker then counts what the step has dropped so far).
 
@@ -187,7 +196,8 @@ class AdmissionPolicy:
             else:
                 tripped, kept = True, kept + 1  # keep it, with its real score: filtering would starve the step
                 decisions[eid] = ("train", reason + ",breaker-kept")
-        out = tuple(self._group(g.group_id, ms, decisions, generated) for g, ms in members)
+        cut = frozenset(truncated)
+        out = tuple(self._group(g.group_id, ms, decisions, generated, cut) for g, ms in members)
         return StepAdmission(out, tripped, kept, total - prior[0], n_dropped - prior[1])
 
     def _group(
@@ -196,6 +206,7 @@ class AdmissionPolicy:
         members: Sequence[ExecutionOutcome],
         decisions: Mapping[str, tuple[Decision, str]],
         generated: Mapping[str, int],
+        truncated: frozenset[str],
     ) -> GroupAdmission:
         decided = dict(decisions)
         rewards = {
@@ -204,16 +215,21 @@ class AdmissionPolicy:
             if o.score is not None
         }
         trained, advantages, adv, mean, std = self._baseline(members, decided, rewards)
-        if self.max_negative_tokens is not None:
-            # Long failures are the ones below the baseline of the would-be trained members; once they are
-            # masked the statistics are recomputed over what is left (once: "negative" is not re-decided, or
-            # a group whose members are all long would be masked down to a lone survivor).
-            long_negatives = [
-                e for e in trained if advantages[e] < 0 and generated.get(e, 0) > self.max_negative_tokens
-            ]
-            for e in long_negatives:
-                decided[e] = ("masked", f"long-negative:{generated[e]}")
-            if long_negatives:
+        if self.max_negative_tokens is not None or self.mask_truncated_negatives:
+            # Long or truncated failures are the ones below the baseline of the would-be trained members; once
+            # they are masked the statistics are recomputed over what is left (once: "negative" is not
+            # re-decided, or a group whose members are all long would be masked down to a lone survivor).
+            masked = 0
+            for e in trained:
+                if advantages[e] >= 0:
+                    continue
+                if self.mask_truncated_negatives and e in truncated:
+                    decided[e] = ("masked", "truncated-negative")
+                    masked += 1
+                elif self.max_negative_tokens is not None and generated.get(e, 0) > self.max_negative_tokens:
+                    decided[e] = ("masked", f"long-negative:{generated[e]}")
+                    masked += 1
+            if masked:
                 trained, advantages, adv, mean, std = self._baseline(members, decided, rewards)
         kept = any(decided[o.execution_id][1].endswith("breaker-kept") for o in members)
         out: list[Admission] = []
@@ -227,6 +243,8 @@ class AdmissionPolicy:
             elif decision == "train" and self.positive_only and a <= 0.0:
                 # Positive-only keeps the statistics of every trained member: the update uses the positive side.
                 decision, reason = "filtered", "positive-only"
+            if decision == "train" and a < 0.0:
+                a *= self.negative_weight  # after the statistics: the baseline is the group's, the weight global
             out.append(
                 Admission(
                     o.execution_id,

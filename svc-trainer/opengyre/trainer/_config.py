@@ -24,12 +24,13 @@ class TrainerConfig:
     micro_batch_tokens: int = 4096
     packed: bool = False  # several samples per row (block-diagonal attention); pays with varlen attention kernels
     # PPO: the step's executions split into this many mini-batches, one optimizer update each, ``ppo_epochs``
-    # times over; every update clips against the step-start (proximal) logprobs (decoupled PPO).
+    # times over; every update clips against the step-start (proximal) logprobs (decoupled PPO). Two epochs: with
+    # one, a 16-execution step at lr 1e-5 clipped nothing (docs/trainer.md, "Defaults that clip").
     mini_batches: int = 4
-    ppo_epochs: int = 1
+    ppo_epochs: int = 2
     # The loss weighting rule (see ``_samples``): execution-mean | token-mean | constant (Dr. GRPO, with
-    # ``loss_norm_tokens`` the constant length).
-    loss_aggregation: str = "execution-mean"
+    # ``loss_norm_tokens`` the constant length). None: the algorithm's (token-mean for dapo), else execution-mean.
+    loss_aggregation: str | None = None
     loss_norm_tokens: int | None = None
     lr: float = 1e-5
     lr_warmup_steps: int = 0  # linear warmup from 0 over these steps
@@ -45,6 +46,12 @@ class TrainerConfig:
     max_staleness: int | None = 1
     positive_only: bool = False  # train on positive-advantage executions only (an early-stage curriculum)
     max_negative_tokens: int | None = None  # mask failures longer than this many generated tokens
+    # ROLL: mask failures (below their group's baseline) with a call cut at the engine's length limit: a
+    # truncated attempt says little about the task, and training it as a plain failure teaches "shorter".
+    mask_truncated_negatives: bool = False
+    # ROLL: one global factor on every negative-advantage execution's loss (TOPR's negative weight): < 1 damps
+    # failures across the whole step, where masking targets the extreme ones.
+    negative_weight: float = 1.0
     # DAPO: mask executions with a call cut at the engine's length limit; soft overlong punishment of the reward
     # over the last ``overlong_buffer_tokens`` before ``overlong_max_tokens`` generated tokens.
     overlong_filter: bool = False
@@ -52,7 +59,7 @@ class TrainerConfig:
     overlong_buffer_tokens: int = 0
     # DAPO dynamic sampling: a step waits for ``groups_per_step`` groups with a learning signal (groups without
     # one are consumed with it), looking at most at ``dynamic_sampling_max_groups`` ready groups.
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool | None = None  # None: the algorithm's (on for dapo), else off
     dynamic_sampling_max_groups: int = 0  # 0: 10 x groups_per_step
     seed: int = 0
     checkpoint_dir: Path = Path(".opengyre/checkpoints")
@@ -83,6 +90,17 @@ class TrainerConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {self.algorithm!r}")
+        recipe = ALGORITHMS[self.algorithm]
+        fixed = (("loss_aggregation", recipe.loss_aggregation), ("dynamic_sampling", recipe.dynamic_sampling))
+        for key, theirs in fixed:
+            mine = getattr(self, key)
+            if theirs is not None and mine is not None and mine != theirs:
+                raise ValueError(
+                    f"algorithm {self.algorithm} means {key} = {theirs!r}, got {mine!r} "
+                    "(leave it unset, or pick an algorithm that allows it)"
+                )
+        if not self.negative_weight > 0:
+            raise ValueError(f"negative_weight must be > 0, got {self.negative_weight}")
         if self.max_paths is not None and self.max_paths < 1:
             raise ValueError("max_paths must be >= 1 or None")
         if self.group_size < 1 or self.groups_per_step < 1 or self.micro_batch_tokens < 2:
@@ -97,9 +115,9 @@ class TrainerConfig:
             )
         from ._samples import LOSS_AGGREGATIONS
 
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+        if self.loss_aggregation is not None and self.loss_aggregation not in LOSS_AGGREGATIONS:
             raise ValueError(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}, got {self.loss_aggregation!r}")
-        if self.loss_aggregation == "constant" and (self.loss_norm_tokens is None or self.loss_norm_tokens < 1):
+        if self.aggregation == "constant" and (self.loss_norm_tokens is None or self.loss_norm_tokens < 1):
             raise ValueError("loss_aggregation = constant needs loss_norm_tokens >= 1 (Dr. GRPO's constant length)")
         if self.lr_warmup_steps < 0 or not 0.0 <= self.lr_min_ratio <= 1.0:
             raise ValueError("lr_warmup_steps must be >= 0 and lr_min_ratio in [0, 1]")
@@ -123,6 +141,23 @@ class TrainerConfig:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:
             raise ValueError("run_id must be a non-empty name of at most 40 characters without '/'")
+
+    @property
+    def aggregation(self) -> str:
+        """The loss weighting rule in force: ``loss_aggregation``, else the algorithm's, else execution-mean."""
+        from .algorithms import ALGORITHMS
+
+        recipe = ALGORITHMS[self.algorithm].loss_aggregation if self.algorithm in ALGORITHMS else None
+        return self.loss_aggregation or recipe or "execution-mean"
+
+    @property
+    def uses_dynamic_sampling(self) -> bool:
+        """Whether steps wait for groups with signal: ``dynamic_sampling``, else the algorithm's, else off."""
+        from .algorithms import ALGORITHMS
+
+        if self.dynamic_sampling is not None:
+            return self.dynamic_sampling
+        return bool(self.algorithm in ALGORITHMS and ALGORITHMS[self.algorithm].dynamic_sampling)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base: Path | None = None) -> TrainerConfig:

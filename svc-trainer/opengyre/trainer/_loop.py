@@ -194,6 +194,8 @@ class OnlineTrainer:
             normalize_std=config.normalize_std,
             positive_only=config.positive_only,
             max_negative_tokens=config.max_negative_tokens,
+            mask_truncated_negatives=config.mask_truncated_negatives,
+            negative_weight=config.negative_weight,
             overlong_max_tokens=config.overlong_max_tokens,
             overlong_buffer_tokens=config.overlong_buffer_tokens,
         )
@@ -219,7 +221,7 @@ class OnlineTrainer:
 
     @property
     def aggregation(self) -> LossAggregation:
-        return self.config.loss_aggregation  # type: ignore[return-value]  # validated by TrainerConfig
+        return self.config.aggregation  # type: ignore[return-value]  # validated by TrainerConfig
 
     def untrusted(self, execution_ids: list[str]) -> dict[str, str]:
         """Executions with a call from an engine after it failed to load a version: execution -> reason."""
@@ -274,7 +276,7 @@ class OnlineTrainer:
         the groups without one that came before are consumed with it (recorded as no-signal). It looks at most
         at ``dynamic_sampling_max_groups`` groups, then trains on what it has."""
         want = self.config.groups_per_step
-        if not self.config.dynamic_sampling:
+        if not self.config.uses_dynamic_sampling:
             return groups[:want] if len(groups) >= want else None
         cap = self.config.dynamic_sampling_max_groups or 10 * want
         chosen: list[ReadyGroup] = []

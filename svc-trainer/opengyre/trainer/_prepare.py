@@ -80,6 +80,7 @@ class _Checked:
     samples: list[TrainingSample]
     cost: SampleCost
     generated: int
+    truncated: bool  # a call was cut at the engine's length limit
 
 
 def prepare_step(
@@ -133,6 +134,7 @@ def prepare_step(
         dropped,
         {e: c.generated for e, c in checked.items()},
         prior=prior,
+        truncated=[e for e, c in checked.items() if c.truncated],
     )
     out.groups = list(admitted.groups)
     out.step_samples, out.step_dropped = admitted.samples, admitted.dropped
@@ -196,7 +198,8 @@ def _check(
     except SampleError as exc:
         return "excluded", f"corrupt-sample:{str(exc)[:40]}"
     generated = sum(len(n.output_ids) for n in nodes)
-    return _Checked(samples, sample_cost(tree, paths), generated)
+    truncated = any(n.finish_reason == "length" for n in nodes)
+    return _Checked(samples, sample_cost(tree, paths), generated, truncated)
 
 
 def _stamped_targets(samples: Sequence[TrainingSample]) -> int:

@@ -49,7 +49,12 @@ def run_command(
     run_id: Annotated[str, typer.Option(help="Run name: weight versions are <run>-s<step>")] = "default",
     model: Annotated[str, typer.Option(help="tiny, small, smollm2-135m, a model folder or a .gguf")] = "tiny",
     backend: Annotated[str, typer.Option(help="torch or megatron")] = "torch",
-    algorithm: Annotated[str, typer.Option(help="gspo, grpo (token-level, DAPO clip-higher) or sft")] = "gspo",
+    algorithm: Annotated[
+        str,
+        typer.Option(
+            help="gspo; grpo (token-level, clip 0.2/0.2); dapo (clip 0.2/0.28, token-mean loss, dynamic sampling); sft"
+        ),
+    ] = "gspo",
     max_paths: Annotated[int, typer.Option(help="Jmax: paths per execution; 0 = all (ablation)")] = 5,
     group_size: Annotated[int, typer.Option(help="Members per group when the dispatch did not say")] = 16,
     groups_per_step: Annotated[int, typer.Option(help="Complete groups per optimizer step")] = 1,

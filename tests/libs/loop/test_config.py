@@ -56,6 +56,7 @@ def test_a_missing_run_file_is_an_error_naming_it(tmp_path: Path) -> None:
         ('model = "gpt-9"\n', r"model: unknown model 'gpt-9'"),
         ('policy = "nope"\n', r"policy: unknown policy 'nope'"),
         ('algorithm = "ppo-nope"\n', r"trainer settings: algorithm must be one of"),  # the trainer crash-looped
+        ('algorithm = "dapo"\n', r"trainer settings: algorithm dapo samples dynamically"),  # it would wait forever
         ("micro_batch_tokens = 1\n", r"trainer settings: .*micro_batch_tokens >= 2"),
         ('skills = "/nonexistent/skills"\n', r"skills: /nonexistent/skills does not exist"),
         ('skill_names = ["no-such-skill"]\n', r"skill_names: no accepted skill\(s\) no-such-skill"),

@@ -4,7 +4,7 @@ from typing import Any
 
 from .._advantages import group_advantages
 from ._base import Algorithm, LossInputs, LossOutput, masked_sum, per_sequence
-from ._grpo import GRPO
+from ._grpo import DAPO, GRPO
 from ._gspo import GSPO
 from ._importance import behaviour_ratio, mis_keep, mismatch_metrics, token_tis
 from ._kl import k3
@@ -12,6 +12,7 @@ from ._sft import SFT
 
 __all__ = [
     "ALGORITHMS",
+    "DAPO",
     "GRPO",
     "GSPO",
     "SFT",
@@ -29,7 +30,7 @@ __all__ = [
     "token_tis",
 ]
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"grpo": GRPO, "gspo": GSPO, "sft": SFT}
+ALGORITHMS: dict[str, type[Algorithm]] = {"dapo": DAPO, "grpo": GRPO, "gspo": GSPO, "sft": SFT}
 
 
 def get_algorithm(name: str, **params: Any) -> Algorithm:

@@ -63,6 +63,10 @@ class Algorithm(ABC):
     """A loss over micro-batches, declaring what it needs from the loop (so the loop never reads its params)."""
 
     name: ClassVar[str]
+    # What the algorithm's recipe fixes beyond the loss (None: nothing): the trainer's config takes these when
+    # its own ``loss_aggregation`` / ``dynamic_sampling`` are unset and refuses a setting that contradicts them.
+    loss_aggregation: ClassVar[str | None] = None
+    dynamic_sampling: ClassVar[bool | None] = None
 
     @property
     def needs_reference(self) -> bool:

@@ -1,9 +1,13 @@
-"""Token-level clipped policy gradient (GRPO; DAPO's decoupled "clip-higher" bounds).
+"""Token-level clipped policy gradient: vanilla GRPO (symmetric clip, 0.2 / 0.2) and DAPO (clip-higher).
 
 Per target token: ``-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)`` with ``r = pi / pi_old`` (``pi_old``:
 the step-start, proximal policy), times the truncated importance weight ``min(pi_old / pi_behaviour, C)``
 against the behaviour policy, plus ``beta * KL`` when a reference is given. Tokens whose behaviour ratio is
 outside ``[mis_low, mis_high]`` are masked (IcePop / MIS); both bounds are off by default.
+
+``DAPO`` is the same loss with DAPO's decoupled bounds (0.2 / 0.28) and DAPO's recipe: token-level loss
+aggregation and dynamic sampling, which the trainer's config takes from the algorithm (``loss_aggregation`` and
+``dynamic_sampling`` unset) and refuses to contradict.
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ from ._base import Algorithm, LossInputs, LossOutput, masked_sum
 from ._importance import behaviour_ratio, mis_keep, validate_bounds
 from ._kl import k3
 
-__all__ = ["GRPO"]
+__all__ = ["DAPO", "GRPO"]
 
 
 @dataclass
 class GRPO(Algorithm):
     name: ClassVar[str] = "grpo"
     eps_low: float = 0.2
-    eps_high: float = 0.28  # DAPO clip-higher; set equal to eps_low for symmetric PPO clipping
+    eps_high: float = 0.2  # symmetric, as GRPO / PPO (verl's clip_ratio_low = clip_ratio_high = 0.2)
     tis_cap: float | None = 2.0
     kl_beta: float = 0.0
     mis_low: float | None = None
@@ -72,3 +76,14 @@ class GRPO(Algorithm):
                 "kl": kl_value,
             }
         return LossOutput(loss=loss, metrics=metrics)
+
+
+@dataclass
+class DAPO(GRPO):
+    """DAPO (Yu et al., 2025): clip-higher (``eps_high`` 0.28 > ``eps_low`` 0.2), token-level loss, dynamic
+    sampling (verl's DAPO recipe: clip_ratio_high 0.28, loss_agg_mode token-mean, filter_groups)."""
+
+    name: ClassVar[str] = "dapo"
+    loss_aggregation: ClassVar[str | None] = "token-mean"
+    dynamic_sampling: ClassVar[bool | None] = True
+    eps_high: float = 0.28
