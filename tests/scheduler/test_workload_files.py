@@ -23,9 +23,12 @@ from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.sim import (
     NL2REPO_122B,
     QWEN36_122B,
+    ClusterConfig,
+    CostConfig,
     EmpiricalDurations,
     GroupDurations,
     MoveCost,
+    SimConfig,
     Simulator,
     WorkloadFileError,
     derive_knobs,
@@ -102,6 +105,59 @@ def test_the_derived_knobs_make_the_work_bound_the_published_time() -> None:
     lag = feasible_lag(cfg, GOOD.run.hours)
     assert ideal_bound(cfg, work, max_staleness=lag).chain_h <= GOOD.run.hours
     assert ideal_bound(cfg, work, max_staleness=lag - 1).chain_h > GOOD.run.hours
+
+
+def test_the_default_config_is_the_derived_knobs_not_the_tuned_ones() -> None:
+    assert GOOD.run and GOOD.model
+    k = derive_knobs(GOOD.run, GOOD.model, GOOD.gpu, GOOD.durations)  # re-derived here, not a recorded number
+    cfg = SimConfig()
+    assert (cfg.cluster.slots_per_cell, cfg.costs.micro_step_s) == (k.slots_per_cell, k.micro_step_s)
+    assert cfg.cluster.gpus_per_cell == k.gpus_per_cell == cfg.costs.reference_gpus
+    assert (cfg.cluster.slots_per_cell, cfg.costs.micro_step_s) != (64, 600.0)
+    # Another cell size gets the same GPUs per execution and the same GPU-work per micro-step.
+    small = ClusterConfig(cells=2, nodes_per_cell=1, gpus_per_node=8)
+    assert small.slots_per_cell == round(k.slots_per_cell * 8 / k.gpus_per_cell)
+    assert CostConfig(reference_gpus=8).micro_step_s == pytest.approx(k.micro_step_s * k.gpus_per_cell / 8)
+    assert ClusterConfig(slots_per_cell=7).slots_per_cell == 7 and CostConfig(micro_step_s=5.0).micro_step_s == 5.0
+
+
+def test_the_tuned_knobs_live_in_their_own_named_file(tmp_path: Path) -> None:
+    tuned = shipped_workload("nl2repo-122b-tuned")
+    assert load_workload(dump_workload(tuned, tmp_path / "t.toml")).knobs == tuned.knobs  # round-trips
+    # The same workload, model and run as the derived one: only the two knobs differ, set by hand.
+    assert (tuned.durations, tuned.model, tuned.run, tuned.gpu, tuned.published, tuned.assumed) == (
+        replace(GOOD.durations, name="nl2repo-122b-tuned"), GOOD.model, GOOD.run, GOOD.gpu, GOOD.published,
+        GOOD.assumed)  # fmt: skip
+    assert GOOD.knobs is None and tuned.knobs is not None and "tuned" in tuned.knobs.why
+    built = setup(tuned)
+    assert (built.config.cluster.slots_per_cell, built.config.costs.micro_step_s) == (64, 600.0)
+    assert built.knobs is None and all(n.startswith("from the file") for n in built.notes)
+    e2 = setup(tuned, cells=4, nodes_per_cell=8).config  # twice the GPUs per cell: twice the slots, half the time
+    assert (e2.cluster.slots_per_cell, e2.costs.micro_step_s) == (128, 300.0)
+    given = setup(tuned, slots_per_cell=10).config  # what is given wins over the file
+    assert given.cluster.slots_per_cell == 10 and given.costs.micro_step_s == 600.0
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (
+            'slots_per_cell = 0\nmicro_step_s = 600.0\ngpus_per_cell = 32\nwhy = "x"\n',
+            "slots_per_cell, gpus_per_cell >= 1",
+        ),
+        ("slots_per_cell = 64\nmicro_step_s = 600.0\ngpus_per_cell = 32\n", "why is missing"),
+        (
+            'slots_per_cell = 64\nmicro_step_s = 600.0\ngpus_per_cell = 32\nwhy = "x"\nassumed = ["why"]\n',
+            "set by hand, not published",
+        ),
+    ],
+)
+def test_bad_fixed_knobs_are_refused(tmp_path: Path, knobs: str, message: str) -> None:
+    text = (Path(__file__).parents[2] / "svc-scheduler/opengyre/scheduler/sim/workloads/nl2repo-122b.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + "\n[knobs]\n" + knobs)
+    with pytest.raises(WorkloadFileError, match=re.escape(message)):
+        load_workload(bad)
 
 
 def test_knobs_not_published_and_not_derivable_must_be_given() -> None:

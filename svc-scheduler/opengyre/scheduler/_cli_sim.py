@@ -35,7 +35,11 @@ PolicyOpt = Annotated[
 def run(
     policy: PolicyOpt = None,
     workload: Annotated[
-        str, typer.Option(help="a shipped workload (nl2repo-122b, nl2repo-2.4t) or a workload file (.toml)")
+        str,
+        typer.Option(
+            help="a shipped workload (nl2repo-122b, nl2repo-2.4t; nl2repo-122b-tuned: hand-picked knobs) "
+            "or a workload file (.toml)"
+        ),
     ] = "nl2repo-122b",
     steps: Annotated[int | None, typer.Option(help="training steps (default: the workload's run)")] = None,
     groups_per_step: Annotated[int | None, typer.Option(help="groups (prompts) per step")] = None,

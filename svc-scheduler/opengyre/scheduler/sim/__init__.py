@@ -6,7 +6,15 @@ from ._costs import MOVE_MODES, GpuFacts, ModelFacts, MoveCost, MoveMode
 from ._derive import DerivedKnobs, derive_knobs, feasible_lag
 from ._engine import EPOCH, SimulationStalled, Simulator, at_seconds, simulate
 from ._facts import NL2REPO_122B, NL2REPO_122B_RUN, QWEN36_122B
-from ._files import PublishedRun, WorkloadFile, WorkloadFileError, dump_workload, load_workload, shipped_workload
+from ._files import (
+    FixedKnobs,
+    PublishedRun,
+    WorkloadFile,
+    WorkloadFileError,
+    dump_workload,
+    load_workload,
+    shipped_workload,
+)
 from ._fit import StoreSample, fit_workload, read_store
 from ._plot import plot_sensitivity, plot_utilisation
 from ._queue import EventQueue
@@ -39,6 +47,7 @@ __all__ = [
     "Durations",
     "EmpiricalDurations",
     "EventQueue",
+    "FixedKnobs",
     "GpuFacts",
     "GroupDurations",
     "IdealBound",

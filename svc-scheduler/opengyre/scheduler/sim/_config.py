@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .._policy import LoopConfig
 from ._costs import MoveCost
-from ._facts import NL2REPO_122B, QWEN36_122B
+from ._facts import NL2REPO_122B, QWEN36_122B, nl2repo_122b_knobs
 from ._workload import Durations
 
 __all__ = ["ClusterConfig", "CostConfig", "SimConfig"]
@@ -17,10 +17,19 @@ class ClusterConfig:
     cells: int = 8
     nodes_per_cell: int = 4
     gpus_per_node: int = 8
-    slots_per_cell: int = 64  # executions one rollout cell holds at once
+    # Executions one rollout cell holds at once. 0 (the default): derived from the 122B workload's published run
+    # (``sim.derive_knobs``; 493 on its 32-GPU cells), at the same GPUs per execution on this cell's size.
+    slots_per_cell: int = 0
     resident_cells: int = 0  # extra rollout-only cells (the optional resident pool), same size
     # GPUs of the first cells when they differ (a mixed cluster); the rest have nodes_per_cell x gpus_per_node.
     cell_gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.slots_per_cell == 0:
+            k = nl2repo_122b_knobs()
+            object.__setattr__(
+                self, "slots_per_cell", max(1, round(k.slots_per_cell * self.gpus_per_cell / k.gpus_per_cell))
+            )
 
     @property
     def gpus_per_cell(self) -> int:
@@ -50,7 +59,8 @@ class ClusterConfig:
 class CostConfig:
     # One micro-step (``LoopConfig.micro_groups`` groups, forward + backward) on ``reference_gpus`` GPUs; a cell
     # with g GPUs takes ``micro_step_s * reference_gpus / g`` (the same GPU-work however the GPUs are cut).
-    micro_step_s: float = 600.0
+    # 0 (the default): derived from the 122B workload's published facts (``sim.derive_knobs``; 75.8 s on 32 GPUs).
+    micro_step_s: float = 0.0
     reference_gpus: int = 32
     step_overhead_s: float = 60.0  # optimizer step and weight publication after the last micro-step
     to_training_s: float = 8.52  # QwenGyre's measured switch costs
@@ -58,6 +68,11 @@ class CostConfig:
     # A running execution moved off a cell that leaves rollout pays a re-prefill of its context on the new
     # engine (the proxy's default), a KV-cache migration, or nothing ("free").
     move: MoveCost = field(default_factory=lambda: MoveCost("re-prefill", QWEN36_122B))
+
+    def __post_init__(self) -> None:
+        if self.micro_step_s == 0.0:
+            k = nl2repo_122b_knobs()
+            object.__setattr__(self, "micro_step_s", k.micro_step_s * k.gpus_per_cell / max(self.reference_gpus, 1))
 
     def validate(self) -> None:
         if min(self.micro_step_s, self.reference_gpus) <= 0 or min(self.step_overhead_s, self.to_training_s,

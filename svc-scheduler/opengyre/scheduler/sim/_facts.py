@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 from ._costs import ModelFacts
 from ._files import PublishedRun, shipped_workload
 from ._workload import DurationModel
 
-__all__ = ["NL2REPO_122B", "NL2REPO_122B_RUN", "QWEN36_122B"]
+if TYPE_CHECKING:
+    from ._derive import DerivedKnobs
+
+__all__ = ["NL2REPO_122B", "NL2REPO_122B_RUN", "QWEN36_122B", "nl2repo_122b_knobs"]
 
 _NL2REPO = shipped_workload("nl2repo-122b")
 assert isinstance(_NL2REPO.durations, DurationModel) and _NL2REPO.model and _NL2REPO.run
@@ -16,3 +22,12 @@ assert isinstance(_NL2REPO.durations, DurationModel) and _NL2REPO.model and _NL2
 NL2REPO_122B: DurationModel = _NL2REPO.durations
 QWEN36_122B: ModelFacts = _NL2REPO.model
 NL2REPO_122B_RUN: PublishedRun = _NL2REPO.run
+
+
+@functools.cache
+def nl2repo_122b_knobs() -> DerivedKnobs:
+    """The shipped 122B workload's unpublished knobs, derived from its published run (``SimConfig()``'s
+    defaults). Imported late: the derivation's module needs the config's."""
+    from ._derive import derive_knobs
+
+    return derive_knobs(NL2REPO_122B_RUN, QWEN36_122B, _NL2REPO.gpu, NL2REPO_122B)

@@ -26,6 +26,8 @@ never fills a missing value in.
     [run]                         # the paper's elastic run: cells, nodes_per_cell, gpus_per_node, steps, hours,
                                   # groups_per_step (optional)
     [gpu]                         # GpuFacts fields, optional (defaults are assumptions, and say so)
+    [knobs]                       # optional: slots_per_cell, micro_step_s, gpus_per_cell (the cell they are
+                                  # for) and why: fixed knobs instead of the ones derived from [run]
 """
 
 from __future__ import annotations
@@ -41,7 +43,15 @@ import tomli_w
 from ._costs import GpuFacts, ModelFacts
 from ._workload import DurationModel, Durations, EmpiricalDurations
 
-__all__ = ["PublishedRun", "WorkloadFile", "WorkloadFileError", "dump_workload", "load_workload", "shipped_workload"]
+__all__ = [
+    "FixedKnobs",
+    "PublishedRun",
+    "WorkloadFile",
+    "WorkloadFileError",
+    "dump_workload",
+    "load_workload",
+    "shipped_workload",
+]
 
 HOUR = 3600.0
 SHIPPED = Path(__file__).parent / "workloads"
@@ -67,6 +77,16 @@ class PublishedRun:
         return self.nodes_per_cell * self.gpus_per_node
 
 
+@dataclass(frozen=True, slots=True)
+class FixedKnobs:
+    """Slots per cell and micro-step set by hand (not derived from the published run), and why."""
+
+    slots_per_cell: int
+    micro_step_s: float  # one group on a cell of ``gpus_per_cell`` GPUs
+    gpus_per_cell: int
+    why: str
+
+
 @dataclass(frozen=True)
 class WorkloadFile:
     name: str
@@ -77,6 +97,7 @@ class WorkloadFile:
     run: PublishedRun | None = None
     gpu: GpuFacts = field(default_factory=GpuFacts)
     assumed: dict[str, list[str]] = field(default_factory=dict)  # section -> its fields that are assumptions
+    knobs: FixedKnobs | None = None  # None: derive them from ``run`` (``sim.derive_knobs``)
 
 
 def _take(section: dict[str, Any], where: str, spec: Mapping[str, type]) -> dict[str, Any]:
@@ -112,6 +133,7 @@ _MODEL: dict[str, type] = {
 }
 _RUN: dict[str, type] = {f.name: (float if f.type == "float" else int) for f in fields(PublishedRun)}
 _GPU: dict[str, type] = {f.name: float for f in fields(GpuFacts)}
+_KNOBS: dict[str, type] = {"slots_per_cell": int, "micro_step_s": float, "gpus_per_cell": int, "why": str}
 _PUBLISHED = {"mean_execution_h", "mean_query_h", "share_queries_over", "share_complete_queries_over", "over_h"}
 
 
@@ -128,9 +150,11 @@ def load_workload(path: Path) -> WorkloadFile:
 
 
 def _parse(doc: dict[str, Any]) -> WorkloadFile:
-    extra = set(doc) - {"workload", "model", "run", "gpu"}
+    extra = set(doc) - {"workload", "model", "run", "gpu", "knobs"}
     if extra:
-        raise WorkloadFileError(f"unknown section(s) {', '.join(sorted(extra))}; known: workload, model, run, gpu")
+        raise WorkloadFileError(
+            f"unknown section(s) {', '.join(sorted(extra))}; known: workload, model, run, gpu, knobs"
+        )
     if "workload" not in doc:
         raise WorkloadFileError("[workload] is missing")
     w = dict(doc["workload"])
@@ -197,6 +221,13 @@ def _parse(doc: dict[str, Any]) -> WorkloadFile:
             raise WorkloadFileError(f"[gpu]: {exc}") from exc
     else:
         assumed["gpu"] = [f.name for f in fields(GpuFacts)]  # the defaults are assumptions
+    if "knobs" in doc:
+        k = _take(doc["knobs"], "knobs", _KNOBS)
+        if "assumed" in doc["knobs"]:
+            raise WorkloadFileError("[knobs]: fixed knobs are set by hand, not published: say why instead")
+        if k["slots_per_cell"] < 1 or k["micro_step_s"] <= 0 or k["gpus_per_cell"] < 1 or not k["why"].strip():
+            raise WorkloadFileError("[knobs]: slots_per_cell, gpus_per_cell >= 1, micro_step_s > 0 and a why")
+        out["knobs"] = FixedKnobs(**k)
     return WorkloadFile(head["name"], head["source"], durations, dict(published), assumed=assumed, **out)
 
 
@@ -218,7 +249,7 @@ def dump_workload(wf: WorkloadFile, path: Path) -> Path:
         w["published"] = dict(wf.published)
     w["durations"] = dur
     doc: dict[str, Any] = {"workload": w}
-    for name, obj in (("model", wf.model), ("run", wf.run), ("gpu", wf.gpu)):
+    for name, obj in (("model", wf.model), ("run", wf.run), ("gpu", wf.gpu), ("knobs", wf.knobs)):
         if obj is None:
             continue
         sec = {f.name: getattr(obj, f.name) for f in fields(obj)}

@@ -55,6 +55,16 @@ def setup(
     gps = pick("groups_per_step", groups_per_step, run.groups_per_step if run else None)
     steps_ = pick("steps", steps, run.steps if run else None)
     knobs = None
+    given_slots, given_micro = slots_per_cell is not None, micro_step_s is not None
+    fixed = wf.knobs
+    if fixed is not None:  # the file sets them by hand: scaled to this cell like derived ones, and said so
+        cell = nodes * gpn
+        if slots_per_cell is None:
+            slots_per_cell = max(1, round(fixed.slots_per_cell * cell / fixed.gpus_per_cell))
+            notes.append(f"from the file: {slots_per_cell} slots per cell ({fixed.why})")
+        if micro_step_s is None:
+            micro_step_s = fixed.micro_step_s * fixed.gpus_per_cell / cell
+            notes.append(f"from the file: micro-step {micro_step_s:g} s on {cell} GPUs ({fixed.why})")
     if slots_per_cell is None or micro_step_s is None:
         if run is None or wf.model is None:
             raise ValueError(
@@ -70,13 +80,15 @@ def setup(
         slots = max(1, round(knobs.slots_per_cell * nodes * gpn / knobs.gpus_per_cell))
     else:
         slots = slots_per_cell
-        notes.append(f"given: {slots} slots per cell")
+        if given_slots:
+            notes.append(f"given: {slots} slots per cell")
     if micro_step_s is None:
         assert knobs is not None
         micro = knobs.micro_step_s
     else:
         micro = micro_step_s
-        notes.append(f"given: micro-step {micro:g} s on {reference} GPUs")
+        if given_micro:
+            notes.append(f"given: micro-step {micro:g} s on {reference} GPUs")
     if move != "free" and wf.model is None:
         raise ValueError(
             f"move cost {move} needs the model's facts; workload {wf.name} has no [model]: use --move free"
