@@ -125,13 +125,14 @@ def config(tmp_path: Path, **kw: object) -> TrainerConfig:
     return TrainerConfig(**base)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("how", [{"dynamic_sampling": True}, {"algorithm": "dapo"}])  # dapo: from its recipe
 async def test_dynamic_sampling_waits_for_groups_with_signal(
-    event_log: EventLog, engine: Engine, tmp_path: Path
+    event_log: EventLog, engine: Engine, tmp_path: Path, how: dict[str, object]
 ) -> None:
     flat = group("g1", [("completed", 0.5, None), ("completed", 0.5, None)])  # no signal
     await event_log.append_many([*flat, *group("g2", [("completed", 1.0, None), ("completed", 0.0, None)], seed=2)])
     async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)) as runner:
-        trainer = OnlineTrainer(config(tmp_path, groups_per_step=2, dynamic_sampling=True), TrainerStore(engine), None)
+        trainer = OnlineTrainer(config(tmp_path, groups_per_step=2, **how), TrainerStore(engine), None)
         assert await trainer.step_once() is None  # two groups are ready but only one has signal: wait
         await event_log.append_many(group("g3", [("completed", 0.0, None), ("completed", 0.7, None)], seed=3))
         await runner.wait_caught_up(60)
