@@ -1,4 +1,5 @@
-"""Requests recorded from the real harnesses (Claude Code 2.1.328, Codex 0.169.0, OpenCode 1.18.33; see
+"""Requests recorded from the real harnesses (Claude Code 2.1.328, Codex 0.169.0, OpenCode 1.18.33, mini-swe-agent
+2.4.6, the OpenAI Agents SDK 0.24.0; see
 fixtures/harness_requests/README.md), replayed through the real gateway against a scripted SGLang-protocol
 engine: each gets a valid answer in its dialect (checked with the vendor SDK's own types), what the model is
 shown is what the harness sent, and the roles are what the conversations are."""
@@ -89,7 +90,9 @@ def _valid_answer(rec: dict[str, Any], r: httpx.Response) -> str:
     if not body.get("stream"):
         if path.startswith("/v1/messages"):
             return "".join(b.text for b in anthropic.types.Message.model_validate(r.json()).content if b.type == "text")
-        raise AssertionError(f"no non-streamed fixture expected for {path}")
+        if path.startswith("/v1/responses"):
+            return openai.types.responses.Response.model_validate(r.json()).output_text
+        return openai.types.chat.ChatCompletion.model_validate(r.json()).choices[0].message.content or ""
     events = _sse(r.text)
     if path.startswith("/v1/messages"):
         assert all(n == d["type"] for n, d in events), "every Anthropic event is named by its type"
@@ -107,7 +110,7 @@ def _valid_answer(rec: dict[str, Any], r: httpx.Response) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "opencode"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "opencode", "mini-swe-agent", "openai-agents"])
 async def test_every_recorded_request_gets_a_valid_answer_in_its_dialect(replay: Replay, harness: str) -> None:
     files = _fixtures(harness)
     assert files, f"no fixtures for {harness}"
@@ -166,7 +169,9 @@ async def test_codex_namespaces_flatten_and_hosted_tools_are_refused(replay: Rep
     assert '"name": "apply_patch"' in replay.prompts[-1] and "*** Begin Patch" in replay.prompts[-1]
 
 
-async def test_a_prompt_past_the_engines_context_gets_the_vendors_error(event_log: EventLog) -> None:
+async def test_a_prompt_past_the_engines_context_gets_the_vendors_error(
+    event_log: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
     app, _ = scripted_sglang(lambda _p: "fine", context_length=4096)
     engine = HttpServer(app)
     await engine.start()
@@ -180,7 +185,10 @@ async def test_a_prompt_past_the_engines_context_gets_the_vendors_error(event_lo
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
         assert err["error"]["message"].startswith("prompt is too long: ")
         assert err["error"]["message"].endswith(" tokens > 4095 maximum")
-        assert st.gateway.stats.rejected == {"400": 1}
+        assert st.gateway.stats.rejected == {"400": 1}  # counted, and logged with its reason:
+        [refusal] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused a ")]
+        assert refusal.startswith("refused a anthropic call: 400 invalid_request: prompt is too long: ")
+        assert await st.recorded() == []
     finally:
         await st.gateway.stop()
         await engine.stop()
