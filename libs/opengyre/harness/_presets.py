@@ -125,7 +125,18 @@ def _presets() -> dict[str, HarnessSpec]:
         ),
         "mini-swe-agent": HarnessSpec(
             "mini-swe-agent",
-            ("mini", "--model", "openai/{model}", "--task", "{instruction}", "--yolo", "--exit-immediately"),
+            # Its CLI module under the interpreter it is installed in (its `mini` script may not be on PATH).
+            (
+                "{python}",
+                "-m",
+                "minisweagent.run.mini",
+                "--model",
+                "openai/{model}",
+                "--task",
+                "{instruction}",
+                "--yolo",
+                "--exit-immediately",
+            ),
             {
                 "OPENAI_API_BASE": "{base_url}",
                 "OPENAI_API_KEY": "{api_key}",
