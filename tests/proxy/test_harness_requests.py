@@ -40,6 +40,11 @@ def _load(p: Path) -> dict[str, Any]:
 class Replay:
     def __init__(self, stack: Stack, prompts: list[str]) -> None:
         self.stack, self.prompts = stack, prompts
+        self.reply = "fine"  # what the scripted model answers next
+
+    async def post(self, path: str, body: dict[str, Any], *, anthropic_api: bool) -> httpx.Response:
+        headers = {"anthropic-version": "2023-06-01"} if anthropic_api else {}
+        return await self.send({"path": f"/v1{path}", "headers": headers, "body": body}, "ex-features")
 
     async def send(self, rec: dict[str, Any], execution_id: str) -> httpx.Response:
         key = self.stack.gateway.issue_key(execution_id)
@@ -54,13 +59,15 @@ class Replay:
 
 @pytest.fixture
 async def replay(event_log: EventLog) -> AsyncIterator[Replay]:
-    app, prompts = scripted_sglang(lambda _prompt: "fine", context_length=ENGINE_CONTEXT)
+    holder: list[Replay] = []
+    app, prompts = scripted_sglang(lambda _prompt: holder[0].reply, context_length=ENGINE_CONTEXT)
     engine = HttpServer(app)
     await engine.start()
     st = await make_stack(event_log, {}, models=MODELS)
     await st.gateway.pool.add("scripted", engine.url)
+    holder.append(Replay(st, prompts))
     try:
-        yield Replay(st, prompts)
+        yield holder[0]
     finally:
         await st.gateway.stop()
         await engine.stop()
@@ -213,3 +220,140 @@ async def test_claude_codes_sub_agent_is_a_sub_agent(replay: Replay) -> None:
     for e, s in zip(events, systems, strict=True):
         assert e.role == ("main" if s == main_system else "sub-agent"), (e.role, s)
     assert {e.role for e in events} == {"main", "sub-agent"}
+
+
+def _tool(name: str, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "description": f"the {name} tool", "input_schema": {"type": "object"}, **kw}
+
+
+async def test_anthropic_defer_loading_tools_join_once_a_tool_search_loads_them(replay: Replay) -> None:
+    tools = [_tool("ToolSearch"), _tool("Hidden", defer_loading=True)]
+    first = {"model": "qwen3-8b", "max_tokens": 8, "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    assert (await replay.post("/messages", first, anthropic_api=True)).status_code == 200
+    assert '"name": "Hidden"' not in replay.prompts[-1]
+    loaded = {
+        **first,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "tool_reference", "tool_name": "Hidden"}],
+                    }
+                ],
+            },
+        ],
+    }
+    assert (await replay.post("/messages", loaded, anthropic_api=True)).status_code == 200
+    assert '"name": "Hidden"' in replay.prompts[-1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "a tool the vendor runs or defines"),
+        ({"mcp_servers": [{"type": "url", "url": "http://127.0.0.1:1", "name": "m"}]}, "mcp_servers: not supported"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "does not support extended thinking"),
+        ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "is not supported"),
+        ({"output_config": {"effort": "extreme"}}, "output_config.effort: must be one of"),
+        ({"frobnicate": 1}, "frobnicate: Extra inputs are not permitted"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                        ],
+                    }
+                ]
+            },
+            "the served model reads text only",
+        ),
+    ],
+)
+async def test_anthropic_refuses_what_it_cannot_do_in_its_error_shape(
+    replay: Replay, extra: dict[str, Any], message: str
+) -> None:
+    body = {"model": "qwen3-8b", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **extra}
+    r = await replay.post("/messages", body, anthropic_api=True)
+    assert r.status_code == 400
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert message in err["error"]["message"]
+    assert await replay.stack.recorded() == []
+
+
+async def test_anthropic_count_tokens_takes_what_messages_takes(replay: Replay) -> None:
+    rec = _load(FIXTURES / "claude-code" / "shell-002.json")["body"]
+    body = {k: rec[k] for k in ("model", "messages", "system", "tools", "thinking", "output_config")}
+    r = await replay.post("/messages/count_tokens", body, anthropic_api=True)
+    assert r.status_code == 200, r.text
+    assert r.json()["input_tokens"] > 10_000
+    assert await replay.stack.recorded() == []  # counting is not a call
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_calls_name_their_namespace_and_freeform_tools_answer_as_custom_calls(
+    replay: Replay, stream: bool
+) -> None:
+    tools = [
+        {"type": "namespace", "name": "multi_agent_v1", "description": "sub-agents", "tools": [
+            {"type": "function", "name": "spawn_agent", "description": "start one", "parameters": {"type": "object"}}
+        ]},
+        {"type": "custom", "name": "apply_patch", "description": "edit files", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+    ]  # fmt: skip
+    patch = "*** Begin Patch\n*** End Patch\n"
+    replay.reply = (
+        '<tool_call>{"name": "spawn_agent", "arguments": {"task": "x"}}</tool_call>'
+        + '<tool_call>{"name": "apply_patch", "arguments": '
+        + json.dumps({"input": patch})
+        + "}</tool_call>"
+    )
+    body = {"model": "qwen3-8b", "input": "go", "tools": tools, "stream": stream, "store": False,
+            "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "medium", "summary": "auto"}}  # fmt: skip
+    r = await replay.post("/responses", body, anthropic_api=False)
+    assert r.status_code == 200, r.text
+    resp = _sse(r.text)[-1][1]["response"] if stream else r.json()
+    parsed = openai.types.responses.Response.model_validate(resp)
+    fc, ctc = parsed.output
+    assert fc.type == "function_call" and fc.name == "spawn_agent" and fc.namespace == "multi_agent_v1"
+    assert ctc.type == "custom_tool_call" and ctc.name == "apply_patch" and ctc.input == patch
+    assert parsed.store is False and parsed.reasoning is not None and parsed.reasoning.effort == "medium"
+    if stream:
+        kinds = [d["type"] for _, d in _sse(r.text)]
+        assert "response.custom_tool_call_input.done" in kinds and "response.function_call_arguments.done" in kinds
+    # Sent back as Codex sends them, the calls render as the model wrote them: the conversation extends.
+    follow = {
+        **body,
+        "stream": False,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+            {"type": "function_call", "name": "spawn_agent", "namespace": "multi_agent_v1", "call_id": fc.call_id, "arguments": fc.arguments},
+            {"type": "custom_tool_call", "name": "apply_patch", "call_id": ctc.call_id, "input": ctc.input},
+            {"type": "function_call_output", "call_id": fc.call_id, "output": "started"},
+            {"type": "custom_tool_call_output", "call_id": ctc.call_id, "output": "patched"},
+        ],
+    }  # fmt: skip
+    replay.reply = "fine"
+    r2 = await replay.post("/responses", follow, anthropic_api=False)
+    assert r2.status_code == 200, r2.text
+    first, second = await replay.stack.recorded()
+    assert second.parent_call_id == first.call_id
+
+
+async def test_chat_reasoning_effort_is_accepted_with_no_effect_and_recorded(replay: Replay) -> None:
+    body = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"}
+    r = await replay.post("/chat/completions", body, anthropic_api=False)
+    assert r.status_code == 200, r.text
+    [e] = await replay.stack.recorded()
+    assert e.context["request"]["no_effect"] == {"reasoning_effort": "the served model has no reasoning"}
+    bad = await replay.post("/chat/completions", {**body, "reasoning_effort": "maximal"}, anthropic_api=False)
+    assert bad.status_code == 400
