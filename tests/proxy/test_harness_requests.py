@@ -176,13 +176,20 @@ async def test_codex_namespaces_flatten_and_hosted_tools_are_refused(replay: Rep
     assert '"name": "apply_patch"' in replay.prompts[-1] and "*** Begin Patch" in replay.prompts[-1]
 
 
-async def test_a_prompt_past_the_engines_context_gets_the_vendors_error(
-    event_log: EventLog, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("engine_context", "setting"),
+    [
+        (4096, None),
+        (ENGINE_CONTEXT, 4096),
+    ],  # the engine's own context; a setting below it (OPENGYRE_PROXY_CONTEXT_LENGTH)
+)
+async def test_a_prompt_past_the_served_context_gets_the_vendors_error(
+    event_log: EventLog, caplog: pytest.LogCaptureFixture, engine_context: int, setting: int | None
 ) -> None:
-    app, _ = scripted_sglang(lambda _p: "fine", context_length=4096)
+    app, _ = scripted_sglang(lambda _p: "fine", context_length=engine_context)
     engine = HttpServer(app)
     await engine.start()
-    st = await make_stack(event_log, {}, models=MODELS)
+    st = await make_stack(event_log, {}, models=MODELS, context_length=setting)
     try:
         await st.gateway.pool.add("small", engine.url)
         rec = _load(FIXTURES / "claude-code" / "shell-001.json")
