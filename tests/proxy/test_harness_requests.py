@@ -362,5 +362,7 @@ async def test_chat_reasoning_effort_is_accepted_with_no_effect_and_recorded(rep
     assert r.status_code == 200, r.text
     [e] = await replay.stack.recorded()
     assert e.context["request"]["no_effect"] == {"reasoning_effort": "the served model has no reasoning"}
-    bad = await replay.post("/chat/completions", {**body, "reasoning_effort": "maximal"}, anthropic_api=False)
-    assert bad.status_code == 400
+    for extra in ({"reasoning_effort": "maximal"}, {"functions": [{"name": "f"}]}, {"modalities": ["text", "audio"]}):
+        bad = await replay.post("/chat/completions", {**body, **extra}, anthropic_api=False)
+        assert bad.status_code == 400, extra
+        assert bad.json()["error"]["param"] == next(iter(extra))

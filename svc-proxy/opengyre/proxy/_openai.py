@@ -228,8 +228,25 @@ def _message(i: int, m: object) -> dict[str, Any]:
 _CHAT_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
 
 
+# Chat fields this server cannot honour; ignoring them would change what the model is shown or asked for.
+_CHAT_REFUSED = {
+    "functions": "the deprecated 'functions' are not supported: send 'tools'",
+    "function_call": "the deprecated 'function_call' is not supported: send 'tool_choice'",
+    "audio": "audio output is not supported: the served model writes text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is a hosted tool this server cannot run",
+}
+
+
 def _chat_no_effect(body: dict[str, Any], req: GenRequest) -> None:
-    """Chat fields OpenCode, litellm and the SDK send that change nothing on this engine (``req.no_effect``)."""
+    """Chat fields OpenCode, litellm and the SDK send that change nothing on this engine (``req.no_effect``);
+    the ones that would change something and cannot be honoured are 400."""
+    for key, why in _CHAT_REFUSED.items():
+        if body.get(key) is not None:
+            raise ApiError.invalid(f"'{key}': {why}", param=key)
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise ApiError.invalid("'modalities': only ['text'] is supported", param="modalities")
     if body.get("reasoning_effort") not in _CHAT_EFFORTS:
         raise ApiError.invalid(f"'reasoning_effort' must be one of {_CHAT_EFFORTS[1:]}", param="reasoning_effort")
     if body.get("verbosity") not in (None, "low", "medium", "high"):
