@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean
+.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses
 
 setup: $(STAMP)
 
@@ -62,3 +62,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .opengyre build
+
+# Opt-in: the real harnesses the presets run, at the versions pinned in libs/opengyre/harness/harnesses.toml
+# (npm -g for the CLIs, pip into the venv for the Python ones; never run by `make test`).
+harnesses: $(STAMP)
+	$(PY) -c "from opengyre.harness import HARNESS_VERSIONS as V; print(' '.join(f\"{v['npm']}@{v['version']}\" for v in V.values() if 'npm' in v))" | xargs npm install -g
+	$(PY) -c "from opengyre.harness import HARNESS_VERSIONS as V; print(' '.join(f\"{v['pip']}=={v['version']}\" for v in V.values() if 'pip' in v))" | xargs $(PY) -m pip install -c constraints.txt

@@ -103,7 +103,7 @@ async def test_responses_refuse_what_they_cannot_honour(stack: Stack) -> None:
     bad: list[dict[str, Any]] = [
         {"tools": [{"type": "web_search"}]},
         {"tools": [{"type": "function", "name": "my tool!", "parameters": {"type": "object"}}]},
-        {"reasoning": {"effort": "high"}},
+        {"reasoning": {"effort": "ultra"}},  # not an effort the API has (a real one is accepted, no effect)
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
         {"include": ["file_search_call.results"]},
         {"input": []},  # nothing to answer: no instructions, no previous response

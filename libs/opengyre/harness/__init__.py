@@ -5,6 +5,8 @@
   ``opengyre harness run`` / ``python -m opengyre.harness``.
 - ``HarnessSpec`` (argv/env templates with ``{base_url}``, ``{api_key}``, ``{workdir}``, ...), ``builtin_spec()``,
   ``run_harness(spec, HarnessTarget(...))``: start any harness in the sandbox. See docs/harness.md.
+- ``harness_preset(name)``: Claude Code, Codex, OpenCode, mini-swe-agent, the OpenAI Agents SDK as specs, at the
+  versions in ``harnesses.toml`` (``HARNESS_VERSIONS``; ``make harnesses`` installs them).
 
 Names load on first use: the CLI imports this package on every command and must not pay for the openai SDK.
 """
@@ -18,6 +20,7 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, agent_tools, run_agent
     from ._launch import HarnessOutcome, HarnessTarget, run_harness
+    from ._presets import HARNESS_VERSIONS, harness_preset, preset_names
     from ._spec import PLACEHOLDERS, HarnessSpec, builtin_spec
     from ._tools import Toolbox, ToolError
 
@@ -31,6 +34,9 @@ _WHERE = {
     "HarnessOutcome": "_launch",
     "HarnessTarget": "_launch",
     "run_harness": "_launch",
+    "HARNESS_VERSIONS": "_presets",
+    "harness_preset": "_presets",
+    "preset_names": "_presets",
     "PLACEHOLDERS": "_spec",
     "HarnessSpec": "_spec",
     "builtin_spec": "_spec",
@@ -41,6 +47,7 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
+    "HARNESS_VERSIONS",
     "MAIN_SYSTEM",
     "PLACEHOLDERS",
     "AgentConfig",
@@ -53,6 +60,8 @@ __all__ = [
     "Toolbox",
     "agent_tools",
     "builtin_spec",
+    "harness_preset",
+    "preset_names",
     "run_agent",
     "run_harness",
 ]

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import fnmatch
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -79,7 +80,9 @@ class GatewayConfig:
     models: tuple[str, ...] = ("opengyre-tiny", "opengyre-small")
     model_patterns: tuple[str, ...] = ()  # fnmatch patterns also accepted, e.g. "claude-*" for Claude Code
     tokenizer_path: str | None = None  # the served model's tokenizer (default: the shipped byte-level one)
-    context_length: int | None = None  # default: the tokenizer's model_max_length
+    # The served context. None: what the engines report (SGLang's /model_info context_length), and only where
+    # none does, the tokenizer's model_max_length (often a tokenizer default, not the model's window).
+    context_length: int | None = None
     default_max_tokens: int = 4096
     max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
     max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
@@ -132,6 +135,7 @@ class Gateway:
         self.restore = restore
         self._restoring: dict[str, asyncio.Future[ExecutionTrajectory | None]] = {}
         self.codec = ChatCodec(load_tokenizer(c.tokenizer_path))
+        # The fallback when neither the setting nor any engine says (see effective_context).
         self.context_length = int(c.context_length or self.codec.context_limit or 32768)
         self.keys = ExecutionKeys(c.secret or uuid.uuid4().bytes + uuid.uuid4().bytes)
         self.pool = pool or EnginePool(
@@ -291,24 +295,35 @@ class Gateway:
 
     @staticmethod
     def _infer_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
-        """The role of a call whose caller did not say: a sub-agent's calls continue as sub-agent, and a new
-        conversation under another system prompt than the execution's first one is a sub-agent's (a harness
-        like Claude Code runs its sub-agents with the same key). A compaction keeps the main system prompt."""
+        """The role of a call whose caller did not say, from what the conversation is, not from which came first.
+
+        A continuation takes its parent's conversation's role. A new conversation is the main agent's when it
+        is under the main system prompt, else a sub-agent's (Claude Code runs its sub-agents with the same key; a
+        compaction keeps the main system prompt). The main system prompt is that of the execution's first main
+        conversation that has tools, else its first main one. Before any main exists, a tool-less one-shot
+        helper call (a title generator: OpenCode sends it before the agent's first call) is not taken for the
+        main agent; and a conversation with tools that arrives when every main so far had none is the main
+        agent (the earlier one was a helper that was not recognised).
+        """
         if plan.parent_call_id is not None:
             parent = traj.nodes.get(plan.parent_call_id)
             if parent is not None and parent.role in ("sub-agent", "sub-agent-summary"):
                 return "sub-agent"
             return "main"
-        if not traj.nodes or not plan.messages:
+        if not plan.messages:
             return "main"
-        first = next(iter(traj.nodes.values()))
-        system = plan.messages[0].get("content") if plan.messages[0].get("role") == "system" else None
-        main_system = (
-            first.conv_after[0].get("content")
-            if first.conv_after and first.conv_after[0].get("role") == "system"
-            else None
-        )
-        return "sub-agent" if system != main_system else "main"
+        system = _system_of(plan.messages)
+        has_tools = plan.tools_key != "[]"
+        mains = [n for n in traj.nodes.values() if n.parent_node is None and n.role == "main"]
+        if not mains:
+            if not has_tools and system is not None and _HELPER_PROMPT.search(system):
+                return "sub-agent"
+            return "main"
+        tooled = [n for n in mains if n.tools_key != "[]"]
+        if has_tools and not tooled:
+            return "main"
+        ref = (tooled or mains)[0]
+        return "main" if system == _system_of(ref.conv_after) else "sub-agent"
 
     async def _body(self, request: Request) -> Any:
         limit = self.config.max_body_bytes
@@ -329,6 +344,8 @@ class Gateway:
 
     def _error(self, err: ApiError, dialect: Dialect) -> Response:
         self.stats.rejected[f"{err.status}"] += 1
+        # Every refusal is in the log with its reason: a harness that fails on its first call is diagnosed here.
+        log.warning("refused a %s call: %d %s: %s", dialect.name, err.status, err.kind, err.message)
         body = dialect.error_body(err)
         headers = {}
         if err.retry_after is not None:
@@ -347,9 +364,13 @@ class Gateway:
         return traj.plan_tokens(ids)
 
     def effective_context(self) -> int:
-        """The context a call can count on: the gateway's, or less where an engine told the pool less."""
+        """The context a call can count on: the engines' own (the least any active engine reports), capped by
+        the ``context_length`` setting when one is given; the tokenizer's ``model_max_length`` only when neither
+        is known (a tokenizer's limit is often its library's default, not the model's window)."""
         known = [h.context_length for h in self.pool.engines() if h.state == "active" and h.context_length]
-        return min([self.context_length, *known])
+        if self.config.context_length:
+            return min([self.config.context_length, *known])
+        return min(known) if known else self.context_length
 
     def _check_context(self, plan: Plan, req: GenRequest, dialect: Dialect) -> int:
         """Room left for output; a call that can never fit is refused before anything is sent (400)."""
@@ -393,6 +414,8 @@ class Gateway:
         if response is not None:
             context["response"] = response
         context["request"] = {"model": req.model, "sampling": self._sampling(req, 1 << 30), "stream": req.stream}
+        if req.no_effect:  # accepted as the vendor accepts them, with no effect here (docs/proxy.md)
+            context["request"]["no_effect"] = dict(req.no_effect)
         if req.prompt_text is not None:
             context["prompt_text"] = req.prompt_text
         event = ModelCallRecorded(
@@ -450,6 +473,10 @@ class Gateway:
                 raise _record_error(exc) from exc
             body = await self._body(request)
             req = dialect.parse(body)
+            beta = request.headers.get("anthropic-beta")
+            if beta and dialect is ANTHROPIC:
+                # Each beta's features arrive as the fields it enables, and are handled (or refused) as those.
+                req.no_effect["anthropic-beta"] = beta
             if not self._known_model(req.model):
                 raise ApiError(
                     404,
@@ -711,6 +738,18 @@ class Gateway:
             return self._error(err, ANTHROPIC if anthropic else CHAT)
 
         return Starlette(routes=routes, exception_handlers={HTTPException: unknown})
+
+
+# System prompts of one-shot helper calls harnesses make beside the agent (OpenCode 1.18: "You are a title
+# generator. You output ONLY a thread title."), recognised so that they are not taken for the main agent.
+_HELPER_PROMPT = re.compile(r"\byou are a title generator\b|\bgenerate a (?:brief |short |concise )?title\b", re.I)
+
+
+def _system_of(messages: list[dict[str, Any]]) -> str | None:
+    if messages and messages[0].get("role") == "system":
+        content = messages[0].get("content")
+        return content if isinstance(content, str) else None
+    return None
 
 
 class _CallStream(StreamingResponse):

@@ -225,6 +225,46 @@ def _message(i: int, m: object) -> dict[str, Any]:
     return out
 
 
+_CHAT_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+
+
+# Chat fields this server cannot honour; ignoring them would change what the model is shown or asked for.
+_CHAT_REFUSED = {
+    "functions": "the deprecated 'functions' are not supported: send 'tools'",
+    "function_call": "the deprecated 'function_call' is not supported: send 'tool_choice'",
+    "audio": "audio output is not supported: the served model writes text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is a hosted tool this server cannot run",
+}
+
+
+def _chat_no_effect(body: dict[str, Any], req: GenRequest) -> None:
+    """Chat fields OpenCode, litellm and the SDK send that change nothing on this engine (``req.no_effect``);
+    the ones that would change something and cannot be honoured are 400."""
+    for key, why in _CHAT_REFUSED.items():
+        if body.get(key) is not None:
+            raise ApiError.invalid(f"'{key}': {why}", param=key)
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise ApiError.invalid("'modalities': only ['text'] is supported", param="modalities")
+    if body.get("reasoning_effort") not in _CHAT_EFFORTS:
+        raise ApiError.invalid(f"'reasoning_effort' must be one of {_CHAT_EFFORTS[1:]}", param="reasoning_effort")
+    if body.get("verbosity") not in (None, "low", "medium", "high"):
+        raise ApiError.invalid("'verbosity' must be low, medium or high", param="verbosity")
+    for key, why in (
+        ("reasoning_effort", "the served model has no reasoning"),
+        ("verbosity", "the served model has no verbosity control"),
+        ("user", "the caller's label"),
+        ("safety_identifier", "the caller's label"),
+        ("metadata", "the caller's labels"),
+        ("store", "the call is recorded for training whatever store says"),
+        ("prompt_cache_key", "the engine's prefix cache is automatic"),
+        ("service_tier", "one capacity pool"),
+    ):
+        if body.get(key) is not None:
+            req.no_effect[key] = why
+
+
 def parse_chat(raw: object) -> GenRequest:
     body, model, stream = _model_and_stream(raw)
     msgs = body.get("messages")
@@ -237,6 +277,7 @@ def parse_chat(raw: object) -> GenRequest:
     req.json_schema = response_format_schema(body.get("response_format"))
     req.max_tokens = _max_tokens(body, "max_tokens", "max_completion_tokens")
     _common_sampling(body, req)
+    _chat_no_effect(body, req)
     lp = body.get("logprobs")
     req.logprobs = bool(lp)
     tl = body.get("top_logprobs")

@@ -35,6 +35,13 @@ class GenRequest:
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("auto"))
     json_schema: dict[str, Any] | None = None  # the answer's text must be JSON of this schema
     echo_fields: dict[str, Any] = field(default_factory=dict)  # what a dialect's response repeats of the request
+    # Parameters accepted as the vendor accepts them that change nothing on this engine: ``{param: why}``,
+    # recorded with the call (docs/proxy.md lists them).
+    no_effect: dict[str, str] = field(default_factory=dict)
+    # Tools that are not plain functions, by the name the model calls: "custom" (a freeform tool: its input is
+    # one string) or "namespace:<ns>" (a function of a Responses namespace), so the answer names them as the
+    # vendor does.
+    tool_kinds: dict[str, str] = field(default_factory=dict)
 
 
 def check_number(body: dict[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:

@@ -10,6 +10,7 @@ the store restores), so no response is kept twice and none is reachable from ano
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -31,6 +32,21 @@ _LOGPROBS = "message.output_text.logprobs"
 _PART_TYPES = {"input_text", "output_text", "text"}
 
 
+def custom_arguments(text: str) -> str:
+    """A freeform (``custom``) tool's input as the arguments the chat template renders: the one string
+    parameter ``input`` the tool is offered with."""
+    return json.dumps({"input": text}, ensure_ascii=False)
+
+
+def custom_input(arguments: str) -> str:
+    """The string a freeform tool call carries, from the model's arguments (kept whole when not the object)."""
+    try:
+        obj = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return obj["input"] if isinstance(obj, dict) and isinstance(obj.get("input"), str) else arguments
+
+
 def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
@@ -41,7 +57,7 @@ def _text(content: object, where: str) -> str:
         if not isinstance(part, dict) or part.get("type") not in _PART_TYPES or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ApiError.invalid(
-                f"'{where}[{j}]': content type {kind!r} is not supported by this model (text only)",
+                f"'{where}[{j}]': content type {kind!r} is not supported: the served model reads text only",
                 param=f"{where}[{j}]",
             )
         out.append(part["text"])
@@ -69,16 +85,21 @@ def _input_messages(raw: object) -> list[dict[str, Any]]:
                     "content": _text(item.get("content"), f"{where}.content"),
                 }
             )
-        elif kind == "function_call":
-            name, call_id, args = item.get("name"), item.get("call_id"), item.get("arguments")
+        elif kind in ("function_call", "custom_tool_call"):
+            # A namespaced function is rendered under its own name (the namespaces are flattened, see _tools).
+            name, call_id = item.get("name"), item.get("call_id")
+            args = item.get("arguments") if kind == "function_call" else item.get("input")
             if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(args, str):
-                raise ApiError.invalid(f"'{where}': a function_call needs name, call_id and arguments", param=where)
+                need = "arguments" if kind == "function_call" else "input"
+                raise ApiError.invalid(f"'{where}': a {kind} needs name, call_id and {need}", param=where)
+            if kind == "custom_tool_call":
+                args = custom_arguments(args)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             if out and out[-1]["role"] == "assistant":  # the calls of one turn follow its message item
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ApiError.invalid(f"'{where}.call_id' is required", param=f"{where}.call_id")
@@ -86,13 +107,49 @@ def _input_messages(raw: object) -> list[dict[str, Any]]:
                 {"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{where}.output")}
             )
         elif kind == "reasoning":
-            continue  # this model has no reasoning format: there is nothing of it to render
+            # This model has no reasoning format (and writes no reasoning items, so none of its own come back).
+            continue
         else:
             raise ApiError.invalid(f"'{where}': item type {kind!r} is not supported", param=f"{where}.type")
     return out
 
 
-def _tools(raw: object) -> list[dict[str, Any]] | None:
+_HOSTED = {
+    "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
+    "code_interpreter", "computer_use_preview", "computer", "image_generation", "mcp", "local_shell", "shell",
+    "apply_patch", "tool_search",
+}  # fmt: skip
+
+
+def _function(t: dict[str, Any], where: str, names: dict[str, str], description: str | None) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"{where}.name", names)}
+    desc = "\n\n".join(d for d in (description, t.get("description")) if d)
+    if desc:
+        fn["description"] = desc
+    if t.get("type") == "custom":
+        fmt = t.get("format") or {"type": "text"}
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "grammar"):
+            raise ApiError.invalid(f"'{where}.format.type' must be 'text' or 'grammar'", param=f"{where}.format")
+        about = "the tool's whole input, as free text"
+        if fmt["type"] == "grammar":
+            if not isinstance(fmt.get("definition"), str) or fmt.get("syntax") not in ("lark", "regex"):
+                raise ApiError.invalid(f"'{where}.format' needs a lark or regex definition", param=f"{where}.format")
+            about += f" in this {fmt['syntax']} grammar:\n{fmt['definition']}"
+        fn["parameters"] = {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": about}},
+            "required": ["input"],
+        }
+    elif t.get("parameters") is not None:
+        fn["parameters"] = check_schema(t["parameters"], f"{where}.parameters", require_object=False)
+    return {"type": "function", "function": fn}
+
+
+def _tools(raw: object, kinds: dict[str, str]) -> list[dict[str, Any]] | None:
+    """Function tools; ``custom`` (freeform) tools as a function of one string ``input``; a ``namespace``'s
+    tools flattened under their own names (the namespace's description before each one's), remembered in
+    ``kinds`` so the answer's call names its namespace. Hosted tools (``web_search``, ``file_search``, ...) are
+    refused: the vendor runs them, and this server has nothing that could."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -100,24 +157,88 @@ def _tools(raw: object) -> list[dict[str, Any]] | None:
     out = []
     names: dict[str, str] = {}
     for i, t in enumerate(raw):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise ApiError.invalid(
-                f"tools[{i}]: tool type {kind!r} is not supported (function tools only)", param=f"tools[{i}]"
-            )
-        fn: dict[str, Any] = {"name": check_tool_name(t.get("name"), OPENAI_NAME, f"tools[{i}].name", names)}
-        if t.get("description"):
-            fn["description"] = t["description"]
-        if t.get("parameters") is not None:
-            fn["parameters"] = check_schema(t["parameters"], f"tools[{i}].parameters", require_object=False)
-        out.append({"type": "function", "function": fn})
+        kind = t.get("type") if isinstance(t, dict) else None
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or kind not in ("function", "custom", "namespace"):
+            hint = ""
+            if isinstance(kind, str) and kind.startswith("web_search"):
+                hint = ' (Codex: set web_search = "disabled" in its config)'
+            what = "a hosted tool this server cannot run" if kind in _HOSTED else "not supported"
+            raise ApiError.invalid(f"{where}: tool type {kind!r} is {what}{hint}", param=where)
+        if t.get("defer_loading"):
+            raise ApiError.invalid(f"'{where}.defer_loading': tool search is not supported", param=where)
+        if kind != "namespace":
+            out.append(_function(t, where, names, None))
+            if kind == "custom":
+                kinds[t["name"]] = "custom"
+            continue
+        ns = t.get("name")
+        inner = t.get("tools")
+        if not isinstance(ns, str) or not isinstance(inner, list):
+            raise ApiError.invalid(f"'{where}': a namespace needs a name and tools", param=where)
+        for j, sub in enumerate(inner):
+            sw = f"{where}.tools[{j}]"
+            if not isinstance(sub, dict) or sub.get("type") not in ("function", "custom"):
+                raise ApiError.invalid(f"'{sw}': a namespace holds function or custom tools", param=sw)
+            if sub.get("defer_loading"):
+                raise ApiError.invalid(f"'{sw}.defer_loading': tool search is not supported", param=sw)
+            out.append(_function(sub, sw, names, t.get("description")))
+            kinds[sub["name"]] = f"namespace:{ns}" + (":custom" if sub.get("type") == "custom" else "")
     return out or None
+
+
+# Every top-level field of ResponseCreateParams (openai 3.x); anything else is the API's "Unknown parameter".
+_FIELDS = {
+    "model", "input", "instructions", "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "text",
+    "max_output_tokens", "temperature", "top_p", "reasoning", "background", "truncation", "include", "top_logprobs",
+    "stream", "stream_options", "store", "metadata", "user", "prompt_cache_key", "prompt_cache_retention",
+    "safety_identifier", "service_tier", "client_metadata", "max_tool_calls", "conversation", "prompt",
+}  # fmt: skip
+_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+_INCLUDES = {_LOGPROBS, "reasoning.encrypted_content"}
+
+
+def _options(body: dict[str, Any], req: GenRequest) -> None:
+    """Fields accepted as the API accepts them that change nothing on this engine (``req.no_effect``)."""
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
+            raise ApiError.invalid("'reasoning' takes effort and summary", param="reasoning")
+        if reasoning.get("effort") not in _EFFORTS:
+            raise ApiError.invalid(f"'reasoning.effort' must be one of {_EFFORTS[1:]}", param="reasoning.effort")
+        summary = reasoning.get("summary", reasoning.get("generate_summary"))
+        if summary not in (None, "auto", "concise", "detailed"):
+            raise ApiError.invalid("'reasoning.summary' must be auto, concise or detailed", param="reasoning.summary")
+        req.no_effect["reasoning"] = "the served model has no reasoning: no effort to set, no summary to write"
+    for key in ("conversation", "prompt", "max_tool_calls"):
+        if body.get(key) is not None:
+            raise ApiError.invalid(f"'{key}' is not supported", param=key)
+    text = body.get("text") or {}
+    if text.get("verbosity") not in (None, "low", "medium", "high"):
+        raise ApiError.invalid("'text.verbosity' must be low, medium or high", param="text.verbosity")
+    for key, why in (
+        ("prompt_cache_key", "the engine's prefix cache is automatic"),
+        ("prompt_cache_retention", "the engine's prefix cache is automatic"),
+        ("client_metadata", "the caller's labels"),
+        ("safety_identifier", "the caller's label"),
+        ("service_tier", "one capacity pool"),
+        ("stream_options", "no obfuscation padding is sent"),
+    ):
+        if body.get(key) is not None:
+            req.no_effect[key] = why
+    if text.get("verbosity") is not None:
+        req.no_effect["text.verbosity"] = "the served model has no verbosity control"
+    if body.get("store") is False:
+        req.no_effect["store"] = "false: the call is recorded for training all the same (it is this server's job)"
 
 
 def parse_responses(raw: object) -> GenRequest:
     if not isinstance(raw, dict):
         raise ApiError.invalid("the request body must be a JSON object")
     body = raw
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise ApiError.invalid(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0], code="unknown_parameter")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError.invalid("you must provide a model parameter", param="model")
@@ -137,7 +258,7 @@ def parse_responses(raw: object) -> GenRequest:
     req.messages = ([{"role": "system", "content": instructions}] if instructions else []) + new
     if not req.messages and previous is None:
         raise ApiError.invalid("'input' must hold at least one item", param="input")
-    req.tools = _tools(body.get("tools"))
+    req.tools = _tools(body.get("tools"), req.tool_kinds)
     req.tool_choice = ToolChoice.openai(body, req.tools)
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
@@ -151,11 +272,7 @@ def parse_responses(raw: object) -> GenRequest:
         v = check_number(body, key, lo, hi)
         if v is not None:
             req.sampling[key] = max(v, 1e-9) if key == "top_p" else v
-    reasoning = body.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") not in (None, "none"):
-        raise ApiError.invalid(
-            f"reasoning: model {model!r} does not support reasoning effort", param="reasoning.effort"
-        )
+    _options(body, req)
     if body.get("background"):
         raise ApiError.invalid("background responses are not supported", param="background")
     if body.get("truncation") not in (None, "disabled"):
@@ -163,9 +280,11 @@ def parse_responses(raw: object) -> GenRequest:
     include = body.get("include") or []
     if not isinstance(include, list):
         raise ApiError.invalid("'include' must be a list", param="include")
-    unknown = [x for x in include if x != _LOGPROBS]
-    if unknown:
-        raise ApiError.invalid(f"include {unknown[0]!r} is not supported", param="include")
+    bad = [x for x in include if x not in _INCLUDES]
+    if bad:
+        raise ApiError.invalid(f"include {bad[0]!r} is not supported", param="include")
+    if "reasoning.encrypted_content" in include:
+        req.no_effect["include.reasoning.encrypted_content"] = "the model writes no reasoning items to include"
     tl = body.get("top_logprobs")
     if tl is not None and (isinstance(tl, bool) or not isinstance(tl, int) or not 0 <= tl <= 20):
         raise ApiError.invalid("'top_logprobs' must be an integer in [0, 20]", param="top_logprobs")
@@ -181,6 +300,11 @@ def parse_responses(raw: object) -> GenRequest:
         "metadata": body.get("metadata") or {},
         "user": body.get("user"),
         "top_logprobs": req.top_logprobs,
+        "reasoning": {
+            "effort": (body.get("reasoning") or {}).get("effort"),
+            "summary": (body.get("reasoning") or {}).get("summary"),
+        },
+        "prompt_cache_key": body.get("prompt_cache_key"),
     }
     return req
 
@@ -213,7 +337,7 @@ def resolve_previous(req: GenRequest, traj: ExecutionTrajectory) -> None:
 def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
     return {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt_tokens + output_tokens,
@@ -235,7 +359,8 @@ def _shell(req: GenRequest, rid: str, created: float, status: str) -> dict[str, 
         "output": [],
         "parallel_tool_calls": req.tool_choice.parallel,
         "previous_response_id": e.get("previous_response_id"),
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": e.get("reasoning", {"effort": None, "summary": None}),
+        "prompt_cache_key": e.get("prompt_cache_key"),
         "store": e.get("store", True),
         "temperature": req.sampling.get("temperature", DEFAULT_TEMPERATURE),
         "text": e.get("text", {"format": {"type": "text"}}),
@@ -255,15 +380,31 @@ def _message_item(rid: str, text: str, status: str, logprobs: list[dict[str, Any
     return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": [part]}
 
 
-def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": f"fc_{call_id.removeprefix('call_')}",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+def _call_item(req: GenRequest, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    """The output item of a tool call: a ``function_call`` (naming its namespace if it has one), or a
+    ``custom_tool_call`` carrying the freeform tool's input string."""
+    kind = req.tool_kinds.get(name, "")
+    short = call_id.removeprefix("call_")
+    if kind.endswith("custom"):
+        item: dict[str, Any] = {
+            "type": "custom_tool_call",
+            "id": f"ctc_{short}",
+            "call_id": call_id,
+            "name": name,
+            "input": custom_input(arguments),
+        }
+    else:
+        item = {
+            "type": "function_call",
+            "id": f"fc_{short}",
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "status": status,
+        }
+    if kind.startswith("namespace:"):
+        item["namespace"] = kind.split(":")[1]
+    return item
 
 
 def _finished(
@@ -302,7 +443,7 @@ def response_body(
             else []
         )
         output.append(_message_item(rid, turn.content, status, lps))
-    output += [_call_item(t.id, t.name, t.arguments, "completed") for t in turn.tool_calls]
+    output += [_call_item(req, t.id, t.name, t.arguments, "completed") for t in turn.tool_calls]
     return _finished(req, rid, time.time(), outcome, turn, prompt_ids, output)
 
 
@@ -383,12 +524,19 @@ async def response_stream(
             out += close_message("completed")
             c = p.call
             index = len(output)
-            added = _call_item(c.id, c.name, "", "in_progress")
-            output.append(_call_item(c.id, c.name, c.arguments, "completed"))
-            fc = {"item_id": added["id"], "output_index": index}
-            out.append(ev({"type": "response.output_item.added", "output_index": index, "item": added}))
-            out.append(ev({"type": "response.function_call_arguments.delta", **fc, "delta": c.arguments}))
-            out.append(ev({"type": "response.function_call_arguments.done", **fc, "arguments": c.arguments}))
+            done = _call_item(req, c.id, c.name, c.arguments, "completed")
+            output.append(done)
+            fc = {"item_id": done["id"], "output_index": index}
+            if done["type"] == "custom_tool_call":
+                added = {**done, "input": ""}
+                out.append(ev({"type": "response.output_item.added", "output_index": index, "item": added}))
+                out.append(ev({"type": "response.custom_tool_call_input.delta", **fc, "delta": done["input"]}))
+                out.append(ev({"type": "response.custom_tool_call_input.done", **fc, "input": done["input"]}))
+            else:
+                added = _call_item(req, c.id, c.name, "", "in_progress")
+                out.append(ev({"type": "response.output_item.added", "output_index": index, "item": added}))
+                out.append(ev({"type": "response.function_call_arguments.delta", **fc, "delta": c.arguments}))
+                out.append(ev({"type": "response.function_call_arguments.done", **fc, "arguments": c.arguments}))
             out.append(ev({"type": "response.output_item.done", "output_index": index, "item": output[index]}))
         return out
 

@@ -78,6 +78,11 @@ class ProxyService(Service):
         patterns = _env_list("OPENGYRE_PROXY_MODEL_PATTERNS") or cfg.model_patterns
         # The served model's tokenizer (a folder): the proxy records token ids in its vocabulary.
         tokenizer = os.environ.get("OPENGYRE_PROXY_TOKENIZER") or cfg.tokenizer_path
+        # The served context, where the engines' own report (SGLang's /model_info) should not be what counts.
+        ctx_env = os.environ.get("OPENGYRE_PROXY_CONTEXT_LENGTH")
+        if ctx_env is not None and (not ctx_env.isdigit() or int(ctx_env) < 1):
+            raise ValueError(f"OPENGYRE_PROXY_CONTEXT_LENGTH must be a positive integer, got {ctx_env!r}")
+        context_length = int(ctx_env) if ctx_env else cfg.context_length
         port = cfg.port if self._config is not None else s.proxy_http_port
         # A default port that is taken falls back to a free one (proxy.url tells harnesses where); a port the
         # user set (OPENGYRE_PROXY_HTTP_PORT) that is taken is an error.
@@ -92,6 +97,7 @@ class ProxyService(Service):
             models=models,
             model_patterns=patterns,
             tokenizer_path=tokenizer,
+            context_length=context_length,
             port_fallback=fallback,
             outbox_path=outbox,
         )

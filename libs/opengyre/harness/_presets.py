@@ -1,0 +1,165 @@
+"""Presets: the real harnesses as ``HarnessSpec`` templates, at the versions pinned in ``harnesses.toml``.
+
+Each runs the harness unmodified against an execution's base URL and key, with its telemetry, update checks
+and other traffic off (a sandbox's only network is the proxy). ``make harnesses`` installs the pinned versions.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from importlib import resources
+from typing import Any
+
+from ._spec import HarnessSpec
+
+__all__ = ["HARNESS_VERSIONS", "harness_preset", "preset_names"]
+
+
+def _versions() -> dict[str, dict[str, str]]:
+    data: dict[str, Any] = tomllib.loads(resources.files(__package__).joinpath("harnesses.toml").read_text())
+    return {k: dict(v) for k, v in data.items()}
+
+
+HARNESS_VERSIONS: dict[str, dict[str, str]] = _versions()
+
+_QUIET_CLAUDE = {
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+}
+
+# OpenCode's inline config: an OpenAI-compatible provider, no update check, no sharing. Its JSON braces are
+# doubled for the template.
+_OPENCODE_CONFIG = json.dumps(
+    {
+        "autoupdate": False,
+        "share": "disabled",
+        "model": "opengyre/@MODEL@",
+        "provider": {
+            "opengyre": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "OpenGyre",
+                "options": {"baseURL": "@BASE_URL@", "apiKey": "@API_KEY@"},
+                "models": {"@MODEL@": {"name": "@MODEL@"}},
+            }
+        },
+    }
+)
+_OPENCODE_CONFIG = (
+    _OPENCODE_CONFIG.replace("{", "{{")
+    .replace("}", "}}")
+    .replace("@MODEL@", "{model}")
+    .replace("@BASE_URL@", "{base_url}")
+    .replace("@API_KEY@", "{api_key}")
+)
+
+# The OpenAI Agents SDK is a library: a small agent with one shell tool, over Chat Completions at base_url.
+_OPENAI_AGENTS = """
+import asyncio, os, subprocess, sys
+from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from openai import AsyncOpenAI
+set_tracing_disabled(True)
+@function_tool
+def run_shell(command: str) -> str:
+    '''Run a shell command in the workspace; returns its exit code and output.'''
+    p = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=600)
+    return f"exit {p.returncode}\\n{p.stdout}{p.stderr}"
+client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
+agent = Agent(name="agent", instructions="Solve the task in the workspace with the shell tool.",
+              tools=[run_shell], model=OpenAIChatCompletionsModel(model=sys.argv[1], openai_client=client))
+result = asyncio.run(Runner.run(agent, open(sys.argv[2]).read(), max_turns=50))
+print(result.final_output)
+""".replace("{", "{{").replace("}", "}}")
+
+
+def _presets() -> dict[str, HarnessSpec]:
+    return {
+        "claude-code": HarnessSpec(
+            "claude-code",
+            ("claude", "-p", "{instruction}", "--model", "{model}", "--dangerously-skip-permissions"),
+            {
+                "ANTHROPIC_BASE_URL": "{anthropic_base_url}",
+                "ANTHROPIC_API_KEY": "{api_key}",
+                "IS_SANDBOX": "1",  # it refuses --dangerously-skip-permissions as root outside a sandbox it knows
+                **_QUIET_CLAUDE,
+            },
+        ),
+        "codex": HarnessSpec(
+            "codex",
+            (
+                "codex",
+                "exec",
+                "--skip-git-repo-check",
+                "--sandbox",
+                "danger-full-access",  # the task's sandbox is the boundary; Codex's own needs privileges
+                "-m",
+                "{model}",
+                "-c",
+                'model_provider="opengyre"',
+                "-c",
+                'model_providers.opengyre.name="OpenGyre"',
+                "-c",
+                'model_providers.opengyre.base_url="{base_url}"',
+                "-c",
+                'model_providers.opengyre.env_key="OPENGYRE_KEY"',
+                "-c",
+                'model_providers.opengyre.wire_api="responses"',  # its only wire since 0.1xx
+                "-c",
+                'web_search="disabled"',  # a hosted tool: the proxy refuses it (docs/proxy.md)
+                "-c",
+                "check_for_update_on_startup=false",
+                "-c",
+                "analytics.enabled=false",
+                "-c",
+                "feedback.enabled=false",
+                "{instruction}",
+            ),
+            {"OPENGYRE_KEY": "{api_key}"},
+        ),
+        "opencode": HarnessSpec(
+            "opencode",
+            ("opencode", "run", "--model", "opengyre/{model}", "{instruction}"),
+            {"OPENCODE_CONFIG_CONTENT": _OPENCODE_CONFIG},
+        ),
+        "mini-swe-agent": HarnessSpec(
+            "mini-swe-agent",
+            # Its CLI module under the interpreter it is installed in (its `mini` script may not be on PATH).
+            (
+                "{python}",
+                "-m",
+                "minisweagent.run.mini",
+                "--model",
+                "openai/{model}",
+                "--task",
+                "{instruction}",
+                "--yolo",
+                "--exit-immediately",
+            ),
+            {
+                "OPENAI_API_BASE": "{base_url}",
+                "OPENAI_API_KEY": "{api_key}",
+                "MSWEA_CONFIGURED": "true",  # no first-run setup wizard
+                "MSWEA_COST_TRACKING": "ignore_errors",  # the served model has no price in litellm's table
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm's price table from the wheel, not the network
+            },
+        ),
+        "openai-agents": HarnessSpec(
+            "openai-agents",
+            ("{python}", "-c", _OPENAI_AGENTS, "{model}", "{instruction_file}"),
+            {"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{api_key}", "OPENAI_AGENTS_DISABLE_TRACING": "1"},
+        ),
+    }
+
+
+def preset_names() -> list[str]:
+    return sorted(HARNESS_VERSIONS)
+
+
+def harness_preset(name: str) -> HarnessSpec:
+    """The preset for ``name`` (one of ``preset_names()``); the harness must be installed (``make harnesses``)."""
+    presets = _presets()
+    if name not in presets:
+        raise ValueError(f"no harness preset {name!r}; known: {', '.join(sorted(presets))}")
+    return presets[name]

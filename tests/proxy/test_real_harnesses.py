@@ -1,0 +1,116 @@
+"""Each real harness, unmodified and started from its preset, against the real gateway and a scripted
+SGLang-protocol engine: the scripted model calls the harness's own shell tool, the harness runs it, and the model
+then ends the task. Skipped, saying so, where the harness is not installed (``make harnesses`` installs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from opengyre.eventlog import EventLog
+from opengyre.harness import harness_preset
+from opengyre.proxy._http import HttpServer
+
+from ._scripted_sglang import scripted_sglang
+from .conftest import make_stack
+
+MODEL = "qwen3-8b"
+PROOF = "og-proof-42"
+COMMAND = "echo og-proof-$((6*7)) > proof.txt && cat proof.txt"  # the proof appears only once it ran
+
+# harness -> (the executable, its shell tool's name, that tool's arguments for COMMAND, what ends the task)
+SHELLS: dict[str, tuple[str, str, dict[str, str], str | None]] = {
+    "claude-code": ("claude", "Bash", {"command": COMMAND, "description": "write the proof"}, None),
+    "codex": ("codex", "exec_command", {"cmd": COMMAND}, None),
+    "opencode": ("opencode", "bash", {"command": COMMAND, "description": "write the proof"}, None),
+    "mini-swe-agent": (sys.executable, "bash", {"command": COMMAND}, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+    "openai-agents": (sys.executable, "run_shell", {"command": COMMAND}, None),
+}
+
+
+_MODULES = {"openai-agents": "agents", "mini-swe-agent": "minisweagent"}  # run by this interpreter
+
+
+def _installed(harness: str) -> bool:
+    if harness in _MODULES:
+        return importlib.util.find_spec(_MODULES[harness]) is not None
+    return shutil.which(SHELLS[harness][0]) is not None
+
+
+def _call(name: str, arguments: dict[str, str]) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def _script(harness: str) -> Callable[[str], str]:
+    _, tool, args, finish = SHELLS[harness]
+
+    def reply(prompt: str) -> str:
+        if PROOF in prompt:  # the tool ran and its output came back
+            return _call(tool, {**args, ("cmd" if "cmd" in args else "command"): finish}) if finish else "Done."
+        if f'"name": "{tool}"' in prompt:
+            return _call(tool, args)
+        return "Proof task"  # a helper call without the tools (OpenCode's title)
+
+    return reply
+
+
+@pytest.mark.parametrize("harness", sorted(SHELLS))
+async def test_the_real_harness_runs_its_shell_tool_through_the_proxy(
+    harness: str, event_log: EventLog, tmp_path: Path
+) -> None:
+    if not _installed(harness):
+        pytest.skip(f"{harness} is not installed here (make harnesses installs the pinned version)")
+    app, prompts = scripted_sglang(_script(harness), context_length=1 << 18)
+    engine = HttpServer(app)
+    await engine.start()
+    st = await make_stack(event_log, {}, models=(MODEL,))
+    try:
+        await st.gateway.pool.add("scripted", engine.url)
+        eid = f"ex-{harness}"
+        work, home = tmp_path / "work", tmp_path / "home"
+        work.mkdir()
+        home.mkdir()
+        task = work.parent / "task.md"
+        task.write_text("Write the proof file with the shell tool, then stop.")
+        argv, env = harness_preset(harness).render(
+            {
+                "base_url": st.gateway.base_url(eid),
+                "anthropic_base_url": f"{st.gateway.url}/x/{eid}",
+                "api_key": st.gateway.issue_key(eid),
+                "model": MODEL,
+                "workdir": str(work),
+                "instruction": task.read_text(),
+                "instruction_file": str(task),
+                "summary_file": str(tmp_path / "summary.json"),
+                "python": sys.executable,
+            }
+        )
+        base = {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=work,
+            env={**base, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), **env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        text = out.decode(errors="replace")
+        assert proc.returncode == 0, text[-3000:]
+        assert (work / "proof.txt").read_text().strip() == PROOF, text[-3000:]
+        assert st.gateway.stats.rejected == {}, text[-3000:]
+        events = await st.recorded()
+        mains = [e for e in events if e.role == "main"]
+        assert any(t.arguments and "og-proof" in t.arguments for e in mains for t in e.tool_calls)
+        assert any(PROOF in p for p in prompts)  # the harness sent its tool's output back
+    finally:
+        await st.gateway.stop()
+        await engine.stop()
