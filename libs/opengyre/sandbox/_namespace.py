@@ -266,7 +266,9 @@ class NamespaceSandbox(BaseSandbox):
         r, w = os.pipe()
         os.set_inheritable(r, False)
         try:
-            inner = [*limit_prefix(limits, nproc=nproc), *self._launcher(w), *command]
+            # The launcher first: it is the sandbox's, not the command's, so the command's limits (its address
+            # space, its CPU time) are not spent on it; the limits apply from the process it starts on.
+            inner = [*self._launcher(w), *limit_prefix(limits, nproc=nproc), *command]
             enter = cgroup.prefix() if cgroup is not None else []
             argv = [*enter, *self._bwrap_args(limits, cwd), "--", *inner]
         except BaseException:
