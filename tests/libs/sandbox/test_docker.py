@@ -1,0 +1,163 @@
+"""The Docker sandbox, against a real daemon and the real base image: a fresh container per command, limits that
+bite, exit codes in shell convention, no network but the allowed loopback endpoints.
+
+Skipped, with the reason, where no Docker daemon answers or the base image is not built (``make sandbox-image``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opengyre.sandbox import BASE_IMAGE, DockerSandbox, Mount, SandboxError, SandboxLimits, docker_unavailable
+
+from ..._polling import wait_until
+
+_WHY = docker_unavailable(BASE_IMAGE)
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"docker sandbox: {_WHY}")
+
+
+def _host_has(marker: str) -> bool:
+    """Whether a process whose command line holds ``marker`` runs on the host (containers' processes show)."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _containers(label_value: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=og.test={label_value}"], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def test_runs_unprivileged_on_a_read_only_root_with_the_workspace_at_app(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "given.txt").write_text("from the host")
+    with DockerSandbox(mounts=[Mount(ws, "/app", writable=True)]) as sb:
+        r = sb.run(
+            [
+                "sh",
+                "-c",
+                "id -u; pwd; cat given.txt; echo; echo made > made.txt; grep CapEff /proc/self/status;"
+                "touch /etc/x 2>/dev/null && echo root-writable; touch /tmp/ok && echo tmp-writable",
+            ]
+        )
+    assert r.ok, r.stderr
+    uid, cwd, given, caps, tmp = r.stdout.splitlines()
+    assert uid != "0" and cwd == "/app" and given == "from the host"
+    assert caps.split()[1] == "0000000000000000" and tmp == "tmp-writable"  # no capability, root not writable
+    assert (ws / "made.txt").read_text() == "made\n" and r.network_isolated
+
+
+def test_a_read_only_mount_cannot_be_written(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o777)  # pytest's tmp_path is the caller's alone; the container's user must read this one
+    data.chmod(0o777)  # world-writable even: the mount, not the permissions, is what refuses the write
+    (data / "f").write_text("x")
+    (data / "f").chmod(0o666)
+    with DockerSandbox(mounts=[Mount(data, "/data", writable=False)]) as sb:
+        r = sb.run(["sh", "-c", "cat /data/f; echo y > /data/f"])
+    assert r.exit_code != 0 and r.stdout == "x" and "Read-only file system" in r.stderr
+    assert (data / "f").read_text() == "x"
+
+
+def test_exit_codes_follow_the_shell_convention() -> None:
+    with DockerSandbox() as sb:
+        assert sb.run(["sh", "-c", "exit 3"]).exit_code == 3
+        killed = sb.run(["sh", "-c", "kill -9 $$"])
+    assert killed.exit_code == 137 and not killed.memory_exceeded and not killed.timed_out
+
+
+def test_timeout_kills_the_container_and_exits_124() -> None:
+    with DockerSandbox(SandboxLimits(timeout_s=2.0)) as sb:
+        r = sb.run(["sh", "-c", "sleep 424242 & sleep 424243; echo never"])
+    assert r.timed_out and r.exit_code == 124 and "never" not in r.stdout
+    assert not _host_has("424242") and not _host_has("424243")
+
+
+def test_what_a_command_leaves_running_dies_with_its_container() -> None:
+    with DockerSandbox() as sb:
+        r = sb.run(["sh", "-c", "setsid sleep 525252 >/dev/null 2>&1 & echo started"])
+    assert r.ok and r.stdout.strip() == "started"
+    wait_until(lambda: not _host_has("525252"), "a background process outlived its container")
+
+
+def test_the_memory_cgroup_kills_and_says_so() -> None:
+    lim = SandboxLimits(memory_mb=None, group_memory_mb=64)
+    with DockerSandbox(lim) as sb:
+        r = sb.run(["python3", "-c", "x = bytearray(256 << 20); print('held')"])
+    assert r.exit_code == 137 and r.memory_exceeded and "held" not in r.stdout
+
+
+def test_the_per_process_memory_limit_bites() -> None:
+    with DockerSandbox(SandboxLimits(memory_mb=64)) as sb:
+        r = sb.run(["python3", "-c", "x = bytearray(256 << 20); print('held')"])
+    assert r.exit_code != 0 and "MemoryError" in r.stderr and not r.memory_exceeded
+
+
+_SPAWN_40 = """
+import subprocess
+kids = []
+try:
+    for _ in range(40):
+        kids.append(subprocess.Popen(["sleep", "30"]))
+    print("all", len(kids))
+except OSError:
+    print("stopped", len(kids))
+"""
+
+
+def test_the_pids_limit_stops_a_fork_bomb() -> None:
+    with DockerSandbox(SandboxLimits(max_processes=16, timeout_s=60)) as sb:
+        r = sb.run(["python3", "-c", _SPAWN_40])
+    kind, count = r.stdout.split()
+    assert r.ok and kind == "stopped" and int(count) < 16, r.stdout  # the init and python3 count too
+
+
+def test_output_is_capped_and_stdin_is_fed() -> None:
+    with DockerSandbox(SandboxLimits(max_output_bytes=1000)) as sb:
+        big = sb.run(["sh", "-c", "yes x | head -c 1000000"])
+        fed = sb.run(["cat"], stdin=b"fed in")
+    assert big.ok and len(big.stdout) == 1000
+    assert fed.ok and fed.stdout == "fed in"
+
+
+def test_a_missing_program_is_the_sandboxs_error() -> None:
+    with DockerSandbox() as sb, pytest.raises(SandboxError, match="no-such-program"):
+        sb.run(["no-such-program"])
+
+
+def test_no_network_a_host_loopback_listener_is_out_of_reach() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        probe = (
+            "import os, socket\n"
+            "print(sorted(os.listdir('/sys/class/net')))\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5); print('reached')\n"
+            "except OSError as e:\n    print('refused', type(e).__name__)\n"
+        )
+        with DockerSandbox() as sb:
+            r = sb.run(["python3", "-c", probe])
+    nets, outcome = r.stdout.splitlines()
+    assert r.ok and nets == "['lo']" and outcome.startswith("refused"), r.stdout
+
+
+def test_containers_are_removed_after_every_run() -> None:
+    with DockerSandbox(SandboxLimits(timeout_s=2.0), labels={"og.test": "removed"}) as sb:
+        sb.run(["true"])
+        sb.run(["sh", "-c", "exit 5"])
+        sb.run(["sleep", "60"])
+    assert _containers("removed") == []
