@@ -16,8 +16,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._docker import BASE_IMAGE, _docker
-from ._local import SandboxError
+from ._base import SandboxError
+from ._docker import BASE_IMAGE, docker_executable
 
 __all__ = ["DockerfileError", "ImageBuild", "build_image", "check_dockerfile"]
 
@@ -109,7 +109,7 @@ def build_image(
     context = Path(context)
     dockerfile = Path(dockerfile) if dockerfile is not None else context / "Dockerfile"
     used = check_dockerfile(dockerfile, bases)
-    exe = _docker()
+    exe = docker_executable()
     for image in sorted(set(used)):
         if subprocess.run([exe, "image", "inspect", image], capture_output=True, check=False).returncode != 0:
             raise SandboxError(f"{dockerfile}: base image {image} is not built here (make sandbox-image)")

@@ -9,11 +9,21 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from opengyre.sandbox import BASE_IMAGE, DockerSandbox, Mount, SandboxError, SandboxLimits, docker_unavailable
+from opengyre.sandbox import (
+    BASE_IMAGE,
+    DockerSandbox,
+    LocalSandbox,
+    Mount,
+    SandboxError,
+    SandboxLimits,
+    docker_unavailable,
+)
 
 from ..._polling import wait_until
 
@@ -51,13 +61,14 @@ def test_runs_unprivileged_on_a_read_only_root_with_the_workspace_at_app(tmp_pat
                 "-c",
                 "id -u; pwd; cat given.txt; echo; echo made > made.txt; grep CapEff /proc/self/status;"
                 "touch /etc/x 2>/dev/null && echo root-writable; touch /tmp/ok && echo tmp-writable",
-            ]
+            ],
+            cwd="/app",
         )
     assert r.ok, r.stderr
     uid, cwd, given, caps, tmp = r.stdout.splitlines()
     assert uid != "0" and cwd == "/app" and given == "from the host"
     assert caps.split()[1] == "0000000000000000" and tmp == "tmp-writable"  # no capability, root not writable
-    assert (ws / "made.txt").read_text() == "made\n" and r.network_isolated
+    assert (ws / "made.txt").read_text() == "made\n" and r.network_isolated and r.isolation == "docker"
 
 
 def test_a_read_only_mount_cannot_be_written(tmp_path: Path) -> None:
@@ -76,7 +87,7 @@ def test_exit_codes_follow_the_shell_convention() -> None:
     with DockerSandbox() as sb:
         assert sb.run(["sh", "-c", "exit 3"]).exit_code == 3
         killed = sb.run(["sh", "-c", "kill -9 $$"])
-    assert killed.exit_code == 137 and not killed.memory_exceeded and not killed.timed_out
+    assert killed.exit_code == 137 and killed.signal == 9 and not killed.memory_exceeded and not killed.timed_out
 
 
 def test_timeout_kills_the_container_and_exits_124() -> None:
@@ -108,6 +119,7 @@ def test_the_per_process_memory_limit_bites() -> None:
 
 _SPAWN_40 = """
 import subprocess
+import sys
 kids = []
 try:
     for _ in range(40):
@@ -161,3 +173,105 @@ def test_containers_are_removed_after_every_run() -> None:
         sb.run(["sh", "-c", "exit 5"])
         sb.run(["sleep", "60"])
     assert _containers("removed") == []
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(conn.recv(64).upper())
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+_CALL = """
+import socket, sys
+for port in map(int, sys.argv[1:]):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"ping")
+        print(port, s.recv(64).decode() or "closed")
+    except OSError as e:
+        print(port, "refused", type(e).__name__)
+"""
+
+
+def test_egress_reaches_the_allowed_endpoint_and_nothing_else() -> None:
+    allowed, allowed_port = _echo_server()
+    other, other_port = _echo_server()
+    try:
+        with DockerSandbox(egress=[f"127.0.0.1:{allowed_port}"]) as sb:
+            r = sb.run(["python3", "-c", _CALL, str(allowed_port), str(other_port)])
+            killed = sb.run(["sh", "-c", "kill -9 $$"])  # the forwarder reports the status as the shim does
+    finally:
+        allowed.close()
+        other.close()
+    assert r.ok, r.stderr
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert got[str(allowed_port)] == "PING" and got[str(other_port)].startswith("refused")
+    assert killed.exit_code == 137 and killed.signal == 9
+
+
+def test_the_registry_gives_the_docker_backend_by_name() -> None:
+    with LocalSandbox(SandboxLimits(timeout_s=60), backend="docker") as sb:
+        root = sb.root
+        (root / "work").mkdir()
+        r = sb.run(["sh", "-c", "echo $HOME; pwd; echo hi > out"], cwd="work")
+        assert (root / "work" / "out").read_text() == "hi\n"  # the private root, at its own path inside
+    home, cwd = r.stdout.split()
+    assert r.ok and r.isolation == "docker" and home == str(root / "home") and cwd == str(root / "work")
+
+
+def test_the_disk_quota_counts_the_writable_mounts(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    lim = SandboxLimits(disk_mb=20, disk_poll_s=0.1, timeout_s=120)
+    fill = "for i in $(seq 10); do head -c 8000000 /dev/zero > f$i; done; sleep 100"
+    with DockerSandbox(lim, mounts=[Mount(ws, "/app", writable=True)]) as sb:
+        r = sb.run(["sh", "-c", fill], cwd="/app")
+        big = sb.run(["sh", "-c", "head -c 30000000 /dev/zero > /app/one"])  # one file past it: RLIMIT_FSIZE
+    assert r.disk_exceeded and r.exit_code == 137 and not r.timed_out
+    assert big.exit_code != 0 and (ws / "one").stat().st_size <= 20 * 1024 * 1024
+
+
+_CALLER = """
+import sys
+from opengyre.sandbox import DockerSandbox, SandboxLimits
+with DockerSandbox(SandboxLimits(timeout_s=5), labels={"og.test": sys.argv[1]}) as sb:
+    sb.run(["sleep", str(616160 + 1)])  # spelt so that this script's own command line does not hold it
+"""
+
+
+@pytest.mark.slow
+def test_a_caller_killed_mid_run_leaves_nothing_running() -> None:
+    """A container does not die with its caller: its backstop (the timeout plus a grace, inside) ends the command,
+    and the next sandbox opened on this host removes what the dead caller left."""
+    tag = os.urandom(6).hex()
+    caller = subprocess.Popen([sys.executable, "-c", _CALLER, tag])
+    try:
+        wait_until(lambda: _host_has("616161"), "the caller's container started its command")
+    finally:
+        caller.kill()
+        caller.wait()
+    wait_until(lambda: not _host_has("616161"), "the command outlived its killed caller past the backstop")
+    wait_until(
+        lambda: (
+            subprocess.run(
+                ["docker", "ps", "-q", "--filter", f"label=og.test={tag}"], capture_output=True, text=True
+            ).stdout
+            == ""
+        ),
+        "the container stopped",
+    )
+    with DockerSandbox():
+        pass
+    assert _containers(tag) == []

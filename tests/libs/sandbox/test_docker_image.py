@@ -80,8 +80,10 @@ def test_bad_sandbox_settings_are_refused(tmp_path: Path) -> None:
         DockerSandbox(user="nobody")
     with pytest.raises(ValueError, match="absolute"):
         DockerSandbox(mounts=[Mount(tmp_path, "app")])
-    with pytest.raises(ValueError, match="two mounts"):
-        DockerSandbox(mounts=[Mount(tmp_path, "/app"), Mount(tmp_path, "/app/")])
+    with pytest.raises(ValueError, match="share a target"):
+        DockerSandbox(mounts=[Mount(tmp_path, "/app"), Mount(tmp_path / "x", "/app")])
+    with pytest.raises(ValueError, match="container's own places"):
+        DockerSandbox(mounts=[Mount(tmp_path, "/tmp/x")])
     with pytest.raises(ValueError, match="cpus"):
         DockerSandbox(cpus=0)
     with pytest.raises(SandboxError, match="not open"):
