@@ -275,3 +275,11 @@ def test_a_caller_killed_mid_run_leaves_nothing_running() -> None:
     with DockerSandbox():
         pass
     assert _containers(tag) == []
+
+
+def test_the_daemons_refusal_is_the_sandboxs_error_and_a_commands_125_is_its_own() -> None:
+    with DockerSandbox(cpus=4096) as sb, pytest.raises(SandboxError, match="could not start a container"):
+        sb.run(["true"])  # more CPUs than the machine has: the daemon refuses the container (docker's exit 125)
+    with DockerSandbox() as sb:
+        r = sb.run(["sh", "-c", "exit 125"])
+    assert r.exit_code == 125 and not r.timed_out
