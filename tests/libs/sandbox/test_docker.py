@@ -22,6 +22,7 @@ from opengyre.sandbox import (
     Mount,
     SandboxError,
     SandboxLimits,
+    check_docker,
     docker_unavailable,
 )
 
@@ -283,3 +284,10 @@ def test_the_daemons_refusal_is_the_sandboxs_error_and_a_commands_125_is_its_own
     with DockerSandbox() as sb:
         r = sb.run(["sh", "-c", "exit 125"])
     assert r.exit_code == 125 and not r.timed_out
+
+
+def test_sandbox_check_reports_the_docker_backend_from_real_runs() -> None:
+    ok, lines = check_docker()
+    assert ok, lines
+    assert "uid inside: 65534" in lines[1] or f"uid inside: {os.getuid()}" in lines[1]
+    assert "interfaces: lo (loopback only)" in lines[1] and lines[-1] == "egress bridge: works"
