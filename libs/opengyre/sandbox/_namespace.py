@@ -219,7 +219,9 @@ class NamespaceSandbox(BaseSandbox):
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
         if self.egress:
             args += ["--ro-bind", str(self._base / "egress"), _EGRESS_DIR]
-        args += ["--chdir", cwd]
+        # The root (bwrap's tmpfs, holding the mount points) read-only: a write outside the writable mounts and
+        # the sized tmpfs fails instead of taking the machine's memory.
+        args += ["--remount-ro", "/", "--chdir", cwd]
         return args
 
     def _launcher(self, status_fd: int) -> list[str]:
