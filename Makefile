@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses
+.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses sandbox-image docker-check
 
 setup: $(STAMP)
 
@@ -33,6 +33,17 @@ test: $(STAMP) proto-check lint typecheck
 # Everything but the tests marked slow (each of those takes tens of seconds), stopping at the first failure.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -n $(PYTEST_WORKERS) -m "not slow"
+
+# The Docker sandbox backend's base image, opengyre-base:bookworm: debootstrap (minbase + python3) and docker import,
+# no image registry (about 40 s and 118 MB here); kept when it exists. Needs docker.io and debootstrap, and a
+# running dockerd (dockerd --host unix:///var/run/docker.sock &).
+sandbox-image:
+	sh scripts/sandbox_image.sh
+
+# One Harbor task end to end in the Docker backend: its Dockerfile built FROM the base image, the agent command run
+# in a container against /app (egress to one host loopback endpoint only), the verifier grading it; with controls.
+docker-check: $(STAMP) sandbox-image
+	$(PY) scripts/docker_check.py
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py

@@ -18,16 +18,23 @@ from ._backend import (
     selected_backend,
 )
 from ._base import BaseSandbox, Mount, SandboxError
+from ._docker import BASE_IMAGE, IMAGE_ENV, DockerSandbox, check_docker, docker_unavailable
+from ._docker_image import DockerfileError, ImageBuild, build_image, check_dockerfile
 from ._isolation import network_isolation_available
 from ._limits import SandboxLimits, SandboxResult
 from ._local import ProcessSandbox, in_namespace_sandbox
 from ._namespace import NamespaceSandbox
 
 __all__ = [
+    "BASE_IMAGE",
     "DEFAULT_BACKEND",
     "ENV_VAR",
+    "IMAGE_ENV",
     "Backend",
     "BaseSandbox",
+    "DockerSandbox",
+    "DockerfileError",
+    "ImageBuild",
     "LocalSandbox",
     "Mount",
     "NamespaceSandbox",
@@ -37,6 +44,10 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "backend_names",
+    "build_image",
+    "check_docker",
+    "check_dockerfile",
+    "docker_unavailable",
     "in_namespace_sandbox",
     "network_isolation_available",
     "open_sandbox",
