@@ -190,7 +190,7 @@ async def test_a_switch_that_stops_half_way_is_resumed_or_undone(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
     # No proxy answers: the drain cannot be confirmed, so the protocol stops in "draining" (nothing released).
-    dead_proxy = ProxyDrainer("127.0.0.1:1", timeout_s=5)
+    dead_proxy = ProxyDrainer("127.0.0.1:1", token=None, timeout_s=5)
     svc = SchedulerService(policy=make_policy("elastic"), actuator=ExternalActuator(dead_proxy))
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
         for c in ("c0", "c1"):

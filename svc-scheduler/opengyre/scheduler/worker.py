@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from opengyre.runtime import grpc_channel, token_from_env
 from opengyre.v1 import scheduler_pb2 as pb
 from opengyre.v1 import scheduler_pb2_grpc
 
@@ -52,7 +53,8 @@ async def run_worker(
 ) -> int:
     """Claim and train until ``stop``; returns the number of micro-steps done."""
     done = 0
-    async with grpc.aio.insecure_channel(scheduler) as channel:
+    # The scheduler that started us runs with the stack's environment: OPENGYRE_GRPC_TOKEN or its data dir.
+    async with grpc_channel(scheduler, token_from_env()) as channel:
         await asyncio.wait_for(channel.channel_ready(), 60)
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         if ready_file is not None:

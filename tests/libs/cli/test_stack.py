@@ -75,7 +75,7 @@ def test_two_ups_at_once_one_wins_and_the_other_starts_nothing(tmp_path: Path) -
         assert running == ["nats-server", "svc-synth"]  # one of each: the loser started nothing
         assert (data / "nats.url").read_text().strip() == record["nats_url"]
         ledger = Ledger()
-        asyncio.run(ledger.publish(str(record["nats_url"]), 30))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 30, credentials=record["nats_admin"]))
         asyncio.run(ledger.verify(data, str(record["nats_url"])))
     finally:
         for p in procs:
@@ -92,7 +92,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
     assert res.returncode == 0, res.stdout + res.stderr
     try:
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         os.kill(int(record["pid"]), signal.SIGKILL)
         wait_until(lambda: not processes_on(data), "nats-server and the service died with their supervisor")
         res = og("status", "--data-dir", str(data))
@@ -103,7 +103,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
         res = og("up", "--detach", "--data-dir", str(data), "--services", "synth")
         assert res.returncode == 0, res.stdout + res.stderr
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         nats_pid, supervisor = int(record["nats_pid"]), int(record["pid"])  # type: ignore[call-overload]
         os.kill(nats_pid, signal.SIGSTOP)
         os.kill(supervisor, signal.SIGKILL)
@@ -119,7 +119,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
         assert not alive(nats_pid)
         assert sorted(what for _, what in processes_on(data)) == ["nats-server", "svc-synth"]
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         asyncio.run(ledger.verify(data, str(record["nats_url"])))
         assert len(ledger.acked) == 60
     finally:
@@ -148,7 +148,7 @@ async def test_a_killed_nats_server_is_restarted_and_health_follows_the_log(tmp_
         seen: list[int] = []
         watch = asyncio.create_task(_health_watch(int(record["services"]["synth"]["port"]), seen))  # type: ignore[index]
         ledger = Ledger()
-        log = await EventLog.connect(url)
+        log = await EventLog.connect(url, credentials=record["nats_admin"])
         try:
             publisher = asyncio.create_task(ledger.put(log, 150))
             await await_until(lambda: len(ledger.acked) >= 30, "30 events acknowledged")
@@ -187,7 +187,7 @@ def test_status_says_when_the_log_is_down_and_services_stop_serving(tmp_path: Pa
             res = og("status", "--data-dir", str(data))
             assert res.returncode == 0 and "event log" in res.stdout and "serving" in res.stdout, res.stdout
             ledger = Ledger()
-            asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+            asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
             nats.stop()  # not ours to restart: the stack must say so
             wait_until(lambda: _health(record) == NOT_SERVING, "synth reports NOT_SERVING without its log")
             res = og("status", "--data-dir", str(data))
@@ -196,7 +196,7 @@ def test_status_says_when_the_log_is_down_and_services_stop_serving(tmp_path: Pa
             nats = EmbeddedNats(tmp_path / "external", port=nats.port)
             nats.start()
             wait_until(lambda: _health(record) == SERVING, "synth serves again once the log is back")
-            asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+            asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
             asyncio.run(ledger.verify(data, str(record["nats_url"])))
     finally:
         nats.stop()
@@ -207,7 +207,7 @@ async def test_a_full_disk_is_reported_and_the_stack_recovers_when_space_returns
     with tmpfs(data / "nats", "size=16m") as store, up(data, env={"OPENGYRE_LOG_MIN_FREE_MB": "4"}) as record:
         url, monitor = str(record["nats_url"]), str(record["nats_monitor_url"])
         ledger = Ledger()
-        log = await EventLog.connect(url, health_url=monitor)
+        log = await EventLog.connect(url, health_url=monitor, credentials=record["nats_admin"])
         try:
             await ledger.put(log, 20)
             filler = store / "filler"
@@ -271,7 +271,7 @@ def test_commands_read_the_store_and_stream_the_stack_recorded(tmp_path: Path, p
     config = LogConfig(stream="RECORDED")
     with up(data, "--db-url", prod_db_url, "--stream", "RECORDED") as record:
         ledger = Ledger()
-        asyncio.run(ledger.publish(str(record["nats_url"]), 25, config))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 25, config, credentials=record["nats_admin"]))
         wait_until(lambda: _applied(record, 25), "synth applied 25 events")
     assert not (data / "db").exists()  # everything went to the store given
     # No option repeated: the store and the stream are what `up` recorded.
@@ -285,7 +285,7 @@ def test_commands_read_the_store_and_stream_the_stack_recorded(tmp_path: Path, p
     with up(data) as record:
         assert record["stream"] == "RECORDED"
         ledger2 = Ledger()
-        asyncio.run(ledger2.publish(str(record["nats_url"]), 5, config))
+        asyncio.run(ledger2.publish(str(record["nats_url"]), 5, config, credentials=record["nats_admin"]))
         wait_until(lambda: _applied(record, 30), "synth applied 30 events")
 
 
