@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -452,7 +453,11 @@ def status(data_dir: DataDirOpt = None) -> None:
 
 def _exposure_text(host: str) -> str:
     """Who can reach the services' gRPC ports and the proxy's HTTP gateway."""
-    if host in ("127.0.0.1", "::1", "localhost"):
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False  # a name: whatever it resolves to, it may be reachable
+    if loopback:
         return f"gRPC and the proxy's HTTP gateway listen on {host} (this machine only)"
     return (
         f"[yellow]gRPC and the proxy's HTTP gateway listen on {host}: reachable from other machines[/] "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -318,3 +319,27 @@ def _serving_now(data: Path) -> bool:
         return _health(stack_record(data)) == SERVING
     except grpc.aio.AioRpcError:  # not listening yet
         return False
+
+
+def test_status_says_what_is_exposed_and_host_is_recorded(tmp_path: Path) -> None:
+    """Per service its address and that a call without the token is refused; NATS requires credentials and names
+    its users; --host (a loopback address other than the default here: only loopback may be a target) is recorded
+    and kept by the next `up`, for gRPC and the proxy's gateway alike."""
+    data = tmp_path / "og"
+    env = {"COLUMNS": "250"}
+    with up(data, "--host", "127.0.0.2", services="synth,proxy", env=env) as record:
+        assert record["host"] == "127.0.0.2"
+        assert (data / "proxy.url").read_text().startswith("http://127.0.0.2:")
+        res = og("status", "--data-dir", str(data), env=env)
+        assert res.returncode == 0, res.stdout
+        for name in ("synth", "proxy"):
+            port = record["services"][name]["port"]  # type: ignore[index]
+            row = next(line for line in res.stdout.splitlines() if f"127.0.0.2:{port}" in line)
+            assert name in row and "token" in row and "OPEN" not in row, row
+        said = next(line for line in res.stdout.splitlines() if line.startswith("NATS requires credentials; users: "))
+        users = said.removeprefix("NATS requires credentials; users: ").split(" (")[0].split(", ")
+        assert sorted(users) == sorted(["admin", "synth", "scheduler", "proxy", "trainer", "bench"]), said
+        assert "listen on 127.0.0.2 (this machine only)" in res.stdout
+    assert json.loads((data / "settings.json").read_text())["host"] == "127.0.0.2"
+    with up(data, env=env) as record:  # no --host: the recorded one
+        assert record["host"] == "127.0.0.2"
