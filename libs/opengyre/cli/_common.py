@@ -116,7 +116,10 @@ async def log_session(settings: Settings, *, held: DataDirLock | None = None) ->
         health_url = server.monitor_url
     try:
         try:
-            creds = client_credentials(settings.data_dir, embedded=embedded)
+            try:
+                creds = client_credentials(settings.data_dir, embedded=embedded)
+            except (ValueError, RuntimeError) as exc:  # the env names half a user, a credentials file is unreadable
+                raise fail(str(exc)) from exc
             log = await EventLog.connect(url, settings.log, create=False, health_url=health_url, credentials=creds)
         except LogUnavailable as exc:
             raise fail(f"{exc}. Is the stack up? (`opengyre up`)") from exc
