@@ -27,6 +27,8 @@ from opengyre.runtime import (
     write_nats_config,
 )
 
+from ..._polling import await_until
+
 
 @pytest.fixture
 def secured(tmp_path: Path, log_config: LogConfig) -> Iterator[tuple[EmbeddedNats, dict[str, NatsCredentials]]]:
@@ -204,3 +206,48 @@ async def test_the_server_a_command_starts_on_a_stopped_stack_requires_the_same_
         with pytest.raises(LogUnavailable, match="without credentials"):
             await EventLog.connect(f"nats://{url.netloc}", timeout=3, create=False)
         assert await log.last_seq() == 0
+
+
+async def test_an_external_nats_that_requires_credentials_takes_the_ones_the_environment_names(
+    tmp_path: Path, log_config: LogConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--nats-url: the users are the operator's; `up`, its services and the commands use OPENGYRE_NATS_USER and
+    OPENGYRE_NATS_PASSWORD (here the server's admin user, as an operator's own would be)."""
+    operator = tmp_path / "operator"
+    server = EmbeddedNats(tmp_path / "store", config_file=write_nats_config(operator, log_config))
+    server.start()
+    try:
+        settings = Settings(data_dir=tmp_path / "data", nats_url=server.url, log=log_config)
+        refused = Stack(settings, services=[])
+        with pytest.raises(LogUnavailable, match="refuses a connection without credentials"):
+            await refused.start()
+        creds = read_nats_credentials(operator, NATS_ADMIN)
+        assert creds is not None
+        monkeypatch.setenv("OPENGYRE_NATS_USER", creds.user)
+        monkeypatch.setenv("OPENGYRE_NATS_PASSWORD", creds.password)
+        stack = Stack(settings, services=["synth"])
+        await stack.start()
+        try:
+            assert stack.admin_credentials == creds and not (settings.data_dir / "auth" / "nats").exists()
+            log = await EventLog.connect(server.url, log_config, credentials=stack.admin_credentials)
+            try:
+                await log.append(SkillIngested(skill_id="ext", name="e", description="d"))
+            finally:
+                await log.close()
+            # The service (its own process, the environment passed on) connected with them and folds the event.
+            from opengyre.runtime import grpc_channel
+            from opengyre.v1 import common_pb2, synth_pb2_grpc
+
+            port = stack.children["synth"].port
+            async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
+                stub = synth_pb2_grpc.SynthServiceStub(ch)
+
+                async def folded() -> bool:
+                    st = await stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
+                    return any(p.position >= 1 for p in st.projections)
+
+                await await_until(folded, "synth folds the event through the operator's NATS user", polls=1200)
+        finally:
+            await stack.stop()
+    finally:
+        server.stop()
