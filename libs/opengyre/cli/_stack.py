@@ -68,6 +68,10 @@ async def _up(settings: Settings, services: list[str]) -> None:
     if stack.reaped:
         console.print(_reaped_text([str(x) for x in stack.reaped]))
     _print_stack(stack)
+    auth = settings.data_dir / "auth"
+    nats = f"NATS users in {auth / 'nats'}" if stack.nats is not None else "NATS: the credentials of your --nats-url"
+    console.print(f"[dim]gRPC requires the token in {auth / 'grpc.token'}; {nats} (docs/security.md)[/]")
+    console.print(_exposure_text(settings.host))
     console.print("[dim]Ctrl-C stops the stack; `opengyre up` again on this data dir resumes it.[/]")
     sys.stdout.flush()  # a detached stack's up.log shows it now, not at exit
     try:
