@@ -87,7 +87,10 @@ async def test_each_service_appends_only_its_own_aggregates_and_the_rest_is_refu
                         expected_stored.add(subject)
                     else:
                         expected_refused += 1
-                await nc.flush()  # the server answers in order: every refusal has come before the flush's PONG
+                await nc.flush()
+                mine = sum(1 for cls in types.values() if user not in owners[cls.aggregate])
+                # Each refusal is an -ERR the server sends as it goes: wait for them on this connection.
+                await await_until(lambda r=refusals[user], n=mine: len(r.seen) >= n, f"{user}'s {mine} refusals")
         stored = {s.subject async for s in admin.read(1)}
         refused = sum(len(r.seen) for r in refusals.values())
         # Every owner's append was stored, and nothing a non-owner of the aggregate sent.
@@ -135,10 +138,12 @@ async def test_a_service_can_neither_subscribe_to_events_nor_manage_the_streams(
             await nc.publish(f"$JS.API.STREAM.DELETE.{log_config.stream}", b"", reply=nc.new_inbox())
             await nc.publish(f"$JS.API.STREAM.PURGE.{log_config.stream}", b"", reply=nc.new_inbox())
             await nc.flush()
+            await await_until(lambda: len(refusals.seen) >= 3, "the proxy's 3 refusals")
         async with _raw(server.url, users["synth"], refusals) as nc:
             await nc.publish(f"{log_config.payloads}.ex-1.d", b"only the proxy records token payloads")
             await nc.publish(f"$JS.API.STREAM.PURGE.{log_config.payloads}", b"", reply=nc.new_inbox())
             await nc.flush()
+            await await_until(lambda: len(refusals.seen) >= 5, "synth's 2 refusals")
         assert len(refusals.seen) == 5, refusals.seen
         assert (await admin.js.stream_info(log_config.stream)).config.name == log_config.stream
     finally:
