@@ -70,7 +70,7 @@ async def live(cfg: RunConfig, data: Path) -> tuple[Events, LoopResult, float]:
     events: Events = []
 
     async def keep(stack: Stack, _: LoopResult) -> None:
-        log = await EventLog.connect(stack.nats_url, stack.settings.log)
+        log = await EventLog.connect(stack.nats_url, stack.settings.log, credentials=stack.admin_credentials)
         try:
             events.extend([(s.seq, log.decode(s)) async for s in log.read()])
         finally:

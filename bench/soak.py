@@ -55,6 +55,7 @@ import openai
 from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import Event, ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.proxy import ExecutionKeys
+from opengyre.runtime import NATS_ADMIN, read_nats_credentials
 
 CLI = [sys.executable, "-m", "opengyre.cli"]
 SERVICES = ("synth", "scheduler", "proxy", "trainer", "bench")
@@ -242,7 +243,8 @@ class Publisher:
             try:
                 if self.log is None:
                     url = self.stack.record().get("nats_url") or (self.stack.data / "nats.url").read_text().strip()
-                    self.log = await EventLog.connect(url, create=False)
+                    admin = read_nats_credentials(self.stack.data, NATS_ADMIN)  # the embedded log requires a user
+                    self.log = await EventLog.connect(url, create=False, credentials=admin)
                 await self.log.append(event)
                 self.acked.append(event)
                 return
@@ -391,9 +393,9 @@ def _rows(db_path: Path, query: str) -> list[tuple[Any, ...]]:
         return list(db.execute(query).fetchall())
 
 
-async def read_log(url: str) -> tuple[dict[str, list[int]], dict[str, int]]:
+async def read_log(url: str, data: Path) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Call id -> the sequences of its model-call-recorded events; event type -> count."""
-    log = await EventLog.connect(url, create=False)
+    log = await EventLog.connect(url, create=False, credentials=read_nats_credentials(data, NATS_ADMIN))
     calls: dict[str, list[int]] = {}
     kinds: dict[str, int] = {}
     try:
@@ -446,13 +448,13 @@ async def drain(stack: Stack, bound_s: float) -> tuple[dict[str, list[int]], dic
     while True:
         url = stack.record().get("nats_url", "")
         try:
-            in_log, kinds = await read_log(url) if url else ({}, {})
+            in_log, kinds = await read_log(url, stack.data) if url else ({}, {})
         except LogUnavailable:
             in_log, kinds = {}, {}
         applied = read_applied(stack.data)
         if url and settled(stack, in_log, applied):
             # Once more: the outbox may have emptied between reading the log and reading the stores.
-            in_log, kinds = await read_log(url)
+            in_log, kinds = await read_log(url, stack.data)
             applied = read_applied(stack.data)
             if settled(stack, in_log, applied):
                 return in_log, kinds, applied, True

@@ -16,7 +16,7 @@ from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import BenchRunCompleted
 from opengyre.proxy.engine import EngineConfig, EngineServer
-from opengyre.runtime import EmbeddedNats, load_service, run_service
+from opengyre.runtime import EmbeddedNats, grpc_channel, load_service, run_service
 from opengyre.v1 import bench_pb2, bench_pb2_grpc, common_pb2
 
 from ._configs import LLAMA_31_8B
@@ -35,7 +35,7 @@ async def test_roofline_and_profiles_over_grpc(
         done, _ = await asyncio.wait([task, ready], timeout=120, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             task.result()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{ready.result()}") as ch:
+        async with grpc_channel(f"127.0.0.1:{ready.result()}", settings.grpc_token()) as ch:
             stub = bench_pb2_grpc.BenchServiceStub(ch)
             profiles = await stub.ListProfiles(bench_pb2.ListProfilesRequest())
             assert set(profiles.profiles) == {"chat", "chatbot", "coding", "terminal", "computer-use"}
@@ -69,7 +69,7 @@ async def _bench_stub(settings: Settings) -> AsyncIterator[bench_pb2_grpc.BenchS
         done, _ = await asyncio.wait([task, ready], timeout=120, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             task.result()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{ready.result()}") as ch:
+        async with grpc_channel(f"127.0.0.1:{ready.result()}", settings.grpc_token()) as ch:
             yield bench_pb2_grpc.BenchServiceStub(ch)
     finally:
         stop.set()

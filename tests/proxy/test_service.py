@@ -18,7 +18,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, PayloadsCompacted
 from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.service import ProxyService
-from opengyre.runtime import EmbeddedNats, run_service
+from opengyre.runtime import EmbeddedNats, grpc_channel, run_service
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
 M = "opengyre-tiny"
@@ -32,7 +32,7 @@ async def _running(service: ProxyService, settings: Settings) -> AsyncIterator[p
     done, _ = await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         task.result()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{ready.result()}")
+    channel = grpc_channel(f"127.0.0.1:{ready.result()}", settings.grpc_token())
     try:
         yield proxy_pb2_grpc.ProxyServiceStub(channel)
     finally:

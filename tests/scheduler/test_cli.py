@@ -16,7 +16,7 @@ from opengyre.scheduler.actuators import ExternalActuator
 from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 
-from ._service import running_scheduler
+from ._service import TOKEN_ENV, running_scheduler
 
 runner = CliRunner()
 SMALL = ["--steps", "3", "--groups-per-step", "2", "--cells", "2", "--nodes-per-cell", "1", "--slots-per-cell", "16"]
@@ -63,7 +63,7 @@ async def test_scheduler_commands_against_the_live_service(
         addr = ["--addr", f"127.0.0.1:{port}"]
 
         def cli(*args: str):  # type: ignore[no-untyped-def]
-            return asyncio.to_thread(runner.invoke, app, ["scheduler", *args, *addr])
+            return asyncio.to_thread(runner.invoke, app, ["scheduler", *args, *addr], env=TOKEN_ENV)
 
         r = await cli("register", "c0", "--capacity", "8")
         assert r.exit_code == 0 and "registered c0" in r.output, r.output

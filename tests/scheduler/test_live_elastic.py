@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import openai
 import pytest
 
@@ -23,7 +22,7 @@ from opengyre.events import (
 )
 from opengyre.proxy import GatewayConfig
 from opengyre.proxy.service import ProxyService
-from opengyre.runtime import EmbeddedNats
+from opengyre.runtime import EmbeddedNats, grpc_channel
 from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.actuators import DEFAULT_TRAINER_ARGV, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
@@ -33,7 +32,7 @@ from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
 from .._polling import await_until
-from ._service import running_scheduler, running_service
+from ._service import TOKEN, TOKEN_ENV, running_scheduler, running_service
 
 TOKENS = 200
 STEPS = 3
@@ -59,13 +58,13 @@ async def test_elastic_cells_move_live_and_every_execution_completes(
     async with running_service(proxy, nats_server, log_config, tmp_path / "proxy") as proxy_port:
         proxy_addr = f"127.0.0.1:{proxy_port}"
         actuator = LocalActuator(
-            tmp_path / "cells", drainer=ProxyDrainer(proxy_addr),
-            trainer_argv=[*DEFAULT_TRAINER_ARGV, "--micro-step-s", "0.2"],
+            tmp_path / "cells", drainer=ProxyDrainer(proxy_addr, token=TOKEN),
+            trainer_argv=[*DEFAULT_TRAINER_ARGV, "--micro-step-s", "0.2"], env=TOKEN_ENV,
         )  # fmt: skip
         svc = SchedulerService(policy=make_policy("elastic"), loop=LOOP, actuator=actuator, auto=True, poll_s=0.1)
         async with (
             running_scheduler(svc, nats_server, log_config, tmp_path / "sched") as (stub, port),
-            grpc.aio.insecure_channel(proxy_addr) as pch,
+            grpc_channel(proxy_addr, TOKEN) as pch,
         ):
             actuator.scheduler_addr = f"127.0.0.1:{port}"
             pstub = proxy_pb2_grpc.ProxyServiceStub(pch)

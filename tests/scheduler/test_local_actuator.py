@@ -21,7 +21,7 @@ from opengyre.scheduler.service import SchedulerService
 from opengyre.v1 import scheduler_pb2 as pb
 
 from .._polling import await_until
-from ._service import running_scheduler
+from ._service import TOKEN_ENV, running_scheduler
 
 
 def _alive(pid: int) -> bool:
@@ -37,7 +37,10 @@ async def test_engine_and_trainer_processes_follow_the_role(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
     actuator = LocalActuator(
-        tmp_path / "cells", trainer_argv=[*DEFAULT_TRAINER_ARGV, "--micro-step-s", "0.05"], start_timeout=120
+        tmp_path / "cells",
+        trainer_argv=[*DEFAULT_TRAINER_ARGV, "--micro-step-s", "0.05"],
+        start_timeout=120,
+        env=TOKEN_ENV,
     )
     svc = SchedulerService(
         policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=2, group_size=2), actuator=actuator, poll_s=0.05

@@ -25,7 +25,7 @@ from opengyre.scheduler.worker import run_worker
 from opengyre.v1 import scheduler_pb2 as pb
 
 from .._polling import await_until
-from ._service import running_scheduler
+from ._service import TOKEN, running_scheduler
 
 
 async def _code(call: object) -> grpc.StatusCode:
@@ -190,7 +190,7 @@ async def test_a_switch_that_stops_half_way_is_resumed_or_undone(
     nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
 ) -> None:
     # No proxy answers: the drain cannot be confirmed, so the protocol stops in "draining" (nothing released).
-    dead_proxy = ProxyDrainer("127.0.0.1:1", timeout_s=5)
+    dead_proxy = ProxyDrainer("127.0.0.1:1", token=None, timeout_s=5)
     svc = SchedulerService(policy=make_policy("elastic"), actuator=ExternalActuator(dead_proxy))
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, _):
         for c in ("c0", "c1"):
@@ -316,7 +316,9 @@ async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
                                                        group_size=1))  # fmt: skip
             await event_log.append(ExecutionFinished(execution_id=f"x{g}", status="completed", score=1.0))
         await stub.ForceRole(pb.ForceRoleRequest(cell_id="c1", target="training"))
-        worker = asyncio.create_task(run_worker("c1", f"127.0.0.1:{port}", stop=stop, train=train, poll_s=0.05))
+        worker = asyncio.create_task(
+            run_worker("c1", f"127.0.0.1:{port}", token=TOKEN, stop=stop, train=train, poll_s=0.05)
+        )
         await await_until(entered.is_set, "the worker entered its micro-step", polls=6000, every=0.02)
     svc = scheduler()
     async with running_scheduler(svc, nats_server, log_config, tmp_path, port=port):

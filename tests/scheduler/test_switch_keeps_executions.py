@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import openai
 
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.proxy import GatewayConfig
 from opengyre.proxy.service import ProxyService
-from opengyre.runtime import EmbeddedNats
+from opengyre.runtime import EmbeddedNats, grpc_channel
 from opengyre.scheduler import LoopConfig
 from opengyre.scheduler.actuators import LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
@@ -24,7 +23,7 @@ from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 from opengyre.v1 import scheduler_pb2 as pb
 
 from .._polling import await_until
-from ._service import running_scheduler, running_service
+from ._service import TOKEN, TOKEN_ENV, running_scheduler, running_service
 
 LONG = 1500  # tokens: certainly still generating when the switch comes
 M = "opengyre-tiny"
@@ -69,13 +68,13 @@ async def test_executions_in_flight_across_a_switch_finish_with_their_full_token
     proxy = ProxyService(GatewayConfig(port=0))
     async with running_service(proxy, nats_server, log_config, tmp_path / "proxy") as proxy_port:
         proxy_addr = f"127.0.0.1:{proxy_port}"
-        actuator = LocalActuator(tmp_path / "cells", drainer=ProxyDrainer(proxy_addr))
+        actuator = LocalActuator(tmp_path / "cells", drainer=ProxyDrainer(proxy_addr, token=TOKEN), env=TOKEN_ENV)
         svc = SchedulerService(
             policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=1, group_size=2), actuator=actuator
         )
         async with (
             running_scheduler(svc, nats_server, log_config, tmp_path / "sched") as (stub, port),
-            grpc.aio.insecure_channel(proxy_addr) as pch,
+            grpc_channel(proxy_addr, TOKEN) as pch,
         ):
             actuator.scheduler_addr = f"127.0.0.1:{port}"
             pstub = proxy_pb2_grpc.ProxyServiceStub(pch)

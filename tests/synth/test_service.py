@@ -11,7 +11,7 @@ import pytest
 
 from opengyre.config import Settings
 from opengyre.eventlog import LogConfig
-from opengyre.runtime import EmbeddedNats, load_service, run_service
+from opengyre.runtime import EmbeddedNats, grpc_channel, load_service, run_service
 from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 from tests._polling import await_until
 
@@ -27,7 +27,7 @@ async def stub(
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(run_service(load_service("synth"), settings, stop, port=0, ready=ready))
     port = await asyncio.wait_for(ready, 60)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+    async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
         yield synth_pb2_grpc.SynthServiceStub(ch)
     stop.set()
     await task

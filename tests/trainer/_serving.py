@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import grpc
-
 from opengyre.config import Settings
-from opengyre.runtime import run_service
+from opengyre.runtime import grpc_channel, run_service
 from opengyre.trainer.service import TrainerService
 from opengyre.v1 import common_pb2, trainer_pb2_grpc
 
@@ -24,7 +22,7 @@ async def serving_trainer(settings: Settings) -> AsyncIterator[trainer_pb2_grpc.
     task = asyncio.create_task(run_service(TrainerService(), settings, stop, port=0, ready=ready))
     try:
         port = await asyncio.wait_for(ready, 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
             stub = trainer_pb2_grpc.TrainerServiceStub(ch)
 
             async def caught_up() -> bool:

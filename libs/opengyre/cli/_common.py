@@ -51,11 +51,15 @@ StreamOpt = Annotated[
 
 
 def settings_from(
-    data_dir: Path | None, nats_url: str | None = None, db_url: str | None = None, stream: str | None = None
+    data_dir: Path | None,
+    nats_url: str | None = None,
+    db_url: str | None = None,
+    stream: str | None = None,
+    host: str | None = None,
 ) -> Settings:
     """Options, then the environment, then what the data dir's last `opengyre up` recorded, then defaults."""
     try:
-        return Settings.from_env(data_dir=data_dir, nats_url=nats_url, db_url=db_url, stream=stream)
+        return Settings.from_env(data_dir=data_dir, nats_url=nats_url, db_url=db_url, stream=stream, host=host)
     except SettingsError as exc:
         raise fail(str(exc)) from exc
 
@@ -70,11 +74,20 @@ async def log_session(settings: Settings, *, held: DataDirLock | None = None) ->
     """The event log of --nats-url or of the running stack; with the stack down, the data dir's own log
     served by a temporary embedded nats-server (holding the data dir's lock meanwhile, so no stack starts on
     the same store; ``held``: the caller holds it already). Fails with a clear message otherwise."""
-    from ..runtime import DataDirBusy, DataDirUnusable, EmbeddedNats, find_leftovers, stack_alive
+    from ..runtime import (
+        DataDirBusy,
+        DataDirUnusable,
+        EmbeddedNats,
+        client_credentials,
+        find_leftovers,
+        stack_alive,
+        write_nats_config,
+    )
 
     running = stack_alive(settings)
     url = settings.nats_url or (running["nats_url"] if running else None)
     health_url = running.get("nats_monitor_url") if running and not settings.nats_url else None
+    embedded = bool(running and running.get("embedded_nats")) and not settings.nats_url
     server: EmbeddedNats | None = None
     lock: DataDirLock | None = None
     if not url:
@@ -95,13 +108,19 @@ async def log_session(settings: Settings, *, held: DataDirLock | None = None) ->
                 f"a stack that died left {', '.join(map(str, left))} running on {settings.data_dir}: "
                 "`opengyre down` stops them"
             )
-        server = EmbeddedNats(store, host=settings.host)
+        # The stack's own users and permissions: the store is no more open with the stack down than up.
+        server = EmbeddedNats(store, config_file=write_nats_config(settings.data_dir, settings.log))
+        embedded = True
         server.launch()
         url = await asyncio.to_thread(server.wait_ready)
         health_url = server.monitor_url
     try:
         try:
-            log = await EventLog.connect(url, settings.log, create=False, health_url=health_url)
+            try:
+                creds = client_credentials(settings.data_dir, embedded=embedded)
+            except (ValueError, RuntimeError) as exc:  # the env names half a user, a credentials file is unreadable
+                raise fail(str(exc)) from exc
+            log = await EventLog.connect(url, settings.log, create=False, health_url=health_url, credentials=creds)
         except LogUnavailable as exc:
             raise fail(f"{exc}. Is the stack up? (`opengyre up`)") from exc
         try:

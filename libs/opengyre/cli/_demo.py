@@ -19,13 +19,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-import grpc
 import typer
 
 from ..config import Settings
 from ..eventlog import EventLog, LogUnavailable
 from ..report import LiveDashboard, RunSummary, summary_table
-from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections
+from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections, grpc_channel
 from ..v1 import common_pb2
 from ._common import DataDirOpt, console, fail, settings_from
 from ._replay import replay_compare
@@ -102,7 +101,7 @@ async def _pending(stack: Stack) -> int:
     for name, child in stack.children.items():
         stub_mod = __import__(f"opengyre.v1.{name}_pb2_grpc", fromlist=["x"])
         stub = getattr(stub_mod, f"{name.capitalize()}ServiceStub")
-        async with grpc.aio.insecure_channel(f"{stack.settings.host}:{child.port}") as ch:
+        async with grpc_channel(f"{stack.settings.host}:{child.port}", stack.settings.grpc_token()) as ch:
             st = await stub(ch).GetStatus(common_pb2.StatusRequest(), timeout=30)
         total += sum(p.pending for p in st.projections)
     return total
@@ -118,7 +117,7 @@ class _View:
         self.log: EventLog | None = None
 
     async def start(self, stack: Stack) -> None:
-        self.log = await EventLog.connect(stack.nats_url, stack.settings.log)
+        self.log = await EventLog.connect(stack.nats_url, stack.settings.log, credentials=stack.admin_credentials)
         dash = LiveDashboard(self.log, console=console, title=f"opengyre demo {self.run}")
         self.task = asyncio.create_task(dash.run(self.halt), name="demo-dashboard")
 
@@ -140,7 +139,7 @@ async def replay_matches(stack: Stack, settings: Settings) -> bool:
         if await _pending(stack) == 0:
             break
         await asyncio.sleep(0.1)
-    log = await EventLog.connect(stack.nats_url, settings.log)
+    log = await EventLog.connect(stack.nats_url, settings.log, credentials=stack.admin_credentials)
     ok = True
     try:
         for proj in all_projections().values():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
+import json
 import logging
 import os
 import signal
@@ -21,7 +23,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from ..config import Settings
-from ..eventlog import EventLog, LogUnavailable
+from ..eventlog import EventLog, LogUnavailable, NatsCredentials
 from ..runtime import (
     SERVICE_CLASSES,
     DataDirBusy,
@@ -31,11 +33,14 @@ from ..runtime import (
     PortTaken,
     Stack,
     check_data_dir,
+    client_credentials,
     describe_holder,
     find_leftovers,
+    grpc_channel,
     is_service_of,
     load_service,
     lock_holder,
+    nats_config_file,
     read_stack_file,
     reap_leftovers,
     run_service,
@@ -63,6 +68,10 @@ async def _up(settings: Settings, services: list[str]) -> None:
     if stack.reaped:
         console.print(_reaped_text([str(x) for x in stack.reaped]))
     _print_stack(stack)
+    auth = settings.data_dir / "auth"
+    nats = f"NATS users in {auth / 'nats'}" if stack.nats is not None else "NATS: the credentials of your --nats-url"
+    console.print(f"[dim]gRPC requires the token in {auth / 'grpc.token'}; {nats} (docs/security.md)[/]")
+    console.print(_exposure_text(settings.host))
     console.print("[dim]Ctrl-C stops the stack; `opengyre up` again on this data dir resumes it.[/]")
     sys.stdout.flush()  # a detached stack's up.log shows it now, not at exit
     try:
@@ -122,13 +131,20 @@ def up(
             "CPU engine, vllm+http://host:port for vLLM [default: OPENGYRE_PROXY_ENGINES, else what was recorded]",
         ),
     ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address the services' gRPC and the proxy's HTTP gateway listen on (0.0.0.0: every interface; "
+            "gRPC still requires the stack's token) [default: OPENGYRE_HOST, else what was recorded, else 127.0.0.1]",
+        ),
+    ] = None,
 ) -> None:
     """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service.
 
     One stack per data dir. The options are recorded in the data dir (settings.json): later commands, and the
     next `up`, use them without being told again.
     """
-    settings = settings_from(data_dir, nats_url, db_url, stream)
+    settings = settings_from(data_dir, nats_url, db_url, stream, host)
     if engine is not None:
         settings = dataclasses.replace(settings, proxy_engines=tuple(engine))
     names = _parse_services(services)
@@ -161,6 +177,8 @@ def _detach(settings: Settings, names: list[str]) -> None:
         ",".join(names),
         "--stream",
         settings.log.stream,
+        "--host",
+        settings.host,
     ]
     for url in settings.proxy_engines:
         args += ["--engine", url]
@@ -243,32 +261,88 @@ def down(data_dir: DataDirOpt = None) -> None:
 STATUS_DEADLINE_S = 2.0
 
 
-async def _service_status(host: str, name: str, port: int) -> tuple[str, Any]:
-    """Health, then GetStatus when serving; each under a short deadline, so a stuck service costs seconds."""
+async def _service_status(host: str, name: str, port: int, token: str | None) -> tuple[str, Any, str]:
+    """Health, then GetStatus when serving; each under a short deadline, so a stuck service costs seconds. The
+    third value says whether its RPCs require the token: a GetStatus sent without one must be refused."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from ..v1 import common_pb2
 
     stub_mod = __import__(f"opengyre.v1.{name}_pb2_grpc", fromlist=["x"])
     stub_cls = getattr(stub_mod, f"{name.capitalize()}ServiceStub")
+    addr = f"{host}:{port}"
     try:
-        async with grpc.aio.insecure_channel(f"{host}:{port}") as ch:
+        async with grpc_channel(addr, token) as ch:
             h = await health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=STATUS_DEADLINE_S
             )
             state = health_pb2.HealthCheckResponse.ServingStatus.Name(h.status)
+            auth = await _auth_state(addr, stub_cls)
             if h.status != health_pb2.HealthCheckResponse.SERVING:
-                return state, None  # its projections' status would wait on the log it cannot reach
+                return state, None, auth  # its projections' status would wait on the log it cannot reach
             st = await stub_cls(ch).GetStatus(common_pb2.StatusRequest(), timeout=STATUS_DEADLINE_S)
-            return state, st
+            return state, st, auth
     except grpc.aio.AioRpcError as exc:
-        return exc.code().name, None
+        return exc.code().name, None, "?"
 
 
-async def _log_status(url: str, settings: Settings, health_url: str | None) -> str:
+async def _auth_state(addr: str, stub_cls: Any) -> str:
+    """'token' when a call without the token is refused (UNAUTHENTICATED), 'OPEN' when it is answered."""
+    from ..v1 import common_pb2
+
+    try:
+        async with grpc_channel(addr, None) as ch:
+            await stub_cls(ch).GetStatus(common_pb2.StatusRequest(), timeout=STATUS_DEADLINE_S)
+    except grpc.aio.AioRpcError as exc:
+        return "token" if exc.code() == grpc.StatusCode.UNAUTHENTICATED else f"? ({exc.code().name})"
+    return "OPEN"
+
+
+async def _nats_open(url: str) -> bool | None:
+    """Whether the NATS server at ``url`` takes a connection without credentials (it must not); None: no answer
+    within the deadline (the log's own line says why)."""
+    from nats.aio.client import Client
+
+    refused = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        if "authorization" in str(exc).lower():
+            refused.set()
+
+    nc = Client()
+    connecting = asyncio.ensure_future(
+        nc.connect(url, connect_timeout=int(STATUS_DEADLINE_S), allow_reconnect=False, error_cb=on_error)
+    )
+    waiting = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, waiting}, timeout=STATUS_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    opened = connecting.done() and not connecting.cancelled() and connecting.exception() is None
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+    with contextlib.suppress(Exception):
+        await nc.close()
+    if opened:
+        return True
+    return False if refused.is_set() else None
+
+
+def _nats_users(settings: Settings) -> list[str]:
+    """The users the embedded server's config names."""
+    try:
+        data = json.loads(nats_config_file(settings.data_dir).read_text())
+        return [str(u["user"]) for u in data["authorization"]["users"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+async def _log_status(url: str, settings: Settings, health_url: str | None, creds: NatsCredentials | None) -> str:
     """'' when the log can take appends, else why not."""
     try:
-        log = await EventLog.connect(url, settings.log, timeout=STATUS_DEADLINE_S, create=False, health_url=health_url)
+        log = await EventLog.connect(
+            url, settings.log, timeout=STATUS_DEADLINE_S, create=False, health_url=health_url, credentials=creds
+        )
     except LogUnavailable as exc:
         return str(exc)
     try:
@@ -302,14 +376,22 @@ def status(data_dir: DataDirOpt = None) -> None:
             )
         raise fail(f"no stack runs on {settings.data_dir}: start one with `opengyre up`", code=1)
 
-    async def collect() -> tuple[str, list[tuple[str, Any]]]:
-        # Everything at once: a stack whose log is down answers in one deadline, not one per service.
-        log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url")))
-        svc = [_service_status(data["host"], name, info["port"]) for name, info in data["services"].items()]
-        services = await asyncio.gather(*svc)
-        return await log_task, services
+    token = settings.grpc_token()
+    embedded = bool(data.get("embedded_nats"))
+    try:
+        creds = client_credentials(settings.data_dir, embedded=embedded)
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
 
-    log_problem, rows = asyncio.run(collect())
+    async def collect() -> tuple[str, bool | None, list[tuple[str, Any, str]]]:
+        # Everything at once: a stack whose log is down answers in one deadline, not one per service.
+        log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url"), creds))
+        open_task = asyncio.create_task(_nats_open(data["nats_url"]))
+        svc = [_service_status(data["host"], name, info["port"], token) for name, info in data["services"].items()]
+        services = await asyncio.gather(*svc)
+        return await log_task, await open_task, services
+
+    log_problem, nats_open, rows = asyncio.run(collect())
     healthy = not log_problem
     recorded = data.get("log") or {}
     where = f"{data['nats_url']}, stream {data.get('stream', settings.log.stream)}"
@@ -317,28 +399,44 @@ def status(data_dir: DataDirOpt = None) -> None:
         console.print(f"event log ({where}): [red]DOWN[/]: {log_problem}")
     else:
         console.print(f"event log ({where}): [green]ok[/]")
+    if nats_open is None:
+        console.print(f"NATS at {data['nats_url']}: no answer, cannot tell whether it requires credentials")
+    elif nats_open:
+        console.print(
+            f"[yellow]NATS at {data['nats_url']} takes connections without credentials[/]: any process that "
+            "reaches it can append events"
+        )
+    elif embedded:
+        console.print(
+            f"NATS requires credentials; users: {', '.join(_nats_users(settings)) or '?'} "
+            f"(passwords in {settings.data_dir / 'auth' / 'nats'}, 0600)"
+        )
+    else:
+        console.print(f"NATS requires credentials; this command connects as {creds!r}")
     if recorded.get("restarts"):
         console.print(f"nats-server restarted {recorded['restarts']} time(s) by the supervisor")
     t = Table(title=f"stack on {settings.data_dir} (supervisor pid {data['pid']})")
-    for col in ("service", "port", "pid", "state", "projections (position / pending / dead)", "not implemented yet"):
+    for col in ("service", "address", "auth", "pid", "state", "projections (position/pending/dead)", "not implemented"):
         t.add_column(col)
     refusing: list[str] = []
     notes: list[str] = []
     # The supervisor rewrites its record when it restarts a service: read it after the services answered, and
     # show a pid only while it is that service (a killed one the supervisor has not restarted yet is not).
     now = (read_stack_file(settings) or data)["services"]
-    for (name, info), (state, st) in zip(data["services"].items(), rows, strict=True):
+    for (name, info), (state, st, auth) in zip(data["services"].items(), rows, strict=True):
+        addr = f"{data['host']}:{info['port']}"
+        auth_text = "[green]token[/]" if auth == "token" else f"[red]{escape(auth)}[/]"
         rec = now.get(name, info)
         pid, restarts = int(rec.get("pid") or 0), int(rec.get("restarts") or 0)
         running = is_service_of(pid, name, settings.data_dir)
         shown = (str(pid) if running else "-") + (f" ({restarts} restarts)" if restarts else "")
         if pid and not running:  # no pid recorded: a service this supervisor did not spawn; its gRPC tells
             healthy = False
-            t.add_row(name, str(info["port"]), shown, "[red]exited[/]", "", "")
+            t.add_row(name, addr, auth_text, shown, "[red]exited[/]", "", "")
             continue
         if st is None or state != "SERVING":
             healthy = False
-            t.add_row(name, str(info["port"]), shown, f"[red]{state.lower().replace('_', ' ')}[/]", "", "")
+            t.add_row(name, addr, auth_text, shown, f"[red]{state.lower().replace('_', ' ')}[/]", "", "")
             continue
         projs = ", ".join(
             f"{p.name} {p.position}/{p.pending}/{p.dead_letters}" + (" [red]REFUSES THE STREAM[/]" if p.error else "")
@@ -346,16 +444,29 @@ def status(data_dir: DataDirOpt = None) -> None:
         )
         refusing += [p.error for p in st.projections if p.error]
         notes += [f"{name}: {n}" for n in st.notes]
-        t.add_row(
-            name, str(info["port"]), shown, "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-"
-        )
+        t.add_row(name, addr, auth_text, shown, "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
     console.print(t)
+    console.print(_exposure_text(data["host"]))
     for note in notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")
     if refusing or not healthy:
         raise typer.Exit(1)
+
+
+def _exposure_text(host: str) -> str:
+    """Who can reach the services' gRPC ports and the proxy's HTTP gateway."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False  # a name: whatever it resolves to, it may be reachable
+    if loopback:
+        return f"gRPC and the proxy's HTTP gateway listen on {host} (this machine only)"
+    return (
+        f"[yellow]gRPC and the proxy's HTTP gateway listen on {host}: reachable from other machines[/] "
+        "(gRPC still requires the token; `opengyre up --host 127.0.0.1` closes them)"
+    )
 
 
 def service_run(

@@ -15,8 +15,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..eventlog import LogConfig
+from ._secrets import GRPC_TOKEN_ENV, ensure_grpc_token, grpc_token_file, new_secret, read_grpc_token, write_secret
 
-__all__ = ["PROXY_HTTP", "PROXY_HTTP_PORT", "SERVICE_PORTS", "Settings", "SettingsError", "read_recorded"]
+__all__ = [
+    "GRPC_TOKEN_ENV",
+    "PROXY_HTTP",
+    "PROXY_HTTP_PORT",
+    "SERVICE_PORTS",
+    "Settings",
+    "SettingsError",
+    "ensure_grpc_token",
+    "grpc_token_file",
+    "new_secret",
+    "read_grpc_token",
+    "read_recorded",
+    "write_secret",
+]
 
 # Default gRPC ports of the five services (docker-compose.yml publishes the same), and the proxy's HTTP port.
 SERVICE_PORTS: dict[str, int] = {
@@ -30,7 +44,7 @@ PROXY_HTTP_PORT = 8080
 # The key of the proxy's HTTP port in ``Settings.explicit_ports``.
 PROXY_HTTP = "proxy_http"
 # What `opengyre up` records for the commands that come after it.
-RECORDED = ("nats_url", "db_url", "stream", "prefix", "proxy_engines")
+RECORDED = ("nats_url", "db_url", "stream", "prefix", "proxy_engines", "host")
 
 
 class SettingsError(ValueError):
@@ -68,6 +82,8 @@ class Settings:
     # Rollout engines the proxy routes to from the start (``http://`` SGLang or the CPU engine, ``vllm+http://``
     # vLLM); more join through scheduler cells or gRPC AddEngine. `opengyre up --engine`, OPENGYRE_PROXY_ENGINES.
     proxy_engines: tuple[str, ...] = ()
+    # The services' gRPC bearer token (OPENGYRE_GRPC_TOKEN); None: the data dir's (``grpc_token()``).
+    grpc_token_override: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -118,7 +134,10 @@ class Settings:
             nats_monitor_url=env.get("OPENGYRE_NATS_MONITOR_URL") or None,
             db_url=pick("db_url", "OPENGYRE_DB_URL", None),
             log=log,
-            host=env.get("OPENGYRE_HOST", "127.0.0.1"),
+            # Loopback unless asked (`opengyre up --host`, recorded): any address here opens the gRPC ports and the
+            # proxy's HTTP gateway to whoever can reach it.
+            host=pick("host", "OPENGYRE_HOST", "127.0.0.1") or "127.0.0.1",
+            grpc_token_override=env.get(GRPC_TOKEN_ENV, "").strip() or None,
             ports=ports,
             proxy_http_port=_port("OPENGYRE_PROXY_HTTP_PORT", http) if http else PROXY_HTTP_PORT,
             explicit_ports=frozenset(explicit),
@@ -160,10 +179,15 @@ class Settings:
             "stream": self.log.stream,
             "prefix": self.log.prefix,
             "proxy_engines": list(self.proxy_engines),
+            "host": self.host,
         }
         tmp = self.settings_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(self.settings_file)
+
+    def grpc_token(self) -> str | None:
+        """The bearer token the services require: OPENGYRE_GRPC_TOKEN, else the data dir's (None: none yet)."""
+        return self.grpc_token_override or read_grpc_token(self.data_dir)
 
     def resolved_nats_url(self) -> str | None:
         """The given URL, else the embedded server's URL recorded in the data dir by ``opengyre up``."""

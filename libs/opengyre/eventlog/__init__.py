@@ -1,5 +1,6 @@
 """The event log on NATS JetStream: dedup, optimistic concurrency, payload guard, typed reads."""
 
+from ._auth import NatsCredentials
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
@@ -24,6 +25,7 @@ __all__ = [
     "LogConfig",
     "LogHealth",
     "LogUnavailable",
+    "NatsCredentials",
     "PayloadFetch",
     "PayloadStore",
     "PayloadStoreError",

@@ -33,6 +33,7 @@ from nats.js.object_store import ObjectStore
 from ..events import DecodeError, Event, EventRegistry, InvalidEvent, MalformedEvent, default_registry
 from ..retry import backoff
 from ._acks import AckError, AckPipeline, PubAck
+from ._auth import NatsCredentials
 from ._blobs import BlobReader, BlobUnreadable
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
@@ -175,37 +176,62 @@ class EventLog:
         timeout: float = 3.0,
         create: bool = True,
         health_url: str | None = None,
+        credentials: NatsCredentials | None = None,
     ) -> EventLog:
         """Connect, check the server's version and JetStream, and (with ``create``) make sure the stream exists.
         Fails fast, with :class:`LogUnavailable`.
 
         ``health_url``: the server's HTTP monitoring endpoint, if known (``health`` and append errors use it).
+        ``credentials``: who to be to a server that requires them (the embedded one does: ``runtime._natsauth``).
         """
         nc = FastHeaderClient()
         watch = ConnectionWatch(url)
-        try:
-            # Reconnect forever once connected (a restarted server or a network blip must not end a service),
-            # but bound the first connection so a wrong URL fails fast.
-            await asyncio.wait_for(
-                nc.connect(
-                    # "nats://a:4222,nats://b:4222": the seeds of a cluster (the client learns the others from them)
-                    [u.strip() for u in url.split(",") if u.strip()],
-                    connect_timeout=max(1, int(timeout)),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=1,
-                    error_cb=_log_error,
-                    disconnected_cb=watch.on_disconnected,
-                    reconnected_cb=watch.on_reconnected,
-                ),
-                timeout=timeout,
+        # A server that refuses the credentials: nats-py would retry them until the timeout; say so at once.
+        refusal: list[Exception] = []
+        refused = asyncio.Event()
+
+        async def on_error(exc: Exception) -> None:
+            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+                refusal.append(exc)
+                refused.set()
+            await _log_error(exc)
+
+        connecting = asyncio.ensure_future(
+            nc.connect(
+                # "nats://a:4222,nats://b:4222": the seeds of a cluster (the client learns the others from them)
+                [u.strip() for u in url.split(",") if u.strip()],
+                connect_timeout=max(1, int(timeout)),
+                # Reconnect forever once connected (a restarted server or a network blip must not end a service),
+                # but bound the first connection so a wrong URL fails fast.
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                error_cb=on_error,
+                disconnected_cb=watch.on_disconnected,
+                reconnected_cb=watch.on_reconnected,
+                **(credentials.connect_options() if credentials is not None else {}),
             )
+        )
+        waiting = asyncio.ensure_future(refused.wait())
+        try:
+            await asyncio.wait({connecting, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await connecting
+                raise refusal[0] if refusal else TimeoutError()
+            connecting.result()
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
+            if refusal or isinstance(exc, nats.errors.AuthorizationError):
+                who = f"as {credentials!r}" if credentials is not None else "without credentials"
+                raise LogUnavailable(f"the NATS server at {url} refuses a connection {who}: {exc}") from exc
             raise LogUnavailable(
                 f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
             ) from exc
+        finally:
+            waiting.cancel()
         try:
             require_server_version(_server_version(nc), url)
         except LogUnavailable:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import tomli_w
 
 from opengyre.config import Settings
-from opengyre.runtime import Stack, cmdline, stack_alive, stop_group
+from opengyre.eventlog import NatsCredentials
+from opengyre.runtime import Stack, client_credentials, cmdline, stack_alive, stop_group
 
 from ._config import RunConfig
 
@@ -109,10 +110,12 @@ class Services:
     host: str
     nats_url: str
     ports: dict[str, int]
+    nats_credentials: NatsCredentials | None  # the admin user of an embedded log; with --nats-url, the env's
 
     @classmethod
     def of(cls, stack: Stack) -> Services:
-        return cls(stack.settings.host, stack.nats_url, {n: c.port for n, c in stack.children.items()})
+        ports = {n: c.port for n, c in stack.children.items()}
+        return cls(stack.settings.host, stack.nats_url, ports, stack.admin_credentials)
 
     @classmethod
     def running(cls, settings: Settings) -> Services:
@@ -124,7 +127,8 @@ class Services:
         missing = sorted({"synth", "scheduler", "proxy", "trainer"} - set(ports))
         if missing:
             raise DeploymentMismatch(f"the stack on {settings.data_dir} runs no {', '.join(missing)}")
-        return cls(str(found.get("host") or settings.host), str(found["nats_url"]), ports)
+        creds = client_credentials(settings.data_dir, embedded=bool(found.get("embedded_nats")))
+        return cls(str(found.get("host") or settings.host), str(found["nats_url"]), ports, creds)
 
 
 def served_name(model: str) -> str:

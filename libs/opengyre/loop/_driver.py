@@ -33,7 +33,7 @@ from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.harness import HarnessSpec, builtin_spec
 from opengyre.retry import backoff
-from opengyre.runtime import Stack
+from opengyre.runtime import Stack, grpc_channel
 from opengyre.v1 import (
     common_pb2,
     proxy_pb2_grpc,
@@ -97,7 +97,7 @@ class _Loop:
         self.start_version = "default"  # what the engines serve before any step is published (a warm start's)
 
     def channel(self, services: Services, name: str) -> grpc.aio.Channel:
-        ch = grpc.aio.insecure_channel(f"{services.host}:{services.ports[name]}")
+        ch = grpc_channel(f"{services.host}:{services.ports[name]}", self.settings.grpc_token())
         self.channels.append(ch)
         return ch
 
@@ -206,7 +206,7 @@ class _Loop:
         prefix = f"{self.cfg.run_id}-s"
         dispatched: dict[str, ExecutionDispatched] = {}
         finished: set[str] = set()
-        log = await EventLog.connect(services.nats_url, self.settings.log)
+        log = await EventLog.connect(services.nats_url, self.settings.log, credentials=services.nats_credentials)
         try:
             async for _, e in log.events(ExecutionDispatched, ExecutionFinished):
                 if isinstance(e, ExecutionDispatched) and e.execution_id.startswith(prefix):

@@ -1,8 +1,22 @@
 """Process-level plumbing: the embedded nats-server, ports, gRPC servers, services and their supervisor."""
 
+from ._auth import OPEN_METHOD_PREFIXES, TokenAuth, auth_metadata, grpc_channel, token_from_env
 from ._grpc import GrpcServer, abort_invalid, abort_status
 from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
 from ._nats import EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
+from ._natsauth import (
+    NATS_ADMIN,
+    NATS_CREDS_ENV,
+    NATS_PASSWORD_ENV,
+    NATS_USER_ENV,
+    client_credentials,
+    ensure_nats_users,
+    env_credentials,
+    nats_config_file,
+    nats_permissions,
+    read_nats_credentials,
+    write_nats_config,
+)
 from ._ports import free_port, port_is_free, wait_for_port
 from ._procs import alive, cmdline, spawn, stop_group
 from ._service import (
@@ -28,6 +42,11 @@ from ._supervisor import (
 )
 
 __all__ = [
+    "NATS_ADMIN",
+    "NATS_CREDS_ENV",
+    "NATS_PASSWORD_ENV",
+    "NATS_USER_ENV",
+    "OPEN_METHOD_PREFIXES",
     "SERVICE_CLASSES",
     "DataDirBusy",
     "DataDirLock",
@@ -41,27 +60,38 @@ __all__ = [
     "ServiceContext",
     "ServiceFailed",
     "Stack",
+    "TokenAuth",
     "abort_invalid",
     "abort_status",
     "alive",
     "all_projections",
+    "auth_metadata",
     "check_data_dir",
+    "client_credentials",
     "cmdline",
     "describe_holder",
+    "ensure_nats_users",
+    "env_credentials",
     "find_leftovers",
     "free_port",
+    "grpc_channel",
     "is_nats_server_of",
     "is_service_of",
     "load_service",
     "lock_holder",
+    "nats_config_file",
+    "nats_permissions",
     "nats_server_binary",
     "port_is_free",
     "projection_owners",
+    "read_nats_credentials",
     "read_stack_file",
     "reap_leftovers",
     "run_service",
     "spawn",
     "stack_alive",
     "stop_group",
+    "token_from_env",
     "wait_for_port",
+    "write_nats_config",
 ]

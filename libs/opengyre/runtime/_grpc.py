@@ -1,4 +1,5 @@
-"""gRPC aio servers with the standard health and reflection services (so grpcurl works)."""
+"""gRPC aio servers with the standard health and reflection services (so grpcurl works), every other RPC
+behind the stack's bearer token (``_auth``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from ._auth import TokenAuth
 
 __all__ = ["GrpcServer", "abort_invalid", "abort_status"]
 
@@ -24,10 +27,11 @@ _OPTIONS = [("grpc.so_reuseport", 0)]
 
 class GrpcServer:
     """Build inside the running loop: grpc aio objects bound to another loop fail. The port is bound here;
-    ``fallback``: if ``port`` is taken, bind a free one (``self.port`` says which)."""
+    ``fallback``: if ``port`` is taken, bind a free one (``self.port`` says which). ``token``: the bearer token
+    every call but health and reflection must carry (``UNAUTHENTICATED`` otherwise)."""
 
-    def __init__(self, host: str, port: int, *, fallback: bool = False) -> None:
-        self.server = grpc.aio.server(options=_OPTIONS)
+    def __init__(self, host: str, port: int, *, token: str, fallback: bool = False) -> None:
+        self.server = grpc.aio.server(options=_OPTIONS, interceptors=[TokenAuth(token)])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         bound = _bind(self.server, host, port)

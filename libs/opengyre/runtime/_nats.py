@@ -44,7 +44,9 @@ def is_nats_server_of(pid: int, store_dir: Path) -> bool:
 
 class EmbeddedNats:
     """One nats-server process with JetStream storing under ``store_dir``, and HTTP monitoring on
-    ``monitor_port`` (its ``/healthz`` reports a stream whose store failed a write, e.g. a full disk)."""
+    ``monitor_port`` (its ``/healthz`` reports a stream whose store failed a write, e.g. a full disk).
+    ``config_file``: a nats-server config (the stack's users and permissions, ``_natsauth``); the options given
+    here override what it says of addresses and the store."""
 
     def __init__(
         self,
@@ -54,8 +56,10 @@ class EmbeddedNats:
         host: str = "127.0.0.1",
         monitor_port: int | None = None,
         die_with_parent: bool = True,
+        config_file: Path | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).resolve()
+        self.config_file = Path(config_file).resolve() if config_file is not None else None
         self.host = host
         self.port = port or free_port(host)
         self.monitor_port = monitor_port or free_port(host)
@@ -96,6 +100,7 @@ class EmbeddedNats:
             str(self.log_file),
             "-P",
             str(self.pid_file),
+            *(["-c", str(self.config_file)] if self.config_file is not None else []),
         ]
         # Its own session (a Ctrl-C meant for the CLI must not kill the log before services drain), and it
         # dies with whoever started it.

@@ -16,12 +16,13 @@ from typing import ClassVar
 import grpc
 from sqlalchemy import Engine
 
-from ..config import Settings
+from ..config import Settings, ensure_grpc_token
 from ..eventlog import EventLog
 from ..projection import Projection, ProjectionRunner, StreamMismatch
 from ..store import create_db_engine, migrate
 from ..v1 import common_pb2
 from ._grpc import GrpcServer
+from ._natsauth import env_credentials
 
 __all__ = [
     "SERVICE_CLASSES",
@@ -177,7 +178,10 @@ async def run_service(
     url = settings.resolved_nats_url()
     if not url:
         raise RuntimeError("no NATS URL: pass --nats-url or start the stack with `opengyre up`")
-    event_log = await EventLog.connect(url, settings.log, health_url=settings.nats_monitor_url)
+    # Who we are to NATS: the supervisor names our user (OPENGYRE_NATS_USER/PASSWORD), as the user does for an
+    # external --nats-url; none named: a server that requires no credentials.
+    creds = env_credentials()
+    event_log = await EventLog.connect(url, settings.log, health_url=settings.nats_monitor_url, credentials=creds)
     settings.ensure_store_dir()
     engine = create_db_engine(settings.store_url(service.name))
     tasks: list[asyncio.Task[None]] = []
@@ -189,7 +193,9 @@ async def run_service(
         await asyncio.to_thread(migrate, engine)
         # Bound first: the service's own start may need its address (the scheduler hands it to the cells it starts).
         want = settings.ports[service.name] if port is None else port
-        server = GrpcServer(settings.host, want, fallback=port_fallback)
+        # The data dir's token (`opengyre up` writes it first; a service run alone on a fresh data dir writes it).
+        token = settings.grpc_token_override or ensure_grpc_token(settings.data_dir)
+        server = GrpcServer(settings.host, want, token=token, fallback=port_fallback)
         settings = replace(settings, ports={**settings.ports, service.name: server.port})
         ctx = ServiceContext(settings=settings, log=event_log, engine=engine)
         for projection in service.projections():

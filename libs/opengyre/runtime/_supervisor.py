@@ -26,11 +26,20 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
-from ..config import PROXY_HTTP, Settings
-from ..eventlog import EventLog, LogHealth, server_health
+from ..config import PROXY_HTTP, Settings, ensure_grpc_token
+from ..eventlog import EventLog, LogHealth, NatsCredentials, server_health
 from ..store import create_db_engine, migrate
 from ._lock import DataDirLock
 from ._nats import EmbeddedNats, is_nats_server_of
+from ._natsauth import (
+    NATS_ADMIN,
+    NATS_CREDS_ENV,
+    NATS_PASSWORD_ENV,
+    NATS_USER_ENV,
+    ensure_nats_users,
+    env_credentials,
+    write_nats_config,
+)
 from ._ports import port_is_free
 from ._procs import cmdline, spawn, stop_group
 from ._service import SERVICE_CLASSES, SERVICE_NEEDS
@@ -201,6 +210,14 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
     _log: _LogWatch = field(default_factory=_LogWatch)
+    # Who each process is to NATS: the embedded server's users (``_natsauth``), or, with --nats-url, what the
+    # environment names (``env_credentials``) for every one of them.
+    nats_users: dict[str, NatsCredentials] = field(default_factory=dict)
+
+    @property
+    def admin_credentials(self) -> NatsCredentials | None:
+        """What the supervisor and the commands that run beside it (a run's driver) connect to NATS with."""
+        return self.nats_users.get(NATS_ADMIN) if self.nats is not None else env_credentials()
 
     @property
     def monitor_url(self) -> str | None:
@@ -221,12 +238,14 @@ class Stack:
         self.reaped = await asyncio.to_thread(reap_leftovers, s)
         ports = self._wanted_ports(self.services)
         s.record()
+        # Written once per data dir, before any service reads it; a second `up` keeps the same token.
+        ensure_grpc_token(s.data_dir)
         if s.nats_url:
             self.nats_url = s.nats_url
         else:
             await self._start_nats()
         # Fail fast (and create the stream) before any service starts.
-        event_log = await EventLog.connect(self.nats_url, s.log)
+        event_log = await EventLog.connect(self.nats_url, s.log, credentials=self.admin_credentials)
         await event_log.close()
         if not s.db_url and (s.data_dir / "opengyre.db").exists():
             log.warning(
@@ -321,9 +340,14 @@ class Stack:
         s = self.settings
         port = None
         old = s.nats_url_file.read_text().strip() if s.nats_url_file.exists() else ""
-        if old.rsplit(":", 1)[-1].isdigit() and port_is_free(int(old.rsplit(":", 1)[-1]), s.host):
+        if old.rsplit(":", 1)[-1].isdigit() and port_is_free(int(old.rsplit(":", 1)[-1]), "127.0.0.1"):
             port = int(old.rsplit(":", 1)[-1])  # keep the URL stable across restarts when possible
-        self.nats = EmbeddedNats(s.data_dir / NATS_STORE, port=port, host=s.host)
+        # Users and permissions from the catalogue; the passwords are the ones an earlier `up` wrote.
+        config = write_nats_config(s.data_dir, s.log)
+        self.nats_users = ensure_nats_users(s.data_dir, [NATS_ADMIN, *SERVICE_CLASSES])
+        # Loopback whatever --host says: only this machine's services use the embedded log (remote parts of a
+        # deployment join an external NATS with --nats-url).
+        self.nats = EmbeddedNats(s.data_dir / NATS_STORE, port=port, config_file=config)
         self.nats.launch()  # from this (the main) thread: its parent-death signal must outlive the call
         self.nats_url = await asyncio.to_thread(self.nats.wait_ready)
         self._log.started_at = time.monotonic()
@@ -347,6 +371,10 @@ class Stack:
             OPENGYRE_HOST=s.host,
             OPENGYRE_SUPERVISOR_PID=str(os.getpid()),
         )
+        if self.nats is not None:  # the service's own NATS user; with --nats-url, the user's env passes through
+            creds = self.nats_users[child.name]
+            env.pop(NATS_CREDS_ENV, None)
+            env.update({NATS_USER_ENV: creds.user, NATS_PASSWORD_ENV: creds.password})
         # Every service learns where the others really are (the ports they reported: a default may have been taken).
         env.update({f"OPENGYRE_{c.name.upper()}_PORT": str(c.port) for c in self.children.values() if c.bound})
         if PROXY_HTTP in s.explicit_ports:

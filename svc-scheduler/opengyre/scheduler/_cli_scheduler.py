@@ -32,10 +32,14 @@ def _addr(addr: str | None) -> str:
 def _call(addr: str | None, fn: Callable[[Any], Awaitable[T]]) -> T:
     import grpc
 
+    from opengyre.config import Settings
+    from opengyre.runtime import grpc_channel
     from opengyre.v1 import scheduler_pb2_grpc
 
+    token = Settings.from_env().grpc_token()
+
     async def go() -> T:
-        async with grpc.aio.insecure_channel(_addr(addr)) as ch:
+        async with grpc_channel(_addr(addr), token) as ch:
             return await fn(scheduler_pb2_grpc.SchedulerServiceStub(ch))
 
     try:

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import grpc
 
-from opengyre.config import Settings
+from opengyre.config import GRPC_TOKEN_ENV, Settings
 from opengyre.events import CellEngineChanged, CellRegistered, CellRole
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
@@ -218,14 +218,19 @@ def _actuator_from_env(ctx: ServiceContext) -> Actuator:
     addr = local_address(ctx.settings.host, ctx.settings.ports["scheduler"])
     workdir = ctx.settings.data_dir / "cells"
     proxy = proxy_address(ctx.settings, env)
-    drainer = None if proxy == "none" else ProxyDrainer(proxy)
+    token = ctx.settings.grpc_token()
+    drainer = None if proxy == "none" else ProxyDrainer(proxy, token=token)
+    # A cell's trainer worker calls this scheduler: it is handed the token (not the data dir it may not share).
+    child_env = {GRPC_TOKEN_ENV: token} if token else {}
     if kind == "local":
-        return LocalActuator(workdir, scheduler_addr=addr, drainer=drainer)
+        return LocalActuator(workdir, scheduler_addr=addr, drainer=drainer, env=child_env)
     if kind == "sglang-megatron":
         cmd = env.get("OPENGYRE_SCHEDULER_TRAINER_CMD")
         if not cmd:
             raise RuntimeError("OPENGYRE_SCHEDULER_TRAINER_CMD (the trainer launcher, an argv template) is required")
-        return SglangMegatronActuator(workdir, trainer_argv=shlex.split(cmd), scheduler_addr=addr, drainer=drainer)
+        return SglangMegatronActuator(
+            workdir, trainer_argv=shlex.split(cmd), scheduler_addr=addr, drainer=drainer, env=child_env
+        )
     if kind != "external":
         raise RuntimeError(f"OPENGYRE_SCHEDULER_ACTUATOR={kind!r}: expected external, local or sglang-megatron")
     return ExternalActuator(drainer)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from opengyre.runtime import grpc_channel, token_from_env
 from opengyre.v1 import scheduler_pb2 as pb
 from opengyre.v1 import scheduler_pb2_grpc
 
@@ -44,15 +45,17 @@ async def run_worker(
     cell: str,
     scheduler: str,
     *,
+    token: str | None,
     stop: asyncio.Event,
     train: TrainFn | None = None,
     micro_step_s: float = 0.2,
     poll_s: float = 0.2,
     ready_file: Path | None = None,
 ) -> int:
-    """Claim and train until ``stop``; returns the number of micro-steps done."""
+    """Claim and train until ``stop``; returns the number of micro-steps done. ``token``: the scheduler's gRPC
+    bearer token (None: every claim is refused, UNAUTHENTICATED)."""
     done = 0
-    async with grpc.aio.insecure_channel(scheduler) as channel:
+    async with grpc_channel(scheduler, token) as channel:
         await asyncio.wait_for(channel.channel_ready(), 60)
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         if ready_file is not None:
@@ -104,9 +107,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # The actuator that started us hands us the token (OPENGYRE_GRPC_TOKEN), else the stack's data dir has it.
         n = await run_worker(
-            args.cell, args.scheduler, stop=stop, train=train, micro_step_s=args.micro_step_s,
-            ready_file=args.ready_file,
+            args.cell, args.scheduler, token=token_from_env(), stop=stop, train=train,
+            micro_step_s=args.micro_step_s, ready_file=args.ready_file,
         )  # fmt: skip
         log.info("cell %s (%s) stopped after %d micro-step(s)", args.cell, args.role, n)
 

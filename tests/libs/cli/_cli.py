@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from opengyre.eventlog import EventLog, LogConfig, LogUnavailable
+from opengyre.config import read_grpc_token
+from opengyre.eventlog import EventLog, LogConfig, LogUnavailable, NatsCredentials
 from opengyre.events import SkillIngested
-from opengyre.runtime import cmdline
+from opengyre.runtime import NATS_ADMIN, cmdline, grpc_channel, read_nats_credentials
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._polling import await_until
@@ -32,7 +32,11 @@ def og(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> s
 
 
 def stack_record(data: Path) -> dict[str, Any]:
+    """The stack's record, with what a client of the stack needs, read from the data dir as a CLI command does:
+    ``grpc_token`` and ``nats_admin`` (the embedded log's admin user)."""
     record: dict[str, Any] = json.loads((data / "stack.json").read_text())
+    record["grpc_token"] = read_grpc_token(data)
+    record["nats_admin"] = read_nats_credentials(data, NATS_ADMIN)
     return record
 
 
@@ -93,8 +97,10 @@ class Ledger:
                 return self.refusals[-1]
         raise AssertionError(f"the log took {limit} events without refusing one")
 
-    async def publish(self, url: str, n: int, config: LogConfig | None = None) -> None:
-        log = await EventLog.connect(url, config)
+    async def publish(
+        self, url: str, n: int, config: LogConfig | None = None, *, credentials: NatsCredentials | None
+    ) -> None:
+        log = await EventLog.connect(url, config, credentials=credentials)
         try:
             await self.put(log, n)
         finally:
@@ -102,7 +108,7 @@ class Ledger:
 
     async def verify(self, data: Path, url: str, config: LogConfig | None = None) -> None:
         """Acknowledged == in the stream once == applied once."""
-        log = await EventLog.connect(url, config, create=False)
+        log = await EventLog.connect(url, config, create=False, credentials=read_nats_credentials(data, NATS_ADMIN))
         try:
             last = await log.last_seq()
             in_stream: dict[str, list[int]] = {}
@@ -126,7 +132,7 @@ class Ledger:
 async def synth_state(record: dict[str, Any]) -> tuple[int, int, int]:
     """synth's gRPC health, and its projection's (position, pending) when it serves (else -1, -1)."""
     port = record["services"]["synth"]["port"]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+    async with grpc_channel(f"127.0.0.1:{port}", record["grpc_token"]) as ch:
         h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
         if h.status != health_pb2.HealthCheckResponse.SERVING:
             return h.status, -1, -1

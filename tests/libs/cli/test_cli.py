@@ -14,8 +14,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from opengyre.config import read_grpc_token
 from opengyre.eventlog import EventLog
-from opengyre.runtime import free_port
+from opengyre.runtime import NATS_ADMIN, free_port, grpc_channel, read_nats_credentials
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._burst import scripted_burst
@@ -37,12 +38,12 @@ def _stack(data: Path) -> dict:  # type: ignore[type-arg]
 
 async def _publish_and_wait(data: Path, run: str) -> int:
     stack = _stack(data)
-    log = await EventLog.connect(stack["nats_url"])
+    log = await EventLog.connect(stack["nats_url"], credentials=read_nats_credentials(data, NATS_ADMIN))
     try:
         events = scripted_burst(11, run)
         await log.append_many(events)
         port = stack["services"]["synth"]["port"]
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        async with grpc_channel(f"127.0.0.1:{port}", read_grpc_token(data)) as ch:
             stub = synth_pb2_grpc.SynthServiceStub(ch)
             for _ in range(600):
                 st = await stub.GetStatus(common_pb2.StatusRequest(), timeout=60, wait_for_ready=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -75,7 +76,7 @@ def test_two_ups_at_once_one_wins_and_the_other_starts_nothing(tmp_path: Path) -
         assert running == ["nats-server", "svc-synth"]  # one of each: the loser started nothing
         assert (data / "nats.url").read_text().strip() == record["nats_url"]
         ledger = Ledger()
-        asyncio.run(ledger.publish(str(record["nats_url"]), 30))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 30, credentials=record["nats_admin"]))
         asyncio.run(ledger.verify(data, str(record["nats_url"])))
     finally:
         for p in procs:
@@ -92,7 +93,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
     assert res.returncode == 0, res.stdout + res.stderr
     try:
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         os.kill(int(record["pid"]), signal.SIGKILL)
         wait_until(lambda: not processes_on(data), "nats-server and the service died with their supervisor")
         res = og("status", "--data-dir", str(data))
@@ -103,7 +104,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
         res = og("up", "--detach", "--data-dir", str(data), "--services", "synth")
         assert res.returncode == 0, res.stdout + res.stderr
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         nats_pid, supervisor = int(record["nats_pid"]), int(record["pid"])  # type: ignore[call-overload]
         os.kill(nats_pid, signal.SIGSTOP)
         os.kill(supervisor, signal.SIGKILL)
@@ -119,7 +120,7 @@ def test_children_die_with_a_sigkilled_supervisor_and_leftovers_are_cleaned_up(t
         assert not alive(nats_pid)
         assert sorted(what for _, what in processes_on(data)) == ["nats-server", "svc-synth"]
         record = stack_record(data)
-        asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
         asyncio.run(ledger.verify(data, str(record["nats_url"])))
         assert len(ledger.acked) == 60
     finally:
@@ -148,7 +149,7 @@ async def test_a_killed_nats_server_is_restarted_and_health_follows_the_log(tmp_
         seen: list[int] = []
         watch = asyncio.create_task(_health_watch(int(record["services"]["synth"]["port"]), seen))  # type: ignore[index]
         ledger = Ledger()
-        log = await EventLog.connect(url)
+        log = await EventLog.connect(url, credentials=record["nats_admin"])
         try:
             publisher = asyncio.create_task(ledger.put(log, 150))
             await await_until(lambda: len(ledger.acked) >= 30, "30 events acknowledged")
@@ -187,7 +188,7 @@ def test_status_says_when_the_log_is_down_and_services_stop_serving(tmp_path: Pa
             res = og("status", "--data-dir", str(data))
             assert res.returncode == 0 and "event log" in res.stdout and "serving" in res.stdout, res.stdout
             ledger = Ledger()
-            asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+            asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
             nats.stop()  # not ours to restart: the stack must say so
             wait_until(lambda: _health(record) == NOT_SERVING, "synth reports NOT_SERVING without its log")
             res = og("status", "--data-dir", str(data))
@@ -196,7 +197,7 @@ def test_status_says_when_the_log_is_down_and_services_stop_serving(tmp_path: Pa
             nats = EmbeddedNats(tmp_path / "external", port=nats.port)
             nats.start()
             wait_until(lambda: _health(record) == SERVING, "synth serves again once the log is back")
-            asyncio.run(ledger.publish(str(record["nats_url"]), 20))
+            asyncio.run(ledger.publish(str(record["nats_url"]), 20, credentials=record["nats_admin"]))
             asyncio.run(ledger.verify(data, str(record["nats_url"])))
     finally:
         nats.stop()
@@ -207,7 +208,7 @@ async def test_a_full_disk_is_reported_and_the_stack_recovers_when_space_returns
     with tmpfs(data / "nats", "size=16m") as store, up(data, env={"OPENGYRE_LOG_MIN_FREE_MB": "4"}) as record:
         url, monitor = str(record["nats_url"]), str(record["nats_monitor_url"])
         ledger = Ledger()
-        log = await EventLog.connect(url, health_url=monitor)
+        log = await EventLog.connect(url, health_url=monitor, credentials=record["nats_admin"])
         try:
             await ledger.put(log, 20)
             filler = store / "filler"
@@ -271,7 +272,7 @@ def test_commands_read_the_store_and_stream_the_stack_recorded(tmp_path: Path, p
     config = LogConfig(stream="RECORDED")
     with up(data, "--db-url", prod_db_url, "--stream", "RECORDED") as record:
         ledger = Ledger()
-        asyncio.run(ledger.publish(str(record["nats_url"]), 25, config))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 25, config, credentials=record["nats_admin"]))
         wait_until(lambda: _applied(record, 25), "synth applied 25 events")
     assert not (data / "db").exists()  # everything went to the store given
     # No option repeated: the store and the stream are what `up` recorded.
@@ -285,7 +286,7 @@ def test_commands_read_the_store_and_stream_the_stack_recorded(tmp_path: Path, p
     with up(data) as record:
         assert record["stream"] == "RECORDED"
         ledger2 = Ledger()
-        asyncio.run(ledger2.publish(str(record["nats_url"]), 5, config))
+        asyncio.run(ledger2.publish(str(record["nats_url"]), 5, config, credentials=record["nats_admin"]))
         wait_until(lambda: _applied(record, 30), "synth applied 30 events")
 
 
@@ -318,3 +319,27 @@ def _serving_now(data: Path) -> bool:
         return _health(stack_record(data)) == SERVING
     except grpc.aio.AioRpcError:  # not listening yet
         return False
+
+
+def test_status_says_what_is_exposed_and_host_is_recorded(tmp_path: Path) -> None:
+    """Per service its address and that a call without the token is refused; NATS requires credentials and names
+    its users; --host (a loopback address other than the default here: only loopback may be a target) is recorded
+    and kept by the next `up`, for gRPC and the proxy's gateway alike."""
+    data = tmp_path / "og"
+    env = {"COLUMNS": "250"}
+    with up(data, "--host", "127.0.0.2", services="synth,proxy", env=env) as record:
+        assert record["host"] == "127.0.0.2"
+        assert (data / "proxy.url").read_text().startswith("http://127.0.0.2:")
+        res = og("status", "--data-dir", str(data), env=env)
+        assert res.returncode == 0, res.stdout
+        for name in ("synth", "proxy"):
+            port = record["services"][name]["port"]  # type: ignore[index]
+            row = next(line for line in res.stdout.splitlines() if f"127.0.0.2:{port}" in line)
+            assert name in row and "token" in row and "OPEN" not in row, row
+        said = next(line for line in res.stdout.splitlines() if line.startswith("NATS requires credentials; users: "))
+        users = said.removeprefix("NATS requires credentials; users: ").split(" (")[0].split(", ")
+        assert sorted(users) == sorted(["admin", "synth", "scheduler", "proxy", "trainer", "bench"]), said
+        assert "listen on 127.0.0.2 (this machine only)" in res.stdout
+    assert json.loads((data / "settings.json").read_text())["host"] == "127.0.0.2"
+    with up(data, env=env) as record:  # no --host: the recorded one
+        assert record["host"] == "127.0.0.2"

@@ -53,6 +53,6 @@ async def test_reflection_describes_every_listed_service(
 
 
 async def test_a_service_name_without_a_loaded_descriptor_is_refused_at_registration() -> None:
-    server = GrpcServer("127.0.0.1", 0)
+    server = GrpcServer("127.0.0.1", 0, token="t")
     with pytest.raises(RuntimeError, match=r"opengyre\.v1\.NoSuchService .* reflection could not describe it"):
         server.register(["opengyre.v1.NoSuchService"])

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -19,7 +18,7 @@ from opengyre.cli import app
 from opengyre.config import Settings
 from opengyre.eventlog import LogConfig, LogUnavailable
 from opengyre.events import SkillIngested
-from opengyre.runtime import DataDirLock, EmbeddedNats, free_port, load_service, run_service
+from opengyre.runtime import DataDirLock, EmbeddedNats, free_port, grpc_channel, load_service, run_service
 from opengyre.v1 import common_pb2, synth_pb2_grpc
 
 from ..._polling import await_until
@@ -40,8 +39,8 @@ async def synth(
 
 
 async def test_a_skeleton_service_answers_health_reflection_and_status(synth: tuple[int, Settings]) -> None:
-    port, _settings = synth
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+    port, settings = synth
+    async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
         for name in ("", "opengyre.v1.SynthService"):
             got = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=name))
             assert got.status == health_pb2.HealthCheckResponse.SERVING
@@ -67,7 +66,7 @@ async def test_status_reports_projection_progress(synth: tuple[int, Settings], n
         await log.append_many([SkillIngested(skill_id=f"s{i}", name=f"skill-{i}", description="d") for i in range(5)])
     finally:
         await log.close()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+    async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
         stub = synth_pb2_grpc.SynthServiceStub(ch)
         for _ in range(300):
             st = (await stub.GetStatus(common_pb2.StatusRequest())).projections[0]
@@ -97,7 +96,7 @@ async def test_a_projection_refusing_a_recreated_stream_says_so_in_status_and_th
     log = await EventLog.connect(nats_server.url, settings.log)
     try:
         await log.append_many([SkillIngested(skill_id=f"s{i}", name=f"skill-{i}", description="d") for i in range(3)])
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        async with grpc_channel(f"127.0.0.1:{port}", settings.grpc_token()) as ch:
             stub = synth_pb2_grpc.SynthServiceStub(ch)
 
             async def position() -> int:
@@ -138,6 +137,7 @@ async def test_a_projection_refusing_a_recreated_stream_says_so_in_status_and_th
         )
     )
     env = {"COLUMNS": "250", "OPENGYRE_STREAM": settings.log.stream, "OPENGYRE_SUBJECT_PREFIX": settings.log.prefix}
+    env["OPENGYRE_GRPC_TOKEN"] = str(settings.grpc_token())  # synth's (its data dir is not this one)
     res = await asyncio.to_thread(CliRunner().invoke, app, ["status", "--data-dir", str(data)], env=env)
     assert res.exit_code == 1, res.output
     assert "REFUSES THE STREAM" in res.output and "error: projection tasks folded stream" in res.output

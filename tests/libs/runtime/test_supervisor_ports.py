@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from opengyre.config import SERVICE_PORTS, Settings
-from opengyre.runtime import Stack, free_port
+from opengyre.runtime import Stack, free_port, grpc_channel
 from opengyre.v1 import common_pb2, proxy_pb2_grpc, scheduler_pb2_grpc, synth_pb2_grpc
 
 # Starts two stacks of three services each (tens of seconds on a shared 2-core machine).
@@ -43,7 +42,7 @@ async def test_two_stacks_started_at_once_get_distinct_ports_and_both_serve(tmp_
         assert set(a.values()).isdisjoint(b.values()), (a, b)
         for stack in stacks:
             for name, child in stack.children.items():
-                async with grpc.aio.insecure_channel(f"127.0.0.1:{child.port}") as ch:
+                async with grpc_channel(f"127.0.0.1:{child.port}", stack.settings.grpc_token()) as ch:
                     health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
                     assert health.status == health_pb2.HealthCheckResponse.SERVING
                     status = await STUBS[name](ch).GetStatus(common_pb2.StatusRequest())  # type: ignore[no-untyped-call]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import grpc
 
+from opengyre.runtime import grpc_channel
 from opengyre.v1 import proxy_pb2, proxy_pb2_grpc
 
 from ._base import ActuatorError
@@ -15,12 +16,14 @@ __all__ = ["ProxyDrainer"]
 
 
 class ProxyDrainer:
-    def __init__(self, addr: str, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, addr: str, *, token: str | None, timeout_s: float = 300.0) -> None:
+        """``token``: the stack's gRPC bearer token (None: the proxy refuses the call, UNAUTHENTICATED)."""
         self.addr = addr
+        self.token = token
         self.timeout_s = timeout_s
 
     async def drain(self, cell_id: str, engine_url: str | None) -> int:
-        async with grpc.aio.insecure_channel(self.addr) as channel:
+        async with grpc_channel(self.addr, self.token) as channel:
             stub = proxy_pb2_grpc.ProxyServiceStub(channel)
             try:
                 r = await stub.DrainEngine(proxy_pb2.DrainEngineRequest(engine_id=cell_id), timeout=self.timeout_s)
