@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from opengyre.eventlog import EventLog
+from opengyre.proxy._client import EngineBadReply, behaviour_logprobs
 from opengyre.proxy._http import HttpServer
 
 from ._fake_sglang import LOGPROB, NOISE, fake_sglang
@@ -101,3 +102,12 @@ async def test_a_reply_without_behaviour_logprobs_is_an_engine_error_and_records
         assert await st.recorded() == []
     finally:
         await st.gateway.stop()
+
+
+def test_the_vllm_form_is_held_to_the_same_bound() -> None:
+    """vLLM's ``logprobs.token_logprobs`` is a plain list; the parser both dialects share checks it alike."""
+    field = "logprobs.token_logprobs"
+    assert behaviour_logprobs([-0.5, 0.0, 1e-6], 3, 0, field) == [-0.5, 0.0, 1e-6]
+    for bad in ([-0.5, 0.7], [-0.5, 2e-6], [-0.5, float("nan")], [-0.5, float("-inf")]):
+        with pytest.raises(EngineBadReply, match=r"output token 4 \(logprobs.token_logprobs\[1\]"):
+            behaviour_logprobs(bad, 2, 3, field)
