@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from ..config import Settings
-from ..eventlog import EventLog, LogUnavailable
+from ..eventlog import EventLog, LogUnavailable, StreamUsage
 from ..runtime import (
     SERVICE_CLASSES,
     DataDirBusy,
@@ -265,19 +266,18 @@ async def _service_status(host: str, name: str, port: int) -> tuple[str, Any]:
         return exc.code().name, None
 
 
-async def _log_status(url: str, settings: Settings, health_url: str | None) -> str:
-    """'' when the log can take appends, else why not."""
+async def _log_status(url: str, settings: Settings, health_url: str | None) -> tuple[str, StreamUsage | None]:
+    """('' when the log can take appends, else why not; the stream's bytes against its limit, when known)."""
     try:
         log = await EventLog.connect(url, settings.log, timeout=STATUS_DEADLINE_S, create=False, health_url=health_url)
     except LogUnavailable as exc:
-        return str(exc)
+        return str(exc), None
     try:
         h = await log.health(timeout=STATUS_DEADLINE_S)
-        if h.ok:
-            await asyncio.wait_for(log.js.stream_info(settings.log.stream), STATUS_DEADLINE_S)
-        return h.reason
+        usage = await asyncio.wait_for(log.usage(), STATUS_DEADLINE_S) if h.ok else None
+        return h.reason, usage
     except Exception as exc:
-        return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}"
+        return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}", None
     finally:
         await log.close()
 
@@ -302,21 +302,35 @@ def status(data_dir: DataDirOpt = None) -> None:
             )
         raise fail(f"no stack runs on {settings.data_dir}: start one with `opengyre up`", code=1)
 
-    async def collect() -> tuple[str, list[tuple[str, Any]]]:
+    async def collect() -> tuple[tuple[str, StreamUsage | None], list[tuple[str, Any]]]:
         # Everything at once: a stack whose log is down answers in one deadline, not one per service.
         log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url")))
         svc = [_service_status(data["host"], name, info["port"]) for name, info in data["services"].items()]
         services = await asyncio.gather(*svc)
         return await log_task, services
 
-    log_problem, rows = asyncio.run(collect())
-    healthy = not log_problem
+    (log_problem, usage), rows = asyncio.run(collect())
+    healthy = not log_problem and not (usage is not None and usage.full)
     recorded = data.get("log") or {}
     where = f"{data['nats_url']}, stream {data.get('stream', settings.log.stream)}"
     if log_problem:
         console.print(f"event log ({where}): [red]DOWN[/]: {log_problem}")
+    elif usage is not None and usage.full:
+        console.print(
+            f"event log ({where}): [red]FULL[/]: {usage.describe()}; appends are refused "
+            "(OPENGYRE_LOG_MAX_BYTES: raise it and restart the stack)"
+        )
     else:
-        console.print(f"event log ({where}): [green]ok[/]")
+        console.print(f"event log ({where}): [green]ok[/]" + (f", {usage.describe()}" if usage is not None else ""))
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(settings.data_dir).free
+        need = int(data.get("min_free_mb", settings.log_min_free_mb)) * 2**20  # what the supervisor waits for
+        if free < need:
+            healthy = False
+            console.print(
+                f"[red]the data dir's disk is full[/]: {free >> 20} MiB free on {settings.data_dir}; the stack "
+                f"runs on and restarts what stopped once {need >> 20} MiB are free (OPENGYRE_LOG_MIN_FREE_MB)"
+            )
     if recorded.get("restarts"):
         console.print(f"nats-server restarted {recorded['restarts']} time(s) by the supervisor")
     t = Table(title=f"stack on {settings.data_dir} (supervisor pid {data['pid']})")
