@@ -69,9 +69,12 @@ async def _up(settings: Settings, services: list[str]) -> None:
     try:
         await stack.supervise(stop)
     finally:
-        console.print("stopping services ...")
+        # up.log may be on a full disk: what it cannot say must not keep the services from being stopped.
+        with contextlib.suppress(OSError):
+            console.print("stopping services ...")
         await stack.stop()
-        console.print("stopped.")
+        with contextlib.suppress(OSError):
+            console.print("stopped.")
 
 
 def _store_text(settings: Settings) -> str:

@@ -275,3 +275,52 @@ async def test_a_corrupt_store_is_set_aside_at_start_and_rebuilt_from_the_log(ev
         engine.dispose()
     aside = [p for p in tmp_path.glob("p.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
     assert len(aside) == 1 and aside[0].read_bytes() == garbage
+
+
+async def test_a_store_on_a_full_disk_is_retried_in_place_and_applies_everything_once_space_returns(
+    event_log: EventLog, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """SQLite's "database or disk is full" is a transient store error: the batch is retried (opengyre.retry's
+    backoff) without being acknowledged or dead-lettered, and folds once the disk has room (issue 24 item 3)."""
+    import contextlib
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    engine = create_db_engine(f"sqlite:///{disk / 'p.db'}")
+    stop, task = asyncio.Event(), None
+    try:
+        migrate(engine)
+        metadata.create_all(engine)
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        events = sample_events(300)
+        await event_log.append_many(events)
+        runner = ProjectionRunner(CountingProjection(), event_log, engine, retry_delay=0.05)
+        task = asyncio.create_task(runner.run(stop))
+        await await_until(lambda: runner.retries >= 2 or task.done(), "the full store's batch is retried", polls=1200)
+        assert not task.done(), task.exception()
+        with engine.connect() as c:
+            assert c.execute(select(func.count()).select_from(DeadLetter)).scalar() == 0
+        filler.unlink()
+        last = await event_log.last_seq()
+        await await_until(lambda: runner.fold.position() >= last, "folded once there is room", polls=1200)
+        with engine.connect() as c:
+            assert c.execute(select(func.sum(counts.c.n))).scalar() == len(events)  # each applied exactly once
+            assert c.execute(select(func.count()).select_from(Tracking)).scalar() == len(events)
+            assert c.execute(select(func.count()).select_from(DeadLetter)).scalar() == 0
+    finally:
+        try:
+            stop.set()
+            if task is not None:
+                await task
+        finally:
+            engine.dispose()
+            subprocess.run(["umount", "-l", str(disk)], check=True)
