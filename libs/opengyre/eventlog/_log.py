@@ -242,7 +242,8 @@ class EventLog:
             except NotFoundError:
                 await log.close()
                 raise LogUnavailable(
-                    f"the NATS server at {url} has no stream {log.config.stream} (`opengyre up` creates it)"
+                    f"the NATS server at {url} has no event stream {log.config.stream!r}: nothing has been logged "
+                    "there (`opengyre up` creates it)"
                 ) from None
         return log
 

@@ -155,5 +155,5 @@ async def test_only_the_owner_changes_a_streams_limits_and_clients_see_how_full_
 async def test_a_client_that_may_not_create_the_stream_says_it_is_missing(
     nats_server: EmbeddedNats, log_config: LogConfig
 ) -> None:
-    with pytest.raises(LogUnavailable, match=f"no stream {log_config.stream}.*opengyre up"):
+    with pytest.raises(LogUnavailable, match=f"no event stream '{log_config.stream}'.*opengyre up"):
         await EventLog.connect(nats_server.url, log_config, create=False)
