@@ -23,6 +23,7 @@ STACK_MODULES = frozenset(
     {
         "tests/libs/cli/test_cli.py",
         "tests/libs/cli/test_stack.py",
+        "tests/libs/cli/test_faults.py",
         "tests/e2e/test_soak.py",
         "tests/e2e/test_attach.py",
     }

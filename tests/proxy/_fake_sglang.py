@@ -2,7 +2,9 @@
 
 ``logprobs`` says what it does with the behaviour logprobs the proxy asks for (``return_logprob``): ``"ok"``
 sends them as SGLang does (``meta_info.output_token_logprobs = [[logprob, id, null], ...]``), ``"missing"``
-leaves the field out, ``"null"`` sends ``null`` in place of each logprob.
+leaves the field out, ``"null"`` sends ``null`` in place of each logprob, ``"positive"`` sends ``POSITIVE`` (no
+log probability), ``"noise"`` sends ``NOISE`` (float noise above 0, as a float32 log-softmax of a certain token
+can give).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from starlette.routing import Route
 from opengyre.models import load_tokenizer
 from opengyre.proxy import ChatCodec
 
-__all__ = ["LOGPROB", "fake_sglang"]
+__all__ = ["LOGPROB", "NOISE", "POSITIVE", "fake_sglang"]
 
 LOGPROB = -0.25
+POSITIVE = 0.7
+NOISE = 5e-7
+_SENT = {"ok": LOGPROB, "null": None, "positive": POSITIVE, "noise": NOISE}
 _enc = msgspec.json.Encoder()
 
 
-def fake_sglang(logprobs: Literal["ok", "missing", "null"]) -> Starlette:
+def fake_sglang(logprobs: Literal["ok", "missing", "null", "positive", "noise"]) -> Starlette:
     codec = ChatCodec(load_tokenizer())
     reply = [*codec.encode("fine"), codec.eos_id]
 
@@ -39,7 +44,7 @@ def fake_sglang(logprobs: Literal["ok", "missing", "null"]) -> Starlette:
             "weight_version": "default",
         }
         if logprobs != "missing":
-            meta["output_token_logprobs"] = [[LOGPROB if logprobs == "ok" else None, t, None] for t in ids]
+            meta["output_token_logprobs"] = [[_SENT[logprobs], t, None] for t in ids]
         return {"text": codec.decode(ids), "output_ids": ids, "meta_info": meta}
 
     async def generate(request: Request) -> Response:

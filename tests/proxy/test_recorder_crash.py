@@ -64,7 +64,7 @@ async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
 ) -> None:
     nats = Nats(tmp_path / "nats")
     cfg = LogConfig(stream="CRASH", prefix="crash.ev", blob_bucket="CRASHB")
-    log = await EventLog.connect(nats.url, cfg, create=False)
+    log = await EventLog.connect(nats.url, cfg)  # made with no limit: narrowed below
     stream = StreamConfig(
         name=cfg.stream,
         subjects=[cfg.all_subjects],
@@ -72,7 +72,7 @@ async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
         max_msgs=LIMIT,
         discard=DiscardPolicy.NEW,
     )
-    await log.js.add_stream(stream)
+    await log.js.update_stream(stream)
     proxy = Proxy(nats, cfg, engine_a.url, tmp_path / "outbox.sqlite3")
     try:
         await proxy.start()

@@ -32,11 +32,11 @@ M = "opengyre-tiny"
 async def _refusing_log(nats: Nats, name: str) -> tuple[EventLog, StreamConfig]:
     """A log whose stream is full (one event, discard new): every answered call stays in the proxy's outbox."""
     cfg = LogConfig(stream=name, prefix=f"{name.lower()}.ev", blob_bucket=f"{name}B")
-    log = await EventLog.connect(nats.url, cfg, create=False)
+    log = await EventLog.connect(nats.url, cfg)  # made with no limit: narrowed below
     stream = StreamConfig(
         name=cfg.stream, subjects=[cfg.all_subjects], storage=StorageType.FILE, max_msgs=1, discard=DiscardPolicy.NEW
     )
-    await log.js.add_stream(stream)
+    await log.js.update_stream(stream)
     await log.append(ExecutionDispatched(execution_id="first", task_id="t", group_id="g", group_size=1))
     return log, stream
 

@@ -104,6 +104,9 @@ async def test_operators_drive_the_proxy_over_grpc(
         assert (sealed.execution_id, sealed.recorded_calls) == ("ex-done", 1)
         with pytest.raises(openai.PermissionDeniedError):
             await ended.chat.completions.create(model=M, messages=m1, max_tokens=4)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # no new key for a sealed execution (issue 24 item 6)
+            await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="ex-done", role="main"))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "sealed" in str(refused.value.details())
 
         moved = await stub.DrainEngine(proxy_pb2.DrainEngineRequest(engine_id="static-0"))
         assert moved.moved == 0

@@ -31,12 +31,12 @@ async def test_calls_drained_after_their_executions_finish_are_applied(tmp_path:
     nats = EmbeddedNats(tmp_path / "nats")
     nats.start()
     cfg = LogConfig(stream="LATE", prefix="late.ev", blob_bucket="LATEB")
-    log = await EventLog.connect(nats.url, cfg, create=False)
+    log = await EventLog.connect(nats.url, cfg)  # made with no limit: narrowed below
     # The stream takes the two dispatches, then refuses: every answered call waits in the proxy's outbox.
     stream = StreamConfig(
         name=cfg.stream, subjects=[cfg.all_subjects], storage=StorageType.FILE, max_msgs=2, discard=DiscardPolicy.NEW
     )
-    await log.js.add_stream(stream)
+    await log.js.update_stream(stream)
     await log.append_many(
         [ExecutionDispatched(execution_id=e, task_id="t", group_id="g", group_size=2) for e in EXECUTIONS]
     )

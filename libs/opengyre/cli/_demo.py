@@ -117,7 +117,9 @@ class _View:
         self.log: EventLog | None = None
 
     async def start(self, stack: Stack) -> None:
-        self.log = await EventLog.connect(stack.nats_url, stack.settings.log, credentials=stack.admin_credentials)
+        self.log = await EventLog.connect(
+            stack.nats_url, stack.settings.log, credentials=stack.admin_credentials, create=False
+        )
         dash = LiveDashboard(self.log, console=console, title=f"opengyre demo {self.run}")
         self.task = asyncio.create_task(dash.run(self.halt), name="demo-dashboard")
 
@@ -139,7 +141,7 @@ async def replay_matches(stack: Stack, settings: Settings) -> bool:
         if await _pending(stack) == 0:
             break
         await asyncio.sleep(0.1)
-    log = await EventLog.connect(stack.nats_url, settings.log, credentials=stack.admin_credentials)
+    log = await EventLog.connect(stack.nats_url, settings.log, credentials=stack.admin_credentials, create=False)
     ok = True
     try:
         for proj in all_projections().values():

@@ -9,6 +9,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from ..config import Settings
-from ..eventlog import EventLog, LogUnavailable, NatsCredentials
+from ..eventlog import EventLog, LogUnavailable, NatsCredentials, StreamUsage
 from ..runtime import (
     SERVICE_CLASSES,
     DataDirBusy,
@@ -77,9 +78,12 @@ async def _up(settings: Settings, services: list[str]) -> None:
     try:
         await stack.supervise(stop)
     finally:
-        console.print("stopping services ...")
+        # up.log may be on a full disk: what it cannot say must not keep the services from being stopped.
+        with contextlib.suppress(OSError):
+            console.print("stopping services ...")
         await stack.stop()
-        console.print("stopped.")
+        with contextlib.suppress(OSError):
+            console.print("stopped.")
 
 
 def _store_text(settings: Settings) -> str:
@@ -337,21 +341,22 @@ def _nats_users(settings: Settings) -> list[str]:
         return []
 
 
-async def _log_status(url: str, settings: Settings, health_url: str | None, creds: NatsCredentials | None) -> str:
-    """'' when the log can take appends, else why not."""
+async def _log_status(
+    url: str, settings: Settings, health_url: str | None, creds: NatsCredentials | None
+) -> tuple[str, StreamUsage | None]:
+    """('' when the log can take appends, else why not; the stream's bytes against its limit, when known)."""
     try:
         log = await EventLog.connect(
             url, settings.log, timeout=STATUS_DEADLINE_S, create=False, health_url=health_url, credentials=creds
         )
     except LogUnavailable as exc:
-        return str(exc)
+        return str(exc), None
     try:
         h = await log.health(timeout=STATUS_DEADLINE_S)
-        if h.ok:
-            await asyncio.wait_for(log.js.stream_info(settings.log.stream), STATUS_DEADLINE_S)
-        return h.reason
+        usage = await asyncio.wait_for(log.usage(), STATUS_DEADLINE_S) if h.ok else None
+        return h.reason, usage
     except Exception as exc:
-        return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}"
+        return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}", None
     finally:
         await log.close()
 
@@ -383,7 +388,7 @@ def status(data_dir: DataDirOpt = None) -> None:
     except ValueError as exc:
         raise fail(str(exc)) from exc
 
-    async def collect() -> tuple[str, bool | None, list[tuple[str, Any, str]]]:
+    async def collect() -> tuple[tuple[str, StreamUsage | None], bool | None, list[tuple[str, Any, str]]]:
         # Everything at once: a stack whose log is down answers in one deadline, not one per service.
         log_task = asyncio.create_task(_log_status(data["nats_url"], settings, data.get("nats_monitor_url"), creds))
         open_task = asyncio.create_task(_nats_open(data["nats_url"]))
@@ -391,14 +396,28 @@ def status(data_dir: DataDirOpt = None) -> None:
         services = await asyncio.gather(*svc)
         return await log_task, await open_task, services
 
-    log_problem, nats_open, rows = asyncio.run(collect())
-    healthy = not log_problem
+    (log_problem, usage), nats_open, rows = asyncio.run(collect())
+    healthy = not log_problem and not (usage is not None and usage.full)
     recorded = data.get("log") or {}
     where = f"{data['nats_url']}, stream {data.get('stream', settings.log.stream)}"
     if log_problem:
         console.print(f"event log ({where}): [red]DOWN[/]: {log_problem}")
+    elif usage is not None and usage.full:
+        console.print(
+            f"event log ({where}): [red]FULL[/]: {usage.describe()}; appends are refused "
+            "(OPENGYRE_LOG_MAX_BYTES: raise it and restart the stack)"
+        )
     else:
-        console.print(f"event log ({where}): [green]ok[/]")
+        console.print(f"event log ({where}): [green]ok[/]" + (f", {usage.describe()}" if usage is not None else ""))
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(settings.data_dir).free
+        need = int(data.get("min_free_mb", settings.log_min_free_mb)) * 2**20  # what the supervisor waits for
+        if free < need:
+            healthy = False
+            console.print(
+                f"[red]the data dir's disk is full[/]: {free >> 20} MiB free on {settings.data_dir}; the stack "
+                f"runs on and restarts what stopped once {need >> 20} MiB are free (OPENGYRE_LOG_MIN_FREE_MB)"
+            )
     if nats_open is None:
         console.print(f"NATS at {data['nats_url']}: no answer, cannot tell whether it requires credentials")
     elif nats_open:

@@ -4,7 +4,7 @@ from ._auth import NatsCredentials
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
-from ._health import LogHealth, server_health
+from ._health import FULL_MARGIN_BYTES, LogHealth, StreamUsage, server_health
 from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
 from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
 from ._server import MIN_SERVER_VERSION, require_server_version
@@ -13,6 +13,7 @@ __all__ = [
     "BLOB_CORRUPT",
     "BLOB_HEADER",
     "BLOB_MISSING",
+    "FULL_MARGIN_BYTES",
     "MIN_SERVER_VERSION",
     "TRANSIENT_ERRORS",
     "TYPE_HEADER",
@@ -30,6 +31,7 @@ __all__ = [
     "PayloadStore",
     "PayloadStoreError",
     "StoredEvent",
+    "StreamUsage",
     "UnreadableBody",
     "require_server_version",
     "server_health",

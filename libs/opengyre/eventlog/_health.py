@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import httpx
 
-__all__ = ["ConnectionWatch", "LogHealth", "server_health"]
+__all__ = ["FULL_MARGIN_BYTES", "ConnectionWatch", "LogHealth", "StreamUsage", "server_health"]
 
 log = logging.getLogger("opengyre.eventlog")
 
@@ -21,6 +21,35 @@ log = logging.getLogger("opengyre.eventlog")
 class LogHealth(NamedTuple):
     ok: bool
     reason: str  # why not, in words a user can act on ("" when ok)
+
+
+# A stream with less room than this left refuses the next append of any event we write (each stored message
+# counts its subject and headers too, so even a small event needs a few hundred bytes): "full".
+FULL_MARGIN_BYTES = 1024
+
+
+class StreamUsage(NamedTuple):
+    """How much of its byte limit a stream holds, as the server counts it (``max_bytes`` -1: no limit)."""
+
+    stream: str
+    bytes: int
+    messages: int
+    max_bytes: int
+
+    @property
+    def full(self) -> bool:
+        """Appends are refused (discard "new"): less than ``FULL_MARGIN_BYTES`` of room left."""
+        return self.max_bytes > 0 and self.max_bytes - self.bytes < FULL_MARGIN_BYTES
+
+    def describe(self) -> str:
+        if self.max_bytes <= 0:
+            return f"{_mib(self.bytes)} in {self.messages} events, no byte limit"
+        pct = 100.0 * self.bytes / self.max_bytes
+        return f"{_mib(self.bytes)} of {_mib(self.max_bytes)} ({pct:.0f}%) in {self.messages} events"
+
+
+def _mib(n: int) -> str:
+    return f"{n} B" if n < 2**20 else f"{n / 2**20:.1f} MiB"
 
 
 class ConnectionWatch:

@@ -38,7 +38,7 @@ from ._blobs import BlobReader, BlobUnreadable
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
-from ._health import ConnectionWatch, LogHealth, server_health
+from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
 from ._server import require_server_version
@@ -177,9 +177,15 @@ class EventLog:
         create: bool = True,
         health_url: str | None = None,
         credentials: NatsCredentials | None = None,
+        configure: bool = False,
     ) -> EventLog:
-        """Connect, check the server's version and JetStream, and (with ``create``) make sure the stream exists.
-        Fails fast, with :class:`LogUnavailable`.
+        """Connect, check the server's version and JetStream, and make sure the stream exists: ``create``
+        creates a missing one with ``config``'s limits, else a missing stream fails. Fails fast, with
+        :class:`LogUnavailable`.
+
+        An existing stream's configuration (its limits) is changed only with ``configure``: the stream's one
+        owner (``opengyre up``) passes it; every other client takes the stream as it is, so a client with the
+        default config does not reset a limit the owner set.
 
         ``health_url``: the server's HTTP monitoring endpoint, if known (``health`` and append errors use it).
         ``credentials``: who to be to a server that requires them (the embedded one does: ``runtime._natsauth``).
@@ -244,9 +250,11 @@ class EventLog:
             await nc.close()
             raise LogUnavailable(f"the NATS server at {url} has no JetStream (start it with -js): {exc}") from exc
         await log._acks.start()
-        if create:
+        if create or configure:
             try:
-                await log.ensure_stream()
+                await log.ensure_stream(configure=configure)
+                if configure:
+                    await log.payloads.ensure(configure=True)
             except nats.js.errors.APIError as exc:
                 await log.close()
                 # e.g. replicas > 1 on a server that is not clustered, or more replicas than the cluster has
@@ -254,6 +262,15 @@ class EventLog:
                     f"the NATS server at {url} refuses stream {log.config.stream} "
                     f"({log.config.replicas} replica(s)): {exc.description or exc}"
                 ) from exc
+        else:
+            try:
+                await log.js.stream_info(log.config.stream)
+            except NotFoundError:
+                await log.close()
+                raise LogUnavailable(
+                    f"the NATS server at {url} has no event stream {log.config.stream!r}: nothing has been logged "
+                    "there (`opengyre up` creates it)"
+                ) from None
         return log
 
     async def close(self) -> None:
@@ -272,8 +289,9 @@ class EventLog:
 
     # --- stream -------------------------------------------------------------------------------------
 
-    async def ensure_stream(self) -> None:
-        """Create the event stream, or bring its byte limit to the configured one.
+    async def ensure_stream(self, *, configure: bool = False) -> None:
+        """Create the event stream if it is missing; with ``configure`` (the stream's owner only: ``opengyre
+        up``) also bring an existing one's byte limit and replicas to the configured ones.
 
         Discard policy "new": when ``max_bytes`` is reached appends are refused, never old events dropped (a
         projection that has not folded them yet would lose them)."""
@@ -295,7 +313,8 @@ class EventLog:
             )
             return
         have = info.config
-        if (have.max_bytes, have.discard, have.num_replicas) != (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas):
+        want = (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas)
+        if configure and (have.max_bytes, have.discard, have.num_replicas) != want:
             # A clustered server moves the stream to the new replica count in place.
             have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
             await self.js.update_stream(have)
@@ -303,6 +322,13 @@ class EventLog:
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.config.stream)
         return int(info.state.last_seq)
+
+    async def usage(self) -> StreamUsage:
+        """The event stream's bytes and messages against its byte limit (``StreamUsage.full``: appends refused)."""
+        info = await self.js.stream_info(self.config.stream)
+        return StreamUsage(
+            self.config.stream, int(info.state.bytes), int(info.state.messages), int(info.config.max_bytes or -1)
+        )
 
     async def first_seq(self) -> int:
         info = await self.js.stream_info(self.config.stream)

@@ -81,9 +81,10 @@ class PayloadStore:
             max_msg_size=-1,
         )
 
-    async def ensure(self) -> None:
-        """Create the payload stream, or bring its limits to the configured ones."""
-        if self._ready:
+    async def ensure(self, *, configure: bool = False) -> None:
+        """Create the payload stream if it is missing; with ``configure`` (its owner, ``opengyre up``, only)
+        also bring an existing one's limits to the configured ones. Any other client takes it as it is."""
+        if self._ready and not configure:
             return
         want = self._config()
         try:
@@ -92,7 +93,7 @@ class PayloadStore:
             await self._log.js.add_stream(want)
         else:
             have = info.config
-            if (have.max_bytes, have.max_age or 0.0, have.discard, have.allow_direct) != (
+            if configure and (have.max_bytes, have.max_age or 0.0, have.discard, have.allow_direct) != (
                 want.max_bytes,
                 want.max_age,
                 want.discard,

@@ -206,7 +206,9 @@ class _Loop:
         prefix = f"{self.cfg.run_id}-s"
         dispatched: dict[str, ExecutionDispatched] = {}
         finished: set[str] = set()
-        log = await EventLog.connect(services.nats_url, self.settings.log, credentials=services.nats_credentials)
+        log = await EventLog.connect(
+            services.nats_url, self.settings.log, credentials=services.nats_credentials, create=False
+        )
         try:
             async for _, e in log.events(ExecutionDispatched, ExecutionFinished):
                 if isinstance(e, ExecutionDispatched) and e.execution_id.startswith(prefix):

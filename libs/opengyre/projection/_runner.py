@@ -13,11 +13,12 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from tenacity import RetryCallState
 
 from ..eventlog import TRANSIENT_ERRORS, EventLog, StoredEvent
 from ..retry import backoff
-from ._apply import BatchOutcome, FoldTransaction, TransientError
+from ._apply import BatchOutcome, FoldTransaction, TransientError, is_transient
 from ._base import Projection
 from ._stream import StreamMismatch, check_stream
 
@@ -173,7 +174,9 @@ class ProjectionRunner:
         """Fold the log until ``stop``. Refusing the log's stream (see ``_stream``) does not end it: it logs
         the error, reports it in ``status`` and waits for ``stop``, so the service stays up to say why."""
         stop = stop or asyncio.Event()
-        if await self._consumer(reset=True):
+        # The store may refuse the start's writes (the stream record) for a while, as a full disk does: wait it out.
+        what = "the store cannot record the stream (is its disk full?)"
+        if await self._retrying(what, lambda: self._consumer(reset=True), (TransientError,), [], stop):
             await self._follow(stop)
         if self.error is not None:
             await stop.wait()
@@ -181,6 +184,10 @@ class ProjectionRunner:
     async def _consumer(self, *, reset: bool = False) -> bool:
         try:
             await self.ensure_consumer(reset=reset)
+        except DBAPIError as exc:
+            if is_transient(exc):  # locked, or full ("database or disk is full"): worth a retry
+                raise TransientError(str(exc)) from exc
+            raise
         except StreamMismatch as exc:
             self.error = str(exc)
             log.error("projection %s refuses to fold: %s", self.projection.name, exc)

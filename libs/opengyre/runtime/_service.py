@@ -181,7 +181,11 @@ async def run_service(
     # Who we are to NATS: the supervisor names our user (OPENGYRE_NATS_USER/PASSWORD), as the user does for an
     # external --nats-url; none named: a server that requires no credentials.
     creds = env_credentials()
-    event_log = await EventLog.connect(url, settings.log, health_url=settings.nats_monitor_url, credentials=creds)
+    # Under a supervisor the stream is the stack's (``up`` created and configured it): a missing one is an error,
+    # not something to re-create with defaults. Alone (a bare nats-server) the service creates a missing one.
+    event_log = await EventLog.connect(
+        url, settings.log, health_url=settings.nats_monitor_url, credentials=creds, create=supervisor_pid is None
+    )
     settings.ensure_store_dir()
     engine = create_db_engine(settings.store_url(service.name))
     tasks: list[asyncio.Task[None]] = []
@@ -243,5 +247,9 @@ async def run_service(
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: the service exits, and its supervisor restarts it once there is room
+        raise
     tmp.replace(path)  # a reader never sees half a port

@@ -5,12 +5,17 @@ anything starts. Its children die with it (parent-death signal, ``_procs``); wha
 behind (pids in ``stack.json`` and the store's pid file, checked to be ours) is stopped before a new one starts.
 The supervisor restarts a crashed service and a crashed nats-server (same port, same store), and restarts a
 nats-server whose store failed a write (a full disk) once space is free again.
+
+A full disk stops nothing: a record the supervisor cannot write (``stack.json``) is written again, with backoff,
+until it goes through, and a service that exits while the data dir's disk is full is restarted, without counting
+towards its restart limit, once there is room again (``log_min_free_mb``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -28,6 +33,7 @@ from sqlalchemy import Engine
 
 from ..config import PROXY_HTTP, Settings, ensure_grpc_token
 from ..eventlog import EventLog, LogHealth, NatsCredentials, server_health
+from ..retry import backoff
 from ..store import create_db_engine, migrate
 from ._lock import DataDirLock
 from ._nats import EmbeddedNats, is_nats_server_of
@@ -76,9 +82,15 @@ def read_stack_file(settings: Settings) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)  # readers never see half a file
+    _write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+# What a write to a full (or over-quota) disk raises: worth waiting out, never a reason to stop the stack.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
 
 
 def lock_holder(settings: Settings) -> dict[str, Any] | None:
@@ -163,6 +175,7 @@ class _Child:
     started_at: float = 0.0
     bound: bool = False
     last_error: str = ""  # its log's last line when it last exited by itself
+    waiting_for_space: bool = False  # exited while the disk was full: restarted once it has room
 
 
 def _last_line(path: Path) -> str:
@@ -210,6 +223,9 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
     _log: _LogWatch = field(default_factory=_LogWatch)
+    # Writing stack.json again after a full disk refused it (see ``_write_stack_file``).
+    _rewrite: asyncio.Task[None] | None = None
+    stack_file_failures: int = 0  # writes of stack.json the disk refused (each retried until one goes through)
     # Who each process is to NATS: the embedded server's users (``_natsauth``), or, with --nats-url, what the
     # environment names (``env_credentials``) for every one of them.
     nats_users: dict[str, NatsCredentials] = field(default_factory=dict)
@@ -244,8 +260,9 @@ class Stack:
             self.nats_url = s.nats_url
         else:
             await self._start_nats()
-        # Fail fast (and create the stream) before any service starts.
-        event_log = await EventLog.connect(self.nats_url, s.log, credentials=self.admin_credentials)
+        # Fail fast before any service starts. The stack owns the streams' configuration: it creates them and
+        # sets their limits (services and the CLI only look them up), so a limit set here stays set.
+        event_log = await EventLog.connect(self.nats_url, s.log, credentials=self.admin_credentials, configure=True)
         await event_log.close()
         if not s.db_url and (s.data_dir / "opengyre.db").exists():
             log.warning(
@@ -409,6 +426,42 @@ class Stack:
         child.started_at = time.monotonic()
 
     def _write_stack_file(self) -> None:
+        """Record the stack in ``stack.json``. A full disk does not stop the stack: the write is tried again with
+        backoff (the record then written is the state at that time) until it goes through; meanwhile readers
+        see the previous record, whole (the write is atomic)."""
+        if self._rewrite is not None and not self._rewrite.done():
+            return  # the retry writes the record as it is when it gets through
+        try:
+            self._write_stack_file_now()
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            self.stack_file_failures += 1
+            log.error("cannot write %s (%s): the stack runs on; retrying", self.settings.stack_file, exc)
+            self._rewrite = asyncio.get_running_loop().create_task(self._rewrite_stack_file(), name="rewrite-stack")
+
+    async def _rewrite_stack_file(self) -> None:
+        async for attempt in backoff(
+            f"writing {self.settings.stack_file}",
+            first_s=0.5, max_s=5.0, retry_on=OSError, retry_if=is_no_space, logger=log,
+            before_sleep=lambda _: self._count_stack_file_failure(),
+        ):  # fmt: skip
+            with attempt:
+                self._write_stack_file_now()
+        log.warning("wrote %s again: the disk has room", self.settings.stack_file)
+
+    def _count_stack_file_failure(self) -> None:
+        self.stack_file_failures += 1
+
+    def _disk_full(self) -> bool:
+        """Whether the data dir's disk has less room than ``log_min_free_mb``: too little to restart on."""
+        try:
+            free = shutil.disk_usage(self.settings.data_dir).free
+        except OSError:
+            return False
+        return free < self.settings.log_min_free_mb * 2**20
+
+    def _write_stack_file_now(self) -> None:
         s = self.settings
         proc = self.nats.proc if self.nats is not None else None
         data = {
@@ -422,6 +475,7 @@ class Stack:
             "stream": s.log.stream,
             "prefix": s.log.prefix,
             "host": s.host,
+            "min_free_mb": s.log_min_free_mb,  # below it the disk counts as full (`status` says so)
             "reaped": [str(x) for x in self.reaped],
             "services": {
                 c.name: {"port": c.port, "pid": c.proc.pid if c.proc else 0, "restarts": c.restarts}
@@ -449,6 +503,20 @@ class Stack:
                 if child.proc is None or child.proc.poll() is None:
                     continue
                 code = child.proc.returncode
+                if self._disk_full():
+                    # Whatever it died of, a restart now would die of a full disk too: wait for room, and do not
+                    # count it towards the restart limit (the failure is the disk's, not the service's).
+                    if not child.waiting_for_space:
+                        child.waiting_for_space = True
+                        log.error("service %s exited with %s; the data dir's disk is full: restarting it once "
+                                  "there is room", child.name, code)  # fmt: skip
+                    continue
+                if child.waiting_for_space:
+                    child.waiting_for_space = False
+                    log.warning("service %s: the disk has room again; restarting it", child.name)
+                    self._spawn(child, fallback=False)
+                    self._write_stack_file()
+                    continue
                 # Exited by itself (not a signal's kill): the log's last line says why. The same line again is
                 # the same failure however long the service ran first (a bad setting it reads at start).
                 line = _last_line(self._log_path(child.name)) if code > 0 else ""
@@ -558,6 +626,9 @@ class Stack:
             self._write_stack_file()
 
     async def stop(self) -> None:
+        if self._rewrite is not None:
+            self._rewrite.cancel()
+            await asyncio.gather(self._rewrite, return_exceptions=True)
         for child in self.children.values():
             if child.proc is not None and child.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -588,8 +659,12 @@ class Stack:
 
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # half a file is no use to anyone, and takes room a full disk lacks
+        raise
+    tmp.replace(path)  # readers never see half a file
 
 
 def _safe_url(url: str) -> str:

@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from opengyre.http1 import Http1Error, Http1Pool
+from opengyre.trajectory import is_logprob
 
 __all__ = [
     "EngineBadReply",
@@ -66,6 +67,8 @@ def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) ->
 
     ``raw`` is either SGLang's ``[[logprob, id, text], ...]`` or a plain list of numbers. A token without a
     finite logprob raises EngineBadReply: training on an invented value (0.0 is "probability 1") would be wrong.
+    So does a value that is no log probability (above 0 by more than float noise, ``is_logprob``'s 1e-6, the
+    bound the trainer checks too): recorded, it would only be refused later, with the trainer's whole batch.
     """
     if n_ids == 0 and not raw:
         return []
@@ -81,6 +84,11 @@ def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) ->
             raise EngineBadReply(
                 f"the engine returned no usable behaviour logprob for output token {offset + i} "
                 f"({field_name}[{i}] = {str(entry)[:80]})"
+            )
+        if not is_logprob(v):
+            raise EngineBadReply(
+                f"the engine returned behaviour logprob {v!r} for output token {offset + i} ({field_name}[{i}]): "
+                "a log probability is at most 0"
             )
         out.append(v)
     if len(out) != n_ids:

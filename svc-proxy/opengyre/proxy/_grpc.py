@@ -18,7 +18,7 @@ from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 from ._atif import export_execution
 from ._gateway import Gateway
 from ._keys import ROLES
-from ._recorder import SealUnavailable
+from ._recorder import ExecutionSealed, SealUnavailable
 from ._trees import StoredCall, list_executions, load_calls, resolve_stored
 
 __all__ = ["ProxyServicer"]
@@ -99,6 +99,13 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             key = self._gw.issue_key(request.execution_id, role)  # type: ignore[arg-type]
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+        try:
+            # A sealed execution takes no more calls: a key for it would only be refused at its first call. Checked
+            # after the key is made (the id is valid then); a refused one is never handed out.
+            self._gw.recorder.check_open(request.execution_id)
+        except ExecutionSealed as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             raise
         return proxy_pb2.ExecutionAccess(
             execution_id=request.execution_id,

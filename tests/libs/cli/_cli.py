@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -122,7 +123,9 @@ class Ledger:
         assert not lost, f"acknowledged but not in the stream: {sorted(lost)[:5]}"
         assert not doubled, f"stored twice: {list(doubled.items())[:5]}"
         assert {k: v[0] for k, v in in_stream.items() if k in self.acked} == self.acked
-        with sqlite3.connect(data / "db" / "synth.db") as db:
+        # closing(): sqlite3's own ``with`` only commits, and a connection left open for the collector checkpoints
+        # the WAL into the file whenever it is collected (over what a test wrote there meanwhile).
+        with contextlib.closing(sqlite3.connect(data / "db" / "synth.db")) as db:
             rows = dict(db.execute("SELECT skill_id, ingested_seq FROM synth_skills").fetchall())
             tracked = [s for (s,) in db.execute("SELECT stream_seq FROM og_tracking WHERE projection = 'tasks'")]
         assert {k: rows.get(k) for k in self.acked} == self.acked, "an acknowledged skill was not applied"
@@ -142,7 +145,7 @@ async def synth_state(record: dict[str, Any]) -> tuple[int, int, int]:
 
 def applied_position(data: Path) -> int:
     try:
-        with sqlite3.connect(data / "db" / "synth.db", timeout=10) as db:
+        with contextlib.closing(sqlite3.connect(data / "db" / "synth.db", timeout=10)) as db:
             (pos,) = db.execute(
                 "SELECT COALESCE(MAX(stream_seq), 0) FROM og_tracking WHERE projection = 'tasks'"
             ).fetchone()

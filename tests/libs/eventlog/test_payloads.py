@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from opengyre.eventlog import EventLog, EventLogError, LogConfig, PayloadStoreError
+from opengyre.eventlog import EventLog, EventLogError, LogConfig, LogUnavailable, PayloadStoreError
 from opengyre.events import ExecutionDispatched
 from opengyre.runtime import EmbeddedNats
 
@@ -94,7 +94,7 @@ async def test_a_full_event_stream_refuses_appends_and_drops_no_event(
         capped = LogConfig(
             stream=log_config.stream, prefix=log_config.prefix, blob_bucket=log_config.blob_bucket, max_bytes=used + 600
         )
-        log = await EventLog.connect(nats_server.url, capped)
+        log = await EventLog.connect(nats_server.url, capped, configure=True)
         with pytest.raises(EventLogError, match="refused"):
             for i in range(50, 100):
                 await log.append(ExecutionDispatched(execution_id=f"e{i}", task_id="t", group_id="g"))
@@ -113,3 +113,47 @@ def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="payload_max_age_s"):
         LogConfig(payload_max_age_s=-1)
     assert LogConfig(stream="X").payloads == "X_PAYLOADS"
+
+
+async def test_only_the_owner_changes_a_streams_limits_and_clients_see_how_full_it_is(
+    nats_server: EmbeddedNats, log_config: LogConfig
+) -> None:
+    """Issue 24 item 7: a client connecting with the default config used to reset ``max_bytes`` to unlimited."""
+    names = {"stream": log_config.stream, "prefix": log_config.prefix, "blob_bucket": log_config.blob_bucket}
+    capped = LogConfig(**names, max_bytes=8 * 1024, payload_max_bytes=64 * 1024)  # what `up` sets
+    owner = await EventLog.connect(nats_server.url, capped, configure=True)
+    try:
+        for client in (
+            await EventLog.connect(nats_server.url, log_config),  # a service or CLI with the default limits
+            await EventLog.connect(nats_server.url, log_config, create=False),
+        ):
+            await client.payloads.ensure()
+            await client.close()
+        info = await owner.js.stream_info(capped.stream)
+        payloads = await owner.js.stream_info(capped.payloads)
+        assert (info.config.max_bytes, payloads.config.max_bytes) == (8 * 1024, 64 * 1024)  # still the owner's
+
+        client = await EventLog.connect(nats_server.url, log_config, create=False)
+        try:
+            assert not (await client.usage()).full
+            appended = 0
+            with pytest.raises(EventLogError, match="refused"):
+                for i in range(1000):
+                    await client.append(ExecutionDispatched(execution_id=f"e{i}", task_id="t", group_id="g"))
+                    appended += 1
+            usage = await client.usage()
+            assert usage.full and usage.max_bytes == 8 * 1024 and usage.messages == appended > 0, usage
+            assert f"of {8 * 1024} B" in usage.describe() and f"in {appended} events" in usage.describe()
+        finally:
+            await client.close()
+    finally:
+        await owner.js.delete_stream(capped.payloads)
+        await owner.js.delete_stream(capped.stream)
+        await owner.close()
+
+
+async def test_a_client_that_may_not_create_the_stream_says_it_is_missing(
+    nats_server: EmbeddedNats, log_config: LogConfig
+) -> None:
+    with pytest.raises(LogUnavailable, match=f"no event stream '{log_config.stream}'.*opengyre up"):
+        await EventLog.connect(nats_server.url, log_config, create=False)

@@ -233,3 +233,94 @@ async def test_a_log_gone_between_the_commit_and_the_ack_ends_nothing(tmp_path, 
         await log.close()
         server.stop()
         engine.dispose()
+
+
+async def test_a_corrupt_store_is_set_aside_at_start_and_rebuilt_from_the_log(event_log: EventLog, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Garbage over a projection's SQLite file: the next start (``migrate``, then the runner) moves it aside and
+    folds the whole log again, to the same rows, as it does for a deleted file."""
+    path = tmp_path / "p.db"
+    engine = create_db_engine(f"sqlite:///{path}")
+    migrate(engine)
+    metadata.create_all(engine)
+    projection = CountingProjection()
+    events = sample_events(200)
+    await event_log.append_many(events)
+    await _run_until_caught_up(ProjectionRunner(projection, event_log, engine))
+    live = dump_rows(engine, projection.tables)
+    assert sum(r[1] for r in live["test_counts"]) == len(events)
+    engine.dispose()
+    garbage = os.urandom(path.stat().st_size)
+    path.write_bytes(garbage)
+
+    engine = create_db_engine(f"sqlite:///{path}")
+    try:
+        migrate(engine)  # what a service does first on start
+        metadata.create_all(engine)
+        runner, stop, last = (
+            ProjectionRunner(projection, event_log, engine),
+            asyncio.Event(),
+            await event_log.last_seq(),
+        )
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            # Not ``wait_caught_up``: the first run's consumer, with nothing pending, may still be there.
+            await await_until(lambda: runner.fold.position() >= last, "the rebuilt store folded the whole log")
+        finally:
+            stop.set()
+            await task
+        assert dump_rows(engine, projection.tables) == live
+        with engine.connect() as c:
+            assert c.execute(select(func.count()).select_from(Tracking)).scalar() == len(events)
+    finally:
+        engine.dispose()
+    aside = [p for p in tmp_path.glob("p.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1 and aside[0].read_bytes() == garbage
+
+
+async def test_a_store_on_a_full_disk_is_retried_in_place_and_applies_everything_once_space_returns(
+    event_log: EventLog, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """SQLite's "database or disk is full" is a transient store error: the batch is retried (opengyre.retry's
+    backoff) without being acknowledged or dead-lettered, and folds once the disk has room (issue 24 item 3)."""
+    import contextlib
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    engine = create_db_engine(f"sqlite:///{disk / 'p.db'}")
+    stop, task = asyncio.Event(), None
+    try:
+        migrate(engine)
+        metadata.create_all(engine)
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        events = sample_events(300)
+        await event_log.append_many(events)
+        runner = ProjectionRunner(CountingProjection(), event_log, engine, retry_delay=0.05)
+        task = asyncio.create_task(runner.run(stop))
+        await await_until(lambda: runner.retries >= 2 or task.done(), "the full store's batch is retried", polls=1200)
+        assert not task.done(), task.exception()
+        with engine.connect() as c:
+            assert c.execute(select(func.count()).select_from(DeadLetter)).scalar() == 0
+        filler.unlink()
+        last = await event_log.last_seq()
+        await await_until(lambda: runner.fold.position() >= last, "folded once there is room", polls=1200)
+        with engine.connect() as c:
+            assert c.execute(select(func.sum(counts.c.n))).scalar() == len(events)  # each applied exactly once
+            assert c.execute(select(func.count()).select_from(Tracking)).scalar() == len(events)
+            assert c.execute(select(func.count()).select_from(DeadLetter)).scalar() == 0
+    finally:
+        try:
+            stop.set()
+            if task is not None:
+                await task
+        finally:
+            engine.dispose()
+            subprocess.run(["umount", "-l", str(disk)], check=True)
