@@ -55,7 +55,7 @@ async def test_a_full_disk_under_the_whole_data_dir_stops_nothing_and_the_stack_
             supervisor = int(record["pid"])  # type: ignore[call-overload]
             synth = int(record["services"]["synth"]["pid"])  # type: ignore[index]
             ledger = Ledger()
-            log = await EventLog.connect(url, health_url=monitor, create=False)
+            log = await EventLog.connect(url, health_url=monitor, create=False, credentials=record["nats_admin"])
             try:
                 await ledger.put(log, 20)
                 filler = _fill(disk)
@@ -139,12 +139,12 @@ async def test_a_log_limit_set_by_up_outlives_clients_and_status_says_when_it_is
     with up(data, env={"OPENGYRE_LOG_MAX_BYTES": str(limit)}) as record:
         url = str(record["nats_url"])
         for create in (True, False):  # clients with the default LogConfig (no limit)
-            client = await EventLog.connect(url, create=create)
+            client = await EventLog.connect(url, create=create, credentials=record["nats_admin"])
             await client.payloads.ensure()
             await client.close()
         res = og("events", "tail", "-n", "1", "--data-dir", str(data))  # a CLI client
         assert res.returncode == 0, res.stdout + res.stderr
-        log = await EventLog.connect(url, create=False)
+        log = await EventLog.connect(url, create=False, credentials=record["nats_admin"])
         try:
             assert (await log.js.stream_info("OPENGYRE")).config.max_bytes == limit
             res = og("status", "--data-dir", str(data))
