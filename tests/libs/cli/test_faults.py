@@ -114,7 +114,7 @@ def test_a_corrupt_projection_file_is_set_aside_and_rebuilt_by_up_and_by_project
     data, ledger = tmp_path / "og", Ledger()
     db = data / "db" / "synth.db"
     with up(data) as record:
-        asyncio.run(ledger.publish(str(record["nats_url"]), 30))
+        asyncio.run(ledger.publish(str(record["nats_url"]), 30, credentials=record["nats_admin"]))
         wait_until(lambda: applied_position(data) >= 30, "synth applied the 30 skills")
     garbage = _corrupt(db)
 
