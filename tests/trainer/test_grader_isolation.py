@@ -4,7 +4,9 @@ fill the disk; and what the grader writes is read back from the host only as a b
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -227,3 +229,55 @@ def test_read_reward_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
     link.symlink_to(tmp_path)
     with pytest.raises(RewardFileError, match="not a directory"):
         read_reward(link)
+
+
+def _copy_as_owner(ws: Path, dst: Path, uid: int) -> list[str]:
+    """``copy_workspace`` in a child running as ``uid`` (root reads everything: the agent's user does not)."""
+    import json
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as the workspace's owner, without root's read-anything
+        try:
+            os.close(r)
+            if os.geteuid() == 0:
+                os.setgid(uid)
+                os.setuid(uid)
+            report = copy_workspace(ws, dst)
+            os.write(w, json.dumps(report.skipped).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    shutil.rmtree(dst, ignore_errors=True)
+    assert out, "the copy raised in the child"
+    skipped: list[str] = json.loads(out)
+    return skipped
+
+
+def test_what_the_agent_made_unreadable_is_left_out_not_a_failed_grading(tmp_path: Path) -> None:
+    import tempfile
+
+    # An unreadable workspace must not make grading fail (a sandbox failure is masked: a way out of a negative).
+    base = Path(tempfile.mkdtemp(prefix="og-test-unreadable-"))
+    try:
+        base.chmod(0o755)
+        ws = base / "ws"
+        (ws / "locked").mkdir(parents=True)
+        (ws / "locked" / "x").write_text("1\n")
+        (ws / "out.txt").write_text("the-answer-7f3a\n")
+        (ws / "secret.txt").write_text("x\n")
+        uid = 65534 if os.geteuid() == 0 else os.geteuid()
+        for p in (base, ws, ws / "locked", ws / "locked" / "x", ws / "out.txt", ws / "secret.txt"):
+            os.chown(p, uid, uid) if os.geteuid() == 0 else None
+        (ws / "locked").chmod(0)
+        (ws / "secret.txt").chmod(0)
+        skipped = _copy_as_owner(ws, base / "copy", uid)
+        assert sorted(s.split(" ")[0] for s in skipped) == ["locked", "secret.txt"], skipped
+    finally:
+        for p in (base / "ws" / "locked", base / "ws" / "secret.txt"):
+            with contextlib.suppress(OSError):
+                p.chmod(0o700)
+        shutil.rmtree(base, ignore_errors=True)

@@ -22,7 +22,6 @@ following symlinks, only a regular file, at most ``limit`` bytes; a FIFO there d
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
@@ -89,13 +88,27 @@ class _Scan:
             self.links[key] = self.links.get(key, 0) + 1
 
 
-def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
-    out = []
+def _entries(fd: int) -> list[tuple[str, os.stat_result | None]]:
+    """The directory's names with their ``lstat`` (None: it cannot be looked at, so it is not copied)."""
+    out: list[tuple[str, os.stat_result | None]] = []
     with os.scandir(fd) as it:
         for e in it:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 out.append((e.name, os.stat(e.name, dir_fd=fd, follow_symlinks=False)))
-    return sorted(out)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                out.append((e.name, None))
+    return sorted(out, key=lambda x: x[0])
+
+
+def _open_dir(name: str, fd: int) -> int | None:
+    # A directory the agent made unreadable is left out, not a failure of the grading: an ungradeable workspace
+    # would otherwise be an infrastructure failure, which training masks (a way out of a negative).
+    try:
+        return os.open(name, _DIR, dir_fd=fd)
+    except OSError:
+        return None
 
 
 def _scan(fd: int, rel: str, depth: int, scan: _Scan) -> None:
@@ -103,9 +116,10 @@ def _scan(fd: int, rel: str, depth: int, scan: _Scan) -> None:
         raise WorkspaceTooLarge(f"the workspace nests directories deeper than {scan.bounds.max_depth} (at {rel})")
     for name, st in _entries(fd):
         path = posixpath.join(rel, name)
+        if st is None:
+            continue
         scan.count(path, st)
-        if stat.S_ISDIR(st.st_mode):
-            sub = os.open(name, _DIR, dir_fd=fd)
+        if stat.S_ISDIR(st.st_mode) and (sub := _open_dir(name, fd)) is not None:
             try:
                 _scan(sub, path, depth + 1, scan)
             finally:
@@ -141,23 +155,38 @@ def copy_workspace(src: Path, dst: Path, bounds: CopyBounds | None = None, *, in
 
 
 def _copy(src: int, dst: int, rel: str, scan: _Scan, report: CopyReport, inside: str, root: Path) -> None:
+    """Reading the workspace may fail on what the agent made unreadable: that entry is left out. Writing the copy
+    may fail only on the host's side (a full disk): that raises."""
     for name, seen in _entries(src):
         path = posixpath.join(rel, name)
+        if seen is None:
+            report.skipped.append(f"{path} (cannot be looked at)")
+            continue
         mode = seen.st_mode
         if stat.S_ISDIR(mode):
-            os.mkdir(name, 0o700, dir_fd=dst)
-            s, d = os.open(name, _DIR, dir_fd=src), os.open(name, _DIR, dir_fd=dst)
+            s = _open_dir(name, src)
+            if s is None:
+                report.skipped.append(f"{path} (a directory that cannot be read)")
+                continue
             try:
-                _copy(s, d, path, scan, report, inside, root)
-                # Owner access kept: the grader (and the cleanup) must be able to enter what it was given.
-                os.chmod(d, stat.S_IMODE(mode) & 0o777 | 0o700)
-                os.utime(d, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+                os.mkdir(name, 0o700, dir_fd=dst)
+                d = os.open(name, _DIR, dir_fd=dst)
+                try:
+                    _copy(s, d, path, scan, report, inside, root)
+                    # Owner access kept: the grader (and the cleanup) must be able to enter what it was given.
+                    os.chmod(d, stat.S_IMODE(mode) & 0o777 | 0o700)
+                    os.utime(d, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+                finally:
+                    os.close(d)
             finally:
                 os.close(s)
-                os.close(d)
             report.dirs += 1
         elif stat.S_ISLNK(mode):
-            target = os.readlink(name, dir_fd=src)
+            try:
+                target = os.readlink(name, dir_fd=src)
+            except OSError:
+                report.skipped.append(f"{path} (a symlink that cannot be read)")
+                continue
             why = _sealed_target(root, posixpath.join(inside, path), target, inside)
             if why:
                 report.skipped.append(f"{path} (symlink to {target}: {why})")
@@ -190,7 +219,14 @@ def _copy_file(src: int, dst: int, name: str, path: str, seen: os.stat_result, s
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
         try:
             left = min(st.st_size, seen.st_size)  # a file that grew since the scan is cut where the bound saw it
-            while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+            while left > 0:
+                try:
+                    chunk = os.read(fd, min(_CHUNK, left))
+                except OSError as exc:  # the agent's file, not the host's failure: what was read stays
+                    report.skipped.append(f"{path} (read cut at {st.st_size - left} bytes: {exc.strerror})")
+                    break
+                if not chunk:
+                    break
                 os.write(out, chunk)
                 left -= len(chunk)
                 report.bytes += len(chunk)
