@@ -57,7 +57,7 @@ _report.register(app)
 
 # Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
 # module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.
-for _svc in ("synth", "scheduler", "proxy", "trainer", "bench", "harness"):
+for _svc in ("synth", "scheduler", "proxy", "trainer", "bench", "harness", "sandbox"):
     try:
         _mod = importlib.import_module(f"opengyre.{_svc}.cli")
     except ModuleNotFoundError as _exc:

@@ -1,25 +1,32 @@
 """Start a harness (any ``HarnessSpec``) in the task's sandbox, against one execution of the proxy.
 
-The harness runs in a ``LocalSandbox`` (clean environment, private home and tmp, time and memory limits, its
-process group killed at the end) with the workspace as its working directory, so the workspace is preserved
-in place for the evaluator. It needs the network: its only way to the model is the proxy's base URL.
+The harness runs in a sandbox of the selected backend (``opengyre.sandbox``; clean environment, private home and
+tmp, time, memory, process and disk limits, its whole tree killed at the end) with the workspace as its working
+directory, mounted writable at ``/app`` (Harbor's convention), so the workspace is preserved in place for the
+evaluator. The proxy is its only way out: under the namespace backend (the default) the execution's base URL
+(``http://127.0.0.1:<port>/x/<execution>/v1``) is the sandbox's one egress endpoint, reached at the same address
+inside, and nothing else of the host's network is; the process backend (``none``, chosen explicitly) cannot
+bridge one endpoint alone and gives the harness the host's network.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from opengyre.sandbox import LocalSandbox, SandboxLimits
+from opengyre.sandbox import LocalSandbox, Mount, SandboxLimits, selected_backend
 
 from ._spec import HarnessSpec
 
-__all__ = ["HarnessOutcome", "HarnessTarget", "run_harness"]
+__all__ = ["HarnessOutcome", "HarnessTarget", "egress_of", "run_harness"]
 
-DEFAULT_LIMITS = SandboxLimits(timeout_s=1800.0, memory_mb=8192, network=True)
+DEFAULT_LIMITS = SandboxLimits(timeout_s=1800.0, memory_mb=8192)
+WORKSPACE = "/app"  # where the harness sees the task's workspace (Harbor's convention)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class HarnessOutcome:
     stderr: str
     duration_s: float
     signal: int | None = None  # the signal that ended the harness when no limit of the sandbox did
+    isolation: str = ""  # the sandbox's backend that ran it (``SandboxResult.isolation``)
 
 
 def _anthropic_base(base_url: str) -> str:
@@ -62,15 +70,36 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("finish_reason"), str) else None
 
 
-def run_harness(spec: HarnessSpec, target: HarnessTarget, limits: SandboxLimits | None = None) -> HarnessOutcome:
-    """Run ``spec`` to its end (blocking; ``asyncio.to_thread`` from async code)."""
+def egress_of(base_url: str) -> str:
+    """The proxy's ``host:port`` from an execution's base URL: the sandbox's one way out (loopback only)."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the base URL {base_url!r} is not an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+def run_harness(
+    spec: HarnessSpec, target: HarnessTarget, limits: SandboxLimits | None = None, *, backend: str | None = None
+) -> HarnessOutcome:
+    """Run ``spec`` to its end (blocking; ``asyncio.to_thread`` from async code). ``backend``: the sandbox's
+    (None: ``$OPENGYRE_SANDBOX``, else the namespace one)."""
     lim = limits or DEFAULT_LIMITS
-    if not lim.network:
-        raise ValueError("a harness needs the network to reach the proxy: run it with SandboxLimits(network=True)")
+    name = selected_backend(backend)
+    if lim.network:
+        raise ValueError(
+            "a harness reaches the proxy through its sandbox's egress, and nothing else: run it with "
+            "SandboxLimits(network=False)"
+        )
+    egress = [egress_of(target.base_url)]
+    if name == "none":
+        # The process backend has no network namespace to bridge one endpoint into: the host's network it is.
+        lim, egress = dataclasses.replace(lim, network=True), []
     workdir = Path(target.workdir).resolve()
     if not workdir.is_dir():
         raise ValueError(f"the workspace {workdir} is not a directory")
-    with LocalSandbox(lim, prefix="og-harness-run-") as sb:
+    mounts = [Mount(workdir, WORKSPACE, writable=True)]
+    with LocalSandbox(lim, prefix="og-harness-run-", mounts=mounts, egress=egress, backend=name) as sb:
         instruction_file = sb.root / "instruction.md"
         instruction_file.write_text(target.instruction)
         summary_file = sb.root / "harness-summary.json"
@@ -80,10 +109,10 @@ def run_harness(spec: HarnessSpec, target: HarnessTarget, limits: SandboxLimits 
                 "anthropic_base_url": _anthropic_base(target.base_url),
                 "api_key": target.api_key,
                 "model": target.model,
-                "workdir": str(workdir),
+                "workdir": sb.inside(workdir),
                 "instruction": target.instruction,
-                "instruction_file": str(instruction_file),
-                "summary_file": str(summary_file),
+                "instruction_file": sb.inside(instruction_file),
+                "summary_file": sb.inside(summary_file),
                 "python": sys.executable,
             }
         )
@@ -104,4 +133,5 @@ def run_harness(spec: HarnessSpec, target: HarnessTarget, limits: SandboxLimits 
         result.stderr,
         result.duration_s,
         result.signal,
+        result.isolation,
     )

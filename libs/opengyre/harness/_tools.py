@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
 __all__ = ["ToolError", "Toolbox", "function_schema", "parse_arguments"]
 
@@ -66,7 +66,8 @@ def _clip(text: str, limit: int) -> str:
 
 @dataclass
 class Toolbox:
-    """The workspace tools of one episode; commands run in a ``LocalSandbox`` with the workspace as cwd."""
+    """The workspace tools of one episode; commands run in a ``LocalSandbox`` with the workspace as cwd (each
+    command in a sandbox of its own; nested, limits and reaper only, when the harness runs in a namespace one)."""
 
     workdir: Path
     command_timeout_s: float = 60.0
@@ -112,7 +113,10 @@ class Toolbox:
         limits = SandboxLimits(
             timeout_s=self.command_timeout_s, max_output_bytes=4 * self.max_output_chars, network=self.command_network
         )
-        self._sandbox = LocalSandbox(limits, prefix="og-harness-").open()
+        # The workspace at its own path: the model's commands and the file tools name the same files. Inside the
+        # harness's own namespace sandbox these sandboxes are nested ones (the outer isolation holds there).
+        mounts = [Mount(self.workdir, str(self.workdir), writable=True)]
+        self._sandbox = LocalSandbox(limits, prefix="og-harness-", mounts=mounts).open()
         return self
 
     def __exit__(self, *exc: object) -> None:

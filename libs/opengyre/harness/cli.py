@@ -85,22 +85,30 @@ def launch(
     workdir: Annotated[Path, typer.Option(exists=True, file_okay=False, help="the workspace")],
     spec: Annotated[Path | None, typer.Option(help="a harness spec (TOML: name, argv, env); default: built-in")] = None,
     timeout: Annotated[float, typer.Option(help="seconds before the sandbox kills the harness")] = 1800.0,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(help="the sandbox backend (namespace, none, ...); default: $OPENGYRE_SANDBOX or namespace"),
+    ] = None,
 ) -> None:
     """Run a harness in the task's sandbox against one execution; prints the outcome as JSON; exit 0 when it
     submitted (or, without a summary, exited 0)."""
-    from opengyre.sandbox import SandboxLimits
+    from opengyre.sandbox import SandboxError, SandboxLimits
 
     from ._launch import HarnessTarget, run_harness
     from ._spec import HarnessSpec, builtin_spec
 
     try:
         harness = HarnessSpec.from_toml(spec) if spec is not None else builtin_spec()
-        limits = SandboxLimits(timeout_s=timeout, memory_mb=8192, network=True)
+        limits = SandboxLimits(timeout_s=timeout, memory_mb=8192)  # the proxy is its way out: the sandbox's egress
         limits.validate()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     target = HarnessTarget(base_url, api_key, model, workdir, task_file.read_text())
-    out = run_harness(harness, target, limits)
+    try:
+        out = run_harness(harness, target, limits, backend=sandbox)
+    except SandboxError as exc:  # the sandbox could not run it: an infrastructure failure, not a bad option
+        typer.echo(f"harness launch: {exc}", err=True)
+        raise typer.Exit(1) from exc
     typer.echo(
         json.dumps(
             {"exit_code": out.exit_code, "finish_reason": out.finish_reason, "summary": out.summary}, sort_keys=True

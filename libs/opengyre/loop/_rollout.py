@@ -172,6 +172,7 @@ async def roll_out(
     model: str,
     workdir: Path,
     timeout_s: float,
+    sandbox: str | None = None,
 ) -> Finished:
     ws = await asyncio.to_thread(_fresh_workspace, a.task_dir, workdir / a.execution_id)
     req = proxy_pb2.OpenExecutionRequest(execution_id=a.execution_id)
@@ -179,8 +180,8 @@ async def roll_out(
         with attempt:
             access = await proxy.OpenExecution(req, timeout=30)
     target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
-    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192, network=True)
-    outcome = await asyncio.to_thread(run_harness, spec, target, limits)
+    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192)  # the proxy is its way out: the sandbox's egress
+    outcome = await asyncio.to_thread(run_harness, spec, target, limits, backend=sandbox)
     reply = await end_execution(proxy, trainer, a, ws, outcome)
     return Finished(
         a, reply.status, reply.score if reply.has_score else None, reply.failure_class, outcome.finish_reason,

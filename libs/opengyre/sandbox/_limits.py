@@ -9,18 +9,29 @@ __all__ = ["SandboxLimits", "SandboxResult"]
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    timeout_s: float = 600.0  # wall clock; the whole process group is killed past it (exit 124)
+    timeout_s: float = 600.0  # wall clock; the whole process tree is killed past it (exit 124)
     memory_mb: int | None = 2048  # address-space limit per process (RLIMIT_AS)
     cpu_s: int | None = None  # CPU seconds (RLIMIT_CPU)
     max_output_bytes: int = 1 << 20  # stdout and stderr are each cut to this many bytes
-    network: bool = False  # False: a private network namespace where the OS allows one
-    max_processes: int | None = None  # RLIMIT_NPROC (counts the whole user's processes, so off by default)
+    # False: no network (the namespace backend: loopback only, plus the sandbox's egress endpoints; the process
+    # backend: a private network namespace where the OS allows one). True: the host's network, which only the
+    # process backend (``none``) gives; the namespace backend refuses it.
+    network: bool = False
+    # Processes (and threads) of the command's tree together: a pids cgroup where one can be made, else
+    # RLIMIT_NPROC (inside the sandbox's user namespace under the namespace backend); ``sandbox check`` says which.
+    # Bounded by default: a fork bomb must end at the sandbox, not at the machine's limit.
+    max_processes: int | None = 512
     limiter: str = "auto"  # "prlimit", "ulimit" (a POSIX shell's builtin), or "auto" (prlimit where installed)
     # Resident memory of all the command's processes together: past it the sandbox kills them all (SIGKILL)
     # and says so (``memory_exceeded``), as a cgroup's memory.max would. Polled every ``memory_poll_s`` from
     # /proc; None: no such limit (each process is still bound by ``memory_mb``).
     group_memory_mb: int | None = None
     memory_poll_s: float = 0.05
+    # Disk the command may fill: RLIMIT_FSIZE bounds each file it writes, and the blocks allocated under the
+    # sandbox's writable directories (its root and writable mounts) are summed every ``disk_poll_s``: past the
+    # quota every process is killed and the result says so (``disk_exceeded``). None: no quota.
+    disk_mb: int | None = 4096
+    disk_poll_s: float = 0.25
 
     def validate(self) -> None:
         if self.timeout_s <= 0:
@@ -31,6 +42,12 @@ class SandboxLimits:
             raise ValueError("limiter must be auto, prlimit or ulimit")
         if self.group_memory_mb is not None and (self.group_memory_mb < 16 or not self.memory_poll_s > 0):
             raise ValueError("group_memory_mb must be >= 16 and memory_poll_s > 0")
+        if self.max_processes is not None and self.max_processes < 1:
+            raise ValueError("max_processes must be >= 1")
+        if self.disk_mb is not None and (self.disk_mb < 1 or not self.disk_poll_s > 0):
+            raise ValueError("disk_mb must be >= 1 and disk_poll_s > 0")
+        if self.max_output_bytes < 0:
+            raise ValueError("max_output_bytes must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -40,12 +57,17 @@ class SandboxResult:
     stderr: str
     timed_out: bool
     duration_s: float
-    network_isolated: bool  # whether the command really ran without network
+    network_isolated: bool  # whether the command ran without the host's network
     # The sandbox killed the command's processes because together they held more than ``group_memory_mb``.
     memory_exceeded: bool = False
     # The signal that ended the command itself when no limit of the sandbox did (9: a SIGKILL from outside the
     # sandbox, such as the system's OOM killer); None when it exited, timed out or exceeded its memory.
     signal: int | None = None
+    # The sandbox killed the command's processes because its writable directories held more than ``disk_mb``.
+    disk_exceeded: bool = False
+    # Which isolation ran the command: the backend's name ("namespace", "none", ...), or "nested" for a command
+    # run inside another of our namespace sandboxes (the outer one's isolation holds; limits and reaper apply).
+    isolation: str = ""
 
     @property
     def ok(self) -> bool:

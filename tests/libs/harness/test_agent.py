@@ -40,17 +40,16 @@ async def test_the_built_in_harness_in_its_sandbox_writes_runs_reads_and_submits
     target = HarnessTarget(
         stack.gateway.base_url("ex-h1"), stack.gateway.issue_key("ex-h1"), M, tmp_path, "Print the answer."
     )
-    out = await asyncio.to_thread(
-        run_harness, builtin_spec("--max-turns", "8"), target, SandboxLimits(timeout_s=120, network=True)
-    )
+    out = await asyncio.to_thread(run_harness, builtin_spec("--max-turns", "8"), target, SandboxLimits(timeout_s=120))
     assert out.exit_code == 0 and out.finish_reason == "submitted", out.stderr
     assert out.summary is not None and json.loads(out.stdout.strip().splitlines()[-1]) == out.summary
     assert (out.summary["turns"], out.summary["tool_calls"], out.summary["tool_errors"]) == (4, 4, 0)
     assert out.summary["answer"] == "printed og-42"
     assert (tmp_path / "src" / "hello.sh").read_text() == "echo og-$((6 * 7))\n"
     assert not (tmp_path / "after-submit").exists() and len(stack.engine.replies) == 1
-    # The shell's output went back to the model: the third prompt holds it (and ran in the workspace).
-    assert "exit code 0\nog-42\n" + str(tmp_path.resolve()) in stack.engine.prompts[2]
+    # The shell's output went back to the model: the third prompt holds it (and ran in the workspace, which the
+    # harness's namespace sandbox shows at /app).
+    assert "exit code 0\nog-42\n/app\n" in stack.engine.prompts[2]
     assert "echo og-$((6 * 7))" in stack.engine.prompts[3].rsplit("<tool_response>", 1)[-1]
     events = await stack.recorded("ex-h1")
     # The harness echoed every reply faithfully: each call extends the one before, token for token.

@@ -18,7 +18,7 @@ from opengyre.sandbox import SandboxLimits
 from .conftest import Stack
 
 MakeStack = Callable[..., Awaitable[Stack]]
-LIMITS = SandboxLimits(timeout_s=60, network=True)
+LIMITS = SandboxLimits(timeout_s=60)
 
 # A user's own harness: one chat call with the official SDK, the reply written into the workspace ({{ }}: braces).
 OWN_HARNESS = """
@@ -91,16 +91,20 @@ def test_the_outcome_of_a_harness_that_crashes_writes_garbage_or_hangs(
     tmp_path: Path, script: str, reason: str, code: int
 ) -> None:
     spec = HarnessSpec("shell", ("bash", "-c", script))
-    target = HarnessTarget("http://127.0.0.1:9/x/e/v1", "k", "m", tmp_path, "task")
-    out = run_harness(spec, target, SandboxLimits(timeout_s=1.0, network=True))
+    target = HarnessTarget("http://127.0.0.1:59999/x/e/v1", "k", "m", tmp_path, "task")
+    out = run_harness(spec, target, SandboxLimits(timeout_s=1.0))
     assert (out.finish_reason, out.exit_code, out.timed_out) == (reason, code, reason == "timeout")
 
 
-def test_a_harness_without_network_or_workspace_is_refused(tmp_path: Path) -> None:
-    target = HarnessTarget("http://127.0.0.1:9/x/e/v1", "k", "m", tmp_path, "task")
-    with pytest.raises(ValueError, match="needs the network"):
-        run_harness(builtin_spec(), target, SandboxLimits(network=False))
-    missing = HarnessTarget("http://127.0.0.1:9/x/e/v1", "k", "m", tmp_path / "nope", "task")
+def test_a_harness_with_the_hosts_network_or_without_a_workspace_is_refused(tmp_path: Path) -> None:
+    """The proxy is a harness's only way out (its sandbox's egress): the host's network is refused."""
+    target = HarnessTarget("http://127.0.0.1:59999/x/e/v1", "k", "m", tmp_path, "task")
+    with pytest.raises(ValueError, match="egress, and nothing else"):
+        run_harness(builtin_spec(), target, SandboxLimits(network=True))
+    remote = HarnessTarget("http://10.1.2.3:8080/x/e/v1", "k", "m", tmp_path, "task")
+    with pytest.raises(ValueError, match="only loopback"):
+        run_harness(builtin_spec(), remote, LIMITS)
+    missing = HarnessTarget("http://127.0.0.1:59999/x/e/v1", "k", "m", tmp_path / "nope", "task")
     with pytest.raises(ValueError, match="is not a directory"):
         run_harness(builtin_spec(), missing, LIMITS)
 
@@ -108,7 +112,7 @@ def test_a_harness_without_network_or_workspace_is_refused(tmp_path: Path) -> No
 def test_the_cli_prints_its_summary_and_exits_with_the_finish_reason(tmp_path: Path) -> None:
     # In process (``python -m opengyre.harness`` itself runs in the sandbox test of test_agent.py).
     cli = CliRunner()
-    base = ["run", "--base-url", "http://127.0.0.1:9/x/e/v1", "--api-key", "og1.e.main.x", "--model", "m"]
+    base = ["run", "--base-url", "http://127.0.0.1:59999/x/e/v1", "--api-key", "og1.e.main.x", "--model", "m"]
     run = cli.invoke(harness_app, [*base, "--task", "t", "--workdir", str(tmp_path), "--max-retries", "0"])
     assert run.exit_code == 5, run.output  # model-error
     assert json.loads(run.stdout)["finish_reason"] == "model-error" and "harness: model-error" in run.stderr
@@ -124,7 +128,7 @@ def test_the_cli_launches_a_spec_from_toml_in_the_sandbox(tmp_path: Path) -> Non
     task, ws = tmp_path / "task.md", tmp_path / "ws"
     task.write_text("do it")
     ws.mkdir()
-    args = ["launch", "--spec", str(spec), "--base-url", "http://127.0.0.1:9/x/e/v1", "--model", "m"]
+    args = ["launch", "--spec", str(spec), "--base-url", "http://127.0.0.1:59999/x/e/v1", "--model", "m"]
     run = CliRunner().invoke(
         harness_app, [*args, "--task-file", str(task), "--workdir", str(ws)], env={"OPENGYRE_HARNESS_KEY": "og1.k"}
     )

@@ -13,8 +13,8 @@ from opengyre.sandbox import SandboxLimits
 
 def ended(tmp_path: Path, script: str) -> object:
     spec = HarnessSpec("h", ("bash", "-c", script))
-    target = HarnessTarget("http://127.0.0.1:9/v1", "key", "tiny", tmp_path, "do it")
-    return run_harness(spec, target, SandboxLimits(timeout_s=60, network=True))
+    target = HarnessTarget("http://127.0.0.1:59999/v1", "key", "tiny", tmp_path, "do it")
+    return run_harness(spec, target, SandboxLimits(timeout_s=60))
 
 
 @pytest.mark.parametrize(

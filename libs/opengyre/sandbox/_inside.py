@@ -1,0 +1,90 @@
+"""The namespace sandbox's launcher for a command given egress: ``python -I -S _inside.py FD SPEC... -- ARGV``.
+
+Inside the sandbox's network namespace (only a loopback) it listens on each ``127.0.0.1:PORT`` of the SPECs
+(``127.0.0.1:PORT=/path/to/unix.sock``) and forwards every connection to the Unix socket that the host side of
+the sandbox relays to the same address on the host (``_egress.py``); then it starts ARGV, writes ARGV's raw wait
+status to FD (how the sandbox tells a signal from an exit code: the namespace's init flattens both) and ends as
+ARGV ended. Standard library only, no site packages; started only for commands given egress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+
+_CHUNK = 1 << 16
+
+
+def _pump(src: socket.socket, dst: socket.socket, done: threading.Semaphore) -> None:
+    # Bytes go on as they come (a streamed response is not held back); the end of one direction is passed on.
+    try:
+        while chunk := src.recv(_CHUNK):
+            dst.sendall(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        done.release()
+
+
+def _connection(conn: socket.socket, path: str) -> None:
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(path)
+    except OSError:
+        up.close()
+        conn.close()
+        return
+    done = threading.Semaphore(0)
+    threading.Thread(target=_pump, args=(up, conn, done), daemon=True).start()
+    _pump(conn, up, done)
+    done.acquire()
+    done.acquire()
+    conn.close()
+    up.close()
+
+
+def _serve(listener: socket.socket, path: str) -> None:
+    while True:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_connection, args=(conn, path), daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    status_fd = int(argv[0])
+    os.set_inheritable(status_fd, False)  # the command's processes must not hold it
+    split = argv.index("--")
+    specs, command = argv[1:split], argv[split + 1 :]
+    for spec in specs:
+        address, path = spec.split("=", 1)
+        host, port = address.rsplit(":", 1)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, int(port)))
+        listener.listen(128)
+        os.set_inheritable(listener.fileno(), False)
+        threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
+    try:
+        # Its own process group: a command's ``kill 0`` must not end the forwarder. Python's ignored SIGPIPE and
+        # SIGXFSZ go back to their defaults for the command, as subprocess's restore_signals does.
+        child = os.posix_spawn(
+            command[0], command, os.environ, setpgroup=0, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=()
+        )
+    except OSError as exc:
+        print(f"sandbox: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    _, status = os.waitpid(child, 0)
+    with contextlib.suppress(OSError):
+        os.write(status_fd, f"{status}\n".encode())
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv[1:]))  # the forwarding threads end with the sandbox, not before
