@@ -92,6 +92,7 @@ def test_the_solution_cannot_write_its_solution_or_see_the_tests(tmp_path: Path)
         "echo x > /solution/solve.sh && exit 3\n"  # read-only
         "[ -e /tests ] && exit 4\n"  # the grader's tests come only after, to the grader
         f"[ -e {t.path} ] && exit 5\n"  # nor the task's directory on the host
+        f"env | grep -qF -e {t.path} -e og-synth-ws && exit 6\n"  # no host path of the task or its copy in the env
         "echo hello > out.txt\n"
     )
     out = run_solution(t.path, probe)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.sandbox import SandboxLimits
 from opengyre.trainer import HarborVerifier, RewardFileError, read_reward
 from opengyre.trainer._workspace import CopyBounds, copy_workspace
 
@@ -281,3 +282,14 @@ def test_what_the_agent_made_unreadable_is_left_out_not_a_failed_grading(tmp_pat
             with contextlib.suppress(OSError):
                 p.chmod(0o700)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_grading_that_fills_the_disk_quota_is_killed_and_not_graded(tmp_path: Path) -> None:
+    # Each file under the per-file limit, together over the quota: the sandbox's watcher ends the grading.
+    sh = (
+        "#!/bin/bash\nfor i in $(seq 1 12); do head -c 1000000 /dev/zero > /app/f$i; done\n"
+        "sleep 60\necho 1 > /logs/verifier/reward.txt\n"
+    )
+    verifier = HarborVerifier(SandboxLimits(timeout_s=120, disk_mb=8))
+    ev = verifier.evaluate(make_task(tmp_path, sh), make_ws(tmp_path))
+    assert (ev.score, ev.failure_class) == (None, "evaluator") and "disk quota" in ev.detail, ev
