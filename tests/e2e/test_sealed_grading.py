@@ -38,7 +38,7 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
     data = tmp_path_factory.mktemp("data")
     skill = next(s for s in ingest(EXAMPLES, data / "skills").accepted if s.name == "log-triage")
     synth = Synthesizer(data / "runs" / "r1" / "synth", GateLimits(hang_timeout_s=1.0))
-    build = synth.synthesize(skill, 3, patterns=["sparse-signal", "distributed-evidence"])
+    build = synth.synthesize(skill, 3)  # as the driver asks for one: a small seed, the patterns drawn by it
     assert build.ok, [v for v in build.verdicts if not v.ok]
     assert build.task_dir == data / "runs" / "r1" / "synth" / "tasks" / build.blueprint.task_id / "v1"
     return Task(data, build.task_dir, build.blueprint.task_id)
@@ -71,6 +71,30 @@ def _run(task: Task, eid: str, spec: HarnessSpec, instruction: str) -> Path:
     return ws
 
 
+_REGENERATE = """
+import os, sys, tempfile
+from pathlib import Path
+import opengyre.synth as s
+ws = Path(sys.argv[1])
+skills = Path(s.__file__).parents[2] / "skills"
+instruction = open(os.environ["INSTRUCTION_FILE"]).read()
+for sk in s.ingest(skills, Path(tempfile.mkdtemp()) / "sk").accepted:
+    for seed in range(21):
+        for n in (1, 2, 3):
+            try:
+                bp = s.draft_blueprint(skill_id=sk.skill_id, skill_name=sk.name, description=sk.description,
+                                       capabilities=sk.capabilities, seed=seed, n_challenges=n, level=0)
+            except ValueError:
+                continue
+            built = s.build_task(bp)
+            if built.files["instruction.md"].decode() == instruction:
+                os.chdir(ws)
+                exec(compile(built.files["solution/solve.py"], "solve.py", "exec"), {})
+                sys.exit(0)
+sys.exit(1)
+"""
+
+
 def _cheat(task: Task) -> str:
     t = task.task_dir
     rel = f"../../../runs/r1/synth/tasks/{task.task_id}/v1"  # from <data>/rollouts/<eid>/app on the host
@@ -91,6 +115,9 @@ def _cheat(task: Task) -> str:
     for base in (str(t), rel):
         lines.append(f'cp -r "{base}/solution" sol 2>/dev/null && APP_DIR="$PWD" bash sol/solve.sh && log "ran {base}"')
     lines.append('for f in $(cat found.txt); do case $f in */solve.py) python3 "$f" && log "ran $f";; esac; done')
+    # 2b. regenerate the task: the generators and the skills are installed code the sandbox shows, and a run's seeds
+    # are small numbers; build every small seed's task and run the solution of the one whose instruction matches.
+    lines.append(f'"$1" - "$PWD" <<\'PY\' && log regenerated\n{_REGENERATE}PY')
     # 3. write the verifier's reward itself (where it may succeed: a private root that vanishes with the sandbox;
     # the grade below says whether it counted).
     lines.append(
@@ -135,7 +162,10 @@ def test_a_cheating_harness_scores_what_doing_nothing_scores(task: Task) -> None
     before = _digest(task.task_dir)
     noop = HarborVerifier().evaluate(task.task_dir, task.task_dir / "environment" / "workspace")
     assert noop.valid and noop.score is not None and noop.score < 1.0, noop
-    ws = _run(task, "cheat", HarnessSpec("cheat", ("bash", "-c", _literal(_cheat(task)))), "solve the task")
+    instruction = (task.task_dir / "instruction.md").read_text()  # what the driver gives the harness
+    spec = HarnessSpec("cheat", ("bash", "-c", _literal(_cheat(task)), "cheat", "{python}"))
+    spec = HarnessSpec(spec.name, spec.argv, {"INSTRUCTION_FILE": "{instruction_file}"})
+    ws = _run(task, "cheat", spec, instruction)
     leaks = (ws / "leaks.txt").read_text().splitlines() if (ws / "leaks.txt").exists() else []
     ev = HarborVerifier().evaluate(task.task_dir, ws)
     assert _digest(task.task_dir) == before, "the harness changed the task's directory"
