@@ -67,7 +67,7 @@ class DemoSize:
 DEMO = DemoSize()
 
 
-def demo_config(run: str, model: str, seed: int, size: DemoSize) -> RunConfig:
+def demo_config(run: str, model: str, seed: int, size: DemoSize, sandbox: str = "") -> RunConfig:
     """The demo's run: its skills at level 0, one task each, every task a group per step (dispatched together)."""
     from ..loop import RunConfig
 
@@ -93,6 +93,7 @@ def demo_config(run: str, model: str, seed: int, size: DemoSize) -> RunConfig:
         sft_epochs=size.sft_epochs,
         sft_lr=size.sft_lr,
         harness_args=[*harness, "--temperature", str(size.temperature)],
+        sandbox=sandbox,
     ).check()  # fmt: skip: a bad --model is one line, before anything starts
 
 
@@ -170,6 +171,10 @@ def demo(
         DEMO.temperature
     ),
     seed: Annotated[int, typer.Option(help="Seed of the tasks, the engines and the trainer")] = 7,
+    sandbox: Annotated[
+        str,
+        typer.Option(help="Sandbox backend: namespace, none (no isolation); default $OPENGYRE_SANDBOX or namespace"),
+    ] = "",
 ) -> None:
     """The main job on the embedded stack: synthesize, warm-start, roll out, train, harden, replay."""
     from ..loop import RunConfigError, run_loop, sft_warm_start
@@ -179,7 +184,7 @@ def demo(
     settings = settings_from(base.data_dir / "runs" / run)
     size = DemoSize(steps, cells, group_size, sft_epochs, sft_lr, lr, max_turns, max_tokens, temperature)
     try:
-        cfg = demo_config(run, model, seed, size)
+        cfg = demo_config(run, model, seed, size, sandbox)
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     warm = (

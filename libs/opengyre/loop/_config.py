@@ -58,6 +58,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     timeout_s: float = 300.0  # each execution's time limit (the harness is killed past it)
     harness: str = "builtin"  # "builtin" (the reference agent) or a HarnessSpec TOML file
     harness_args: list[str] = msgspec.field(default_factory=lambda: ["--max-turns", "6"])  # the builtin's flags
+    # The sandbox backend of the harnesses, graders and gates (opengyre.sandbox: namespace, none, ...); "": the
+    # services' $OPENGYRE_SANDBOX, else namespace. ``none`` isolates nothing: an explicit opt-out.
+    sandbox: str = ""
     # --- training (svc-trainer) ---
     algorithm: str = "gspo"
     lr: float = 1e-4
@@ -97,6 +100,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise bad(f"a group of {self.group_size} does not fit on {self.cells} cell(s) of {self.cell_capacity}")
         if self.timeout_s <= 0 or self.lr <= 0 or self.sft_lr <= 0:
             raise bad("timeout_s, lr and sft_lr must be > 0")
+        if self.sandbox:
+            from opengyre.sandbox import backend_names
+
+            if self.sandbox not in backend_names():
+                raise bad(f"sandbox must be one of {', '.join(backend_names())}, got {self.sandbox!r}")
         if self.harness != "builtin" and not Path(self.harness).is_file():
             raise bad(f"harness must be 'builtin' or a HarnessSpec TOML file; {self.harness!r} is neither")
         return self

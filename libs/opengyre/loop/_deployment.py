@@ -62,8 +62,10 @@ def scheduler_env(cfg: RunConfig) -> dict[str, str]:
 
 def deployment_env(cfg: RunConfig) -> dict[str, str]:
     """What the services of a deployment (``opengyre up``) must be started with to serve ``cfg``: the scheduler's
-    loop and policy, the proxy's model (each reads them at start)."""
-    return {**scheduler_env(cfg), **proxy_env(cfg.model)}
+    loop and policy, the proxy's model (each reads them at start), the sandbox backend of the graders and gates
+    where the run chose one."""
+    sandbox = {"OPENGYRE_SANDBOX": cfg.sandbox} if cfg.sandbox else {}
+    return {**scheduler_env(cfg), **proxy_env(cfg.model), **sandbox}
 
 
 def write_trainer_toml(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> Path:

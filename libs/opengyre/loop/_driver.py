@@ -375,7 +375,7 @@ class _Loop:
                     )  # fmt: skip
                     job = asyncio.create_task(
                         roll_out(a, proxy=proxy, trainer=trainer, spec=self.spec, model=model, workdir=workdir,
-                                 timeout_s=cfg.timeout_s)
+                                 timeout_s=cfg.timeout_s, sandbox=cfg.sandbox or None)
                     )  # fmt: skip
                     running.add(job)
                     job.add_done_callback(lambda j: self._done(j, running))

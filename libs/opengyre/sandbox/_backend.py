@@ -139,6 +139,7 @@ class LocalSandbox:
         backend: str | None = None,
     ) -> None:
         self._impl = _make(limits, prefix, mounts, egress, backend)
+        self._open = False
 
     @property
     def backend(self) -> Sandbox:
@@ -161,12 +162,16 @@ class LocalSandbox:
         return self._impl.isolation
 
     def open(self) -> LocalSandbox:
+        if self._open:
+            return self  # ``with open_sandbox(...) as sb``: opened once
         self._impl.open()
+        self._open = True
         if self._impl.isolation == "none":
             log.warning("sandbox %s opened without isolation (backend 'none')", self._impl.root)
         return self
 
     def close(self) -> None:
+        self._open = False
         self._impl.close()
 
     def __enter__(self) -> LocalSandbox:

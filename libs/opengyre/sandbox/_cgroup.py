@@ -92,7 +92,7 @@ class PidsCgroup:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
-    def remove(self, polls: int = 200) -> None:
+    def remove(self, polls: int = 1000) -> None:
         """Kill what is left and remove the cgroup (a killed process leaves it once the kernel has reaped it)."""
         for _ in range(polls):
             self.kill_all()
@@ -102,4 +102,4 @@ class PidsCgroup:
             except FileNotFoundError:
                 return
             except OSError:
-                time.sleep(0.01)
+                time.sleep(0.002)

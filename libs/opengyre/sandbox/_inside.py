@@ -66,7 +66,11 @@ def main(argv: list[str]) -> int:
         host, port = address.rsplit(":", 1)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, int(port)))
+        try:
+            listener.bind((host, int(port)))
+        except OSError as exc:
+            print(f"sandbox: cannot listen on {address} for egress: {exc}", file=sys.stderr)
+            return 125
         listener.listen(128)
         os.set_inheritable(listener.fileno(), False)
         threading.Thread(target=_serve, args=(listener, path), daemon=True).start()

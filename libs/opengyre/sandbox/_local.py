@@ -62,7 +62,10 @@ class ProcessSandbox(BaseSandbox):
         isolation = [] if limits.network or self._nested else no_network_prefix()
         enter = cgroup.prefix() if cgroup is not None else []
         launcher = [sys.executable, "-I", "-S", _REAPER]
-        argv = [*enter, *launcher, *limit_prefix(limits, nproc=cgroup is None), *isolation, *command]
+        # RLIMIT_NPROC counts all of the user's processes: with a cgroup holding the limit it is left off, but
+        # for the host's root, whom the kernel exempts from it (then it only says the limit: ``ulimit -u``).
+        nproc = cgroup is None or os.geteuid() == 0
+        argv = [*enter, *launcher, *limit_prefix(limits, nproc=nproc), *isolation, *command]
         return Wrapped(argv, Path(cwd))
 
     def _processes(self, proc: subprocess.Popen[bytes], cgroup: PidsCgroup | None) -> int:

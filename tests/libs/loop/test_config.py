@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opengyre.loop import RunConfig, RunConfigError, scheduler_env
+from opengyre.loop import RunConfig, RunConfigError, deployment_env, scheduler_env
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -38,6 +38,7 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("timeout_s = inf\n", "timeout_s must be a finite number"),
         ("lr = nan\n", "lr must be a finite number"),
         ("sft_lr = -inf\n", "sft_lr must be a finite number"),
+        ('sandbox = "chroot"\n', "sandbox must be one of namespace, none"),
     ],
 )
 def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: str) -> None:
@@ -80,3 +81,10 @@ def test_a_good_run_file_passes_the_check(tmp_path: Path) -> None:
 def test_a_run_id_the_ids_made_from_it_cannot_carry_is_refused(tmp_path: Path, run_id: str) -> None:
     with pytest.raises(RunConfigError, match="run_id must be 1 to 24 of"):
         RunConfig.from_toml(write(tmp_path, f"run_id = {run_id!r}\n".replace("'", '"')))
+
+
+def test_a_runs_sandbox_backend_reaches_its_services() -> None:
+    """The graders (trainer) and gates (synth) run in the services' processes: the run's choice travels in their
+    environment; none chosen, they keep their own."""
+    assert deployment_env(RunConfig(sandbox="none").validate())["OPENGYRE_SANDBOX"] == "none"
+    assert "OPENGYRE_SANDBOX" not in deployment_env(RunConfig().validate())

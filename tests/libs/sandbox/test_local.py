@@ -177,9 +177,8 @@ def test_every_limit_is_applied(limiter: str, backend: str) -> None:
         r = sb.run([sys.executable, "-c", code])
     assert r.ok, r.stderr
     # The process limit is a pids cgroup where one can be made (tests/libs/sandbox/test_isolation.py forks past
-    # it), else RLIMIT_NPROC: inside the user namespace under the namespace backend, where the host's root is
-    # exempt from it (so it is not set there).
-    as_rlimit = pids_cgroup_parent() is None and (backend == "none" or os.geteuid() != 0)
+    # it), and RLIMIT_NPROC too but where it would count another user's every process (the process backend).
+    as_rlimit = backend == "namespace" or pids_cgroup_parent() is None or os.geteuid() == 0
     expected_nproc = nproc if as_rlimit else resource.getrlimit(resource.RLIMIT_NPROC)[0]
     assert [int(x) for x in r.stdout.split()] == [300 * 1024 * 1024, 7, expected_nproc, 0, 50 * 1024 * 1024]
 

@@ -1,0 +1,166 @@
+"""The proxy is the only way out: a namespace sandbox's egress endpoints are reachable at the same loopback
+address inside (a streamed response intact and unbuffered, a large body both ways with its end passed on), and
+nothing else of the host's network is."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+
+
+class _Streamer(BaseHTTPRequestHandler):
+    """``/stream``: an SSE response whose second event is held back until ``/ack`` says the first arrived."""
+
+    acked = threading.Event()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/ack":
+            type(self).acked.set()
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b"data: first\n\n")
+        self.wfile.flush()
+        # A relay that held bytes back until the response ended would never let the client ack: the command
+        # would hang to its time limit and the test fail.
+        got = type(self).acked.wait(60)
+        self.wfile.write(b"data: second\n\n" if got else b"data: never-acked\n\n")
+        self.wfile.flush()
+
+
+@pytest.fixture
+def streamer() -> Iterator[int]:
+    _Streamer.acked = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+CLIENT = """
+import http.client, sys
+port = int(sys.argv[1])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+conn.request("GET", "/stream")
+resp = conn.getresponse()
+first = resp.fp.readline().decode().strip()
+resp.fp.readline()
+ack = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+ack.request("GET", "/ack")
+ack.getresponse().read()
+rest = resp.read().decode().split()
+print(resp.status, first, *rest)
+"""
+
+CONNECT = """
+import socket, sys
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+    print("connected")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def test_an_egress_endpoint_streams_through_and_nothing_else_is_reachable(streamer: int) -> None:
+    other = socket.socket()  # another host service on loopback (NATS, gRPC, an engine)
+    other.bind(("127.0.0.1", 0))
+    other.listen(4)
+    try:
+        with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{streamer}"]) as sb:
+            r = sb.run([sys.executable, "-c", CLIENT, str(streamer)])
+            blocked = sb.run([sys.executable, "-c", CONNECT, str(other.getsockname()[1])])
+    finally:
+        other.close()
+    assert r.ok and r.isolation == "namespace", r.stderr
+    assert r.stdout.split() == ["200", "data:", "first", "data:", "second"]
+    assert blocked.stdout.strip() == "ConnectionRefusedError"
+
+
+ECHO = """
+import hashlib, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+body = bytes(range(256)) * (5 * 4096)  # 5 MiB
+s.sendall(body)
+s.shutdown(socket.SHUT_WR)  # the end of the request: the host side sees EOF through the relay
+reply = b""
+while chunk := s.recv(65536):
+    reply += chunk
+print(reply.decode(), hashlib.sha256(body).hexdigest())
+"""
+
+
+def test_a_large_body_goes_both_ways_with_its_end_passed_on() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            h, n = hashlib.sha256(), 0
+            while chunk := conn.recv(65536):
+                h.update(chunk)
+                n += len(chunk)
+            conn.sendall(f"{n} {h.hexdigest()}".encode())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    port = server.getsockname()[1]
+    try:
+        with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{port}"]) as sb:
+            r = sb.run([sys.executable, "-c", ECHO, str(port)])
+    finally:
+        server.close()
+    assert r.ok, r.stderr
+    n, got, sent = r.stdout.split()
+    assert int(n) == 5 << 20 and got == sent
+
+
+def test_an_endpoint_that_is_down_is_a_closed_connection_not_a_hang() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]  # bound, never listening: connecting is refused
+    code = (
+        "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30); "
+        "s.sendall(b'x'); print(repr(s.recv(10)))"
+    )
+    try:
+        with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{port}"]) as sb:
+            r = sb.run([sys.executable, "-c", code, str(port)])
+    finally:
+        probe.close()
+    assert not r.timed_out
+    assert r.stdout.strip() == "b''" or "ConnectionResetError" in r.stderr
+
+
+def test_egress_is_loopback_and_unprivileged_ports_only_and_the_process_backend_needs_the_host_network() -> None:
+    for bad in ("10.0.0.1:80", "example.com:80", "127.0.0.1", "[::1]:8080"):
+        with pytest.raises(ValueError):
+            LocalSandbox(egress=[bad])
+    with pytest.raises(ValueError, match="unprivileged"):
+        LocalSandbox(egress=["127.0.0.1:80"])
+    with LocalSandbox(egress=["127.0.0.1:8080"], backend="none") as sb, pytest.raises(SandboxError, match="network"):
+        sb.run(["true"])

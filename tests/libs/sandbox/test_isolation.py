@@ -1,0 +1,203 @@
+"""The adversary's corpus against the default (namespace) sandbox: every case is a command trying to reach what
+it must not — a task's solution and tests, the proxy's secret, the host's files, processes and network, the
+machine's process table and disk — and every case is denied."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opengyre.sandbox import LocalSandbox, Mount, SandboxLimits
+
+SECRET = f"og-secret-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["tmp", "home"])
+def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A fake data dir on the host, outside the sandbox: a task's solution and tests, the proxy's secret. Under
+    the host's /tmp and under the user's home (the sandbox has a /tmp and a /root of its own)."""
+    base = tmp_path if request.param == "tmp" else Path(tempfile.mkdtemp(dir=Path.home(), prefix=".og-adv-"))
+    data = base / "data"
+    for rel in ("tasks/t1/solution/solve.sh", "tasks/t1/tests/test.sh", "proxy.secret"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text(f"{SECRET}\n")
+    try:
+        yield data
+    finally:
+        if request.param == "home":
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "main.py").write_text("print('hello')\n")
+    return ws
+
+
+def _sandbox(workspace: Path, **limits: object) -> LocalSandbox:
+    return LocalSandbox(SandboxLimits(timeout_s=60, **limits), mounts=[Mount(workspace, "/app", writable=True)])  # type: ignore[arg-type]
+
+
+def test_the_default_sandbox_is_the_namespace_one(workspace: Path) -> None:
+    with _sandbox(workspace) as sb:
+        r = sb.run(["bash", "-c", "id -u; cat /app/main.py"], cwd="/app")
+    assert r.ok and r.isolation == "namespace" and r.network_isolated
+    assert r.stdout.split("\n")[:2] == ["1000", "print('hello')"]
+
+
+def _reads(data: Path) -> list[str]:
+    files = [data / "tasks/t1/solution/solve.sh", data / "tasks/t1/tests/test.sh", data / "proxy.secret"]
+    ups = "../" * 12
+    out = []
+    for f in files:
+        out += [
+            f"cat {f}",
+            f"cd /app && cat {ups}{str(f).lstrip('/')}",
+            f"cat /proc/self/root{f}",
+            f"cat /proc/1/root{f}",
+        ]
+    # A search of everything but the system's directories (read-only copies of the host's own: no data there).
+    prune = "\\( -path /usr -o -path /proc -o -path /sys -o -path /dev \\) -prune -o"
+    out += [f"ls -la {data}", f"find / {prune} -name proxy.secret -print 2>/dev/null | xargs -r cat"]
+    out += [f"grep -rs og-secret- /etc /home /root /run /tmp /app {Path.home()} 2>/dev/null | head -1"]
+    return out
+
+
+def test_no_file_of_the_data_dir_can_be_read(workspace: Path, data_dir: Path) -> None:
+    with _sandbox(workspace) as sb:
+        results = [(cmd, sb.run(["bash", "-c", cmd], cwd="/app")) for cmd in _reads(data_dir)]
+    assert len(results) == 15
+    leaked = [cmd for cmd, r in results if SECRET in r.output]
+    assert not leaked, f"read the secret: {leaked}"
+    # The plain reads failed because the files are not there, not for want of a shell.
+    assert all(r.exit_code != 0 for cmd, r in results if cmd.startswith(("cat", "cd", "ls")))
+
+
+def test_nothing_outside_the_workspace_and_the_private_dirs_can_be_written(workspace: Path) -> None:
+    host_tmp = Path("/tmp") / f"og-adv-{uuid.uuid4().hex}"
+    venv = Path(sys.prefix)
+    targets = [str(host_tmp), f"{venv}/og-adv-pwned", f"{sys.base_prefix}/og-adv-pwned", "/usr/og-adv-pwned"]
+    targets += ["/etc/og-adv-pwned", "/etc/passwd", "/bin/og-adv-pwned"]
+    with _sandbox(workspace) as sb:
+        results = {t: sb.run(["bash", "-c", f"echo pwned > {t}"]) for t in targets}
+        # Elsewhere in the sandbox's own root (a tmpfs of bwrap's): read-only, it cannot take memory either.
+        spots = {d: sb.run(["bash", "-c", f"echo pwned > {d}/og-adv"]) for d in ("/", "/home", "/run", "/root")}
+        own = sb.run(["bash", "-c", "echo mine > /app/mine; echo mine > /tmp/mine; echo mine > $HOME/mine"])
+    assert own.ok and (workspace / "mine").read_text() == "mine\n"
+    # The host's /tmp is not the sandbox's: a write there lands in its private tmpfs, never on the host.
+    assert {t: r.exit_code for t, r in results.items() if r.ok} == {str(host_tmp): 0}
+    assert {d: r.exit_code for d, r in spots.items() if r.ok} == {}
+    assert not host_tmp.exists() and not (venv / "og-adv-pwned").exists() and not Path("/usr/og-adv-pwned").exists()
+    assert "pwned" not in Path("/etc/passwd").read_text()
+
+
+def test_host_processes_can_be_neither_seen_nor_signalled(workspace: Path) -> None:
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        with _sandbox(workspace) as sb:
+            ps = sb.run(["bash", "-c", "ps -e --no-headers | wc -l; ls /proc | grep -c '^[0-9]'"])
+            kill = sb.run(["bash", "-c", f"kill -9 {victim.pid}"])
+            seen = sb.run(["bash", "-c", f"test -e /proc/{victim.pid} && echo visible || echo absent"])
+        assert ps.ok and all(int(n) < 10 for n in ps.stdout.split()), ps.stdout  # its own few, not the host's
+        assert kill.exit_code != 0 and victim.poll() is None  # the host's sleep lives on
+        assert seen.stdout.strip() == "absent"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+CONNECT = """
+import errno, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.settimeout(5)
+try:
+    s.connect((host, port))
+    print("connected")
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+def test_no_host_port_and_no_other_address_can_be_reached(workspace: Path) -> None:
+    """A listener of the test's own on the host's loopback (standing for NATS, gRPC, an engine, PostgreSQL), the
+    machine's real PostgreSQL and NATS ports, and a non-loopback address: the last has no route at all in the
+    sandbox's network namespace (only its loopback), so nothing is sent anywhere."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    try:
+        with _sandbox(workspace) as sb:
+            local = {p: sb.run([sys.executable, "-c", CONNECT, "127.0.0.1", str(p)]) for p in (port, 5432, 4222)}
+            remote = sb.run([sys.executable, "-c", CONNECT, "10.255.255.1", "80"])
+            ipv6 = sb.run([sys.executable, "-c", CONNECT, "::1", str(port)])
+    finally:
+        listener.close()
+    assert {p: r.stdout.strip() for p, r in local.items()} == {p: "ECONNREFUSED" for p in (port, 5432, 4222)}
+    assert remote.stdout.strip() == errno.errorcode[errno.ENETUNREACH]
+    assert ipv6.stdout.strip() in ("ECONNREFUSED", "EADDRNOTAVAIL", "ENETUNREACH")
+
+
+FORK_BOMB = """
+import subprocess
+started = []
+try:
+    for _ in range(2000):
+        started.append(subprocess.Popen(["sleep", "100"]))
+except OSError as exc:
+    print(len(started), exc.errno)
+else:
+    print(len(started), 0)
+"""
+
+
+def test_a_fork_bomb_ends_within_max_processes(workspace: Path) -> None:
+    with _sandbox(workspace, max_processes=64) as sb:
+        r = sb.run([sys.executable, "-c", FORK_BOMB])
+        # The shell's own: bash retries a failing fork a few times, then gives up the whole script.
+        bash = sb.run(["bash", "-c", "for i in $(seq 2000); do sleep 100 & done; echo survived"])
+    started, err = (int(x) for x in r.stdout.split())
+    assert r.ok and not r.timed_out and err == errno.EAGAIN and started < 64, r.output
+    assert not bash.timed_out and bash.exit_code != 0 and "survived" not in bash.stdout
+    assert "fork" in bash.stderr and "Resource temporarily unavailable" in bash.stderr
+
+
+def test_a_disk_filler_is_stopped_at_the_quota(workspace: Path) -> None:
+    with _sandbox(workspace, disk_mb=64) as sb:
+        big = sb.run(["bash", "-c", "fallocate -l 2G /app/big || exit 7; echo allocated"])
+        tmp = sb.run(["bash", "-c", "fallocate -l 2G /tmp/big || exit 7; echo allocated"])
+        loop = sb.run(["bash", "-c", "i=0; while :; do head -c 1048576 /dev/zero > /app/f$i; i=$((i+1)); done"])
+    assert big.exit_code != 0 and "allocated" not in big.stdout  # one file past RLIMIT_FSIZE
+    assert tmp.exit_code != 0 and "allocated" not in tmp.stdout  # the private /tmp is a sized tmpfs
+    assert loop.disk_exceeded and loop.exit_code == 137 and not loop.timed_out and "disk quota" in loop.stderr
+    written = sum(f.stat().st_blocks * 512 for f in workspace.glob("f*"))
+    assert 64 << 20 < written < 1 << 30  # stopped past the quota, long before the disk
+
+
+def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_inside_it(
+    workspace: Path, data_dir: Path
+) -> None:
+    """bwrap cannot nest (no /proc mount inside): a sandbox opened inside one of ours is the process backend,
+    explicitly (``isolation == "nested"``), and the outer isolation still holds for what it runs."""
+    code = (
+        "from opengyre.sandbox import LocalSandbox; "
+        "sb = LocalSandbox().open(); "
+        f"r = sb.run(['bash', '-c', 'cat {data_dir / 'proxy.secret'} || echo denied; id -u']); "
+        "print(r.isolation, r.stdout.strip())"
+    )
+    with _sandbox(workspace) as sb:
+        r = sb.run([sys.executable, "-c", code])
+    assert r.ok, r.stderr
+    assert r.stdout.split() == ["nested", "denied", "1000"] and SECRET not in r.output
