@@ -293,3 +293,26 @@ def test_a_grading_that_fills_the_disk_quota_is_killed_and_not_graded(tmp_path: 
     verifier = HarborVerifier(SandboxLimits(timeout_s=120, disk_mb=8))
     ev = verifier.evaluate(make_task(tmp_path, sh), make_ws(tmp_path))
     assert (ev.score, ev.failure_class) == (None, "evaluator") and "disk quota" in ev.detail, ev
+
+
+def test_a_symlink_through_a_path_too_long_to_follow_on_the_host_is_left_out(tmp_path: Path) -> None:
+    # 16 directories of 250 characters, then "up" -> /tests: the link's target fits a symlink (< 4096) and, from
+    # /app, a path the grader's kernel resolves; from the host's longer workspace path it is past PATH_MAX.
+    (tmp_path / ("w" * 200)).mkdir()
+    ws = make_ws(tmp_path / ("w" * 200))
+    rel = [f"{i:02d}" + "x" * 248 for i in range(16)]
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in rel:  # made relative to directory descriptors: the whole path is too long to name at once
+            os.mkdir(name, dir_fd=fd)
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        os.symlink("/tests", "up", dir_fd=fd)
+    finally:
+        os.close(fd)
+    target = "/".join([*rel, "up", "expected.txt"])
+    assert len(target) < 4096 and len(str(ws)) + len("/".join([*rel, "up"])) > 4096  # the host cannot name "up"
+    (ws / "out.txt").symlink_to(target)
+    report = copy_workspace(ws, tmp_path / "copy")
+    assert any(s.startswith("out.txt (") for s in report.skipped), report.skipped

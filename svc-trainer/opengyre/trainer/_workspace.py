@@ -264,13 +264,18 @@ def _sealed_target(root: Path, link: str, target: str, inside: str) -> str:
         host = root / posixpath.relpath(cur, inside) if mine else Path(cur)
         try:
             st = os.lstat(host)
-        except OSError:
-            return ""  # dangling there, dangling for the grader (or the grader sees its own copy of it)
+        except (FileNotFoundError, NotADirectoryError):
+            return ""  # dangling there, dangling for the grader
+        except OSError as exc:  # a path too long to look at, a loop...: what cannot be followed here is not kept
+            return f"cannot be resolved ({exc.strerror})"
         if stat.S_ISLNK(st.st_mode):
             followed += 1
             if followed > _MAX_LINKS:
                 return "too many levels of symlinks"
-            nxt = os.readlink(host)
+            try:
+                nxt = os.readlink(host)
+            except OSError as exc:
+                return f"cannot be resolved ({exc.strerror})"
             cur = "/" if nxt.startswith("/") else posixpath.dirname(cur)
             pending.extend(reversed(nxt.split("/")))
     return ""
