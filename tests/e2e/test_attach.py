@@ -20,6 +20,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats, free_port, stack_alive
 
+from .test_closed_loop import ORACLE_SANDBOX
 from .test_driver_resume import harness_toml
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +33,7 @@ def run_config(path: Path, run_id: str, harness: Path) -> Path:
         "run_id": run_id, "skills": str(ROOT / "svc-synth" / "skills"), "skill_names": ["csv-report"],
         "tasks_per_skill": 1, "model": "tiny", "cells": 2, "cell_capacity": 2, "group_size": 4,
         "groups_per_step": 1, "steps": 2, "policy": "colocate", "max_lag": 0, "timeout_s": 120.0, "lr": 1e-3,
-        "harness": str(harness),
+        "harness": str(harness), "sandbox": ORACLE_SANDBOX,
     }  # fmt: skip
     path.write_text(tomli_w.dumps(cfg))
     return path

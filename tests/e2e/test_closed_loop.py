@@ -41,6 +41,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
+# The scripted harness is these tests' oracle: it runs from tests/ and reads the tasks' reference solutions in the
+# data dir, which the namespace sandbox keeps out of a harness's reach (tests/libs/sandbox/test_isolation.py): the
+# process backend, chosen explicitly. The loop's harnesses in the namespace sandbox: tests/libs/harness,
+# tests/libs/loop/test_rollout.py and the demo (tests/libs/cli).
+ORACLE_SANDBOX = "none"
+
+
 def solver_spec(tasks_root: Path, solved: int, faults: dict[int, str] | None = None) -> HarnessSpec:
     extra = [a for i, kind in (faults or {}).items() for a in ("--fault", f"{i}:{kind}")]
     return HarnessSpec(
@@ -76,7 +83,7 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     cfg = RunConfig(
         run_id="e2e", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         challenges=1, level=0, model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2,
-        policy="colocate", max_lag=0, timeout_s=120, lr=1e-3,
+        policy="colocate", max_lag=0, timeout_s=120, lr=1e-3, sandbox=ORACLE_SANDBOX,
     )  # fmt: skip
     lines: list[str] = []
     replayed: list[bool] = []
@@ -152,7 +159,7 @@ async def test_a_harness_that_crashes_hangs_or_writes_garbage_ends_with_its_clas
     cfg = RunConfig(
         run_id="faults", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=1, policy="colocate",
-        max_lag=0, timeout_s=45, lr=1e-3,
+        max_lag=0, timeout_s=45, lr=1e-3, sandbox=ORACLE_SANDBOX,
     )  # fmt: skip
     spec = solver_spec(data / "synth", solved=1, faults={1: "crash", 2: "hang", 3: "garbage"})
     lines: list[str] = []
@@ -190,7 +197,7 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost_or_trai
     cfg = RunConfig(
         run_id="kill", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2, policy="colocate",
-        max_lag=0, timeout_s=120, lr=1e-3,
+        max_lag=0, timeout_s=120, lr=1e-3, sandbox=ORACLE_SANDBOX,
     )  # fmt: skip
     killed: list[int] = []
     later: list[int] = []  # the trainer's pid when a step was reported

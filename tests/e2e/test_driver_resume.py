@@ -34,6 +34,8 @@ from opengyre.events import (
 )
 from opengyre.runtime import EmbeddedNats, free_port
 
+from .test_closed_loop import ORACLE_SANDBOX
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OPENGYRE = Path(sys.executable).with_name("opengyre")
@@ -94,7 +96,7 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
         "run_id": "resume", "skills": str(ROOT / "svc-synth" / "skills"), "skill_names": ["csv-report"],
         "tasks_per_skill": 1, "model": "tiny", "cells": 2, "cell_capacity": 2, "group_size": 4,
         "groups_per_step": 1, "steps": 2, "policy": "colocate", "max_lag": 0, "timeout_s": 600.0, "lr": 1e-3,
-        "harness": str(harness),
+        "harness": str(harness), "sandbox": ORACLE_SANDBOX,
     }  # fmt: skip
     run.write_text(tomli_w.dumps(cfg))
     # The driver's blobs go to the default bucket (no setting names another); the test reads what it wrote.
