@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import IO
 
 from ._cgroup import PidsCgroup, pids_cgroup_parent
+from ._egress import parse_endpoint
 from ._limits import SandboxLimits, SandboxResult
 
 __all__ = ["BaseSandbox", "Mount", "SandboxError", "Wrapped"]
@@ -241,8 +242,6 @@ class BaseSandbox:
         targets = [m.target for m in self.mounts]
         if len(set(targets)) != len(targets):
             raise ValueError(f"two mounts share a target: {targets}")
-        from ._egress import parse_endpoint
-
         self.egress = tuple(parse_endpoint(e) for e in egress)
         self._prefix = prefix
         self._base: Path | None = None

@@ -21,6 +21,7 @@ class Stack:
     gateway: Gateway
     engine: ScriptedEngine
     log: EventLog
+    engine_url: str = ""  # the engine behind the gateway (a harness must not reach it but through the proxy)
 
     async def recorded(self, execution_id: str) -> list[ModelCallRecorded]:
         """What the proxy recorded for the execution, read back from the log with the payloads joined in."""
@@ -41,7 +42,7 @@ async def make_stack(event_log: EventLog) -> AsyncIterator[Callable[..., Awaitab
         await gw.start()
         started.append((gw, srv))
         await gw.pool.add("scripted", srv.url)
-        return Stack(gw, engine, event_log)
+        return Stack(gw, engine, event_log, srv.url)
 
     yield make
     for gw, srv in started:

@@ -7,12 +7,14 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from typer.testing import CliRunner
 
 from opengyre.harness import PLACEHOLDERS, HarnessSpec, HarnessTarget, builtin_spec, run_harness
 from opengyre.harness.cli import harness_app
+from opengyre.runtime import EmbeddedNats
 from opengyre.sandbox import SandboxLimits
 
 from .conftest import Stack
@@ -77,6 +79,59 @@ async def test_a_users_own_harness_runs_in_the_sandbox_through_the_gateway(
     assert "What is 6*7?" in stack.engine.prompts[0]
     [call] = await stack.recorded("ex-own")
     assert call.role == "main" and call.branch == "root"
+
+
+# A harness that tries what the proxy being its only way out forbids, then does its job through the proxy.
+PROBING_HARNESS = """
+import os, socket, sys, openai
+def reach(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        return "reached"
+    except OSError as exc:
+        return type(exc).__name__
+try:
+    secret = open(sys.argv[4]).read()
+except OSError as exc:
+    secret = type(exc).__name__
+client = openai.OpenAI(base_url=sys.argv[1], api_key=os.environ["MY_KEY"], max_retries=0)
+reply = client.chat.completions.create(model=sys.argv[2], messages=[{{"role": "user", "content": "hi"}}])
+print(reply.choices[0].message.content, reach(int(sys.argv[3])), reach(int(sys.argv[5])), secret, os.getcwd())
+"""
+
+
+async def test_a_harness_reaches_the_model_through_the_proxy_and_nothing_else(
+    make_stack: MakeStack, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The engine behind the proxy, the event log's NATS and a file of the host are out of the harness's reach:
+    only its execution's base URL works (the sandbox's one egress endpoint), unchanged."""
+    stack = await make_stack(["through-the-proxy"])
+    secret = tmp_path / "data" / "proxy.secret"
+    secret.parent.mkdir()
+    secret.write_text("do-not-read")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    engine_port = urlsplit(stack.engine_url).port
+    nats_port = urlsplit(nats_server.url).port
+    spec = HarnessSpec(
+        "probe",
+        ("{python}", "-c", PROBING_HARNESS, "{base_url}", "{model}", str(engine_port), str(secret), str(nats_port)),
+        {"MY_KEY": "{api_key}"},
+    )
+    gw = stack.gateway
+    target = HarnessTarget(gw.base_url("ex-probe"), gw.issue_key("ex-probe"), "opengyre-tiny", workspace, "probe")
+    out = await asyncio.to_thread(run_harness, spec, target, LIMITS)
+    assert out.exit_code == 0 and out.isolation == "namespace", out.stderr
+    words = out.stdout.split()
+    assert words == [
+        "through-the-proxy",
+        "ConnectionRefusedError",
+        "ConnectionRefusedError",
+        "FileNotFoundError",
+        "/app",
+    ]
+    [call] = await stack.recorded("ex-probe")
+    assert call.role == "main"
 
 
 @pytest.mark.parametrize(

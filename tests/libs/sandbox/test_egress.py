@@ -164,3 +164,39 @@ def test_egress_is_loopback_and_unprivileged_ports_only_and_the_process_backend_
         LocalSandbox(egress=["127.0.0.1:80"])
     with LocalSandbox(egress=["127.0.0.1:8080"], backend="none") as sb, pytest.raises(SandboxError, match="network"):
         sb.run(["true"])
+
+
+def test_sandboxes_in_many_threads_share_the_relay_and_lose_nothing() -> None:
+    """Sandboxes run from threads (the synthesis gates, a cell's executions): each its own sockets, one relay."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(conn.recv(64)[::-1])
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = server.getsockname()[1]
+    code = (
+        "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30); "
+        "s.sendall(sys.argv[2].encode()); print(s.recv(64).decode())"
+    )
+
+    def one(i: int) -> str:
+        with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{port}"]) as sb:
+            return sb.run([sys.executable, "-I", "-S", "-c", code, str(port), f"abc{i}"]).stdout.strip()
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(one, range(12)))
+    finally:
+        server.close()
+    assert got == [f"abc{i}"[::-1] for i in range(12)]

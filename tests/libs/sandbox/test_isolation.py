@@ -201,3 +201,16 @@ def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_ins
         r = sb.run([sys.executable, "-c", code])
     assert r.ok, r.stderr
     assert r.stdout.split() == ["nested", "denied", "1000"] and SECRET not in r.output
+
+
+def test_another_sandbox_and_another_workspace_are_out_of_reach(workspace: Path, tmp_path: Path) -> None:
+    other_ws = tmp_path / "other-ws"
+    other_ws.mkdir()
+    (other_ws / "answer.txt").write_text(SECRET)
+    with _sandbox(workspace) as mine, LocalSandbox(mounts=[Mount(other_ws, "/app", writable=True)]) as theirs:
+        (theirs.root / "home" / "notes").write_text(SECRET)
+        paths = [theirs.root / "home" / "notes", other_ws / "answer.txt", theirs.root]
+        results = [mine.run(["bash", "-c", f"cat {p} || ls {p}"]) for p in paths]
+        own = theirs.run(["cat", "/app/answer.txt"])
+    assert own.ok and own.stdout == SECRET  # it is there, for its own sandbox
+    assert all(r.exit_code != 0 and SECRET not in r.output for r in results), [r.output for r in results]
