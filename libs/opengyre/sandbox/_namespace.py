@@ -142,6 +142,15 @@ def namespace_probe() -> tuple[bool, str]:
     return True, ""
 
 
+@lru_cache(maxsize=1)
+def _unenforced_process_limit() -> None:
+    """Said once per process: a limit asked for that nothing here can hold (``sandbox check`` says it too)."""
+    log.warning(
+        "sandbox: max_processes is not enforced: no pids cgroup can be made here and the kernel exempts the "
+        "host's root from RLIMIT_NPROC"
+    )
+
+
 class NamespaceSandbox(BaseSandbox):
     """A sandbox whose commands run in namespaces of their own (see the module's docstring)."""
 
@@ -262,7 +271,7 @@ class NamespaceSandbox(BaseSandbox):
         # limit (``ulimit -u``) and the cgroup holds it. Set either way: the command sees its limit.
         nproc = True
         if cgroup is None and limits.max_processes is not None and os.geteuid() == 0:
-            log.debug("no pids cgroup and running as root: max_processes cannot be enforced")
+            _unenforced_process_limit()
         r, w = os.pipe()
         os.set_inheritable(r, False)
         try:

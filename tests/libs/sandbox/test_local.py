@@ -98,6 +98,17 @@ def _host_pids(marker: str) -> list[int]:
     return out
 
 
+def _sleeps(marker: str) -> list[int]:
+    out = []
+    for pid in _host_pids(marker):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                out.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return out
+
+
 def _assert_all_gone(marker: str, what: str) -> None:
     try:
         wait_until(lambda: not _host_pids(marker), what, polls=100, every=0.1)
@@ -267,3 +278,23 @@ def test_cpu_limit_kills_a_spinning_process(limiter: str, backend: str) -> None:
 def test_unknown_limiter_is_refused(backend: str) -> None:
     with pytest.raises(ValueError):
         LocalSandbox(SandboxLimits(limiter="cgroups"), backend=backend)
+
+
+def test_a_sigkill_from_outside_the_sandbox_is_signal_9(backend: str) -> None:
+    """What the system's OOM killer does: a SIGKILL from the host to the command's process (found by its argv:
+    a pid inside a pid namespace is not the host's) is reported as the signal, not as the sandbox's doing."""
+    import threading
+
+    m = _marker()
+    results = []
+    with LocalSandbox(SandboxLimits(timeout_s=60), backend=backend) as sb:
+        t = threading.Thread(target=lambda: results.append(sb.run(["sleep", m])))
+        t.start()
+        try:
+            wait_until(lambda: _sleeps(m), "the command started", polls=300, every=0.05)
+            [pid] = _sleeps(m)  # the command itself, not the launchers whose argv hold it too
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            t.join(60)
+    [r] = results
+    assert (r.exit_code, r.signal, r.timed_out, r.memory_exceeded) == (137, 9, False, False)
