@@ -66,6 +66,39 @@ def test_a_foreign_harbor_task_imports_and_runs(tmp_path: Path) -> None:
     assert run_solution(t.path, None).score == 0.0
 
 
+def test_an_imported_tasks_reference_writing_absolute_app_paths_scores_one(tmp_path: Path) -> None:
+    # Issue 28: a Harbor solve.sh names /app and /solution as they are in the task's container. With host paths
+    # the reference wrote nowhere the grader looked and scored 0.0; the solution's sandbox has the real paths.
+    root = _foreign(tmp_path / "hello")
+    (root / "solution" / "solve.sh").write_text(
+        '#!/bin/bash\nset -e\n[ "$APP_DIR" = /app ] && [ "$SOLUTION_DIR" = /solution ] && [ "$PWD" = /app ]\n'
+        "cp /solution/hello.txt /app/hello.txt\ncp /app/hello.txt /app/out.txt\n"
+    )
+    (root / "solution" / "hello.txt").write_text("hello\n")
+    (root / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif grep -qx hello /app/hello.txt && grep -qx hello /app/out.txt; then r=1; else r=0; fi\n"
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    t = import_task(root)
+    ref = run_solution(t.path, 'bash "$SOLUTION_DIR/solve.sh"\n')
+    assert (ref.score, ref.failure_class) == (1.0, None), ref.detail
+    assert run_solution(t.path, "bash /solution/solve.sh\n").score == 1.0
+    assert run_solution(t.path, None).score == 0.0
+
+
+def test_the_solution_cannot_write_its_solution_or_see_the_tests(tmp_path: Path) -> None:
+    t = import_task(_foreign(tmp_path / "hello"))
+    probe = (
+        "echo x > /solution/solve.sh && exit 3\n"  # read-only
+        "[ -e /tests ] && exit 4\n"  # the grader's tests come only after, to the grader
+        f"[ -e {t.path} ] && exit 5\n"  # nor the task's directory on the host
+        f"env | grep -qF -e {t.path} -e og-synth-ws && exit 6\n"  # no host path of the task or its copy in the env
+        "echo hello > out.txt\n"
+    )
+    out = run_solution(t.path, probe)
+    assert (out.score, out.solve_exit) == (1.0, 0), out.detail
+
+
 @pytest.mark.parametrize(
     ("breakage", "why"),
     [
@@ -81,3 +114,10 @@ def test_a_broken_task_directory_is_refused(tmp_path: Path, breakage: object, wh
     breakage(root)  # type: ignore[operator]
     with pytest.raises(ValueError, match=why):
         import_task(root)
+
+
+def test_a_kept_workspace_holds_only_bounded_regular_files(tmp_path: Path) -> None:
+    t = import_task(_foreign(tmp_path / "hello"))
+    script = "echo hello > out.txt; mkfifo pipe; ln -s /etc/hostname host; head -c 2000000 /dev/zero > big\n"
+    out = run_solution(t.path, script, keep_workspace=True)
+    assert out.score == 1.0 and out.workspace == {"out.txt": b"hello\n"}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +64,25 @@ def _anthropic_base(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
+_SUMMARY_LIMIT = 1 << 20
+
+
 def _read_summary(path: Path) -> dict[str, Any] | None:
+    # The harness wrote it (or planted something else there): not through a symlink, only a regular file of bounded
+    # size, opened without blocking. A FIFO read with ``read_text`` would wait for a writer that never comes.
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # none written, or a symlink: the exit status is all there is
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _SUMMARY_LIMIT:
+            return None
+        data = json.loads(os.read(fd, _SUMMARY_LIMIT))
     except (OSError, ValueError):
-        return None  # none written, or garbage: the exit status is all there is
+        return None  # garbage: the exit status is all there is
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) and isinstance(data.get("finish_reason"), str) else None
 
 

@@ -58,8 +58,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     timeout_s: float = 300.0  # each execution's time limit (the harness is killed past it)
     harness: str = "builtin"  # "builtin" (the reference agent) or a HarnessSpec TOML file
     harness_args: list[str] = msgspec.field(default_factory=lambda: ["--max-turns", "6"])  # the builtin's flags
-    # The sandbox backend of the harnesses, graders and gates (opengyre.sandbox: namespace, none, ...); "": the
-    # services' $OPENGYRE_SANDBOX, else namespace. ``none`` isolates nothing: an explicit opt-out.
+    # The sandbox backend of the run's harnesses (opengyre.sandbox: namespace, none, ...); "": $OPENGYRE_SANDBOX,
+    # else namespace. ``none`` isolates nothing: an explicit opt-out. Not the graders' and gates' (the services'
+    # own $OPENGYRE_SANDBOX, else namespace): grading needs /app, /tests, /logs mounted, which ``none`` cannot give.
     sandbox: str = ""
     # --- training (svc-trainer) ---
     algorithm: str = "gspo"

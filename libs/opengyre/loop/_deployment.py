@@ -63,10 +63,10 @@ def scheduler_env(cfg: RunConfig) -> dict[str, str]:
 
 def deployment_env(cfg: RunConfig) -> dict[str, str]:
     """What the services of a deployment (``opengyre up``) must be started with to serve ``cfg``: the scheduler's
-    loop and policy, the proxy's model (each reads them at start), the sandbox backend of the graders and gates
-    where the run chose one."""
-    sandbox = {"OPENGYRE_SANDBOX": cfg.sandbox} if cfg.sandbox else {}
-    return {**scheduler_env(cfg), **proxy_env(cfg.model), **sandbox}
+    loop and policy, the proxy's model (each reads them at start). The run's ``sandbox`` is its harnesses' alone:
+    the graders and gates keep the services' own backend (grading needs its mounts at /app, /tests, /logs, which
+    the process backend cannot give, so a run whose harnesses opt out is still graded sealed)."""
+    return {**scheduler_env(cfg), **proxy_env(cfg.model)}
 
 
 def write_trainer_toml(cfg: RunConfig, settings: Settings, engines: list[str], init: Path | None) -> Path:

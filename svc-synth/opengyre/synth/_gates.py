@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
 from ._blueprint import Blueprint, fill_contract, materials
 from ._build import build_task
@@ -83,21 +85,26 @@ def _consistency(task_dir: Path, bp: Blueprint) -> Verdict:
 
 
 def _preconditions(task_dir: Path, bp: Blueprint) -> Verdict:
-    """Each challenge's preconditions on one copy of the initial workspace (challenges live in folders of their own,
-    so one's checks cannot disturb another's)."""
+    """Each challenge's preconditions on one copy of the initial workspace, at ``/app`` in a sandbox of its own
+    (challenges live in folders of their own, so one's checks cannot disturb another's)."""
     failed: list[str] = []
     pres = [pre for _, m in materials(bp) for pre in m.preconditions]
     if not pres:
         return Verdict("preconditions", True, "no preconditions to check")
     try:
-        with LocalSandbox(SandboxLimits(timeout_s=20.0, memory_mb=1024), prefix="og-synth-pre-") as sb:
-            sb.copy_in(task_dir / "environment" / "workspace", "app")
-            for pre in pres:
-                r = sb.run(pre.argv, cwd="app")
-                if r.timed_out or (r.exit_code == 0) != (pre.expect_exit == "zero"):
-                    failed.append(f"{pre.what}: exit {r.exit_code}")
+        with tempfile.TemporaryDirectory(prefix="og-synth-pre-ws-") as stage:
+            app = Path(stage) / "app"
+            shutil.copytree(task_dir / "environment" / "workspace", app, symlinks=True)
+            limits = SandboxLimits(timeout_s=20.0, memory_mb=1024)
+            with LocalSandbox(limits, prefix="og-synth-pre-", mounts=[Mount(app, "/app", writable=True)]) as sb:
+                for pre in pres:
+                    r = sb.run(pre.argv, cwd="/app")
+                    if r.timed_out or (r.exit_code == 0) != (pre.expect_exit == "zero"):
+                        failed.append(f"{pre.what}: exit {r.exit_code}")
     except SandboxError as exc:
         return Verdict("preconditions", False, f"sandbox: {exc}")
+    except OSError as exc:
+        return Verdict("preconditions", False, f"sandbox: cannot copy the workspace in: {exc}")
     return Verdict("preconditions", not failed, "; ".join(failed) or f"{len(pres)} precondition(s) hold")
 
 

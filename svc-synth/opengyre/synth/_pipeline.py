@@ -8,7 +8,10 @@ de-duplicates by event id).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import secrets
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -74,6 +77,39 @@ class Synthesizer:
         self.llm = llm  # a synthesis model drafts the blueprints; None: the procedural mode
         self.gates = gates or GateLimits()
         self.workers = workers
+        self._seed_key: bytes | None = None
+
+    def task_seed(self, skill_id: str, seed: int) -> int:
+        """The blueprint's seed for the caller's ``seed``: keyed with the store's secret (``<store>/seed.key``, made
+        once, never shown to a sandbox). The generators and the skills are no secret (an agent's sandbox shows the
+        installed code), and the caller's seeds are small numbers: from them alone an agent regenerated a task's
+        reference solution in seconds. Keyed, the same store still builds the same task for the same seed."""
+        mac = hmac.new(self._key(), f"{skill_id}/{seed}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(mac[:8], "big") >> 1
+
+    def _key(self) -> bytes:
+        if self._seed_key is not None:
+            return self._seed_key
+        path = self.store / "seed.key"
+        self.store.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # Written whole under a temporary name, then linked into place: a concurrent build (or another process
+            # on the same store) reads either no key or the whole one, and the first link wins.
+            tmp = path.with_name(f"seed.key.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_bytes(32).hex() + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        key = bytes.fromhex(path.read_text().strip())
+        if len(key) != 32:
+            raise ValueError(f"{path} does not hold a 32-byte key in hex")
+        self._seed_key = key
+        return key
 
     def task_dir(self, task_id: str, version: int) -> Path:
         return self.store / "tasks" / task_id / f"v{version}"
@@ -125,6 +161,7 @@ class Synthesizer:
     def synthesize(
         self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0, patterns: Sequence[str] | None = None
     ) -> TaskBuild:
+        seed = self.task_seed(skill.skill_id, seed)
         if self.llm is not None and patterns is None:
             bp = draft_blueprint_llm(
                 self.llm,

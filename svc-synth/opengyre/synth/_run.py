@@ -1,5 +1,10 @@
 """Run a solution against a task in the sandbox, then grade the workspace with the trainer's Harbor verifier.
 
+The solution runs in a sandbox of its own with the task's paths as Harbor gives them: ``/app`` a copy of the
+initial workspace (writable, its working directory), ``/solution`` the task's solution (read-only);
+``$APP_DIR`` and ``$SOLUTION_DIR`` are those paths, never the host's. The grader then runs apart, in the
+verifier's own fresh sandbox, on what the solution left in ``/app``; ``/tests`` is never visible to the solution.
+
 A solution that hangs, exhausts memory or crashes (killed by a signal) scores 0 and the outcome names it as the
 solver's fault (``agent-timeout``, ``agent-oom``, ``agent-crash``): neither an evaluator nor an infrastructure
 failure. Otherwise the preserved workspace is graded whatever the solution's exit status was.
@@ -7,12 +12,16 @@ failure. Otherwise the preserved workspace is graded whatever the solution's exi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import shutil
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 from opengyre.trainer import HarborVerifier
 
 __all__ = ["Outcome", "RunLimits", "run_solution"]
@@ -50,59 +59,75 @@ def run_solution(
     keep_workspace: bool = False,
     grade_faults: bool = False,
 ) -> Outcome:
-    """``solve_sh``: a bash script run in the workspace (``None``: do nothing). The task's ``solution/`` folder is
-    available to it as ``$SOLUTION_DIR``. ``grade_faults``: grade the wreck a faulty solution left too (the
-    score stays 0; ``metrics`` then holds the grader's, with ``grader_valid`` 1 or 0), which checks that the
-    grader itself copes with whatever a dying solution leaves behind."""
+    """``solve_sh``: a bash script run in the workspace, ``/app`` (``None``: do nothing). The task's
+    ``solution/`` folder is available to it read-only at ``/solution`` (``$SOLUTION_DIR``). ``grade_faults``:
+    grade the wreck a faulty solution left too (the score stays 0; ``metrics`` then holds the grader's, with
+    ``grader_valid`` 1 or 0), which checks that the grader itself copes with whatever a dying solution leaves
+    behind."""
     limits = limits or RunLimits()
     task_dir = Path(task_dir)
+    ws = task_dir / "environment" / "workspace"
     if solve_sh is None:
         # Nothing runs before the grader, and the verifier grades a copy in its own sandbox: the initial
         # workspace is graded as it is, without a solve sandbox around it (one copy and one tree removal fewer).
-        ws = task_dir / "environment" / "workspace"
         ev = HarborVerifier(limits.grade).evaluate(task_dir, ws)
         kept = (_snapshot(ws) if ws.is_dir() else {}) if keep_workspace else None
         return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept)
     try:
-        with LocalSandbox(limits.solve, prefix="og-synth-") as sb:
-            app = sb.root / "app"
-            ws = task_dir / "environment" / "workspace"
-            sb.copy_in(ws, "app") if ws.is_dir() else app.mkdir()
-            code = None
-            if solve_sh is not None:
-                sb.copy_in(task_dir / "solution", "solution") if (task_dir / "solution").is_dir() else None
-                script = sb.root / "run_solution.sh"
-                script.write_text(solve_sh)
-                env = {"APP_DIR": str(app), "SOLUTION_DIR": str(sb.root / "solution")}
-                r = sb.run(["bash", str(script)], cwd="app", env=env)
-                code = r.exit_code
-                if r.timed_out:
-                    return Outcome(
-                        0.0, "agent-timeout", f"the solution ran past {limits.solve.timeout_s:g} s", {}, code
-                    )
-                if r.memory_exceeded:
-                    return Outcome(
-                        0.0, "agent-oom", f"the solution exceeded {limits.solve.group_memory_mb} MB", {}, code
-                    )
-                if r.signal is not None or code > 128:
-                    wreck: dict[str, float] = {}
-                    if grade_faults:
-                        ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
-                        wreck = {**(ev.metrics or {}), "grader_valid": float(ev.valid)}
-                    return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", wreck, code)
-            ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
-            kept = _snapshot(app) if keep_workspace else None
-            return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept)
+        stage = Path(tempfile.mkdtemp(prefix="og-synth-ws-"))
+    except OSError as exc:
+        return Outcome(None, "sandbox", f"sandbox unavailable: {exc}")
+    try:
+        app = stage / "app"
+        try:
+            shutil.copytree(ws, app, symlinks=True) if ws.is_dir() else app.mkdir()
+        except OSError as exc:  # shutil.Error too
+            return Outcome(None, "sandbox", f"sandbox failed to copy the workspace in: {exc}")
+        mounts = [Mount(app, "/app", writable=True)]
+        if (task_dir / "solution").is_dir():
+            mounts.append(Mount(task_dir / "solution", "/solution"))
+        with LocalSandbox(limits.solve, prefix="og-synth-", mounts=mounts) as sb:
+            env = {"APP_DIR": "/app", "SOLUTION_DIR": "/solution"}
+            r = sb.run(["bash", "-c", solve_sh], cwd="/app", env=env)
+        code = r.exit_code
+        if r.timed_out:
+            return Outcome(0.0, "agent-timeout", f"the solution ran past {limits.solve.timeout_s:g} s", {}, code)
+        if r.memory_exceeded:
+            return Outcome(0.0, "agent-oom", f"the solution exceeded {limits.solve.group_memory_mb} MB", {}, code)
+        if r.signal is not None or code > 128:
+            wreck: dict[str, float] = {}
+            if grade_faults:
+                ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
+                wreck = {**(ev.metrics or {}), "grader_valid": float(ev.valid)}
+            return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", wreck, code)
+        ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
+        kept = _snapshot(app) if keep_workspace else None
+        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept)
     except SandboxError as exc:
         return Outcome(None, "sandbox", str(exc))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+_SNAPSHOT_FILE_LIMIT = 1 << 20
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
+    """The workspace's regular files of at most 1 MiB (what a solution left: no symlink followed, no FIFO opened)."""
     out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
+    for folder, dirs, files in os.walk(root):  # os.walk does not descend into symlinked directories
+        dirs.sort()
+        for name in sorted(files):
+            p = Path(folder) / name
+            with contextlib.suppress(OSError):
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode) and st.st_size <= _SNAPSHOT_FILE_LIMIT:
+                        out[str(p.relative_to(root))] = os.read(fd, _SNAPSHOT_FILE_LIMIT)
+                finally:
+                    os.close(fd)
+    return dict(sorted(out.items()))
 
 
 def copy_task(src: Path, dst: Path) -> None:

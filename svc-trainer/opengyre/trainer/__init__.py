@@ -139,6 +139,7 @@ if TYPE_CHECKING:
         TreeShape,
         agentic_tree,
     )
+    from ._workspace import CopyBounds
 
 _WHERE: dict[str, str] = {
     "AGENT_CLASSES": "._failures",
@@ -164,6 +165,7 @@ _WHERE: dict[str, str] = {
     "EngineReload": "._publish",
     "Evaluation": "._evaluator",
     "Evaluator": "._evaluator",
+    "CopyBounds": "._workspace",
     "ExecutionOutcome": "._admission",
     "GroupAdmission": "._admission",
     "HarborVerifier": "._evaluator",
@@ -241,6 +243,7 @@ __all__ = [
     "AdmissionPolicy",
     "Compactable",
     "Conversation",
+    "CopyBounds",
     "EngineReload",
     "Evaluation",
     "Evaluator",

@@ -3,16 +3,28 @@
 The Harbor convention: ``tests/test.sh`` runs against the workspace and writes ``/logs/verifier/reward.json``
 (``{"reward": x, ...}``) or ``/logs/verifier/reward.txt`` (one number); ``reward.json`` wins. A missing file is
 ``RewardFileNotFoundError``, an empty one ``RewardFileEmptyError``: both mean *no valid score*, which is not a
-zero. The local process sandbox cannot mount ``/logs``, ``/tests`` and ``/app``, so the verifier copies the
-tests and the workspace into the sandbox and rewrites those absolute paths in the test files to the copies.
+zero.
+
+The grader runs after the agent, apart from it: in a fresh namespace sandbox of its own, where ``/app`` is a
+copy of the preserved workspace, ``/tests`` the task's tests (copied in only now, read-only: the code under
+test must not rewrite its checker), and ``/logs/verifier``, ``/logs/agent`` writable directories the agent never
+saw. The paths are the real ones Harbor tests name; nothing in the tests is rewritten. The workspace is the
+agent's output, so it is copied defensively (``_workspace.copy_workspace``: symlinks kept as symlinks unless they
+lead into the grader's own directories, special files and hard links to outside files left out, setuid/setgid
+bits dropped, its size bounded), and the reward file is read from the host without following a symlink, only
+as a regular file of bounded size (a FIFO planted there blocks nothing). A backend that cannot show the grader
+those paths (``none``: the host's view) cannot grade: a ``sandbox`` failure, never a silent wrong score.
 
 The grader runs the agent's code, and its limits bound that code: a grader that runs past its time limit, or
 whose processes together exceed the sandbox's memory, scores the workspace 0 (``agent-timeout``,
 ``agent-oom``): the solution under test hung or ran out of memory, and a policy must not learn that hanging
 escapes a negative. Tasks are validated with their reference solution through the same verifier, so the
 grader itself is known to finish on a good workspace. The grader's own failures stay failures without a score:
-no reward file or a crash (``evaluator``, excluded), the sandbox not starting (``sandbox``), the grader killed
-by a SIGKILL the sandbox did not send (``oom``: the system's OOM killer), both masked as infrastructure.
+no reward file, one that is not a regular file of bounded size, or a crash (``evaluator``, excluded); a
+workspace over the copy's bounds, or a grading that fills the grader's disk quota (``evaluator``, excluded:
+nothing was graded, and there is no agent class for disk yet); the sandbox not starting (``sandbox``), the
+grader killed by a SIGKILL the sandbox did not send (``oom``: the system's OOM killer), both masked as
+infrastructure.
 """
 
 from __future__ import annotations
@@ -20,14 +32,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
+import shutil
+import tempfile
 import tomllib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 from opengyre.events import FailureClass
-from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
+
+from ._workspace import CopyBounds, UnsafeFileError, WorkspaceTooLarge, copy_workspace, read_bounded
 
 __all__ = [
     "Evaluation",
@@ -39,8 +54,9 @@ __all__ = [
     "read_reward",
 ]
 
-_MOUNTS = ("logs", "tests", "app")
-_ABS = re.compile(r"(?<![\w.~/$-])/(logs|tests|app)(?=/|\b)")
+REWARD_LIMIT = 1 << 20  # bytes of reward.json / reward.txt read back
+# Backends whose commands see the host's own paths, not the mounts at their targets: no /app, /tests, /logs.
+_HOST_VIEW = ("none", "nested")
 
 
 class RewardFileError(ValueError):
@@ -70,11 +86,24 @@ class Evaluation:
         return self.score is not None
 
 
+def _read(verifier_dir: Path, name: str) -> str | None:
+    try:
+        data = read_bounded(verifier_dir, name, REWARD_LIMIT)
+    except UnsafeFileError as exc:
+        raise RewardFileError(str(exc)) from None
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
 def read_reward(verifier_dir: Path) -> dict[str, float]:
-    """Harbor's reading order: reward.json (an object of numbers), else reward.txt (one number)."""
+    """Harbor's reading order: reward.json (an object of numbers), else reward.txt (one number).
+
+    Each is read only as a regular file of at most ``REWARD_LIMIT`` bytes, not through a symlink (the directory
+    included): anything else there is a ``RewardFileError``."""
+    verifier_dir = Path(verifier_dir)
     js, txt = verifier_dir / "reward.json", verifier_dir / "reward.txt"
-    if js.exists():
-        raw = js.read_text().strip()
+    raw = _read(verifier_dir, "reward.json")
+    if raw is not None:
+        raw = raw.strip()
         if not raw:
             raise RewardFileEmptyError(f"{js} is empty")
         data = json.loads(raw)
@@ -83,8 +112,9 @@ def read_reward(verifier_dir: Path) -> dict[str, float]:
         ):
             raise RewardFileError(f"{js} is not an object of numbers")
         return {str(k): float(v) for k, v in data.items()}
-    if txt.exists():
-        raw = txt.read_text().strip()
+    raw = _read(verifier_dir, "reward.txt")
+    if raw is not None:
+        raw = raw.strip()
         if not raw:
             raise RewardFileEmptyError(f"{txt} is empty")
         return {"reward": float(raw)}
@@ -98,12 +128,20 @@ class Evaluator(ABC):
 
 
 class HarborVerifier(Evaluator):
-    """Runs a Harbor task's ``tests/test.sh`` in the local process sandbox."""
+    """Runs a Harbor task's ``tests/test.sh`` in a fresh sandbox of its own (see the module's docstring).
 
-    def __init__(self, limits: SandboxLimits | None = None) -> None:
+    ``bounds``: what of a workspace is graded at most (its files' apparent size, entries, depth); past them the
+    workspace is refused, as an evaluator failure. ``backend``: the sandbox backend (None: the selected one)."""
+
+    def __init__(
+        self, limits: SandboxLimits | None = None, *, bounds: CopyBounds | None = None, backend: str | None = None
+    ) -> None:
         # The processes of a grading together get twice one process's address space, in resident memory.
         self.limits = limits or SandboxLimits(timeout_s=600.0, group_memory_mb=4096)
         self.limits.validate()  # the verifier's own limits are checked here: later, only a task's can be wrong
+        self.bounds = bounds or CopyBounds()
+        self.bounds.validate()
+        self.backend = backend
 
     def _task_limits(self, task_dir: Path) -> tuple[SandboxLimits, dict[str, str]]:
         toml = task_dir / "task.toml"
@@ -127,48 +165,68 @@ class HarborVerifier(Evaluator):
         except (tomllib.TOMLDecodeError, ValueError, TypeError) as exc:
             return Evaluation(None, "evaluator", detail=f"bad task.toml: {exc}")
         try:
-            with LocalSandbox(limits) as sb:
-                sb.copy_in(workspace, "app") if workspace.is_dir() else (sb.root / "app").mkdir()
-                sb.copy_in(task_dir / "tests", "tests")
-                (sb.root / "logs" / "verifier").mkdir(parents=True)
-                (sb.root / "logs" / "agent").mkdir()
-                _rewrite_paths(sb.root / "tests", sb.root)
-                result = sb.run(["bash", str(sb.root / "tests" / "test.sh")], cwd="app", env=env)
-                if result.timed_out:
-                    why = f"agent-timeout: grading ran past its {limits.timeout_s:g} s: the solution under test hung"
-                    return Evaluation(0.0, "agent-timeout", result.exit_code, f"{why}; {_tail(result.output)}")
-                if result.memory_exceeded:
-                    why = f"agent-oom: grading exceeded {limits.group_memory_mb} MB: the solution exhausted memory"
-                    return Evaluation(0.0, "agent-oom", result.exit_code, f"{why}; {_tail(result.output)}")
-                if result.signal == 9:  # a SIGKILL the sandbox did not send: the system's OOM killer
-                    why = "oom: the grader was killed by SIGKILL from outside the sandbox"
-                    return Evaluation(None, "oom", result.exit_code, f"{why}; {_tail(result.output)}")
-                try:
-                    metrics = read_reward(sb.root / "logs" / "verifier")
-                except ValueError as exc:  # RewardFileError, a JSON or number that does not parse
-                    detail = f"{type(exc).__name__}: {exc}"
-                    if isinstance(exc, RewardFileNotFoundError):
-                        detail = f"RewardFileNotFoundError: test.sh exited {result.exit_code}; {_tail(result.output)}"
-                    return Evaluation(None, "evaluator", result.exit_code, detail)
+            stage = Path(tempfile.mkdtemp(prefix="og-grade-"))
+        except OSError as exc:
+            return Evaluation(None, "sandbox", None, f"sandbox unavailable: {exc}")
+        try:
+            return self._grade(task_dir, workspace, stage, limits, env)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def _grade(
+        self, task_dir: Path, workspace: Path, stage: Path, limits: SandboxLimits, env: dict[str, str]
+    ) -> Evaluation:
+        # What the grader's sandbox mounts, staged outside it: the agent saw none of it, nor the stage's path.
+        app, tests, logs = stage / "app", stage / "tests", stage / "logs"
+        try:
+            copied = copy_workspace(workspace, app, self.bounds, inside="/app")
+        except WorkspaceTooLarge as exc:
+            return Evaluation(None, "evaluator", None, f"WorkspaceTooLarge: the workspace is not graded: {exc}")
+        except OSError as exc:
+            return Evaluation(None, "sandbox", None, f"sandbox failed to copy the workspace {workspace}: {exc}")
+        try:
+            shutil.copytree(task_dir / "tests", tests, symlinks=True)
+            (logs / "verifier").mkdir(parents=True)
+            (logs / "agent").mkdir()
+        except OSError as exc:  # shutil.Error too
+            return Evaluation(None, "sandbox", None, f"sandbox failed to stage the tests: {exc}")
+        mounts = [Mount(app, "/app", writable=True), Mount(tests, "/tests"), Mount(logs, "/logs", writable=True)]
+        try:
+            with LocalSandbox(limits, prefix="og-grader-", mounts=mounts, backend=self.backend) as sb:
+                if sb.isolation in _HOST_VIEW:
+                    raise SandboxError(
+                        f"the {sb.isolation!r} sandbox shows the grader the host's paths, not /app, /tests and "
+                        "/logs: grading needs the namespace backend (or another that mounts them)"
+                    )
+                result = sb.run(["bash", "/tests/test.sh"], cwd="/app", env=env)
         except SandboxError as exc:
             return Evaluation(None, "sandbox", None, str(exc))
+        skipped = ""
+        if copied.skipped:  # said with the grade: a workspace that planted them should be visible as such
+            skipped = f"; the copy left out {len(copied.skipped)}: {'; '.join(copied.skipped)[:500]}"
+        if result.timed_out:
+            why = f"agent-timeout: grading ran past its {limits.timeout_s:g} s: the solution under test hung"
+            return Evaluation(0.0, "agent-timeout", result.exit_code, f"{why}; {_tail(result.output)}")
+        if result.memory_exceeded:
+            why = f"agent-oom: grading exceeded {limits.group_memory_mb} MB: the solution exhausted memory"
+            return Evaluation(0.0, "agent-oom", result.exit_code, f"{why}; {_tail(result.output)}")
+        if result.disk_exceeded:
+            why = f"grading exceeded the disk quota of {limits.disk_mb} MB: nothing was graded"
+            return Evaluation(None, "evaluator", result.exit_code, f"{why}; {_tail(result.output)}")
+        if result.signal == 9:  # a SIGKILL the sandbox did not send: the system's OOM killer
+            why = "oom: the grader was killed by SIGKILL from outside the sandbox"
+            return Evaluation(None, "oom", result.exit_code, f"{why}; {_tail(result.output)}")
+        try:
+            metrics = read_reward(logs / "verifier")
+        except ValueError as exc:  # RewardFileError, a JSON or number that does not parse
+            detail = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, RewardFileNotFoundError):
+                detail = f"RewardFileNotFoundError: test.sh exited {result.exit_code}; {_tail(result.output)}"
+            return Evaluation(None, "evaluator", result.exit_code, detail + skipped)
         reward = metrics.get("reward")
         if reward is None or not math.isfinite(reward):
             return Evaluation(None, "evaluator", result.exit_code, f"no finite 'reward' in {sorted(metrics)}")
-        return Evaluation(reward, None, result.exit_code, "", metrics)
-
-
-def _rewrite_paths(tests_dir: Path, root: Path) -> None:
-    for f in tests_dir.rglob("*"):
-        if not f.is_file():
-            continue
-        try:
-            text = f.read_text()
-        except (UnicodeDecodeError, OSError):
-            continue  # binary fixtures stay as they are
-        new = _ABS.sub(lambda m: str(root / m.group(1)), text)
-        if new != text:
-            f.write_text(new)
+        return Evaluation(reward, None, result.exit_code, skipped.removeprefix("; "), metrics)
 
 
 def _tail(text: str, n: int = 2000) -> str:

@@ -140,6 +140,8 @@ async def test_a_harness_reaches_the_model_through_the_proxy_and_nothing_else(
         ("echo '{{not json' > {summary_file}; exit 3", "crashed", 3),  # garbage summary: the exit status decides
         ('echo \'{{"finish_reason": "max-turns"}}\' > {summary_file}; exit 3', "max-turns", 3),
         ("exec sleep 30", "timeout", 124),  # hangs: killed at the sandbox's time limit
+        ("mkfifo {summary_file}; exit 3", "crashed", 3),  # a FIFO for a summary: read without blocking, not one
+        ("ln -s /etc/hostname {summary_file}; exit 3", "crashed", 3),  # a symlink for a summary: not followed
     ],
 )
 def test_the_outcome_of_a_harness_that_crashes_writes_garbage_or_hangs(

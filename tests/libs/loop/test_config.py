@@ -84,8 +84,9 @@ def test_a_run_id_the_ids_made_from_it_cannot_carry_is_refused(tmp_path: Path, r
         RunConfig.from_toml(write(tmp_path, f"run_id = {run_id!r}\n".replace("'", '"')))
 
 
-def test_a_runs_sandbox_backend_reaches_its_services() -> None:
-    """The graders (trainer) and gates (synth) run in the services' processes: the run's choice travels in their
-    environment; none chosen, they keep their own."""
-    assert deployment_env(RunConfig(sandbox="none").validate())["OPENGYRE_SANDBOX"] == "none"
+def test_a_runs_sandbox_backend_is_its_harnesses_not_its_graders() -> None:
+    """The graders (trainer) and gates (synth) run in the services' processes with their own backend: a run whose
+    harnesses opt out of isolation (``none``) is still graded in the namespace sandbox, the only one that mounts
+    /app, /tests and /logs (with ``none`` every grading would be a sandbox failure)."""
+    assert "OPENGYRE_SANDBOX" not in deployment_env(RunConfig(sandbox="none").validate())
     assert "OPENGYRE_SANDBOX" not in deployment_env(RunConfig().validate())
