@@ -115,6 +115,15 @@ def run_harness(
     if not workdir.is_dir():
         raise ValueError(f"the workspace {workdir} is not a directory")
     mounts = [Mount(workdir, WORKSPACE, writable=True)]
+    for host, inside in spec.mounts.items():
+        if not Path(host).exists():
+            raise ValueError(f"harness {spec.name!r}: its mount {host} does not exist")
+        if name == "none" and inside != host:
+            raise ValueError(
+                f"harness {spec.name!r}: under the process backend (none) it sees {host} at its host path, not at "
+                f"{inside}: mount it at its own path"
+            )
+        mounts.append(Mount(Path(host), inside, writable=False))
     with LocalSandbox(lim, prefix="og-harness-run-", mounts=mounts, egress=egress, backend=name) as sb:
         instruction_file = sb.root / "instruction.md"
         instruction_file.write_text(target.instruction)

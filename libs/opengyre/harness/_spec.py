@@ -7,6 +7,7 @@ the task's sandbox. A template that names an unknown field is refused when the s
 
 from __future__ import annotations
 
+import posixpath
 import string
 import tomllib
 from collections.abc import Mapping
@@ -49,11 +50,15 @@ def _fields(template: str) -> list[str]:
 
 @dataclass(frozen=True)
 class HarnessSpec:
-    """``argv`` and ``env`` templates. ``{{`` and ``}}`` are literal braces."""
+    """``argv`` and ``env`` templates. ``{{`` and ``}}`` are literal braces. ``mounts``: host paths the harness
+    needs beyond the system's and the Python install (its own install dir, e.g. a CLI in a user's node prefix),
+    each shown read-only at its target inside the sandbox (``{host: inside}``, both absolute). Under the process
+    backend (``none``) the harness sees the host's paths as they are, so there a target must be its host path."""
 
     name: str
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    mounts: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -62,6 +67,13 @@ class HarnessSpec:
             raise ValueError(f"harness {self.name!r}: argv is empty")
         object.__setattr__(self, "argv", tuple(self.argv))
         object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "mounts", dict(self.mounts))
+        for host, inside in self.mounts.items():
+            for what, path in (("host path", host), ("target", inside)):
+                if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+                    raise ValueError(
+                        f"harness {self.name!r}: mount {what} {path!r} must be a normalised absolute path other than /"
+                    )
         for part in (*self.argv, *self.env.values()):
             _fields(part)
 
@@ -77,19 +89,22 @@ class HarnessSpec:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> HarnessSpec:
-        """From ``{"name": ..., "argv": [...], "env": {...}}`` (a TOML table, a JSON object)."""
-        unknown = sorted(set(data) - {"name", "argv", "env"})
+        """From ``{"name": ..., "argv": [...], "env": {...}, "mounts": {...}}`` (a TOML table, a JSON object)."""
+        unknown = sorted(set(data) - {"name", "argv", "env", "mounts"})
         if unknown:
-            raise ValueError(f"unknown harness spec keys: {', '.join(unknown)} (known: name, argv, env)")
-        argv, env = data.get("argv"), data.get("env", {})
+            raise ValueError(f"unknown harness spec keys: {', '.join(unknown)} (known: name, argv, env, mounts)")
+        argv, env, mounts = data.get("argv"), data.get("env", {}), data.get("mounts", {})
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise ValueError("harness spec: argv must be a list of strings")
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("harness spec: env must be a table of strings")
+        strings = isinstance(mounts, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in mounts.items())
+        if not strings:
+            raise ValueError("harness spec: mounts must be a table of strings (host path = path inside)")
         name = data.get("name")
         if not isinstance(name, str):
             raise ValueError("harness spec: name must be a string")
-        return cls(name, tuple(argv), env)
+        return cls(name, tuple(argv), env, mounts)
 
     @classmethod
     def from_toml(cls, path: Path) -> HarnessSpec:

@@ -134,6 +134,32 @@ async def test_a_harness_reaches_the_model_through_the_proxy_and_nothing_else(
     assert call.role == "main"
 
 
+def test_a_harness_sees_its_mounts_read_only_and_a_bad_mount_is_refused(tmp_path: Path) -> None:
+    prefix = tmp_path / "prefix"  # a harness's own install dir, outside the system paths
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "agent").write_text("echo from the prefix\n")
+    f = tmp_path / "own.toml"
+    f.write_text(
+        'name = "own"\nargv = ["bash", "-c", "bash /opt/own/bin/agent; touch /opt/own/x 2>/dev/null || echo ro"]\n'
+        f'[mounts]\n"{prefix}" = "/opt/own"\n'
+    )
+    spec = HarnessSpec.from_toml(f)
+    assert spec.mounts == {str(prefix): "/opt/own"}
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    target = HarnessTarget("http://127.0.0.1:59999/x/e/v1", "k", "m", ws, "task")
+    out = run_harness(spec, target, SandboxLimits(timeout_s=60))
+    assert (out.exit_code, out.stdout, out.isolation) == (0, "from the prefix\nro\n", "namespace"), out.stderr
+    with pytest.raises(ValueError, match="mount target 'opt' must be a normalised absolute path"):
+        HarnessSpec("rel", ("a",), mounts={str(prefix): "opt"})
+    with pytest.raises(ValueError, match="mounts must be a table of strings"):
+        HarnessSpec.from_mapping({"name": "x", "argv": ["a"], "mounts": ["/opt"]})
+    with pytest.raises(ValueError, match="does not exist"):
+        run_harness(HarnessSpec("gone", ("true",), mounts={str(tmp_path / "gone"): "/opt/g"}), target)
+    with pytest.raises(ValueError, match="mount it at its own path"):
+        run_harness(spec, target, backend="none")
+
+
 @pytest.mark.parametrize(
     ("script", "reason", "code"),
     [
