@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -9,8 +10,10 @@ import pytest
 
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import ExecutionDispatched
+from opengyre.events import ExecutionDispatched, ExecutionFinished
+from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
 from opengyre.runtime import EmbeddedNats
+from opengyre.sandbox import SandboxLimits
 from opengyre.v1 import common_pb2, trainer_pb2
 
 from .._polling import await_until
@@ -108,3 +111,42 @@ async def test_service_trains_online_with_a_trainer_toml(
         assert (s.n_trained, s.n_dropped, s.has_reward_mean, s.reward_mean) == (2, 0, True, 0.5)
         ex = await stub.GetExecution(trainer_pb2.GetExecutionRequest(execution_id="g-e0"))
         assert ex.consumed and ex.consumed_step == 1 and ex.consumed_as == "train"
+
+
+async def test_an_executions_finish_says_which_sandbox_ran_its_harness(
+    nats_server: EmbeddedNats, event_log: EventLog, log_config: LogConfig, tmp_path: Path
+) -> None:
+    """The isolation a real harness ran under (``HarnessOutcome.isolation``, what the rollout path sends) is in
+    its ``execution-finished``: ``none`` chosen explicitly says so, the default says ``namespace``."""
+    settings = Settings(
+        data_dir=tmp_path, nats_url=nats_server.url, db_url=f"sqlite:///{tmp_path / 'db.sqlite'}", log=log_config
+    )
+    task_dir = tmp_path / "task"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    spec = HarnessSpec("h", ("bash", "-c", "echo done > out"))
+    ran = {}
+    for eid, backend in (("plain", "none"), ("isolated", None)):
+        ws = tmp_path / eid
+        ws.mkdir()
+        target = HarnessTarget("http://127.0.0.1:59999/v1", "key", "tiny", ws, "do it")
+        outcome = await asyncio.to_thread(run_harness, spec, target, SandboxLimits(timeout_s=60), backend=backend)
+        assert outcome.exit_code == 0, outcome.stderr
+        ran[eid] = (ws, outcome.isolation)
+        await event_log.append(ExecutionDispatched(execution_id=eid, task_id="t", group_id=eid, group_size=1))
+    assert {eid: isolation for eid, (_, isolation) in ran.items()} == {"plain": "none", "isolated": "namespace"}
+    async with serving_trainer(settings) as stub:
+        bad = trainer_pb2.ScoreExecutionRequest(
+            execution_id="plain", task_dir=str(task_dir), workspace=str(ran["plain"][0]), sandbox="no isolation!"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ScoreExecution(bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sandbox" in str(err.value.details())
+        for eid, (ws, isolation) in ran.items():
+            req = trainer_pb2.ScoreExecutionRequest(
+                execution_id=eid, task_dir=str(task_dir), workspace=str(ws), has_exit_code=True, sandbox=isolation
+            )
+            reply = await stub.ScoreExecution(req)
+            assert (reply.status, reply.score) == ("completed", 1.0), reply
+    finished = {e.execution_id: e.sandbox async for _, e in event_log.events(ExecutionFinished)}
+    assert finished == {"plain": "none", "isolated": "namespace"}

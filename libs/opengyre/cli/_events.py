@@ -118,9 +118,14 @@ def show(
                 console.print(f"[red]body unreadable: {escape(s.unreadable_detail)}[/]")
                 return
             try:
-                text = json.dumps(json.loads(s.body), indent=2)
+                body = json.loads(s.body)
+                text = json.dumps(body, indent=2)
             except ValueError:
-                text = repr(s.body[:2000])
+                body, text = None, repr(s.body[:2000])
+            if s.type_name == "execution-finished" and isinstance(body, dict):
+                ran = body.get("sandbox") or "not recorded"
+                note = " [yellow](no isolation: the host's files, processes and network)[/]" if ran == "none" else ""
+                console.print(f"[bold]sandbox[/] {escape(str(ran))}{note}")
             console.print(Syntax(text, "json", word_wrap=True))
 
     asyncio.run(main())

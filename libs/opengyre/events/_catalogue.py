@@ -165,7 +165,11 @@ class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finishe
     (``ProxyService.SealExecution``; every one of them is in the log before this event); the trainer samples the
     execution only once it has applied that many. None (events written before the field existed, or a runtime
     that does not seal): calls may still follow the finish. Added with a default, so v1 bodies decode as they
-    are: no version bump, no upcaster."""
+    are: no version bump, no upcaster.
+
+    ``sandbox``: the isolation the harness ran under (``namespace``, ``none``, ``nested``, ``docker``, ...), so a
+    run without isolation says so on each of its executions; "" where not known (events written before the field
+    existed, an execution abandoned with its runtime). Added with a default, likewise."""
 
     owner = "trainer"
     aggregate = "execution"
@@ -178,6 +182,7 @@ class ExecutionFinished(Event, frozen=True, kw_only=True, tag="execution-finishe
     exit_code: int | None = None
     detail: str = ""
     recorded_calls: int | None = None
+    sandbox: str = ""
 
 
 class ToolCallPayload(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ execution ends, so what must happen at its end (the proxy sealing it) is added t
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import signal
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = ["ABANDONED", "Assignment", "Finished", "end_abandoned", "end_executio
 # that could not reach the model (the endpoint unreachable or failing after its retries) is an infrastructure
 # failure, masked downstream; every other ending is graded on the workspace it left.
 _FAILURES = {"model-error": "engine"}
+log = logging.getLogger(__name__)
 ABANDONED = "sandbox"  # the failure class of an execution whose harness was lost with the driver (``end_abandoned``)
 
 
@@ -101,6 +103,7 @@ async def end_execution(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
         failure_class=harness_failure(outcome, calls), has_recorded_calls=True, recorded_calls=calls,
+        sandbox=outcome.isolation,
     )  # fmt: skip
     return await _score(trainer, req)
 
@@ -182,6 +185,8 @@ async def roll_out(
     target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192)  # the proxy is its way out: the sandbox's egress
     outcome = await asyncio.to_thread(run_harness, spec, target, limits, backend=sandbox)
+    if outcome.isolation == "none":  # chosen explicitly, and said of each execution (its event says so too)
+        log.warning("execution %s: its harness ran without isolation (sandbox 'none')", a.execution_id)
     reply = await end_execution(proxy, trainer, a, ws, outcome)
     return Finished(
         a, reply.status, reply.score if reply.has_score else None, reply.failure_class, outcome.finish_reason,

@@ -504,6 +504,7 @@ class ScoreExecutionRequest(_message.Message):
     FAILURE_CLASS_FIELD_NUMBER: _builtins.int
     HAS_RECORDED_CALLS_FIELD_NUMBER: _builtins.int
     RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     task_dir: _builtins.str
     """a Harbor task directory (tests/test.sh)"""
@@ -523,6 +524,10 @@ class ScoreExecutionRequest(_message.Message):
     calls (without it, a call may still be in the proxy's outbox when a step reads the execution).
     """
     recorded_calls: _builtins.int
+    sandbox: _builtins.str
+    """The isolation the harness ran under (HarnessOutcome.isolation: namespace, none, nested, docker, ...; "" not
+    known): carried by execution-finished, so a run without isolation says so on every execution.
+    """
     def __init__(
         self,
         *,
@@ -536,10 +541,11 @@ class ScoreExecutionRequest(_message.Message):
         failure_class: _builtins.str = ...,
         has_recorded_calls: _builtins.bool = ...,
         recorded_calls: _builtins.int = ...,
+        sandbox: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "failure_class", b"failure_class", "has_exit_code", b"has_exit_code", "has_recorded_calls", b"has_recorded_calls", "output", b"output", "recorded_calls", b"recorded_calls", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "exit_code", b"exit_code", "failure_class", b"failure_class", "has_exit_code", b"has_exit_code", "has_recorded_calls", b"has_recorded_calls", "output", b"output", "recorded_calls", b"recorded_calls", "sandbox", b"sandbox", "task_dir", b"task_dir", "timed_out", b"timed_out", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

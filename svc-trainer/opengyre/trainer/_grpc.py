@@ -20,7 +20,7 @@ from ._cost import sample_cost
 from ._evaluator import HarborVerifier
 from ._failures import REPORTABLE_CLASSES
 from ._sampling import PathSampler
-from ._scoring import score_execution
+from ._scoring import SANDBOX_NAME, score_execution
 from ._store import TrainerStore
 
 if TYPE_CHECKING:
@@ -224,6 +224,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"failure_class must be one of {', '.join(sorted(REPORTABLE_CLASSES))}, got {failure!r}",
             )
+        if request.sandbox and not SANDBOX_NAME.fullmatch(request.sandbox):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"sandbox must name an isolation (namespace, none, nested, docker, ...), got {request.sandbox!r}",
+            )
         fin: ExecutionFinished = await asyncio.to_thread(
             score_execution,
             request.execution_id,
@@ -235,6 +240,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             output=request.output,
             failure=failure,  # type: ignore[arg-type]  # checked against REPORTABLE_CLASSES above
             recorded_calls=request.recorded_calls if request.has_recorded_calls else None,
+            sandbox=request.sandbox,
         )
         appended = await self._ctx.log.append(fin)
         return trainer_pb2.ScoreExecutionReply(

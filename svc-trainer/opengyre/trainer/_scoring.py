@@ -8,6 +8,7 @@ recorded as such and masked downstream. What the agent printed never decides a c
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,10 @@ from opengyre.events import ExecutionFinished, FailureClass
 from ._evaluator import Evaluator
 from ._failures import AGENT_CLASSES, INFRA_CLASSES, REPORTABLE_CLASSES, TRANSIENT_CLASSES, classify_failure
 
-__all__ = ["score_execution"]
+__all__ = ["SANDBOX_NAME", "score_execution"]
+
+# A backend's name (registerable, so not a closed set): short, lower-case, printable as it is.
+SANDBOX_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 def score_execution(
@@ -31,15 +35,19 @@ def score_execution(
     output: str = "",
     failure: FailureClass | None = None,
     recorded_calls: int | None = None,
+    sandbox: str = "",
 ) -> ExecutionFinished:
     """Grade one finished execution. ``exit_code`` is how the agent process ended (124, ``timeout(1)``'s code, is
     the execution's time limit); ``failure`` a failure the runtime that ran it observed itself (network, sandbox,
     engine, an infrastructure-side timeout); ``output`` its output tail, kept as detail only; ``recorded_calls``
-    the proxy's count from sealing the execution (carried by the event, see ``ExecutionFinished``)."""
+    the proxy's count from sealing the execution and ``sandbox`` the isolation the harness ran under (both
+    carried by the event, see ``ExecutionFinished``)."""
     if recorded_calls is not None and recorded_calls < 0:
         raise ValueError(f"recorded_calls must be >= 0, got {recorded_calls}")
     fin = _grade(execution_id, evaluator, task_dir, workspace, timed_out, exit_code, output, failure)
-    return msgspec.structs.replace(fin, recorded_calls=recorded_calls)
+    if sandbox and not SANDBOX_NAME.fullmatch(sandbox):
+        raise ValueError(f"sandbox must name an isolation (namespace, none, nested, docker, ...), got {sandbox!r}")
+    return msgspec.structs.replace(fin, recorded_calls=recorded_calls, sandbox=sandbox)
 
 
 def _grade(
