@@ -6,16 +6,19 @@ Rule: member ``m<i>`` of a group (the execution id ``<group>-m<i>`` is in its ba
 solution when ``i < --solved``, and leaves the workspace as it found it otherwise. ``--fault i:kind`` makes
 member i misbehave instead, after its model calls: ``crash`` (exits 3 having half-written a file), ``hang``
 (sleeps past any time limit), ``garbage`` (overwrites every workspace file and its summary file with bytes
-that are no text). The reference solution is
-looked up as a test's oracle would: the task version under ``--tasks-root`` whose instruction is the one given.
+that are no text). The reference solution is what the test handed it on purpose (``tests/e2e/_oracle.py``): under
+``--answers``, the directory named by the SHA-256 of the instruction given, mounted read-only into its sandbox. The
+data dir stays out of its reach: each ``--probe`` is a host path there (a task's reference solution) that it must
+fail to open; where one opens, it says so and solves nothing, so the test's rewards fail.
 
-    python _solver_harness.py --tasks-root DIR --solved 3 --model M --instruction-file F
+    python _solver_harness.py --answers DIR --probe PATH --solved 3 --model M --instruction-file F
     (OPENAI_BASE_URL and OPENAI_API_KEY in the environment)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -28,7 +31,8 @@ import openai
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--tasks-root", type=Path, required=True)
+    p.add_argument("--answers", type=Path, required=True)
+    p.add_argument("--probe", type=Path, action="append", default=[], help="a host path it must not read")
     p.add_argument("--solved", type=int, required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--instruction-file", type=Path, required=True)
@@ -36,6 +40,15 @@ def main() -> int:
     p.add_argument("--fault", action="append", default=[], help="i:crash|hang|garbage")
     args = p.parse_args()
     instruction = args.instruction_file.read_text()
+    for probe in args.probe:
+        try:
+            with open(probe, "rb"):
+                pass
+        except OSError as exc:
+            print(f"probe {probe}: unreadable ({type(exc).__name__})")
+        else:
+            print(f"ISOLATION BROKEN: the harness read {probe}", file=sys.stderr)
+            return 9
     base_url = os.environ["OPENAI_BASE_URL"]
     client = openai.OpenAI(base_url=base_url, api_key=os.environ["OPENAI_API_KEY"], max_retries=3)
     msgs: list[dict[str, str]] = [{"role": "user", "content": instruction[:400]}]
@@ -55,13 +68,12 @@ def main() -> int:
         return misbehave(fault, args.summary_file)
     if member >= args.solved:
         return 0
-    tasks = [f.parent for f in args.tasks_root.rglob("instruction.md") if f.read_text() == instruction]
-    solutions = [t / "solution" / "solve.sh" for t in tasks if (t / "solution" / "solve.sh").is_file()]
-    if not solutions:
-        print("no task with this instruction under the tasks root", file=sys.stderr)
+    solution = args.answers / hashlib.sha256(instruction.encode()).hexdigest() / "solve.sh"
+    if not solution.is_file():
+        print(f"no answer for this instruction under {args.answers}", file=sys.stderr)
         return 2
     env = {**os.environ, "APP_DIR": os.getcwd()}
-    return subprocess.run(["bash", str(solutions[0])], env=env, check=False).returncode
+    return subprocess.run(["bash", str(solution)], env=env, check=False).returncode
 
 
 def misbehave(fault: str, summary: Path | None) -> int:

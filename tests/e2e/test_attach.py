@@ -20,7 +20,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats, free_port, stack_alive
 
-from .test_closed_loop import ORACLE_SANDBOX
+from ._oracle import oracle_kit
 from .test_driver_resume import harness_toml
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +33,7 @@ def run_config(path: Path, run_id: str, harness: Path) -> Path:
         "run_id": run_id, "skills": str(ROOT / "svc-synth" / "skills"), "skill_names": ["csv-report"],
         "tasks_per_skill": 1, "model": "tiny", "cells": 2, "cell_capacity": 2, "group_size": 4,
         "groups_per_step": 1, "steps": 2, "policy": "colocate", "max_lag": 0, "timeout_s": 120.0, "lr": 1e-3,
-        "harness": str(harness), "sandbox": ORACLE_SANDBOX,
+        "harness": str(harness),
     }  # fmt: skip
     path.write_text(tomli_w.dumps(cfg))
     return path
@@ -58,7 +58,7 @@ async def test_a_run_is_driven_on_a_running_deployment(
         env[f"OPENGYRE_{s.upper()}_PORT"] = str(free_port())
     env["OPENGYRE_PROXY_HTTP_PORT"] = str(free_port())
     harness = tmp_path / "harness.toml"
-    harness_toml(harness, data / "synth", solved=3, hang=[])
+    harness_toml(harness, oracle_kit(tmp_path, data, ROOT / "svc-synth" / "skills", ["csv-report"]), solved=3, hang=[])
     run = run_config(tmp_path / "run.toml", "attached", harness)
 
     nothing = cli("train", "loop", str(run), "--data-dir", str(data), "--attach", env=env)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,32 +35,21 @@ from opengyre.events import (
     TrainingStepCompleted,
     WeightsPublished,
 )
-from opengyre.harness import HarnessSpec
+from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
 from opengyre.loop import LoopResult, RunConfig, run_loop
 from opengyre.runtime import EmbeddedNats, Stack, free_port
+from opengyre.sandbox import SandboxLimits
+
+from ._oracle import INSIDE, oracle_kit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-# The scripted harness is these tests' oracle: it runs from tests/ and reads the tasks' reference solutions in the
-# data dir, which the namespace sandbox keeps out of a harness's reach (tests/libs/sandbox/test_isolation.py): the
-# process backend, chosen explicitly. The loop's harnesses in the namespace sandbox: tests/libs/harness,
-# tests/libs/loop/test_rollout.py and the demo (tests/libs/cli).
-ORACLE_SANDBOX = "none"
-
-
-def solver_spec(tasks_root: Path, solved: int, faults: dict[int, str] | None = None) -> HarnessSpec:
-    extra = [a for i, kind in (faults or {}).items() for a in ("--fault", f"{i}:{kind}")]
-    return HarnessSpec(
-        name="scripted-solver",
-        argv=(
-            "{python}", str(HERE / "_solver_harness.py"), "--tasks-root", str(tasks_root), "--solved", str(solved),
-            "--model", "{model}", "--instruction-file", "{instruction_file}", "--summary-file", "{summary_file}",
-            *extra,
-        ),
-        env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{api_key}"},
-    )  # fmt: skip
+def solver_spec(tmp: Path, data: Path, solved: int, faults: dict[int, str] | None = None) -> HarnessSpec:
+    """The scripted oracle for a run of one csv-report task on ``data``, in the default (namespace) sandbox: its
+    answers are the test's own copy (``_oracle.py``); the data dir's reference solution it must fail to read."""
+    return oracle_kit(tmp, data, ROOT / "svc-synth" / "skills", ["csv-report"]).spec(solved, faults)
 
 
 async def read_all(log: EventLog) -> list[tuple[int, Event]]:
@@ -83,7 +74,7 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     cfg = RunConfig(
         run_id="e2e", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         challenges=1, level=0, model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2,
-        policy="colocate", max_lag=0, timeout_s=120, lr=1e-3, sandbox=ORACLE_SANDBOX,
+        policy="colocate", max_lag=0, timeout_s=120, lr=1e-3,
     )  # fmt: skip
     lines: list[str] = []
     replayed: list[bool] = []
@@ -92,7 +83,7 @@ async def test_the_event_log_tells_the_whole_story_in_order(
         replayed.append(await replay_matches(stack, settings))
 
     result = await run_loop(
-        cfg, settings, say=lines.append, spec=solver_spec(data / "synth", solved=3), before_stop=replay
+        cfg, settings, say=lines.append, spec=solver_spec(tmp_path, data, solved=3), before_stop=replay
     )
     said = "\n".join(lines)
     assert len(result.finished) == 8 and len(result.steps) == 2, said
@@ -115,7 +106,10 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     assert sorted(e.step for e in dispatched) == [1, 1, 1, 1, 2, 2, 2, 2]
     assert set(finished) == {e.execution_id for e in dispatched}
     scores = {eid: f.score for eid, f in finished.items()}
+    # m0-m2 solved with the answers the test handed the oracle; had its sandbox let it read the data dir's
+    # reference solution (its probe), it would have solved nothing (tests/e2e/_solver_harness.py).
     assert all(scores[f"e2e-s{s}-g0-m{i}"] == 1.0 for s in (1, 2) for i in range(3)), scores
+    assert {f.sandbox for f in finished.values()} == {"namespace"}  # every execution says what isolated it
     assert all((scores[f"e2e-s{s}-g0-m3"] or 0.0) < 1.0 for s in (1, 2)), scores
     assert all(scores[f"e2e-s{s}-g0-m3"] is not None for s in (1, 2)), scores
     assert validated < first(ExecutionDispatched)
@@ -159,9 +153,9 @@ async def test_a_harness_that_crashes_hangs_or_writes_garbage_ends_with_its_clas
     cfg = RunConfig(
         run_id="faults", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=1, policy="colocate",
-        max_lag=0, timeout_s=45, lr=1e-3, sandbox=ORACLE_SANDBOX,
+        max_lag=0, timeout_s=45, lr=1e-3,
     )  # fmt: skip
-    spec = solver_spec(data / "synth", solved=1, faults={1: "crash", 2: "hang", 3: "garbage"})
+    spec = solver_spec(tmp_path, data, solved=1, faults={1: "crash", 2: "hang", 3: "garbage"})
     lines: list[str] = []
     result = await run_loop(cfg, own_settings(data, nats_server, log_config), say=lines.append, spec=spec)
     said = "\n".join(lines)
@@ -197,7 +191,7 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost_or_trai
     cfg = RunConfig(
         run_id="kill", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         model="tiny", cells=2, cell_capacity=2, group_size=4, groups_per_step=1, steps=2, policy="colocate",
-        max_lag=0, timeout_s=120, lr=1e-3, sandbox=ORACLE_SANDBOX,
+        max_lag=0, timeout_s=120, lr=1e-3,
     )  # fmt: skip
     killed: list[int] = []
     later: list[int] = []  # the trainer's pid when a step was reported
@@ -216,7 +210,7 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost_or_trai
             later.append(trainer_pid())
 
     result = await run_loop(
-        cfg, own_settings(data, nats_server, log_config), say=say, spec=solver_spec(data / "synth", solved=3)
+        cfg, own_settings(data, nats_server, log_config), say=say, spec=solver_spec(tmp_path, data, solved=3)
     )
     said = "\n".join(lines)
     assert killed and len(result.finished) == 8 and len(result.steps) == 2, said
@@ -233,3 +227,33 @@ async def test_a_service_killed_mid_run_is_restarted_and_nothing_is_lost_or_trai
     assert [s.step for s in steps] == [1, 2]
     assert [e.step for e in events if isinstance(e, WeightsPublished)] == [1, 2]
     assert later and killed[0] not in later  # the supervisor restarted it; the new process trained
+
+
+def test_the_oracle_gets_its_answers_from_the_test_and_cannot_read_the_data_dir(tmp_path: Path) -> None:
+    """The oracle's probe of the data dir's reference solution can fail: on the host it reads it and refuses to
+    solve (so a loop test's rewards fail should the sandbox let it through); in the default sandbox it cannot."""
+    data = tmp_path / "og"
+    kit = oracle_kit(tmp_path, data, ROOT / "svc-synth" / "skills", ["csv-report"])
+    [probe] = kit.probes
+    probe.parent.mkdir(parents=True)
+    probe.write_text("the data dir's reference solution\n")  # where the run's synth will write it
+    [answer] = (kit.root / "answers").iterdir()
+    assert (answer / "solve.sh").is_file()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    instruction = tmp_path / "instruction.md"
+    instruction.write_text("do it")
+    argv = [
+        a.format(python=sys.executable, model="tiny", instruction_file=instruction, summary_file=tmp_path / "s.json")
+        for a in kit.argv(solved=1)
+    ]
+    on_host = [a.replace(INSIDE, str(kit.root)) for a in argv]
+    nowhere = f"http://127.0.0.1:{free_port()}/x/probe-m0/v1"  # no model there: the oracle stops at its first call
+    env = {**os.environ, "OPENAI_BASE_URL": nowhere, "OPENAI_API_KEY": "k"}
+    host = subprocess.run(on_host, cwd=ws, env=env, capture_output=True, text=True, check=False)
+    assert host.returncode == 9 and "ISOLATION BROKEN" in host.stderr, host
+    target = HarnessTarget(nowhere, "k", "tiny", ws, "do it")
+    inside = run_harness(kit.spec(solved=1), target, SandboxLimits(timeout_s=120))
+    assert inside.isolation == "namespace"
+    assert f"probe {probe}: unreadable (FileNotFoundError)" in inside.stdout, (inside.stdout, inside.stderr)
+    assert inside.exit_code not in (0, 9)  # it went on to the model, which is not there

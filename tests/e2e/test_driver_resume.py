@@ -34,21 +34,18 @@ from opengyre.events import (
 )
 from opengyre.runtime import EmbeddedNats, free_port
 
-from .test_closed_loop import ORACLE_SANDBOX
+from ._oracle import OracleKit, oracle_kit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OPENGYRE = Path(sys.executable).with_name("opengyre")
 
 
-def harness_toml(path: Path, tasks_root: Path, solved: int, hang: list[int]) -> None:
-    faults = [a for i in hang for a in ("--fault", f"{i}:hang")]
-    argv = [
-        "{python}", str(HERE / "_solver_harness.py"), "--tasks-root", str(tasks_root), "--solved", str(solved),
-        "--model", "{model}", "--instruction-file", "{instruction_file}", "--summary-file", "{summary_file}", *faults,
-    ]  # fmt: skip
+def harness_toml(path: Path, kit: OracleKit, solved: int, hang: list[int]) -> None:
+    """The scripted oracle as a TOML harness spec (its answers the test's own, mounted read-only)."""
+    argv = kit.argv(solved, dict.fromkeys(hang, "hang"))
     env = {"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{api_key}"}
-    path.write_text(tomli_w.dumps({"name": "scripted-solver", "argv": argv, "env": env}))
+    path.write_text(tomli_w.dumps({"name": "scripted-solver", "argv": argv, "env": env, "mounts": kit.mounts}))
 
 
 def driver_env(nats: EmbeddedNats, log: LogConfig) -> dict[str, str]:
@@ -96,12 +93,13 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
         "run_id": "resume", "skills": str(ROOT / "svc-synth" / "skills"), "skill_names": ["csv-report"],
         "tasks_per_skill": 1, "model": "tiny", "cells": 2, "cell_capacity": 2, "group_size": 4,
         "groups_per_step": 1, "steps": 2, "policy": "colocate", "max_lag": 0, "timeout_s": 600.0, "lr": 1e-3,
-        "harness": str(harness), "sandbox": ORACLE_SANDBOX,
+        "harness": str(harness),
     }  # fmt: skip
     run.write_text(tomli_w.dumps(cfg))
     # The driver's blobs go to the default bucket (no setting names another); the test reads what it wrote.
     log_cfg = LogConfig(stream=log_config.stream, prefix=log_config.prefix)
-    harness_toml(harness, data / "synth", solved=2, hang=[2, 3])
+    kit = oracle_kit(tmp_path, data, ROOT / "svc-synth" / "skills", ["csv-report"])
+    harness_toml(harness, kit, solved=2, hang=[2, 3])
     argv = [str(OPENGYRE), "train", "loop", str(run), "--data-dir", str(data)]
     # Output to files, not pipes: the killed driver's engines and hung harnesses would hold a pipe open.
     out1_path, out2_path = tmp_path / "driver1.out", tmp_path / "driver2.out"
@@ -123,7 +121,7 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
         assert sorted(e.step for e in before if isinstance(e, ExecutionDispatched)) == [1, 1, 1, 1], out1
         assert not any(isinstance(e, TrainingStepCompleted) for e in before), out1
 
-        harness_toml(harness, data / "synth", solved=3, hang=[])
+        harness_toml(harness, kit, solved=3, hang=[])
         with out2_path.open("wb") as out:
             second = await asyncio.to_thread(
                 subprocess.run, argv, env=driver_env(nats_server, log_cfg), stdout=out, stderr=subprocess.STDOUT

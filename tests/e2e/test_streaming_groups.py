@@ -17,7 +17,7 @@ from opengyre.events import ExecutionDispatched, ExecutionFinished, TrainingStep
 from opengyre.loop import RunConfig, run_loop
 from opengyre.runtime import EmbeddedNats
 
-from .test_closed_loop import ORACLE_SANDBOX, ROOT, own_settings, read_all, solver_spec
+from .test_closed_loop import ROOT, own_settings, read_all, solver_spec
 
 
 @pytest.mark.slow
@@ -28,11 +28,11 @@ async def test_a_steps_groups_are_dispatched_as_capacity_frees(
     cfg = RunConfig(
         run_id="stream", skills=str(ROOT / "svc-synth" / "skills"), skill_names=["csv-report"], tasks_per_skill=1,
         model="tiny", cells=2, cell_capacity=3, group_size=4, groups_per_step=2, steps=2, policy="colocate",
-        max_lag=0, timeout_s=120, lr=1e-3, sandbox=ORACLE_SANDBOX,
+        max_lag=0, timeout_s=120, lr=1e-3,
     )  # fmt: skip
     lines: list[str] = []
     result = await run_loop(
-        cfg, own_settings(data, nats_server, log_config), say=lines.append, spec=solver_spec(data / "synth", solved=3)
+        cfg, own_settings(data, nats_server, log_config), say=lines.append, spec=solver_spec(tmp_path, data, solved=3)
     )
     said = "\n".join(lines)
     assert len(result.finished) == 16 and len(result.steps) == 2, said
