@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from opengyre.cli import app
 from opengyre.eventlog import BLOB_HEADER, EventLog, LogConfig
-from opengyre.events import SkillIngested
+from opengyre.events import ExecutionFinished, SkillIngested
 from opengyre.runtime import EmbeddedNats
 
 
@@ -55,3 +55,25 @@ def test_the_cli_shows_a_message_whose_blob_is_missing_as_unreadable(nats_server
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in listed.output.splitlines() if "│" in line]
     tasks = next(r for r in rows if r[0] == "tasks")
     assert tasks[1:] == ["synth", "3", "3", "0", "3", "1", "folding"]  # owner, position, last, pending, tracked, dead
+
+
+def test_events_show_says_which_sandbox_ran_an_execution(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:10]
+    config = LogConfig(stream=f"T{tag}", prefix=f"t{tag}.ev")
+
+    async def fill() -> None:
+        log = await EventLog.connect(nats_server.url, config)
+        try:
+            for eid, sandbox in (("a", "none"), ("b", "namespace"), ("c", "")):
+                await log.append(ExecutionFinished(execution_id=eid, status="completed", score=1.0, sandbox=sandbox))
+        finally:
+            await log.close()
+
+    asyncio.run(fill())
+    env = {"OPENGYRE_STREAM": config.stream, "OPENGYRE_SUBJECT_PREFIX": config.prefix, "COLUMNS": "250"}
+    common = ["--data-dir", str(tmp_path), "--nats-url", nats_server.url]
+    shown = [CliRunner().invoke(app, ["events", "show", str(seq), *common], env=env) for seq in (1, 2, 3)]
+    assert all(s.exit_code == 0 for s in shown), [s.output for s in shown]
+    assert "sandbox none (no isolation" in shown[0].output and '"sandbox": "none"' in shown[0].output
+    assert "sandbox namespace\n" in shown[1].output
+    assert "sandbox not recorded" in shown[2].output
