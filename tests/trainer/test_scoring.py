@@ -142,6 +142,17 @@ def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
         score_execution("ex", HarborVerifier(), task, tmp_path / "ws", failure="agent-timeout")  # not the runtime's
 
 
+def test_the_finish_carries_the_harness_sandbox_and_refuses_one_that_names_none(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    ws = workspace(tmp_path, {})
+    killed = score_execution("ex", HarborVerifier(), task, ws, exit_code=137, sandbox="none")  # not graded, still said
+    assert (killed.status, killed.sandbox) == ("infra-failed", "none")
+    assert score_execution("ex", HarborVerifier(), task, ws).sandbox == ""  # not known: an abandoned one
+    for bad in ("Namespace", "no isolation", "x" * 40):
+        with pytest.raises(ValueError, match="sandbox must name an isolation"):
+            score_execution("ex", HarborVerifier(), task, ws, sandbox=bad)
+
+
 def test_a_crashed_harness_with_binary_output_still_ends_as_an_event_every_store_keeps(tmp_path: Path) -> None:
     task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     out = "garbage \x00\x01 from /dev/urandom"
