@@ -88,8 +88,12 @@ async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
             res = await sweep(run_at, cs, repeats=repeats, tolerance=0.05, beyond=2, progress=progress)
             results[name] = {"profile": prof.to_dict(), "expected_isl": prof.expected_isl(), **res.to_dict()}
             plot_sweep(out / f"sweep-{name}.png", res, f"{name} (lengths x{length}, turns x{turns}) on the CPU engine")
-            per_turn[name] = res.points[-1].summaries[-1]
-            print(f"{name}: C* = {res.c_star} (95% CI {res.c_star_ci}), collapse beyond C*: {res.collapse}", flush=True)
+            if res.curve:
+                per_turn[name] = res.curve[-1].summaries[-1]
+            print(
+                f"{name}: C* = {res.c_star} (compatible {res.compatible}), collapse beyond C*: {res.collapse}",
+                flush=True,
+            )
     finally:
         await eng.stop()
     write_json(out / "sweep.json", results)

@@ -135,16 +135,17 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
                     length_scale=0.03,
                     concurrency=[1, 2, 4],
                     sessions_per_slot=2,
-                    repeats=1,
-                    tolerance=100.0,  # any gain is "below tolerance": C* = 1, then one point beyond it
+                    repeats=2,  # two complete repeats each: the step's interval exists, so no more are needed
+                    tolerance=100.0,  # any gain is surely "below tolerance": C* = 1, then one point beyond it
                     beyond=1,
                 )
             )
         ]
         assert [u.concurrency for u in updates] == [1, 2, 0]
-        assert all(u.mean > 0 and len(u.throughputs) == 1 for u in updates[:2])
+        assert all(u.mean > 0 and len(u.throughputs) == 2 for u in updates[:2])
         result = json.loads(updates[-1].result_json)
         assert result["c_star"] == 1 and [p["concurrency"] for p in result["points"]] == [1, 2]
+        assert result["c_star_decided"] and not result["partial"] and result["max_repeats"] == 8
 
         await _refused(lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, profile="chat")), "concurrency")
         await _refused(

@@ -35,7 +35,7 @@ from ._roofline import (
     roofline_report,
 )
 from ._runs import RunSpec, execute_run, plan_run, profile_from, sweep_profile
-from ._sweep import SweepPoint, SweepResult, find_saturation, steady_throughput, sweep
+from ._sweep import SweepPoint, SweepResult, SweepStep, find_saturation, steady_throughput, step_gain, sweep
 from ._traces import calls_sessions, read_trace, trace_formats
 from ._workload import SessionPlan, TokenFill, TurnPlan, replay_sessions, shadow_sessions, synthesise_sessions
 
@@ -62,6 +62,7 @@ __all__ = [
     "Slo",
     "SweepPoint",
     "SweepResult",
+    "SweepStep",
     "TokenFill",
     "TraceSession",
     "TraceTurn",
@@ -92,6 +93,7 @@ __all__ = [
     "run_load",
     "shadow_sessions",
     "steady_throughput",
+    "step_gain",
     "summarise",
     "sweep",
     "sweep_profile",

@@ -136,6 +136,16 @@ class Profile:
     observation_by_turn: tuple[LengthDist, ...] = ()
     output_by_turn: tuple[LengthDist, ...] = ()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or self.shared_prefix < 0:
+            raise ProfileError(
+                f"shared_prefix must be a non-negative whole number of tokens, got {self.shared_prefix!r}"
+            )
+        for name in ("length_scale", "turn_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, float | int) and math.isfinite(v) and v > 0):
+                raise ProfileError(f"{name} must be a positive number, got {v!r}")
+
     def observation_at(self, turn: int) -> LengthDist:
         """The observation length of 1-based ``turn`` (>= 2)."""
         i = turn - 2
@@ -204,7 +214,7 @@ class Profile:
                 observation=LengthDist.from_dict(d["observation"], "observation"),
                 output=LengthDist.from_dict(d["output"], "output"),
                 turns=LengthDist.from_dict(d["turns"], "turns"),
-                shared_prefix=int(d.get("shared_prefix", 0)),
+                shared_prefix=_whole(d.get("shared_prefix", 0), "shared_prefix"),
                 description=str(d.get("description", "")),
                 source=str(d.get("source", "")),
                 length_scale=float(d.get("length_scale", 1.0)),
@@ -216,6 +226,13 @@ class Profile:
             if isinstance(e, ProfileError):
                 raise
             raise ProfileError(f"profile: {e}") from None
+
+
+def _whole(v: Any, where: str) -> int:
+    """A JSON whole number (``3`` or ``3.0``); a fraction, a string or a boolean is refused, not rounded."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
+        raise ProfileError(f"{where} must be a whole number, got {v!r}")
+    return int(v)
 
 
 def _dists(docs: Any, where: str) -> tuple[LengthDist, ...]:

@@ -78,20 +78,36 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
             if st["source"] != "agent":
                 pending.append({"role": st["source"], "content": _text(st.get("message"))})
                 continue
-            metrics = st.get("metrics") or {}
+            where = f"ATIF {sid!r} step {i + 1}"
+            metrics = st.get("metrics")
+            if metrics is None:
+                metrics = {}
+            if not isinstance(metrics, Mapping):
+                raise ProfileError(f"{where}: 'metrics' must be an object, got {type(metrics).__name__}")
             reply = _text(st.get("message"))
-            out_tokens = metrics.get("completion_tokens") or _count(tok, reply) or 1
+            recorded = metrics.get("completion_tokens")
+            if recorded is not None and (isinstance(recorded, bool) or not isinstance(recorded, int) or recorded <= 0):
+                raise ProfileError(f"{where}: metrics.completion_tokens must be a positive integer, got {recorded!r}")
+            out_tokens = recorded if recorded is not None else (_count(tok, reply) or 1)
             new = sum(_count(tok, str(p["content"])) for p in pending)
             if not pending:
-                raise ProfileError(f"ATIF {sid!r} step {i + 1}: an agent step with nothing new before it")
-            turns.append(TraceTurn(max(1, new), int(out_tokens), tuple(pending)))
+                raise ProfileError(f"{where}: an agent step with nothing new before it")
+            turns.append(TraceTurn(max(1, new), out_tokens, tuple(pending)))
             pending = []
             obs = st.get("observation")
-            if isinstance(obs, Mapping):
-                for r in obs.get("results") or []:
-                    pending.append(
-                        {"role": "user", "content": _text(r.get("content") if isinstance(r, Mapping) else r)}
-                    )
+            if obs is None:
+                continue
+            if not isinstance(obs, Mapping):
+                raise ProfileError(f"{where}: 'observation' must be an object, got {type(obs).__name__}")
+            results = obs.get("results")
+            if results is None:
+                continue
+            if not isinstance(results, list):
+                raise ProfileError(
+                    f"{where}: observation.results must be a list of results, got {type(results).__name__}"
+                )
+            for r in results:
+                pending.append({"role": "user", "content": _text(r.get("content") if isinstance(r, Mapping) else r)})
         if turns:
             out.append(TraceSession(sid, tuple(turns)))
     return out
