@@ -7,7 +7,8 @@ import json
 import socket
 from pathlib import Path
 
-from ._timed import timed_server_thread
+from opengyre.bench import timed_server_thread
+
 from .test_cli import og
 
 TINY = {

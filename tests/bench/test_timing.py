@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from opengyre.bench import LoadConfig, SessionPlan, TurnPlan, run_load, summarise
-
-from ._timed import TimedServer
+from opengyre.bench import LoadConfig, SessionPlan, TimedServer, TurnPlan, run_load, summarise
 
 TTFT, ITL, TOKENS = 0.400, 0.040, 12
 

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "PAPER_PROFILES",
+    "DelayDist",
     "LengthDist",
     "Profile",
     "ProfileError",
@@ -120,6 +121,85 @@ class LengthDist:
 
 
 @dataclass(frozen=True)
+class DelayDist:
+    """Seconds between a reply and the session's next request: the agent's tool calls and its own think time.
+
+    Constant, lognormal (by its mean and the sigma of its log) or empirical (recorded gaps, zeros allowed)."""
+
+    kind: str
+    mean: float
+    sigma: float = 0.0
+    values: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ProfileError(f"tool_latency kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+        if self.kind == "empirical" and (
+            not self.values or any(not (math.isfinite(v) and v >= 0) for v in self.values)
+        ):
+            raise ProfileError("an empirical tool_latency needs values >= 0 (seconds)")
+        if not (math.isfinite(self.mean) and self.mean >= 0):
+            raise ProfileError(f"tool_latency mean must be >= 0 seconds, got {self.mean!r}")
+        if self.kind == "lognormal" and self.mean == 0:
+            raise ProfileError("a lognormal tool_latency needs a positive mean")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ProfileError(f"tool_latency sigma must be >= 0, got {self.sigma!r}")
+
+    def sample(self, rng: random.Random) -> float:
+        if self.kind == "empirical":
+            return rng.choice(self.values)
+        if self.kind == "constant" or self.sigma == 0:
+            return self.mean
+        return rng.lognormvariate(math.log(self.mean) - self.sigma**2 / 2, self.sigma)
+
+    @classmethod
+    def fit(cls, values: Sequence[float]) -> DelayDist:
+        """Lognormal by the moments (as lengths are); the recorded values themselves when some are zero (a
+        lognormal has no zeros); constant when all agree."""
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ProfileError("no tool latencies to fit")
+        if len(set(vals)) == 1:
+            return cls("constant", vals[0])
+        mean = sum(vals) / len(vals)
+        if min(vals) <= 0:
+            return cls("empirical", mean, values=tuple(vals))
+        var = sum((v - mean) ** 2 for v in vals) / len(vals)
+        return cls("lognormal", mean, math.sqrt(math.log1p(var / mean**2)))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "mean": self.mean}
+        if self.kind == "lognormal":
+            d["sigma"] = self.sigma
+        if self.kind == "empirical":
+            d["values"] = list(self.values)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tool_latency") -> DelayDist:
+        if not isinstance(d, Mapping):
+            raise ProfileError(f"{where}: expected an object with kind and mean (seconds), got {d!r}")
+        unknown = set(d) - {"kind", "mean", "sigma", "values"}
+        if unknown:
+            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+        try:
+            raw = d.get("values", [])
+            if not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, int | float) for v in raw):
+                raise ProfileError(f"{where}: values must be a list of seconds")
+            values = tuple(float(v) for v in raw)
+            if "mean" not in d and not values:
+                raise ProfileError(f"{where}: missing mean")
+            mean = d["mean"] if "mean" in d else sum(values) / len(values)
+            sigma = d.get("sigma", 0.0)
+            for name, v in (("mean", mean), ("sigma", sigma)):
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise ProfileError(f"{where}: {name} must be a number of seconds, got {v!r}")
+            return cls(str(d["kind"]), float(mean), float(sigma), values)
+        except KeyError as e:
+            raise ProfileError(f"{where}: missing {e}") from None
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     first_prompt: LengthDist
@@ -135,6 +215,9 @@ class Profile:
     # and replies of turns 1, 2, ...; later turns use ``observation`` / ``output`` (all turns pooled)
     observation_by_turn: tuple[LengthDist, ...] = ()
     output_by_turn: tuple[LengthDist, ...] = ()
+    # between a reply and the session's next request (tool calls, think time); None: sent at once. Not scaled
+    # by ``length_scale`` (it is time, not tokens)
+    tool_latency: DelayDist | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or self.shared_prefix < 0:
@@ -194,6 +277,7 @@ class Profile:
             "turn_scale": self.turn_scale,
             "observation_by_turn": [d.to_dict() for d in self.observation_by_turn],
             "output_by_turn": [d.to_dict() for d in self.output_by_turn],
+            "tool_latency": self.tool_latency.to_dict() if self.tool_latency else None,
         }
 
     @classmethod
@@ -221,6 +305,7 @@ class Profile:
                 turn_scale=float(d.get("turn_scale", 1.0)),
                 observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
                 output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
+                tool_latency=None if d.get("tool_latency") is None else DelayDist.from_dict(d["tool_latency"]),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
@@ -303,6 +388,9 @@ class TraceTurn:
     new_tokens: int
     output_tokens: int
     messages: tuple[Mapping[str, Any], ...] = ()
+    # seconds from the previous request's step to this one's, where the trace has timestamps (None: unknown, or
+    # the first turn); it holds the agent's tool and think time and this request's own generation time
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +423,7 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     outs: list[int] = []
     turns: list[int] = []
     prefixes: list[int] = []
+    delays: list[float] = []
     obs_by: list[list[int]] = []  # index 0: turn 2
     outs_by: list[list[int]] = []  # index 0: turn 1
     for s in sessions:
@@ -346,6 +435,8 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
             if t.new_tokens <= 0 or t.output_tokens <= 0:
                 raise ProfileError(f"trace session {s.session_id!r} turn {i + 1}: token counts must be positive")
             (firsts if i == 0 else obs).append(t.new_tokens)
+            if i > 0 and t.delay_s is not None:
+                delays.append(t.delay_s)
             outs.append(t.output_tokens)
             if i > 0:
                 while len(obs_by) < i:
@@ -367,4 +458,5 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
         source=source,
         observation_by_turn=_per_turn(obs_by),
         output_by_turn=_per_turn(outs_by),
+        tool_latency=DelayDist.fit(delays) if delays else None,
     )

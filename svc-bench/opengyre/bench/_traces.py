@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ._profiles import ProfileError, TraceSession, TraceTurn
@@ -72,9 +73,11 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
         sid = str(traj.get("session_id") or traj.get("trajectory_id") or n)
         turns: list[TraceTurn] = []
         pending: list[dict[str, Any]] = []
+        last_agent: float | None = None  # the previous agent step's timestamp (s)
         for i, st in enumerate(steps):
             if not isinstance(st, Mapping) or st.get("source") not in ("system", "user", "agent"):
                 raise ProfileError(f"ATIF {sid!r} step {i + 1}: 'source' must be system, user or agent")
+            when = _timestamp(st.get("timestamp"), f"ATIF {sid!r} step {i + 1}")
             if st["source"] != "agent":
                 pending.append({"role": st["source"], "content": _text(st.get("message"))})
                 continue
@@ -92,7 +95,13 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
             new = sum(_count(tok, str(p["content"])) for p in pending)
             if not pending:
                 raise ProfileError(f"{where}: an agent step with nothing new before it")
-            turns.append(TraceTurn(max(1, new), out_tokens, tuple(pending)))
+            delay: float | None = None
+            if when is not None and last_agent is not None:
+                if when < last_agent:
+                    raise ProfileError(f"{where}: its timestamp is before the previous agent step's")
+                delay = when - last_agent
+            last_agent = when
+            turns.append(TraceTurn(max(1, new), out_tokens, tuple(pending), delay_s=delay))
             pending = []
             obs = st.get("observation")
             if obs is None:
@@ -111,6 +120,19 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
         if turns:
             out.append(TraceSession(sid, tuple(turns)))
     return out
+
+
+def _timestamp(value: Any, where: str) -> float | None:
+    """An ISO 8601 timestamp as POSIX seconds (None when absent); a zone-less one is taken as UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ProfileError(f"{where}: timestamp must be an ISO 8601 string, got {value!r}")
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise ProfileError(f"{where}: timestamp {value!r} is not ISO 8601") from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 _FORMATS: dict[str, Callable[[Any, TokenCounter], list[TraceSession]]] = {"sharegpt": _sharegpt, "atif": _atif}

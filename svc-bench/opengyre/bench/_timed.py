@@ -1,5 +1,6 @@
 """A real HTTP/1.1 keep-alive server streaming OpenAI chat-completion chunks on a known schedule: the latency
-ground truth for the load generator, and an engine that can be made to fail or die on cue.
+ground truth for the load generator (tests/bench/test_timing.py), a server of known capacity for the sweep's
+benchmarks (``slots``: requests served at a time, the rest wait), and an engine that fails or dies on cue.
 
 Per request (after its body is read and, with ``slots``, a slot is free): a role-only chunk and an empty
 content chunk at once (neither is a token: a client timing TTFT from them is wrong by the whole TTFT), the first
@@ -21,6 +22,8 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+__all__ = ["TimedServer", "timed_server_thread"]
 
 
 def _frame(data: bytes) -> bytes:
@@ -62,6 +65,7 @@ class TimedServer:
         self.dead = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> TimedServer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -77,6 +81,8 @@ class TimedServer:
             w.close()
         if self._server is not None:
             self._server.close()
+        # let every handler see its connection end and return (a handler cancelled at loop shutdown is noise)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _die(self) -> None:
         self.dead = True
@@ -86,6 +92,10 @@ class TimedServer:
             self._server.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if self.dead:
             writer.transport.abort()
             return
@@ -140,7 +150,14 @@ class TimedServer:
 
 
 @contextlib.contextmanager
-def timed_server_thread(**kwargs: object) -> Iterator[TimedServer]:
+def timed_server_thread(
+    ttft: float,
+    itl: float,
+    *,
+    slots: int | None = None,
+    fail: frozenset[int] = frozenset(),
+    die_after: int | None = None,
+) -> Iterator[TimedServer]:
     """A ``TimedServer`` on its own event loop in a thread, for code that runs ``asyncio.run`` itself (the CLI)."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -148,7 +165,7 @@ def timed_server_thread(**kwargs: object) -> Iterator[TimedServer]:
     stop = asyncio.Event()
 
     async def serve() -> None:
-        srv = await TimedServer(**kwargs).start()  # type: ignore[arg-type]
+        srv = await TimedServer(ttft, itl, slots=slots, fail=fail, die_after=die_after).start()
         holder.append(srv)
         ready.set()
         await stop.wait()
