@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = EngineConfig().model_name
 
 
-async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
+async def _sweep(out: Path, cs: list[int], repeats: int, max_repeats: int, length: float) -> None:
     eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
     tok = load_tokenizer()
     fill = TokenFill.for_tokenizer(tok)
@@ -81,11 +81,14 @@ async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
 
             def progress(p: Any, name: str = name) -> None:
                 print(
-                    f"{name} C={p.concurrency}: {p.mean:.2f} req/s  repeats {[round(x, 2) for x in p.throughputs]}",
+                    f"{name} C={p.concurrency}: {p.mean:.2f} req/s  repeats {[round(x, 2) for x in p.throughputs]}"
+                    f"  failed {len(p.failed)}",
                     flush=True,
                 )
 
-            res = await sweep(run_at, cs, repeats=repeats, tolerance=0.05, beyond=2, progress=progress)
+            res = await sweep(
+                run_at, cs, repeats=repeats, max_repeats=max_repeats, tolerance=0.05, beyond=2, progress=progress
+            )
             results[name] = {"profile": prof.to_dict(), "expected_isl": prof.expected_isl(), **res.to_dict()}
             plot_sweep(out / f"sweep-{name}.png", res, f"{name} (lengths x{length}, turns x{turns}) on the CPU engine")
             if res.curve:
@@ -359,7 +362,8 @@ def main() -> None:
     ap.add_argument("what", choices=("sweep", "mape"))
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-repeats", type=int, default=8, help="sweep: runs per point at most (a step's test)")
     ap.add_argument("--length-scale", type=float, default=0.05)
     ap.add_argument("--sessions", type=int, default=24, help="mape: trace sessions at most")
     ap.add_argument("--turns", type=int, default=4, help="mape: turns per session")
@@ -374,7 +378,8 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.what == "sweep":
-        asyncio.run(_sweep(a.out, [int(c) for c in a.concurrency.split(",")], a.repeats, a.length_scale))
+        cs = [int(c) for c in a.concurrency.split(",")]
+        asyncio.run(_sweep(a.out, cs, a.repeats, a.max_repeats, a.length_scale))
     else:
         mape = _mape if a.interleave == "runs" else _mape_mixed
         asyncio.run(mape(a.out, int(a.concurrency.split(",")[0]), a))

@@ -69,7 +69,7 @@ async def test_sweep_stops_after_the_collapse_and_reports_it() -> None:
     assert asked == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]  # C* found at 8; two points past C* and it stops
     assert res.collapse is not None and 0.45 < res.collapse < 0.55  # 30 -> 15 req/s
     d = res.to_dict()
-    assert d["saturated"] and not d["partial"] and d["c_star_range"] == [4, 4]
+    assert d["saturated"] and not d["partial"] and d["c_star_range"] == [4, 4] and d["rises_beyond_c_star"] == []
     assert [s["verdict"] for s in d["steps"]] == ["rising", "rising", "flat", "flat"]
     assert d["points"][0]["request_throughput_ci95"][0] > 0
 
@@ -145,3 +145,14 @@ async def test_bad_sweep_parameters_are_refused() -> None:
             await sweep(run_at, [1, 2], **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="strictly increasing"):
         await sweep(run_at, [2, 1])
+
+
+async def test_a_surely_rising_step_past_c_star_says_the_plateau_did_not_hold() -> None:
+    curve = {1: 10.0, 2: 20.0, 4: 20.1, 8: 40.0, 16: 40.0}
+
+    async def run_at(c: int, rep: int) -> tuple[RunResult, dict[str, object]]:
+        r = _run(curve[c] * (1 + 0.001 * rep))
+        return r, _summary(r)
+
+    res = await sweep(run_at, list(curve), repeats=2, tolerance=0.05, beyond=2)
+    assert res.c_star == 2 and res.rises_beyond == [4] and res.to_dict()["rises_beyond_c_star"] == [4]

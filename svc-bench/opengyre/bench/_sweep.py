@@ -175,6 +175,13 @@ class SweepResult:
         return self.c_star is not None and self.compatible == [self.c_star]
 
     @property
+    def rises_beyond(self) -> list[int]:
+        """C beyond C* whose step is surely rising: the plateau at C* did not hold (a dip, or a noisy machine)."""
+        if self.c_star is None:
+            return []
+        return [st.low for st in self.steps if st.low > self.c_star and st.verdict == "rising"]
+
+    @property
     def c_star_range(self) -> tuple[int, int] | None:
         return (min(self.compatible), max(self.compatible)) if self.compatible else None
 
@@ -188,6 +195,7 @@ class SweepResult:
             "c_star_compatible": self.compatible,
             "c_star_range": list(rng) if rng else None,
             "collapse_beyond_c_star": self.collapse,
+            "rises_beyond_c_star": self.rises_beyond,
             "saturated": self.c_star is not None,
             "partial": self.partial,
             "failed_repeats": sum(len(p.failed) for p in self.points),

@@ -336,7 +336,9 @@ def _c_star_line(result: Any) -> str:
         return reached + (f"; {undecided}" if result.compatible else "")
     how = "decided: every step before it rising, its own flat" if result.decided else undecided
     collapse = "" if result.collapse is None else f"; collapse beyond: {result.collapse:.1%}"
-    return f"C* = {result.c_star} ({how}){collapse}"
+    rises = result.rises_beyond
+    warn = f"; [yellow]but throughput surely rises again from C={rises[0]}: not a plateau[/]" if rises else ""
+    return f"C* = {result.c_star} ({how}){collapse}{warn}"
 
 
 def _share(value: float) -> float:
