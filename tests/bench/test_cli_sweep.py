@@ -154,6 +154,7 @@ def test_fit_refuses_malformed_atif_fields_in_one_line(tmp_path: Path) -> None:
         ({"metrics": "many"}, "step 2: 'metrics' must be an object, got str"),
         ({"observation": {"results": "abc"}}, "step 2: observation.results must be a list of results, got str"),
         ({"observation": ["abc"]}, "step 2: 'observation' must be an object, got list"),
+        ({"observation": {"results": [17]}}, "step 2 observation.results[0]: content must be text or a list"),
     ):
         trace.write_text(json.dumps(_atif(step)))
         code, out = og("bench", "fit", str(trace), "--format", "atif")

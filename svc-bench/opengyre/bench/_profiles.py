@@ -112,11 +112,19 @@ class LengthDist:
         unknown = set(d) - {"kind", "mean", "sigma", "values"}
         if unknown:
             raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+        if "kind" not in d:
+            raise ProfileError(f"{where}: missing kind")
+        raw = d.get("values", [])
+        if not isinstance(raw, list):
+            raise ProfileError(f"{where}: values must be a list of whole numbers, got {raw!r}")
+        values = tuple(_whole(v, f"{where}.values[{i}]") for i, v in enumerate(raw))
+        mean = (
+            _number(d["mean"], f"{where}.mean") if "mean" in d else (sum(values) / len(values) if values else math.nan)
+        )
+        sigma = _number(d.get("sigma", 0.0), f"{where}.sigma")
         try:
-            values = tuple(int(v) for v in d.get("values", ()))
-            mean = float(d["mean"]) if "mean" in d else (sum(values) / len(values) if values else math.nan)
-            return cls(str(d["kind"]), mean, float(d.get("sigma", 0.0)), values)
-        except (KeyError, TypeError, ValueError) as e:
+            return cls(str(d["kind"]), mean, sigma, values)
+        except ProfileError as e:
             raise ProfileError(f"{where}: {e}") from None
 
 
@@ -301,8 +309,8 @@ class Profile:
                 shared_prefix=_whole(d.get("shared_prefix", 0), "shared_prefix"),
                 description=str(d.get("description", "")),
                 source=str(d.get("source", "")),
-                length_scale=float(d.get("length_scale", 1.0)),
-                turn_scale=float(d.get("turn_scale", 1.0)),
+                length_scale=_number(d.get("length_scale", 1.0), "length_scale"),
+                turn_scale=_number(d.get("turn_scale", 1.0), "turn_scale"),
                 observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
                 output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
                 tool_latency=None if d.get("tool_latency") is None else DelayDist.from_dict(d["tool_latency"]),
@@ -318,6 +326,13 @@ def _whole(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
         raise ProfileError(f"{where} must be a whole number, got {v!r}")
     return int(v)
+
+
+def _number(v: Any, where: str) -> float:
+    """A JSON number; a string or a boolean is refused, not converted."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ProfileError(f"{where} must be a number, got {v!r}")
+    return float(v)
 
 
 def _dists(docs: Any, where: str) -> tuple[LengthDist, ...]:

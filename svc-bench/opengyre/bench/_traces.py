@@ -16,14 +16,14 @@ class TokenCounter(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
-def _text(content: Any) -> str:
+def _text(content: Any, where: str = "message") -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    raise ProfileError(f"message content must be text or a list of parts, got {type(content).__name__}")
+    raise ProfileError(f"{where}: content must be text or a list of parts, got {type(content).__name__}")
 
 
 def _count(tok: TokenCounter, text: str) -> int:
@@ -75,19 +75,19 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
         pending: list[dict[str, Any]] = []
         last_agent: float | None = None  # the previous agent step's timestamp (s)
         for i, st in enumerate(steps):
-            if not isinstance(st, Mapping) or st.get("source") not in ("system", "user", "agent"):
-                raise ProfileError(f"ATIF {sid!r} step {i + 1}: 'source' must be system, user or agent")
-            when = _timestamp(st.get("timestamp"), f"ATIF {sid!r} step {i + 1}")
-            if st["source"] != "agent":
-                pending.append({"role": st["source"], "content": _text(st.get("message"))})
-                continue
             where = f"ATIF {sid!r} step {i + 1}"
+            if not isinstance(st, Mapping) or st.get("source") not in ("system", "user", "agent"):
+                raise ProfileError(f"{where}: 'source' must be system, user or agent")
+            when = _timestamp(st.get("timestamp"), where)
+            if st["source"] != "agent":
+                pending.append({"role": st["source"], "content": _text(st.get("message"), f"{where} message")})
+                continue
             metrics = st.get("metrics")
             if metrics is None:
                 metrics = {}
             if not isinstance(metrics, Mapping):
                 raise ProfileError(f"{where}: 'metrics' must be an object, got {type(metrics).__name__}")
-            reply = _text(st.get("message"))
+            reply = _text(st.get("message"), f"{where} message")
             recorded = metrics.get("completion_tokens")
             if recorded is not None and (isinstance(recorded, bool) or not isinstance(recorded, int) or recorded <= 0):
                 raise ProfileError(f"{where}: metrics.completion_tokens must be a positive integer, got {recorded!r}")
@@ -115,8 +115,9 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
                 raise ProfileError(
                     f"{where}: observation.results must be a list of results, got {type(results).__name__}"
                 )
-            for r in results:
-                pending.append({"role": "user", "content": _text(r.get("content") if isinstance(r, Mapping) else r)})
+            for j, r in enumerate(results):
+                content = _text(r.get("content") if isinstance(r, Mapping) else r, f"{where} observation.results[{j}]")
+                pending.append({"role": "user", "content": content})
         if turns:
             out.append(TraceSession(sid, tuple(turns)))
     return out
