@@ -78,8 +78,9 @@ def test_a_sweep_against_an_unreachable_server_stops_at_its_first_point(tmp_path
 
 
 def test_a_server_with_two_slots_saturates_at_2_with_the_tests_decided(tmp_path: Path) -> None:
-    # two requests served at a time, 50 ms each: ~40 req/s from C = 2 on, half that at C = 1
-    with timed_server_thread(ttft=0.03, itl=0.01, slots=2) as srv:
+    # two requests served at a time, 100 ms each: ~20 req/s from C = 2 on, half that at C = 1 (long enough that
+    # a loaded machine's late wake-ups stay small beside it)
+    with timed_server_thread(ttft=0.06, itl=0.02, slots=2) as srv:
         code, out = _sweep(
             srv.url, _profile(tmp_path), tmp_path, "--concurrency", "1,2,4,8", "--repeats", "3",
             "--max-repeats", "6", "--tolerance", "0.25", "--beyond", "1",

