@@ -148,18 +148,37 @@ def test_tool_latency_moves_c_star_against_a_server_of_known_capacity(tmp_path: 
         "output": {"kind": "constant", "mean": 3},
         "turns": {"kind": "constant", "mean": 3},
     }
+    prof = tmp_path / "agent.json"
+    prof.write_text(json.dumps({**base, "tool_latency": {"kind": "constant", "mean": 0.1}}))
     c_star = {}
-    for name, tool in (("none", None), ("100ms", {"kind": "constant", "mean": 0.1})):
-        prof = tmp_path / f"{name}.json"
-        prof.write_text(json.dumps({**base, "tool_latency": tool}))
+    # the profile's own tool latency, and the same profile with it taken away on the command line
+    for name, extra in (("profile's 100ms", ()), ("none", ("--tool-latency", "0"))):
         with timed_server_thread(0.06, 0.02, slots=2) as srv:
             code, out = og(
                 "bench", "sweep", "--url", srv.url, "--model", "timed", "--profile", str(prof),
                 "--concurrency", "1,2,4,8", "--sessions-per-slot", "2", "--repeats", "3", "--max-repeats", "6",
-                "--tolerance", "0.25", "--beyond", "1", "--out", str(tmp_path / name),
+                "--tolerance", "0.25", "--beyond", "1", "--out", str(tmp_path / name), *extra,
             )  # fmt: skip
         assert code == 0, out
         doc = json.loads((tmp_path / name / "sweep.json").read_text())
         assert doc["c_star"] in doc["c_star_compatible"], doc["steps"]
         c_star[name] = doc["c_star"]
-    assert c_star == {"none": 2, "100ms": 4}
+        assert (doc["profile"]["tool_latency"] is None) == (name == "none")
+    assert c_star == {"none": 2, "profile's 100ms": 4}
+
+
+def test_tool_latency_on_the_command_line_is_recorded_and_checked(tmp_path: Path) -> None:
+    with timed_server_thread(0.01, 0.005) as srv:
+        code, out = og(
+            "bench", "run", "--url", srv.url, "--model", "timed", "--profile", "chatbot", "--length-scale", "0.01",
+            "--turn-scale", "0.2", "--sessions", "2", "-c", "2", "--tool-latency", "0.05", "--out", str(tmp_path),
+        )  # fmt: skip
+    assert code == 0, out
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["profile"]["tool_latency"] == {"kind": "constant", "mean": 0.05}
+    code, out = og("bench", "run", "--url", srv.url, "--model", "m", "--tool-latency", "-1")
+    assert code == 2 and "--tool-latency" in out and "-1.0 is not a number of seconds >= 0" in out, out
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps([{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]))
+    code, out = og("bench", "run", "--url", srv.url, "--model", "m", "--trace", str(trace), "--tool-latency", "1")
+    assert code == 2 and "--tool-latency change a profile; a trace is sent as recorded" in out, out

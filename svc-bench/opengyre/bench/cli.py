@@ -39,16 +39,37 @@ def _load_json(path: Path, what: str) -> Any:
         raise fail(f"{what} {path} is not valid JSON: {e}") from e
 
 
-def _profile(spec: str, length_scale: float, turn_scale: float) -> Any:
-    from opengyre.bench import PAPER_PROFILES, Profile, ProfileError
+def _profile(spec: str, length_scale: float, turn_scale: float, tool_latency: float | None = None) -> Any:
+    from dataclasses import replace
+
+    from opengyre.bench import PAPER_PROFILES, DelayDist, Profile, ProfileError
 
     if spec not in PAPER_PROFILES and not Path(spec).exists():
         raise fail(f"unknown profile {spec!r}: neither a built-in ({', '.join(PAPER_PROFILES)}) nor a profile file")
     try:
         prof = PAPER_PROFILES.get(spec) or Profile.from_dict(_load_json(Path(spec), "profile"))
+        if tool_latency is not None:  # stated by the user: constant, and recorded in the profile it reports
+            prof = replace(prof, tool_latency=DelayDist("constant", tool_latency) if tool_latency > 0 else None)
         return prof.scaled(length_scale, turn_scale)
     except ProfileError as e:
         raise fail(f"profile {spec}: {e}") from e
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is not None and not (0.0 <= value < float("inf")):
+        raise typer.BadParameter(f"{value} is not a number of seconds >= 0")
+    return value
+
+
+ToolLatencyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--tool-latency",
+        callback=_seconds,
+        help="Seconds between a reply and the session's next request (tool and think time), constant; replaces"
+        " the profile's (0: none) [default: the profile's]",
+    ),
+]
 
 
 def _tokenizer(path: str | None) -> Any:
@@ -173,6 +194,7 @@ def run(
     workers: Annotated[int, typer.Option("--workers", help="Client processes")] = 1,
     length_scale: Annotated[float, typer.Option("--length-scale", help="Scale every token length by this")] = 1.0,
     turn_scale: Annotated[float, typer.Option("--turn-scale", help="Scale the turn count by this")] = 1.0,
+    tool_latency: ToolLatencyOpt = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     slo_ttft: Annotated[float | None, typer.Option("--slo-ttft", help="Goodput SLO on TTFT (s)")] = None,
@@ -189,13 +211,13 @@ def run(
     from ._report import completed_event, write_json, write_requests_csv
 
     tok = _tokenizer(tokenizer)
-    if trace is not None and (length_scale != 1.0 or turn_scale != 1.0):
-        raise fail("--length-scale and --turn-scale scale a profile; a trace is sent as recorded")
+    if trace is not None and (length_scale != 1.0 or turn_scale != 1.0 or tool_latency is not None):
+        raise fail("--length-scale, --turn-scale and --tool-latency change a profile; a trace is sent as recorded")
     spec = RunSpec(
         url,
         model,
         form=form or ("replay" if trace is not None else "synthetic"),
-        profile=None if trace is not None else _profile(profile, length_scale, turn_scale),
+        profile=None if trace is not None else _profile(profile, length_scale, turn_scale, tool_latency),
         trace=_load_json(trace, "trace") if trace is not None else None,
         trace_format=fmt,
         trace_name=trace.name if trace is not None else "",
@@ -262,6 +284,7 @@ def sweep_cmd(
     workers: Annotated[int, typer.Option("--workers", min=1)] = 1,
     length_scale: Annotated[float, typer.Option("--length-scale", callback=_positive_opt)] = 1.0,
     turn_scale: Annotated[float, typer.Option("--turn-scale", callback=_positive_opt)] = 1.0,
+    tool_latency: ToolLatencyOpt = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for sweep.json and sweep.png")] = Path("bench-results"),
     publish: Annotated[bool, typer.Option("--publish")] = False,
@@ -282,7 +305,7 @@ def sweep_cmd(
         raise fail(f"--concurrency must be integers separated by commas: {e}") from e
     if max_repeats < repeats:
         raise fail(f"--max-repeats ({max_repeats}) must be at least --repeats ({repeats})")
-    prof = _profile(profile, length_scale, turn_scale)
+    prof = _profile(profile, length_scale, turn_scale, tool_latency)
     tok = _tokenizer(tokenizer)
 
     def progress(p: Any) -> None:
