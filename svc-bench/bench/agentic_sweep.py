@@ -4,6 +4,8 @@ synthetic E2EL MAPE beside its noise floor.
     .venv/bin/python svc-bench/bench/agentic_sweep.py sweep --out bench-results/sweep   # both profiles
     .venv/bin/python svc-bench/bench/agentic_sweep.py mape --interleave sessions --concurrency 1 --repeats 6
     .venv/bin/python svc-bench/bench/agentic_sweep.py mape --interleave runs --concurrency 2 --repeats 6
+    .venv/bin/python svc-bench/bench/agentic_sweep.py mape --interleave sessions --concurrency 1 --repeats 20 \
+        --trace svc-bench/bench/data/loop-atif.json   # real rollouts of our loop (loop_atif.py), ATIF
 
 The engine runs in its own process (tiny preset, one torch thread). Profiles are the paper's, scaled by the
 explicit factors printed with every result (the engine is a CPU toy: lengths x0.05, the coding agent's 85
@@ -17,13 +19,16 @@ slower). ``--interleave runs``: whole runs alternate R H S R H S ...; the MAPE i
 of one form against odd repeats of the other), and the noise floor the replay's even repeats against its odd
 ones. ``--interleave sessions``: every form's sessions (the replay twice, R and R') shuffled into each run, so all
 forms meet the machine at the same moments; the floor is R against R'. Headline: E2EL MAPE per turn index
-(``opengyre.bench.e2el_mape``); beside it over quantiles, and the spread over single-run pairs.
+(``opengyre.bench.e2el_mape``); beside it over quantiles, and the spread over single-run pairs. ``--trace`` (with
+``--interleave sessions``) compares on a trace file instead, ATIF by default; the gaps between turns are dropped
+from every form unless ``--tool-latency`` (they lengthen the runs and change no E2EL).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import random
@@ -61,9 +66,13 @@ from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = EngineConfig().model_name
+# The tiny model's ids past its 256 bytes have no text (specials, skipped from content, and padding rows of the
+# output layer) and it samples one now and then: a short reply of only those streams no content, which the load
+# generator counts as failed. Forbidden for every form alike (a trace's short replies are where it bites).
+TEXT_ONLY: dict[str, Any] = {"logit_bias": {str(t): -100 for t in range(256, 288)}}
 
 
-async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
+async def _sweep(out: Path, cs: list[int], repeats: int, max_repeats: int, length: float) -> None:
     eng = await EngineProcess(EngineConfig(port=0, threads=1)).start()
     tok = load_tokenizer()
     fill = TokenFill.for_tokenizer(tok)
@@ -81,15 +90,22 @@ async def _sweep(out: Path, cs: list[int], repeats: int, length: float) -> None:
 
             def progress(p: Any, name: str = name) -> None:
                 print(
-                    f"{name} C={p.concurrency}: {p.mean:.2f} req/s  repeats {[round(x, 2) for x in p.throughputs]}",
+                    f"{name} C={p.concurrency}: {p.mean:.2f} req/s  repeats {[round(x, 2) for x in p.throughputs]}"
+                    f"  failed {len(p.failed)}",
                     flush=True,
                 )
 
-            res = await sweep(run_at, cs, repeats=repeats, tolerance=0.05, beyond=2, progress=progress)
+            res = await sweep(
+                run_at, cs, repeats=repeats, max_repeats=max_repeats, tolerance=0.05, beyond=2, progress=progress
+            )
             results[name] = {"profile": prof.to_dict(), "expected_isl": prof.expected_isl(), **res.to_dict()}
             plot_sweep(out / f"sweep-{name}.png", res, f"{name} (lengths x{length}, turns x{turns}) on the CPU engine")
-            per_turn[name] = res.points[-1].summaries[-1]
-            print(f"{name}: C* = {res.c_star} (95% CI {res.c_star_ci}), collapse beyond C*: {res.collapse}", flush=True)
+            if res.curve:
+                per_turn[name] = res.curve[-1].summaries[-1]
+            print(
+                f"{name}: C* = {res.c_star} (compatible {res.compatible}), collapse beyond C*: {res.collapse}",
+                flush=True,
+            )
     finally:
         await eng.stop()
     write_json(out / "sweep.json", results)
@@ -183,12 +199,25 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     _report(out, a, concurrency, trace_doc, runs, result, "runs")
 
 
+def _trace(a: argparse.Namespace) -> tuple[Any, str, str]:
+    """The trace ``mape`` compares on, its format and name: ``--trace`` (ATIF or ShareGPT), else the docs trace."""
+    if a.trace is None:
+        return _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars), "sharegpt", "docs"
+    return json.loads(a.trace.read_text()), a.trace_format, a.trace.stem
+
+
+def _without_delays(plans: list[SessionPlan]) -> list[SessionPlan]:
+    """Every turn sent as soon as the previous reply is in: the replay's gaps (from ATIF timestamps) and the
+    fitted profile's tool latency would stretch each run by seconds per session and change no E2EL."""
+    return [replace(p, turns=tuple(replace(t, delay_s=0.0) for t in p.turns)) for p in plans]
+
+
 async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> None:
     """Every form's sessions in one closed-loop run, in a shuffled order, the replay twice (R and R'): each form
     meets the machine at the same moments, so load that changes over seconds weighs on all alike. The floor is
     R against R' (the same requests, sent side by side); the comparison R against the other form, and R' too.
     The engine's prefix cache is off: R' would otherwise be served R's prompts from it (and R R''s)."""
-    trace_doc = _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars)
+    trace_doc, fmt, trace_name = _trace(a)
     tok = load_tokenizer()
     forms = ("replay", "replay2", "shadow", "synthetic")
     runs: dict[str, list[list[RequestResult]]] = {f: [] for f in forms}
@@ -196,13 +225,18 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
     def plans(rep: int) -> list[SessionPlan]:
         out: list[SessionPlan] = []
         for form in forms:
-            spec = RunSpec("-", MODEL, form=form.rstrip("2"), trace=trace_doc, trace_name="docs", seed=rep)
-            out += [replace(p, session_id=f"{form}|{p.session_id}") for p in plan_run(spec, tok)[0]]
+            spec = RunSpec(
+                "-", MODEL, form=form.rstrip("2"), trace=trace_doc, trace_format=fmt, trace_name=trace_name, seed=rep
+            )
+            planned = plan_run(spec, tok)[0]
+            if not a.tool_latency:
+                planned = _without_delays(planned)
+            out += [replace(p, session_id=f"{form}|{p.session_id}") for p in planned]
         random.Random(rep).shuffle(out)
         return out
 
     async with _engine(prefix_cache=False) as url:
-        cfg = LoadConfig(url, MODEL, concurrency=concurrency)
+        cfg = LoadConfig(url, MODEL, concurrency=concurrency, extra_body=TEXT_ONLY)
         await run_load(cfg, plans(0))  # warm-up, discarded: a fresh engine's first run is slower
         for rep in range(a.repeats):
             r = await run_load(cfg, plans(rep))
@@ -234,7 +268,7 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
         )
         raw = _compare_mixed(runs["replay"], runs["replay2"], runs[other] if other else None, a.min_per_turn)
         result[name]["pooled_seconds"] = raw["pooled"]
-    _report(out, a, concurrency, trace_doc, runs, result, "sessions")
+    _report(out, a, concurrency, trace_doc, runs, result, "sessions", trace_name)
 
 
 def _report(
@@ -245,8 +279,10 @@ def _report(
     runs: dict[str, list[list[RequestResult]]],
     result: dict[str, Any],
     interleave: str,
+    trace_name: str = "docs",
 ) -> None:
     doc: dict[str, Any] = {
+        "trace": trace_name,
         "interleave": interleave,
         "trace_sessions": len(trace_doc),
         "requests_per_replay": len(runs["replay"][0]),
@@ -261,14 +297,15 @@ def _report(
     isl = {f: _per_turn_mean(rs, "prompt_tokens") for f, rs in runs.items()}
     doc["isl_per_turn"] = isl
     doc["e2el_ms_per_turn"] = {f: {k: v * 1e3 for k, v in _per_turn_mean(rs, "e2el").items()} for f, rs in runs.items()}
-    write_json(out / f"mape-{interleave}-c{concurrency}.json", doc)
+    suffix = "" if trace_name == "docs" else f"-{trace_name}"
+    write_json(out / f"mape-{interleave}-c{concurrency}{suffix}.json", doc)
     how = {
         "runs": "runs interleaved R H S R H S ...; MAPE of pooled halves (even repeats vs odd)",
         "sessions": "sessions of every form shuffled into each run; MAPE of the pooled repeats, each repeat in units "
         "of its mean E2EL (in seconds: the second figure)",
     }[interleave]
     print(
-        f"trace: {len(trace_doc)} sessions, {doc['requests_per_replay']} requests; C={concurrency}; "
+        f"trace {trace_name}: {len(trace_doc)} sessions, {doc['requests_per_replay']} requests; C={concurrency}; "
         f"{a.repeats} repeats; {how}; beside it the mean (min-max) over single-run pairs"
     )
     for name, m in result.items():
@@ -355,7 +392,8 @@ def main() -> None:
     ap.add_argument("what", choices=("sweep", "mape"))
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-repeats", type=int, default=8, help="sweep: runs per point at most (a step's test)")
     ap.add_argument("--length-scale", type=float, default=0.05)
     ap.add_argument("--sessions", type=int, default=24, help="mape: trace sessions at most")
     ap.add_argument("--turns", type=int, default=4, help="mape: turns per session")
@@ -368,9 +406,21 @@ def main() -> None:
         default="runs",
         help="mape: alternate whole runs of each form, or shuffle every form's sessions into each run",
     )
+    ap.add_argument("--trace", type=Path, help="mape: the trace to compare on (default: the docs trace)")
+    ap.add_argument("--trace-format", choices=("atif", "sharegpt"), default="atif", help="mape: --trace's format")
+    ap.add_argument(
+        "--tool-latency",
+        action="store_true",
+        help="mape --interleave sessions: keep the gaps between turns (trace timestamps, the fitted tool latency)",
+    )
     a = ap.parse_args()
+    if a.what == "mape" and a.interleave != "sessions" and (a.trace is not None or a.tool_latency):
+        raise SystemExit("--trace and --tool-latency are for mape --interleave sessions")
+    if a.what == "mape" and a.trace is not None and not a.trace.is_file():
+        raise SystemExit(f"--trace {a.trace}: no such file")
     if a.what == "sweep":
-        asyncio.run(_sweep(a.out, [int(c) for c in a.concurrency.split(",")], a.repeats, a.length_scale))
+        cs = [int(c) for c in a.concurrency.split(",")]
+        asyncio.run(_sweep(a.out, cs, a.repeats, a.max_repeats, a.length_scale))
     else:
         mape = _mape if a.interleave == "runs" else _mape_mixed
         asyncio.run(mape(a.out, int(a.concurrency.split(",")[0]), a))

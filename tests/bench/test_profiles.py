@@ -68,6 +68,15 @@ def test_unknown_profile_and_malformed_profile_documents() -> None:
         Profile.from_dict({**good, "output": {"kind": "lognormal", "mean": -1}})
     with pytest.raises(ProfileError, match="kind must be"):
         Profile.from_dict({**good, "turns": {"kind": "zipf", "mean": 3}})
+    # a value of the wrong type is refused, not converted (a string mean, a fractional recorded length)
+    with pytest.raises(ProfileError, match=r"output\.mean must be a number, got '12'"):
+        Profile.from_dict({**good, "output": {"kind": "lognormal", "mean": "12"}})
+    with pytest.raises(ProfileError, match=r"turns\.values\[1\] must be a whole number, got 2\.5"):
+        Profile.from_dict({**good, "turns": {"kind": "empirical", "values": [1, 2.5]}})
+    with pytest.raises(ProfileError, match="length_scale must be a number, got 'big'"):
+        Profile.from_dict({**good, "length_scale": "big"})
+    with pytest.raises(ProfileError, match="shared_prefix must be a non-negative whole number of tokens, got -50"):
+        Profile.from_dict({**good, "shared_prefix": -50})
 
 
 def test_scaling_is_explicit_and_reported() -> None:

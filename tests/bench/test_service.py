@@ -135,16 +135,19 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
                     length_scale=0.03,
                     concurrency=[1, 2, 4],
                     sessions_per_slot=2,
-                    repeats=1,
-                    tolerance=100.0,  # any gain is "below tolerance": C* = 1, then one point beyond it
+                    repeats=2,  # two complete repeats each: the step's interval exists from the start
+                    tolerance=100.0,  # any gain is surely "below tolerance": C* = 1, then one point beyond it
                     beyond=1,
                 )
             )
         ]
-        assert [u.concurrency for u in updates] == [1, 2, 0]
-        assert all(u.mean > 0 and len(u.throughputs) == 1 for u in updates[:2])
+        # one update per measurement of a point: C=1, C=2, and again for either if the step's test needed more
+        assert [u.concurrency for u in updates[:2]] == [1, 2] and updates[-1].concurrency == 0
+        assert {u.concurrency for u in updates[:-1]} == {1, 2}
+        assert all(u.mean > 0 and len(u.throughputs) >= 2 for u in updates[:-1])
         result = json.loads(updates[-1].result_json)
         assert result["c_star"] == 1 and [p["concurrency"] for p in result["points"]] == [1, 2]
+        assert not result["partial"] and result["max_repeats"] == 8
 
         await _refused(lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, profile="chat")), "concurrency")
         await _refused(
@@ -174,6 +177,19 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
             bench_pb2.BenchRunRequest(url="http://127.0.0.1:9", model=model, profile="chat", sessions=1, concurrency=1)
         )
         assert bad.partial and "server unreachable" in json.loads(bad.result_json)["summary"]["errors"][0]
+        # a sweep against it stops at its first point, says why, and publishes no C*
+        dead = [
+            u
+            async for u in stub.Sweep(
+                bench_pb2.BenchSweepRequest(
+                    url="http://127.0.0.1:9", model=model, profile="chat", concurrency=[1, 2], repeats=1
+                )
+            )
+        ]
+        assert [u.concurrency for u in dead] == [1, 0] and not dead[-1].run_id
+        dres = json.loads(dead[-1].result_json)
+        assert dres["partial"] and "no complete repeat at C=1 (server unreachable" in dres["stopped"]
+        assert dres["c_star"] is None and dres["points"][0]["request_throughput_mean"] is None
 
     log = await EventLog.connect(nats_server.url, log_config)
     try:

@@ -6,6 +6,7 @@ from ._load import LoadConfig, RequestResult, RunResult, run_load
 from ._metrics import Slo, cross_check_tokens, percentiles, summarise
 from ._profiles import (
     PAPER_PROFILES,
+    DelayDist,
     LengthDist,
     Profile,
     ProfileError,
@@ -35,7 +36,8 @@ from ._roofline import (
     roofline_report,
 )
 from ._runs import RunSpec, execute_run, plan_run, profile_from, sweep_profile
-from ._sweep import SweepPoint, SweepResult, find_saturation, steady_throughput, sweep
+from ._sweep import SweepPoint, SweepResult, SweepStep, find_saturation, steady_throughput, step_gain, sweep
+from ._timed import TimedServer, timed_server_thread
 from ._traces import calls_sessions, read_trace, trace_formats
 from ._workload import SessionPlan, TokenFill, TurnPlan, replay_sessions, shadow_sessions, synthesise_sessions
 
@@ -48,6 +50,7 @@ __all__ = [
     "CompareError",
     "ComponentCost",
     "ConfigError",
+    "DelayDist",
     "Hardware",
     "LengthDist",
     "LoadConfig",
@@ -62,6 +65,8 @@ __all__ = [
     "Slo",
     "SweepPoint",
     "SweepResult",
+    "SweepStep",
+    "TimedServer",
     "TokenFill",
     "TraceSession",
     "TraceTurn",
@@ -92,10 +97,12 @@ __all__ = [
     "run_load",
     "shadow_sessions",
     "steady_throughput",
+    "step_gain",
     "summarise",
     "sweep",
     "sweep_profile",
     "synthesise_sessions",
+    "timed_server_thread",
     "trace_formats",
     "workload_record",
     "write_json",

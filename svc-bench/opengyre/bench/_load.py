@@ -292,6 +292,10 @@ async def _session(
 ) -> bool:
     messages: list[Mapping[str, Any]] = []
     for k, turn in enumerate(plan.turns, start=1):
+        if k > 1 and turn.delay_s > 0:
+            # the agent runs its tools (and thinks) holding its slot: the server sees nothing from it meanwhile
+            await asyncio.sleep(turn.delay_s)
+            due = time.monotonic()
         messages.extend(turn.messages)
         rr = RequestResult(plan.session_id, k, scheduled=due, sent=due, max_tokens=turn.max_tokens)
         if cfg.record_messages:

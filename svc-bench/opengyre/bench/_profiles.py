@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "PAPER_PROFILES",
+    "DelayDist",
     "LengthDist",
     "Profile",
     "ProfileError",
@@ -111,12 +112,99 @@ class LengthDist:
         unknown = set(d) - {"kind", "mean", "sigma", "values"}
         if unknown:
             raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+        if "kind" not in d:
+            raise ProfileError(f"{where}: missing kind")
+        raw = d.get("values", [])
+        if not isinstance(raw, list):
+            raise ProfileError(f"{where}: values must be a list of whole numbers, got {raw!r}")
+        values = tuple(_whole(v, f"{where}.values[{i}]") for i, v in enumerate(raw))
+        mean = (
+            _number(d["mean"], f"{where}.mean") if "mean" in d else (sum(values) / len(values) if values else math.nan)
+        )
+        sigma = _number(d.get("sigma", 0.0), f"{where}.sigma")
         try:
-            values = tuple(int(v) for v in d.get("values", ()))
-            mean = float(d["mean"]) if "mean" in d else (sum(values) / len(values) if values else math.nan)
-            return cls(str(d["kind"]), mean, float(d.get("sigma", 0.0)), values)
-        except (KeyError, TypeError, ValueError) as e:
+            return cls(str(d["kind"]), mean, sigma, values)
+        except ProfileError as e:
             raise ProfileError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class DelayDist:
+    """Seconds between a reply and the session's next request: the agent's tool calls and its own think time.
+
+    Constant, lognormal (by its mean and the sigma of its log) or empirical (recorded gaps, zeros allowed)."""
+
+    kind: str
+    mean: float
+    sigma: float = 0.0
+    values: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ProfileError(f"tool_latency kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+        if self.kind == "empirical" and (
+            not self.values or any(not (math.isfinite(v) and v >= 0) for v in self.values)
+        ):
+            raise ProfileError("an empirical tool_latency needs values >= 0 (seconds)")
+        if not (math.isfinite(self.mean) and self.mean >= 0):
+            raise ProfileError(f"tool_latency mean must be >= 0 seconds, got {self.mean!r}")
+        if self.kind == "lognormal" and self.mean == 0:
+            raise ProfileError("a lognormal tool_latency needs a positive mean")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ProfileError(f"tool_latency sigma must be >= 0, got {self.sigma!r}")
+
+    def sample(self, rng: random.Random) -> float:
+        if self.kind == "empirical":
+            return rng.choice(self.values)
+        if self.kind == "constant" or self.sigma == 0:
+            return self.mean
+        return rng.lognormvariate(math.log(self.mean) - self.sigma**2 / 2, self.sigma)
+
+    @classmethod
+    def fit(cls, values: Sequence[float]) -> DelayDist:
+        """Lognormal by the moments (as lengths are); the recorded values themselves when some are zero (a
+        lognormal has no zeros); constant when all agree."""
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ProfileError("no tool latencies to fit")
+        if len(set(vals)) == 1:
+            return cls("constant", vals[0])
+        mean = sum(vals) / len(vals)
+        if min(vals) <= 0:
+            return cls("empirical", mean, values=tuple(vals))
+        var = sum((v - mean) ** 2 for v in vals) / len(vals)
+        return cls("lognormal", mean, math.sqrt(math.log1p(var / mean**2)))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "mean": self.mean}
+        if self.kind == "lognormal":
+            d["sigma"] = self.sigma
+        if self.kind == "empirical":
+            d["values"] = list(self.values)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tool_latency") -> DelayDist:
+        if not isinstance(d, Mapping):
+            raise ProfileError(f"{where}: expected an object with kind and mean (seconds), got {d!r}")
+        unknown = set(d) - {"kind", "mean", "sigma", "values"}
+        if unknown:
+            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
+        try:
+            raw = d.get("values", [])
+            if not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, int | float) for v in raw):
+                raise ProfileError(f"{where}: values must be a list of seconds")
+            values = tuple(float(v) for v in raw)
+            if "mean" not in d and not values:
+                raise ProfileError(f"{where}: missing mean")
+            mean = d["mean"] if "mean" in d else sum(values) / len(values)
+            sigma = d.get("sigma", 0.0)
+            for name, v in (("mean", mean), ("sigma", sigma)):
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise ProfileError(f"{where}: {name} must be a number of seconds, got {v!r}")
+            return cls(str(d["kind"]), float(mean), float(sigma), values)
+        except KeyError as e:
+            raise ProfileError(f"{where}: missing {e}") from None
 
 
 @dataclass(frozen=True)
@@ -135,6 +223,19 @@ class Profile:
     # and replies of turns 1, 2, ...; later turns use ``observation`` / ``output`` (all turns pooled)
     observation_by_turn: tuple[LengthDist, ...] = ()
     output_by_turn: tuple[LengthDist, ...] = ()
+    # between a reply and the session's next request (tool calls, think time); None: sent at once. Not scaled
+    # by ``length_scale`` (it is time, not tokens)
+    tool_latency: DelayDist | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or self.shared_prefix < 0:
+            raise ProfileError(
+                f"shared_prefix must be a non-negative whole number of tokens, got {self.shared_prefix!r}"
+            )
+        for name in ("length_scale", "turn_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, float | int) and math.isfinite(v) and v > 0):
+                raise ProfileError(f"{name} must be a positive number, got {v!r}")
 
     def observation_at(self, turn: int) -> LengthDist:
         """The observation length of 1-based ``turn`` (>= 2)."""
@@ -184,6 +285,7 @@ class Profile:
             "turn_scale": self.turn_scale,
             "observation_by_turn": [d.to_dict() for d in self.observation_by_turn],
             "output_by_turn": [d.to_dict() for d in self.output_by_turn],
+            "tool_latency": self.tool_latency.to_dict() if self.tool_latency else None,
         }
 
     @classmethod
@@ -204,18 +306,33 @@ class Profile:
                 observation=LengthDist.from_dict(d["observation"], "observation"),
                 output=LengthDist.from_dict(d["output"], "output"),
                 turns=LengthDist.from_dict(d["turns"], "turns"),
-                shared_prefix=int(d.get("shared_prefix", 0)),
+                shared_prefix=_whole(d.get("shared_prefix", 0), "shared_prefix"),
                 description=str(d.get("description", "")),
                 source=str(d.get("source", "")),
-                length_scale=float(d.get("length_scale", 1.0)),
-                turn_scale=float(d.get("turn_scale", 1.0)),
+                length_scale=_number(d.get("length_scale", 1.0), "length_scale"),
+                turn_scale=_number(d.get("turn_scale", 1.0), "turn_scale"),
                 observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
                 output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
+                tool_latency=None if d.get("tool_latency") is None else DelayDist.from_dict(d["tool_latency"]),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
                 raise
             raise ProfileError(f"profile: {e}") from None
+
+
+def _whole(v: Any, where: str) -> int:
+    """A JSON whole number (``3`` or ``3.0``); a fraction, a string or a boolean is refused, not rounded."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
+        raise ProfileError(f"{where} must be a whole number, got {v!r}")
+    return int(v)
+
+
+def _number(v: Any, where: str) -> float:
+    """A JSON number; a string or a boolean is refused, not converted."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ProfileError(f"{where} must be a number, got {v!r}")
+    return float(v)
 
 
 def _dists(docs: Any, where: str) -> tuple[LengthDist, ...]:
@@ -286,6 +403,9 @@ class TraceTurn:
     new_tokens: int
     output_tokens: int
     messages: tuple[Mapping[str, Any], ...] = ()
+    # seconds from the previous request's step to this one's, where the trace has timestamps (None: unknown, or
+    # the first turn); it holds the agent's tool and think time and this request's own generation time
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -318,6 +438,7 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     outs: list[int] = []
     turns: list[int] = []
     prefixes: list[int] = []
+    delays: list[float] = []
     obs_by: list[list[int]] = []  # index 0: turn 2
     outs_by: list[list[int]] = []  # index 0: turn 1
     for s in sessions:
@@ -329,6 +450,8 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
             if t.new_tokens <= 0 or t.output_tokens <= 0:
                 raise ProfileError(f"trace session {s.session_id!r} turn {i + 1}: token counts must be positive")
             (firsts if i == 0 else obs).append(t.new_tokens)
+            if i > 0 and t.delay_s is not None:
+                delays.append(t.delay_s)
             outs.append(t.output_tokens)
             if i > 0:
                 while len(obs_by) < i:
@@ -350,4 +473,5 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
         source=source,
         observation_by_turn=_per_turn(obs_by),
         output_by_turn=_per_turn(outs_by),
+        tool_latency=DelayDist.fit(delays) if delays else None,
     )

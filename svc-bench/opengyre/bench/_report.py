@@ -88,28 +88,56 @@ def _plt() -> Any:
 
 
 def plot_sweep(path: Path, result: SweepResult, title: str) -> None:
+    """Throughput (mean of the complete repeats, 95 % interval) and median latencies per C; failed repeats are
+    left out of every figure, marked where they happened and counted in the title."""
     plt = _plt()
-    cs = [p.concurrency for p in result.points]
+    curve = result.curve
+    cs = [p.concurrency for p in curve]
+    means = [p.mean for p in curve]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ci = [0 if math.isnan(p.ci95) else p.ci95 for p in result.points]
-    ax1.errorbar(cs, [p.mean for p in result.points], yerr=ci, marker="o", capsize=3)
+    # the interval is geometric (from log throughputs), so it is asymmetric and never reaches below zero
+    lo = [m - iv[0] if (iv := p.interval) else 0.0 for p, m in zip(curve, means, strict=True)]
+    hi = [iv[1] - m if (iv := p.interval) else 0.0 for p, m in zip(curve, means, strict=True)]
+    if curve:
+        ax1.errorbar(cs, means, yerr=[lo, hi], marker="o", capsize=3, label="complete repeats")
+    failed = [p for p in result.points if p.failed]
+    if failed:
+        ax1.scatter(
+            [p.concurrency for p in failed],
+            [0.0] * len(failed),
+            marker="x",
+            color="red",
+            zorder=3,
+            label="failed repeats (excluded)",
+        )
+        for p in failed:
+            ax1.annotate(f"{len(p.failed)} failed", (p.concurrency, 0.0), textcoords="offset points", xytext=(4, 6))
+    ax1.set_ylim(bottom=0.0)
     ax1.set_xscale("log", base=2)
     ax1.set_xlabel("concurrency C")
     ax1.set_ylabel("request throughput (req/s)")
+    rng = result.c_star_range
     for ax in (ax1, ax2):
+        if rng is not None and rng[0] != rng[1]:
+            ax.axvspan(rng[0], rng[1], color="red", alpha=0.1, label=f"C compatible: {rng[0]}..{rng[1]}")
         if result.c_star is not None:
             ax.axvline(result.c_star, color="red", ls="--", label=f"C* = {result.c_star}")
-    ttft = [float(np.mean([s["ttft_s"].get("p50", math.nan) for s in p.summaries])) for p in result.points]
-    e2el = [float(np.mean([s["e2el_s"].get("p50", math.nan) for s in p.summaries])) for p in result.points]
-    ax2.plot(cs, ttft, marker="o", label="TTFT p50")
-    ax2.plot(cs, e2el, marker="s", label="E2EL p50")
+    ttft = [float(np.mean([s["ttft_s"].get("p50", math.nan) for s in p.summaries])) for p in curve]
+    e2el = [float(np.mean([s["e2el_s"].get("p50", math.nan) for s in p.summaries])) for p in curve]
+    if curve:
+        ax2.plot(cs, ttft, marker="o", label="TTFT p50")
+        ax2.plot(cs, e2el, marker="s", label="E2EL p50")
+        ax2.set_yscale("log")
+    else:
+        ax2.text(0.5, 0.5, "no complete repeat", ha="center", va="center", transform=ax2.transAxes)
     ax2.set_xscale("log", base=2)
-    ax2.set_yscale("log")
     ax2.set_xlabel("concurrency C")
     ax2.set_ylabel("seconds")
-    ax1.legend()
-    ax2.legend()
-    fig.suptitle(title)
+    for ax in (ax1, ax2):
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=8)
+    n_failed = sum(len(p.failed) for p in result.points)
+    fig.suptitle(title + (f" — PARTIAL: {n_failed} failed repeat(s) excluded" if n_failed else ""))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -19,6 +19,7 @@ from ._workload import SessionPlan, TokenFill, replay_sessions, shadow_sessions,
 __all__ = ["RunSpec", "execute_run", "plan_run", "profile_from", "sweep_profile"]
 
 DEFAULT_SESSIONS = 16  # a built-in profile's sessions when none are asked for
+SWEEP_MAX_REPEATS = 8  # runs per sweep point at most, when a step's test needs more (``opengyre bench sweep``)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ async def sweep_profile(
     *,
     sessions_per_slot: int = 3,
     repeats: int = 2,
+    max_repeats: int | None = None,
     tolerance: float = 0.05,
     beyond: int = 2,
     workers: int = 1,
@@ -155,4 +157,12 @@ async def sweep_profile(
         r = await run_load(LoadConfig(url, model, concurrency=c, workers=min(workers, c), seed=rep), plans)
         return r, summarise(r)
 
-    return await sweep(run_at, concurrencies, repeats=repeats, tolerance=tolerance, beyond=beyond, progress=progress)
+    return await sweep(
+        run_at,
+        concurrencies,
+        repeats=repeats,
+        max_repeats=max_repeats,
+        tolerance=tolerance,
+        beyond=beyond,
+        progress=progress,
+    )

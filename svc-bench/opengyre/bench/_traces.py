@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ._profiles import ProfileError, TraceSession, TraceTurn
@@ -15,14 +16,14 @@ class TokenCounter(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
-def _text(content: Any) -> str:
+def _text(content: Any, where: str = "message") -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    raise ProfileError(f"message content must be text or a list of parts, got {type(content).__name__}")
+    raise ProfileError(f"{where}: content must be text or a list of parts, got {type(content).__name__}")
 
 
 def _count(tok: TokenCounter, text: str) -> int:
@@ -72,29 +73,67 @@ def _atif(doc: Any, tok: TokenCounter) -> list[TraceSession]:
         sid = str(traj.get("session_id") or traj.get("trajectory_id") or n)
         turns: list[TraceTurn] = []
         pending: list[dict[str, Any]] = []
+        last_agent: float | None = None  # the previous agent step's timestamp (s)
         for i, st in enumerate(steps):
+            where = f"ATIF {sid!r} step {i + 1}"
             if not isinstance(st, Mapping) or st.get("source") not in ("system", "user", "agent"):
-                raise ProfileError(f"ATIF {sid!r} step {i + 1}: 'source' must be system, user or agent")
+                raise ProfileError(f"{where}: 'source' must be system, user or agent")
+            when = _timestamp(st.get("timestamp"), where)
             if st["source"] != "agent":
-                pending.append({"role": st["source"], "content": _text(st.get("message"))})
+                pending.append({"role": st["source"], "content": _text(st.get("message"), f"{where} message")})
                 continue
-            metrics = st.get("metrics") or {}
-            reply = _text(st.get("message"))
-            out_tokens = metrics.get("completion_tokens") or _count(tok, reply) or 1
+            metrics = st.get("metrics")
+            if metrics is None:
+                metrics = {}
+            if not isinstance(metrics, Mapping):
+                raise ProfileError(f"{where}: 'metrics' must be an object, got {type(metrics).__name__}")
+            reply = _text(st.get("message"), f"{where} message")
+            recorded = metrics.get("completion_tokens")
+            if recorded is not None and (isinstance(recorded, bool) or not isinstance(recorded, int) or recorded <= 0):
+                raise ProfileError(f"{where}: metrics.completion_tokens must be a positive integer, got {recorded!r}")
+            out_tokens = recorded if recorded is not None else (_count(tok, reply) or 1)
             new = sum(_count(tok, str(p["content"])) for p in pending)
             if not pending:
-                raise ProfileError(f"ATIF {sid!r} step {i + 1}: an agent step with nothing new before it")
-            turns.append(TraceTurn(max(1, new), int(out_tokens), tuple(pending)))
+                raise ProfileError(f"{where}: an agent step with nothing new before it")
+            delay: float | None = None
+            if when is not None and last_agent is not None:
+                if when < last_agent:
+                    raise ProfileError(f"{where}: its timestamp is before the previous agent step's")
+                delay = when - last_agent
+            last_agent = when
+            turns.append(TraceTurn(max(1, new), out_tokens, tuple(pending), delay_s=delay))
             pending = []
             obs = st.get("observation")
-            if isinstance(obs, Mapping):
-                for r in obs.get("results") or []:
-                    pending.append(
-                        {"role": "user", "content": _text(r.get("content") if isinstance(r, Mapping) else r)}
-                    )
+            if obs is None:
+                continue
+            if not isinstance(obs, Mapping):
+                raise ProfileError(f"{where}: 'observation' must be an object, got {type(obs).__name__}")
+            results = obs.get("results")
+            if results is None:
+                continue
+            if not isinstance(results, list):
+                raise ProfileError(
+                    f"{where}: observation.results must be a list of results, got {type(results).__name__}"
+                )
+            for j, r in enumerate(results):
+                content = _text(r.get("content") if isinstance(r, Mapping) else r, f"{where} observation.results[{j}]")
+                pending.append({"role": "user", "content": content})
         if turns:
             out.append(TraceSession(sid, tuple(turns)))
     return out
+
+
+def _timestamp(value: Any, where: str) -> float | None:
+    """An ISO 8601 timestamp as POSIX seconds (None when absent); a zone-less one is taken as UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ProfileError(f"{where}: timestamp must be an ISO 8601 string, got {value!r}")
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise ProfileError(f"{where}: timestamp {value!r} is not ISO 8601") from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 _FORMATS: dict[str, Callable[[Any, TokenCounter], list[TraceSession]]] = {"sharegpt": _sharegpt, "atif": _atif}

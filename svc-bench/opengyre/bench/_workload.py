@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._profiles import Profile, ProfileError, TraceSession
+from ._profiles import Profile, ProfileError, TraceSession, TraceTurn
 from ._traces import TokenCounter
 
 __all__ = ["SessionPlan", "TokenFill", "TurnPlan", "replay_sessions", "shadow_sessions", "synthesise_sessions"]
@@ -18,6 +18,7 @@ __all__ = ["SessionPlan", "TokenFill", "TurnPlan", "replay_sessions", "shadow_se
 class TurnPlan:
     messages: tuple[Mapping[str, Any], ...]  # appended before this turn's request
     max_tokens: int
+    delay_s: float = 0.0  # waited after the previous reply before this request (tool and think time)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def synthesise_sessions(profile: Profile, n: int, fill: TokenFill, seed: int = 0
     out: list[SessionPlan] = []
     for i in range(n):
         rng = random.Random(f"{seed}-{i}")
+        # its own stream: a profile with tool latency sends the same sessions as the same profile without
+        tool_rng = random.Random(f"{seed}-{i}-tool")
         turns: list[TurnPlan] = []
         for k in range(profile.turns.sample(rng)):
             if k == 0:
@@ -88,9 +91,16 @@ def synthesise_sessions(profile: Profile, n: int, fill: TokenFill, seed: int = 0
                 msgs = (*shared, msg)
             else:
                 msgs = ({"role": "user", "content": fill.text(profile.observation_at(k + 1).sample(rng), rng)},)
-            turns.append(TurnPlan(msgs, profile.output_at(k + 1).sample(rng)))
+            delay = profile.tool_latency.sample(tool_rng) if k > 0 and profile.tool_latency else 0.0
+            turns.append(TurnPlan(msgs, profile.output_at(k + 1).sample(rng), delay))
         out.append(SessionPlan(f"s{seed}-{i}", tuple(turns)))
     return out
+
+
+def _recorded_delay(t: TraceTurn) -> float:
+    """The trace's gap before a turn: it includes the recorded request's own generation time, which the replay
+    spends again on the server, so it is an upper bound on the tool and think time."""
+    return t.delay_s or 0.0
 
 
 def replay_sessions(sessions: Sequence[TraceSession]) -> list[SessionPlan]:
@@ -99,7 +109,9 @@ def replay_sessions(sessions: Sequence[TraceSession]) -> list[SessionPlan]:
     for s in sessions:
         if any(not t.messages for t in s.turns):
             raise ProfileError(f"trace session {s.session_id!r} has token counts only: it cannot be replayed exactly")
-        out.append(SessionPlan(s.session_id, tuple(TurnPlan(t.messages, t.output_tokens) for t in s.turns)))
+        out.append(
+            SessionPlan(s.session_id, tuple(TurnPlan(t.messages, t.output_tokens, _recorded_delay(t)) for t in s.turns))
+        )
     return out
 
 
@@ -122,6 +134,7 @@ def shadow_sessions(sessions: Sequence[TraceSession], fill: TokenFill, seed: int
                     {"role": "user", "content": fill.text(t.new_tokens, rng, tag=i if k == 0 else None)},
                 ),
                 t.output_tokens,
+                _recorded_delay(t),
             )
             for k, t in enumerate(s.turns)
         )

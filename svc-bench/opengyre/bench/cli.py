@@ -21,7 +21,13 @@ bench_app = typer.Typer(
 UrlOpt = Annotated[str, typer.Option("--url", help="Server base URL (without /v1), OpenAI-compatible")]
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name the server serves")]
 ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in profile name or a profile JSON file")]
-OutOpt = Annotated[Path, typer.Option("--out", help="Folder for results (JSON, CSV, plots)")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Folder for run.json and requests.csv")]
+
+
+def _positive_opt(value: float) -> float:
+    if not (value > 0.0 and value != float("inf")):
+        raise typer.BadParameter(f"{value} is not a positive number")
+    return value
 
 
 def _load_json(path: Path, what: str) -> Any:
@@ -33,14 +39,37 @@ def _load_json(path: Path, what: str) -> Any:
         raise fail(f"{what} {path} is not valid JSON: {e}") from e
 
 
-def _profile(spec: str, length_scale: float, turn_scale: float) -> Any:
-    from opengyre.bench import PAPER_PROFILES, Profile, ProfileError
+def _profile(spec: str, length_scale: float, turn_scale: float, tool_latency: float | None = None) -> Any:
+    from dataclasses import replace
 
+    from opengyre.bench import PAPER_PROFILES, DelayDist, Profile, ProfileError
+
+    if spec not in PAPER_PROFILES and not Path(spec).exists():
+        raise fail(f"unknown profile {spec!r}: neither a built-in ({', '.join(PAPER_PROFILES)}) nor a profile file")
     try:
         prof = PAPER_PROFILES.get(spec) or Profile.from_dict(_load_json(Path(spec), "profile"))
+        if tool_latency is not None:  # stated by the user: constant, and recorded in the profile it reports
+            prof = replace(prof, tool_latency=DelayDist("constant", tool_latency) if tool_latency > 0 else None)
         return prof.scaled(length_scale, turn_scale)
     except ProfileError as e:
         raise fail(f"profile {spec}: {e}") from e
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is not None and not (0.0 <= value < float("inf")):
+        raise typer.BadParameter(f"{value} is not a number of seconds >= 0")
+    return value
+
+
+ToolLatencyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--tool-latency",
+        callback=_seconds,
+        help="Seconds between a reply and the session's next request (tool and think time), constant; replaces"
+        " the profile's (0: none) [default: the profile's]",
+    ),
+]
 
 
 def _tokenizer(path: str | None) -> Any:
@@ -165,6 +194,7 @@ def run(
     workers: Annotated[int, typer.Option("--workers", help="Client processes")] = 1,
     length_scale: Annotated[float, typer.Option("--length-scale", help="Scale every token length by this")] = 1.0,
     turn_scale: Annotated[float, typer.Option("--turn-scale", help="Scale the turn count by this")] = 1.0,
+    tool_latency: ToolLatencyOpt = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     slo_ttft: Annotated[float | None, typer.Option("--slo-ttft", help="Goodput SLO on TTFT (s)")] = None,
@@ -181,13 +211,13 @@ def run(
     from ._report import completed_event, write_json, write_requests_csv
 
     tok = _tokenizer(tokenizer)
-    if trace is not None and (length_scale != 1.0 or turn_scale != 1.0):
-        raise fail("--length-scale and --turn-scale scale a profile; a trace is sent as recorded")
+    if trace is not None and (length_scale != 1.0 or turn_scale != 1.0 or tool_latency is not None):
+        raise fail("--length-scale, --turn-scale and --tool-latency change a profile; a trace is sent as recorded")
     spec = RunSpec(
         url,
         model,
         form=form or ("replay" if trace is not None else "synthetic"),
-        profile=None if trace is not None else _profile(profile, length_scale, turn_scale),
+        profile=None if trace is not None else _profile(profile, length_scale, turn_scale, tool_latency),
         trace=_load_json(trace, "trace") if trace is not None else None,
         trace_format=fmt,
         trace_name=trace.name if trace is not None else "",
@@ -210,8 +240,8 @@ def run(
     if publish:
         _publish(settings_from(data_dir, nats_url), completed_event(None, spec.label, concurrency, url, summary))
     if summary["partial"]:
-        console.print(f"[yellow]partial result[/]: {'; '.join(summary['errors'])}")
-        raise typer.Exit(2)
+        # a failed measurement, not bad input: 1, as the CLI's other failed checks
+        raise fail(f"partial result: {'; '.join(summary['errors'])}", code=1)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -237,20 +267,34 @@ def sweep_cmd(
     concurrency: Annotated[
         str, typer.Option("--concurrency", help="Increasing list, e.g. 1,2,4,8,16")
     ] = "1,2,4,8,16,32",
-    sessions_per_slot: Annotated[int, typer.Option("--sessions-per-slot")] = 3,
-    repeats: Annotated[int, typer.Option("--repeats")] = 2,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative gain below which C is saturated")] = 0.05,
-    beyond: Annotated[int, typer.Option("--beyond", help="Points to measure past C* (the collapse)")] = 2,
-    workers: Annotated[int, typer.Option("--workers")] = 1,
-    length_scale: Annotated[float, typer.Option("--length-scale")] = 1.0,
-    turn_scale: Annotated[float, typer.Option("--turn-scale")] = 1.0,
+    sessions_per_slot: Annotated[int, typer.Option("--sessions-per-slot", min=1)] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per point before any test")] = 3,
+    max_repeats: Annotated[
+        int,
+        typer.Option(
+            "--max-repeats",
+            min=1,
+            help="Runs per point at most: a step whose gain's 95 % interval straddles --tolerance gets more",
+        ),
+    ] = 8,  # opengyre.bench._runs.SWEEP_MAX_REPEATS (the service's cap)
+    tolerance: Annotated[
+        float, typer.Option("--tolerance", callback=_positive_opt, help="Relative gain below which C is saturated")
+    ] = 0.05,
+    beyond: Annotated[int, typer.Option("--beyond", min=0, help="Points to measure past C* (the collapse)")] = 2,
+    workers: Annotated[int, typer.Option("--workers", min=1)] = 1,
+    length_scale: Annotated[float, typer.Option("--length-scale", callback=_positive_opt)] = 1.0,
+    turn_scale: Annotated[float, typer.Option("--turn-scale", callback=_positive_opt)] = 1.0,
+    tool_latency: ToolLatencyOpt = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer")] = None,
-    out: OutOpt = Path("bench-results"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for sweep.json and sweep.png")] = Path("bench-results"),
     publish: Annotated[bool, typer.Option("--publish")] = False,
     data_dir: DataDirOpt = None,
     nats_url: NatsUrlOpt = None,
 ) -> None:
-    """Closed-loop sweep over concurrency until saturation (C*), then a few points beyond for the collapse."""
+    """Closed-loop sweep over concurrency until saturation (C*), then a few points beyond for the collapse.
+
+    Only complete repeats count: a repeat with a failed request is marked and left out, the sweep stops at a
+    point where none succeeded, and a sweep with any failed repeat exits 1."""
     from opengyre.bench import sweep_profile
 
     from ._report import completed_event, plot_sweep, write_json
@@ -259,11 +303,16 @@ def sweep_cmd(
         cs = [int(c) for c in concurrency.split(",")]
     except ValueError as e:
         raise fail(f"--concurrency must be integers separated by commas: {e}") from e
-    prof = _profile(profile, length_scale, turn_scale)
+    if max_repeats < repeats:
+        raise fail(f"--max-repeats ({max_repeats}) must be at least --repeats ({repeats})")
+    prof = _profile(profile, length_scale, turn_scale, tool_latency)
     tok = _tokenizer(tokenizer)
 
     def progress(p: Any) -> None:
-        console.print(f"C={p.concurrency}: {p.mean:.2f} req/s ({', '.join(f'{x:.2f}' for x in p.throughputs)})")
+        done = ", ".join(f"{x:.2f}" for x in p.throughputs)
+        bad = f"; [red]{len(p.failed)} failed repeat(s), excluded[/]" if p.failed else ""
+        mean = f"{p.mean:.2f} req/s" if p.throughputs else "no complete repeat"
+        console.print(f"C={p.concurrency}: {mean} ({done}){bad}")
 
     try:
         result = asyncio.run(
@@ -275,6 +324,7 @@ def sweep_cmd(
                 tok,
                 sessions_per_slot=sessions_per_slot,
                 repeats=repeats,
+                max_repeats=max_repeats,
                 tolerance=tolerance,
                 beyond=beyond,
                 workers=workers,
@@ -286,12 +336,32 @@ def sweep_cmd(
     doc = {"profile": prof.to_dict(), "url": url, "model": model, **result.to_dict()}
     write_json(out / "sweep.json", doc)
     plot_sweep(out / "sweep.png", result, f"{prof.name} on {model}")
-    console.print(f"C* = {result.c_star} (95% CI {result.c_star_ci}); collapse beyond: {result.collapse}")
-    if publish and result.c_star is not None:
+    console.print(_c_star_line(result))
+    if publish and result.c_star is not None and result.stopped is None:
         best = next(p for p in result.points if p.concurrency == result.c_star)
         _publish(
             settings_from(data_dir, nats_url), completed_event(None, prof.name, result.c_star, url, best.summaries[-1])
         )
+    if result.stopped is not None:
+        raise fail(result.stopped, code=1)
+    if result.partial:
+        n = sum(len(p.failed) for p in result.points)
+        errors = sorted({e for p in result.points for f in p.failed for e in f["errors"]})
+        more = f"; and {len(errors) - 1} other error(s), in sweep.json" if len(errors) > 1 else ""
+        raise fail(f"partial sweep: {n} failed repeat(s) left out of every figure ({errors[0]}{more})", code=1)
+
+
+def _c_star_line(result: Any) -> str:
+    cs = ", ".join(map(str, result.compatible))
+    undecided = f"the tests at up to {result.max_repeats} repeats cannot rule out C in {{{cs}}}"
+    if result.c_star is None:
+        reached = f"C* not reached up to C={result.curve[-1].concurrency}" if result.curve else "no point measured"
+        return reached + (f"; {undecided}" if result.compatible else "")
+    how = "decided: every step before it rising, its own flat" if result.decided else undecided
+    collapse = "" if result.collapse is None else f"; collapse beyond: {result.collapse:.1%}"
+    rises = result.rises_beyond
+    warn = f"; [yellow]but throughput surely rises again from C={rises[0]}: not a plateau[/]" if rises else ""
+    return f"C* = {result.c_star} ({how}){collapse}{warn}"
 
 
 def _share(value: float) -> float:

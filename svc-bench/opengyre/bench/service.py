@@ -16,7 +16,7 @@ from ._hardware import hardware
 from ._profiles import PAPER_PROFILES, ProfileError
 from ._report import completed_event
 from ._roofline import ConfigError, ModelShape, roofline_report
-from ._runs import RunSpec, execute_run, profile_from, sweep_profile
+from ._runs import SWEEP_MAX_REPEATS, RunSpec, execute_run, profile_from, sweep_profile
 from ._sweep import SweepPoint
 
 __all__ = ["BenchService"]
@@ -105,6 +105,8 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
                     self._tokenizer(),
                     sessions_per_slot=request.sessions_per_slot or 3,
                     repeats=request.repeats or 2,
+                    # no field for it in BenchSweepRequest: the CLI's default cap on repeats for power
+                    max_repeats=max(request.repeats or 2, SWEEP_MAX_REPEATS),
                     tolerance=_or(request.tolerance, 0.05),
                     beyond=request.beyond or 2,
                     workers=request.workers or 1,
@@ -129,7 +131,7 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
         last = bench_pb2.BenchSweepUpdate(
             result_json=json.dumps({"profile": prof.to_dict(), "url": request.url, **result.to_dict()}, default=str)
         )
-        if result.c_star is not None:
+        if result.c_star is not None and result.stopped is None:
             best = next(p for p in result.points if p.concurrency == result.c_star)
             event = completed_event(None, prof.name, result.c_star, request.url, best.summaries[-1])
             last.run_id, last.event_seq = event.run_id, (await self._ctx.log.append(event)).seq

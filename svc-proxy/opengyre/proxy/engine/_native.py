@@ -207,6 +207,8 @@ def native_routes(engine: CpuEngine) -> list[Route]:
 
     async def stream(p: Parsed) -> AsyncIterator[bytes]:
         sent = 0
+        incremental = engine.config.incremental_streaming_output
+        shown = ""  # incremental: the text streamed so far
         async with _generations(engine, p) as it:
             async for g in it:
                 fin = g.finish or {}
@@ -219,8 +221,16 @@ def native_routes(engine: CpuEngine) -> list[Route]:
                     }
                     yield sse({"error": err})
                     break
-                out = _result_of(engine, p, g, start=sent if engine.config.incremental_streaming_output else 0)
-                if engine.config.incremental_streaming_output:
+                out = _result_of(engine, p, g, start=sent if incremental else 0)
+                if incremental:
+                    # A delta's ids alone may end inside a character: its text waits for the rest (as SGLang's
+                    # incremental detokenizer holds it) and the last chunk flushes what is held, an incomplete
+                    # character as U+FFFD, so the deltas join to the unstreamed text.
+                    whole = _trimmed_text(engine, g, p.params)
+                    if g.finish is None:
+                        whole = whole.rstrip("\ufffd")
+                    out["text"] = whole[len(shown) :] if whole.startswith(shown) else ""
+                    shown += out["text"]
                     sent = len(g.output_ids)
                 yield sse(out)
         yield DONE
