@@ -136,6 +136,11 @@ def test_run_replay_and_synthetic_publish_and_compare(
         for i in range(3)
     ]
     trace.write_text(json.dumps(convs))
+
+    async def make_stream() -> None:  # the stream is the stack's (`up` creates it); a client only looks it up
+        await (await EventLog.connect(nats_server.url)).close()
+
+    asyncio.run(make_stream())
     code, out = og(
         "bench",
         "run",
