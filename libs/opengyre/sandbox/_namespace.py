@@ -236,11 +236,12 @@ class NamespaceSandbox(BaseSandbox):
         args += ["--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--hostname", "sandbox"]
         args += _system_args()
         args += ["--ro-bind", _etc_dir(), "/etc"]
-        for r in _python_roots():
-            args += ["--ro-bind", r, r]
         args += ["--proc", "/proc", "--dev", "/dev"]
         tmp_size = [] if limits.disk_mb is None else ["--size", str(min(limits.disk_mb, 1024) * 1024 * 1024)]
         args += [*tmp_size, "--tmpfs", "/tmp", *tmp_size, "--tmpfs", "/dev/shm"]
+        # After the private /tmp: a checkout (its venv, its source roots) under the host's /tmp stays visible.
+        for r in _python_roots():
+            args += ["--ro-bind", r, r]
         args += ["--bind", root, root, "--bind", str(self.root / "home"), HOME]
         for m in self.mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]

@@ -214,3 +214,32 @@ def test_another_sandbox_and_another_workspace_are_out_of_reach(workspace: Path,
         own = theirs.run(["cat", "/app/answer.txt"])
     assert own.ok and own.stdout == SECRET  # it is there, for its own sandbox
     assert all(r.exit_code != 0 and SECRET not in r.output for r in results), [r.output for r in results]
+
+
+def test_a_python_install_under_the_hosts_tmp_is_visible_under_the_private_tmp() -> None:
+    """A checkout (its venv) under the host's /tmp, as CI's clean clone may be: the sandbox's private /tmp is
+    mounted first and the Python install bound over it, so the interpreter is still there inside."""
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="og-venv-"))  # under the host's /tmp whatever TMPDIR says
+    try:
+        _python_install_under(base / "venv")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _python_install_under(venv: Path) -> None:
+    import site
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # The new venv reaches this one's packages and source roots through a .pth, as an editable install does.
+    ours = [p for p in (*site.getsitepackages(), *sys.path) if p.startswith("/") and Path(p).is_dir()]
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (purelib / "_og_test.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    code = (
+        "import sys; from opengyre.sandbox import LocalSandbox\n"
+        "with LocalSandbox() as sb:\n"
+        "    r = sb.run([sys.executable, '-c', 'import sys, opengyre.sandbox; print(sys.prefix)'])\n"
+        "print(r.exit_code, r.isolation, r.stdout.strip(), r.stderr.strip()[-300:])\n"
+    )
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[:3] == ["0", "namespace", str(venv)], out.stdout + out.stderr
