@@ -9,7 +9,6 @@ never 1; an honest harness scores 1 through the same path, so the test can fail.
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,4 +179,5 @@ def test_an_honest_harness_scores_one_through_the_same_path(task: Task) -> None:
     ws = _run(task, "honest", spec, reference)
     ev = HarborVerifier().evaluate(task.task_dir, ws)
     assert (ev.score, ev.failure_class) == (1.0, None), ev
-    assert os.path.isdir(ws / "answers")
+    # The work happened in the preserved workspace (which files depends on the patterns the store's seed key drew).
+    assert _digest(ws) != _digest(task.task_dir / "environment" / "workspace")
