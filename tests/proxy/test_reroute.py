@@ -124,7 +124,7 @@ async def test_cell_role_changes_drain_and_reroute_an_anthropic_stream(
         assert "".join(b.text for b in final.content if b.type == "text") == _text_of(st, list(events[0].output_ids))
         assert watcher.roles == {"cell-a": "draining", "cell-b": "rollout"}
         # Back to rollout: the cell takes requests again, from the URL it registered with.
-        await event_log.append(CellRoleChanged(cell_id="cell-a", from_role="training-core", to_role="rollout"))
+        await event_log.append(CellRoleChanged(cell_id="cell-a", from_role="draining", to_role="rollout"))
         await await_until(
             lambda: st.gateway.pool.get("cell-a") is not None,
             "the pool has cell-a",
@@ -351,7 +351,7 @@ async def test_a_cell_whose_engine_changed_is_routed_to_the_new_one_in_any_role(
         # Off rollout the new URL is remembered, and used once the cell is back.
         await watcher.apply(CellRoleChanged(cell_id="c0", from_role="rollout", to_role="draining"))
         await watcher.apply(CellEngineChanged(cell_id="c0", engine_url=later))
-        await watcher.apply(CellRoleChanged(cell_id="c0", from_role="switching", to_role="rollout"))
+        await watcher.apply(CellRoleChanged(cell_id="c0", from_role="draining", to_role="rollout"))
         h = pool.get("c0")
         assert h is not None and h.url == later
         await watcher.apply(CellEngineChanged(cell_id="nope", engine_url=new))  # unknown cell: skipped

@@ -63,7 +63,12 @@ async def test_rollout_engines_are_reloaded_and_late_joiners_synced(
 
         await runner.wait_caught_up(60)  # the WeightsPublished event is folded: the latest version is known
         assert await trainer.sync_engines() == []  # the training cell's engine is not a rollout engine
-        await event_log.append(CellRoleChanged(cell_id="c2", from_role="training-core", to_role="rollout"))
+        await event_log.append_many(  # back by the role-change protocol: through switching
+            [
+                CellRoleChanged(cell_id="c2", from_role="training-core", to_role="switching"),
+                CellRoleChanged(cell_id="c2", from_role="switching", to_role="rollout"),
+            ]
+        )
         await runner.wait_caught_up(60)
         synced = await trainer.sync_engines()
         assert [(r.url, r.success) for r in synced] == [(b.url, True)]  # a is current: left alone

@@ -103,7 +103,7 @@ async def test_rebuild_equals_live(event_log: EventLog, engine: Engine) -> None:
         WeightsPublished(weight_version="default-s1", step=1, uri="/tmp/ckpt", digest="abc"),
         CellRegistered(cell_id="c1", role="rollout", engine_url="http://e1"),
         CellRegistered(cell_id="c2", role="rollout", engine_url="http://e2"),
-        CellRoleChanged(cell_id="c1", from_role="rollout", to_role="training-core"),
+        CellRoleChanged(cell_id="c1", from_role="rollout", to_role="draining"),  # a legal step: no longer serving
         ExecutionDispatched(execution_id="x", task_id="t", group_id="h"),
         bad_call("x", "k", weight_versions=[WeightSpan(version="v1", start=0, end=1)]),
     ]

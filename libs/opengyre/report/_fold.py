@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from opengyre.aggregates import ROLLOUT_ROLES, TRAINING_ROLES, Cell, CellEvent, evolve_cell
+from opengyre.projection import Rejected
+
 from ..events import (
     CellRegistered,
     CellRole,
@@ -47,11 +50,20 @@ from ._model import (
 
 __all__ = ["FOLDED_TYPES", "RunFold", "fold_events"]
 
-# The scheduler's definitions (svc-scheduler ``_rules``: ROLLOUT_ROLES, TRAINING_ROLES): only a cell in "rollout"
-# serves executions. The kernel cannot import a service, so they are restated here; the roles are the catalogue's.
-_SERVING: frozenset[CellRole] = frozenset({"rollout"})
-_TRAINING: frozenset[CellRole] = frozenset({"training-core", "training-satellite"})
+# The cell aggregate's roles: only a cell in "rollout" serves executions.
+_SERVING: frozenset[CellRole] = ROLLOUT_ROLES
+_TRAINING: frozenset[CellRole] = TRAINING_ROLES
 _SWITCHING: frozenset[CellRole] = frozenset({"draining", "switching"})
+
+# How the report names the cell aggregate's refusals (``evolve_cell``'s reasons).
+_CELL_ANOMALIES = {
+    "duplicate-cell": "cell registered twice",
+    "invalid-cell": "cell registered with negative capacity or gpus",
+    "unknown-cell": "event of an unregistered cell",
+    "wrong-role": "role change from a role the cell did not hold",
+    "illegal-transition": "role change outside the role-change protocol",
+    "resident-never-trains": "resident cell turned to training",
+}
 
 _E = TypeVar("_E", bound=Event)
 _Handler = Callable[["RunFold", Any, int], None]
@@ -143,6 +155,9 @@ class RunFold:
         self.by_status: Counter[str] = Counter()
         self.by_failure: Counter[str] = Counter()
         self.cells: dict[str, _Cell] = {}
+        # The cell aggregate, as every reader folds it (engine changes are not read: a role change's verdict never
+        # depends on the engine, and the report shows none).
+        self.cell_views: dict[str, Cell] = {}
         self.spans: list[CellSpan] = []  # closed spans; open ones are the cells' current roles
         self.capacity = 0
         self.watermark: list[WatermarkPoint] = []
@@ -258,10 +273,19 @@ class RunFold:
         for span in e.weight_versions:  # the output tokens each version generated, when weights changed mid-call
             self.calls.setdefault(span.version, [0, 0, 0])[2] += max(0, span.end - span.start)
 
+    def _evolve_cell(self, e: CellEvent, seq: int) -> Cell | None:
+        """The cell aggregate's rule; a refused event is an anomaly (with why) and changes nothing."""
+        try:
+            cell = evolve_cell(self.cell_views.get(e.cell_id), e, seq)
+        except Rejected as exc:
+            self.anomalies[_CELL_ANOMALIES.get(exc.reason, exc.reason)] += 1
+            return None
+        self.cell_views[e.cell_id] = cell
+        return cell
+
     @_folds(CellRegistered)
     def _registered(self, e: CellRegistered, seq: int) -> None:
-        if e.cell_id in self.cells:
-            self.anomalies["cell registered twice"] += 1
+        if self._evolve_cell(e, seq) is None:
             return
         at = _seconds(e.occurred_at)
         self.cells[e.cell_id] = _Cell(e.node, e.capacity, e.resident, e.role, at, "registered")
@@ -271,13 +295,9 @@ class RunFold:
 
     @_folds(CellRoleChanged)
     def _role_changed(self, e: CellRoleChanged, seq: int) -> None:
-        cell = self.cells.get(e.cell_id)
-        if cell is None:
-            self.anomalies["role change of an unregistered cell"] += 1
+        if self._evolve_cell(e, seq) is None:
             return
-        if cell.role != e.from_role:
-            self.anomalies["role change from a role the cell did not hold"] += 1
-            return
+        cell = self.cells[e.cell_id]
         at = _seconds(e.occurred_at)
         self.spans.append(CellSpan(e.cell_id, cell.role, self._rel(cell.since), self._rel(at), cell.reason))
         self.capacity += cell.capacity * ((e.to_role in _SERVING) - (cell.role in _SERVING))

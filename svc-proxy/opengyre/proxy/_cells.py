@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import cast
 
+from opengyre.aggregates import CELL_EVENTS, Cell, CellEvent, cell_key, evolve_cell
 from opengyre.eventlog import EventLog
-from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged
+from opengyre.events import Event
+from opengyre.projection import Rejected
 from opengyre.retry import backoff
 
 from ._pool import EnginePool
@@ -26,8 +29,7 @@ class CellWatcher:
     def __init__(self, event_log: EventLog, pool: EnginePool) -> None:
         self.log = event_log
         self.pool = pool
-        self.urls: dict[str, str] = {}  # cell -> engine URL, remembered across role changes
-        self.roles: dict[str, str] = {}
+        self.cells: dict[str, Cell] = {}
         self.applied = 0
         self._task: asyncio.Task[None] | None = None
         self._drains: set[asyncio.Task[int]] = set()
@@ -51,40 +53,43 @@ class CellWatcher:
         next_seq = 1
         async for attempt in backoff("following cell events failed; resuming", first_s=0.5, max_s=10.0, logger=log):
             with attempt:
-                cells = self.log.subscribe(CellRegistered, CellRoleChanged, CellEngineChanged, start_seq=next_seq)
+                cells = self.log.subscribe(*CELL_EVENTS, start_seq=next_seq)
                 async with contextlib.aclosing(cells) as events:
                     async for seq, event in events:
                         next_seq = seq + 1
-                        await self.apply(event)
+                        await self.apply(event, seq)
 
-    async def apply(self, event: object) -> None:
-        role: str
-        if isinstance(event, CellRegistered):
-            cell, role, url = event.cell_id, event.role, event.engine_url
-        elif isinstance(event, CellRoleChanged):
-            cell, role, url = event.cell_id, event.to_role, event.engine_url
-        elif isinstance(event, CellEngineChanged):  # same role, a new engine: a rollout cell is re-pointed
-            cell, url = event.cell_id, event.engine_url
-            if cell not in self.roles:
-                log.warning("engine change of unknown cell %s", cell)
-                return
-            role = self.roles[cell]
-        else:
+    @property
+    def urls(self) -> dict[str, str]:
+        """cell -> engine URL, remembered across role changes."""
+        return {c.cell_id: c.engine_url for c in self.cells.values() if c.engine_url}
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {c.cell_id: c.role for c in self.cells.values()}
+
+    async def apply(self, event: Event, seq: int = 0) -> None:
+        cell_id = cell_key(event)
+        if cell_id is None:
             return
+        try:  # the cell aggregate's rule, as the scheduler and the trainer fold it
+            cell = evolve_cell(self.cells.get(cell_id), cast(CellEvent, event), seq)
+        except Rejected as exc:  # a refused event changes nothing: keep following the others
+            log.warning("cell event skipped (%s): %s", exc.reason, exc)
+            return
+        self.cells[cell_id] = cell
         self.applied += 1
-        if url:
-            self.urls[cell] = url
-        self.roles[cell] = role
+        role, url = cell.role, cell.engine_url
         if role == "rollout":
-            if cell not in self.urls:
-                log.warning("cell %s is a rollout cell without an engine_url", cell)
+            if not url:
+                log.warning("cell %s is a rollout cell without an engine_url", cell_id)
                 return
             try:
-                await self.pool.add(cell, self.urls[cell], source="cell")
+                await self.pool.add(cell_id, url, source="cell")
             except ValueError as exc:  # a URL no engine client speaks: skip the cell, keep following the others
-                log.warning("cell %s: %s", cell, exc)
-        elif self.pool.get(cell) is not None:
+                log.warning("cell %s: %s", cell_id, exc)
+        elif self.pool.get(cell_id) is not None:
             # Drain in the background: the watcher must keep reading while requests move.
-            task = asyncio.create_task(self.pool.drain(cell), name=f"drain-{cell}")
+            task = asyncio.create_task(self.pool.drain(cell_id), name=f"drain-{cell_id}")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Connection, Table, func, insert, select, update
+from sqlalchemy import Connection, Row, Table, func, insert, select, update
 
+from opengyre.aggregates import Cell, CellEvent, evolve_cell
 from opengyre.events import (
     CellEngineChanged,
     CellRegistered,
@@ -22,7 +23,7 @@ from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import Tracking
 
 from ._executions import EXECUTIONS as _X
-from ._rules import TRAINING_ROLES, check_transition, sample_staleness
+from ._rules import sample_staleness
 from ._state import CellState, GroupState, RunningExecution, SchedulerState, as_seconds
 from ._tables import CELLS as _C
 from ._tables import GROUPS as _G
@@ -103,41 +104,34 @@ class SchedulerProjection(Projection):
 
     @folds(CellRegistered)
     def _registered(self, tx: Connection, e: CellRegistered, seq: int) -> None:
-        if tx.execute(select(_C.c.cell_id).where(_C.c.cell_id == e.cell_id)).first():
-            raise Rejected(f"cell {e.cell_id} is already registered")
-        if e.capacity < 0 or e.gpus < 0:
-            raise Rejected(f"cell {e.cell_id}: capacity and gpus must be >= 0")
-        ordinal = int(tx.execute(select(func.count()).select_from(_C)).scalar() or 0)
-        tx.execute(
-            insert(_C).values(
-                cell_id=e.cell_id, node=e.node, gpus=e.gpus, capacity=e.capacity, role=e.role, engine_url=e.engine_url,
-                resident=e.resident, ordinal=ordinal, registered_seq=seq, role_seq=seq, role_since=e.occurred_at,
-                switch_from=None,
-            )
-        )  # fmt: skip
+        self._cell_event(tx, e, seq)
 
     @folds(CellRoleChanged)
     def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
-        row = tx.execute(select(_C.c.role, _C.c.resident).where(_C.c.cell_id == e.cell_id)).first()
-        check_transition(e.cell_id, cast(CellRole, row.role) if row else None, e.from_role, e.to_role)
-        assert row is not None
-        if e.to_role in TRAINING_ROLES and row.resident:
-            raise Rejected(f"cell {e.cell_id} belongs to the resident rollout pool and never trains")
-        values: dict[str, object] = {
-            "role": e.to_role,
-            "role_seq": seq,
-            "role_since": e.occurred_at,
-            "switch_from": row.role if e.to_role == "switching" else None,
-        }
-        if e.engine_url is not None:
-            values["engine_url"] = e.engine_url
-        tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(**values))
+        self._cell_event(tx, e, seq)
 
     @folds(CellEngineChanged)
     def _engine_changed(self, tx: Connection, e: CellEngineChanged, seq: int) -> None:
-        if not tx.execute(select(_C.c.cell_id).where(_C.c.cell_id == e.cell_id)).first():
-            raise Rejected(f"engine change of unregistered cell {e.cell_id}")
-        tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(engine_url=e.engine_url, role_seq=seq))
+        self._cell_event(tx, e, seq)
+
+    def _cell_event(self, tx: Connection, e: CellEvent, seq: int) -> None:
+        """The cell aggregate's rule (``evolve_cell``) over the cell's row: read it, evolve it, write it back."""
+        row = tx.execute(select(_C).where(_C.c.cell_id == e.cell_id)).first()
+        cell = evolve_cell(_cell_of(row) if row is not None else None, e, seq)
+        values: dict[str, object] = {
+            "role": cell.role, "engine_url": cell.engine_url, "switch_from": cell.switch_from, "role_seq": cell.seq,
+            "role_since": cell.since,
+        }  # fmt: skip
+        if row is not None:
+            tx.execute(update(_C).where(_C.c.cell_id == e.cell_id).values(**values))
+            return
+        ordinal = int(tx.execute(select(func.count()).select_from(_C)).scalar() or 0)
+        tx.execute(
+            insert(_C).values(
+                cell_id=cell.cell_id, node=cell.node, gpus=cell.gpus, capacity=cell.capacity, resident=cell.resident,
+                ordinal=ordinal, registered_seq=seq, **values,
+            )
+        )  # fmt: skip
 
     @folds(TrainingStepCompleted)
     def _step_completed(self, tx: Connection, e: TrainingStepCompleted, seq: int) -> None:
@@ -183,6 +177,13 @@ class SchedulerProjection(Projection):
         )  # fmt: skip
         if e.weight_version:  # a step that updated nothing published no weights
             tx.execute(insert(_V).values(weight_version=e.weight_version, step=e.step))
+
+
+def _cell_of(row: Row[Any]) -> Cell:
+    return Cell(
+        row.cell_id, cast(CellRole, row.role), row.engine_url, bool(row.resident), row.node, row.gpus, row.capacity,
+        cast(CellRole | None, row.switch_from), row.role_since, "", row.role_seq,
+    )  # fmt: skip
 
 
 def _secs(ts: datetime | None) -> float:

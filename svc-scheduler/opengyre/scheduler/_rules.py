@@ -1,13 +1,13 @@
 """The pure rules every consumer of scheduler events shares: legal role transitions, version numbers,
 staleness, and the watermark condition. The SQL projection, the in-memory fold, the command layer and the
-simulator all call these, so none of them can drift from the others."""
+simulator all call these, so none of them can drift from the others. The roles and their protocol are the cell
+aggregate's (``opengyre.aggregates``), which every reader of cell events shares; they are re-exported here."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opengyre.events import CellRole
-from opengyre.projection import Rejected
+from opengyre.aggregates import ROLLOUT_ROLES, TRAINING_ROLES, TRANSITIONS, check_transition
 
 __all__ = [
     "ROLLOUT_ROLES",
@@ -18,33 +18,6 @@ __all__ = [
     "version_step",
     "watermark_allows",
 ]
-
-TRAINING_ROLES: frozenset[CellRole] = frozenset({"training-core", "training-satellite"})
-# Only a cell in "rollout" serves executions; a draining cell is leaving and counts for nothing.
-ROLLOUT_ROLES: frozenset[CellRole] = frozenset({"rollout"})
-
-# The role-change protocol as a graph. To training: rollout -> draining (stop routing, reroute in-flight)
-# -> switching (engine released, trainer starting) -> training-core | training-satellite. Back: training-*
-# -> switching (trainer stopped) -> rollout. "idle" is a cell that serves nothing (registered, failed, parked).
-# A draining cell may go back to rollout (the drain was cancelled); a satellite is promoted when the core leaves.
-TRANSITIONS: Mapping[CellRole, frozenset[CellRole]] = {
-    "idle": frozenset({"rollout", "switching"}),
-    "rollout": frozenset({"draining", "idle"}),
-    "draining": frozenset({"switching", "rollout", "idle"}),
-    "switching": frozenset({"training-core", "training-satellite", "rollout", "idle"}),
-    "training-core": frozenset({"switching", "idle"}),
-    "training-satellite": frozenset({"switching", "idle", "training-core"}),
-}
-
-
-def check_transition(cell_id: str, current: CellRole | None, from_role: CellRole, to_role: CellRole) -> None:
-    """Raise Rejected unless ``current -> to_role`` is a legal step and the event's ``from_role`` is the truth."""
-    if current is None:
-        raise Rejected(f"cell {cell_id} is not registered")
-    if from_role != current:
-        raise Rejected(f"cell {cell_id} is {current}, not {from_role}")
-    if to_role not in TRANSITIONS[current]:
-        raise Rejected(f"cell {cell_id}: {current} -> {to_role} is not a step of the role-change protocol")
 
 
 def version_step(weight_version: str, known: Mapping[str, int]) -> int:

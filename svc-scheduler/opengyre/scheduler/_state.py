@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from opengyre.aggregates import CELL_EVENTS, ROLLOUT_ROLES, TRAINING_ROLES, Cell, CellEvent, evolve_cell
 from opengyre.events import (
-    CellEngineChanged,
-    CellRegistered,
     CellRole,
-    CellRoleChanged,
     Event,
     ExecutionDispatched,
     ExecutionFinished,
@@ -22,7 +20,7 @@ from opengyre.events import (
 )
 from opengyre.projection import Rejected
 
-from ._rules import ROLLOUT_ROLES, TRAINING_ROLES, check_transition, sample_staleness, version_step
+from ._rules import sample_staleness, version_step
 
 __all__ = ["CellState", "GroupState", "RunningExecution", "SchedulerState", "as_seconds"]
 
@@ -382,43 +380,29 @@ class SchedulerState:
             self._ready_samples += g.finished
             self.ready_rev += 1
 
-    def _registered(self, e: CellRegistered, seq: int) -> None:
-        if e.cell_id in self.cells:
-            raise Rejected(f"cell {e.cell_id} is already registered")
-        if e.capacity < 0 or e.gpus < 0:
-            raise Rejected(f"cell {e.cell_id}: capacity and gpus must be >= 0")
-        cell = CellState(
-            e.cell_id, e.node, e.gpus, e.capacity, e.role, e.engine_url, e.resident, len(self.cells), seq,
-            as_seconds(e.occurred_at),
-        )  # fmt: skip
-        self.cells[e.cell_id] = cell
-        self._order.append(cell)
-        if not cell.resident:
-            self._pool_rank[cell.cell_id] = len(self._pool)
-            self._pool.append(cell)
-        self._index(cell, 1)
-
-    def _role_changed(self, e: CellRoleChanged, seq: int) -> None:
-        cell = self.cells.get(e.cell_id)
-        check_transition(e.cell_id, cell.role if cell else None, e.from_role, e.to_role)
-        assert cell is not None
-        if e.to_role in TRAINING_ROLES and cell.resident:
-            raise Rejected(f"cell {e.cell_id} belongs to the resident rollout pool and never trains")
-        self._index(cell, -1)
-        cell.switch_from = cell.role if e.to_role == "switching" else None
-        cell.role = e.to_role
-        self._index(cell, 1)
-        cell.role_seq = seq
-        cell.role_since = as_seconds(e.occurred_at)
-        if e.engine_url is not None:
-            cell.engine_url = e.engine_url
-
-    def _engine_changed(self, e: CellEngineChanged, seq: int) -> None:
-        cell = self.cells.get(e.cell_id)
-        if cell is None:
-            raise Rejected(f"engine change of unregistered cell {e.cell_id}")
-        cell.engine_url = e.engine_url
-        cell.role_seq = seq  # the cell's last event: the next role change appends after it
+    def _cell_event(self, e: CellEvent, seq: int) -> None:
+        # The rule is the cell aggregate's; this fold only keeps its indexes in step with the result.
+        old = self.cells.get(e.cell_id)
+        cell = evolve_cell(_view(old) if old is not None else None, e, seq)
+        if old is None:
+            c = CellState(
+                cell.cell_id, cell.node, cell.gpus, cell.capacity, cell.role, cell.engine_url, cell.resident,
+                len(self.cells), seq, as_seconds(cell.since) if cell.since is not None else 0.0,
+            )  # fmt: skip
+            self.cells[c.cell_id] = c
+            self._order.append(c)
+            if not c.resident:
+                self._pool_rank[c.cell_id] = len(self._pool)
+                self._pool.append(c)
+            self._index(c, 1)
+            return
+        if cell.role != old.role or cell.switch_from != old.switch_from:
+            self._index(old, -1)
+            old.role, old.switch_from = cell.role, cell.switch_from
+            self._index(old, 1)
+        if cell.since is not None:  # a role change (the view handed in has none): the role's start moved
+            old.role_since = as_seconds(cell.since)
+        old.engine_url, old.role_seq = cell.engine_url, cell.seq
 
     def _step_completed(self, e: TrainingStepCompleted, seq: int = 0) -> None:
         if e.step <= self.trained_step:
@@ -459,6 +443,13 @@ class SchedulerState:
         self.ready_rev += 1
 
 
+def _view(c: CellState) -> Cell:
+    """The aggregate's view of a cell the state holds (what ``evolve_cell`` reads)."""
+    return Cell(
+        c.cell_id, c.role, c.engine_url, c.resident, c.node, c.gpus, c.capacity, c.switch_from, None, "", c.role_seq
+    )
+
+
 def _sorted_update(xs: list[int], x: int, sign: int) -> None:
     if sign > 0:
         insort(xs, x)
@@ -469,8 +460,6 @@ def _sorted_update(xs: list[int], x: int, sign: int) -> None:
 _FOLDS: dict[type[Event], Callable[[SchedulerState, Any, int], None]] = {
     ExecutionDispatched: SchedulerState._dispatched,
     ExecutionFinished: SchedulerState._finished,
-    CellRegistered: SchedulerState._registered,
-    CellRoleChanged: SchedulerState._role_changed,
-    CellEngineChanged: SchedulerState._engine_changed,
+    **dict.fromkeys(CELL_EVENTS, SchedulerState._cell_event),
     TrainingStepCompleted: SchedulerState._step_completed,
 }

@@ -16,9 +16,11 @@ from typing import cast
 
 from sqlalchemy import Connection, Table, func, insert, select, update
 
+from opengyre.aggregates import Cell, CellEvent, evolve_cell
 from opengyre.events import (
     CellEngineChanged,
     CellRegistered,
+    CellRole,
     CellRoleChanged,
     ExecutionDispatched,
     ExecutionFinished,
@@ -59,17 +61,15 @@ class TrainerProjection(Projection):
 
     @folds(CellRegistered)
     def _registered(self, tx: Connection, e: CellRegistered, seq: int) -> None:
-        self._cell(tx, e.cell_id, e.role, e.engine_url, seq, registered=True)
+        self._cell(tx, e, seq)
 
     @folds(CellRoleChanged)
     def _role_changed(self, tx: Connection, e: CellRoleChanged, seq: int) -> None:
-        self._cell(tx, e.cell_id, e.to_role, e.engine_url, seq, registered=False)
+        self._cell(tx, e, seq)
 
     @folds(CellEngineChanged)
     def _engine_changed(self, tx: Connection, e: CellEngineChanged, seq: int) -> None:
-        if not tx.execute(select(_N.c.cell_id).where(_N.c.cell_id == e.cell_id)).first():
-            raise TrajectoryRejected("unknown-cell", f"engine change of unregistered cell {e.cell_id}")
-        tx.execute(update(_N).where(_N.c.cell_id == e.cell_id).values(engine_url=e.engine_url, seq=seq))
+        self._cell(tx, e, seq)
 
     def _execution(self, tx: Connection, execution_id: str) -> ExecutionRow | None:
         row = tx.execute(select(_E).where(_E.c.execution_id == execution_id)).first()
@@ -241,17 +241,18 @@ class TrainerProjection(Projection):
             )
         )
 
-    def _cell(self, tx: Connection, cell_id: str, role: str, url: str | None, seq: int, *, registered: bool) -> None:
-        row = tx.execute(select(_N).where(_N.c.cell_id == cell_id)).first()
+    def _cell(self, tx: Connection, e: CellEvent, seq: int) -> None:
+        """The cell aggregate's rule (``evolve_cell``) over the few fields the trainer keeps of a cell."""
+        row = tx.execute(select(_N).where(_N.c.cell_id == e.cell_id)).first()
+        old = None
+        if row is not None:
+            old = Cell(row.cell_id, cast(CellRole, row.role), row.engine_url, bool(row.resident), seq=row.seq)
+        cell = evolve_cell(old, e, seq)
+        values = {"engine_url": cell.engine_url, "role": cell.role, "seq": seq}
         if row is None:
-            if not registered:
-                raise TrajectoryRejected("unknown-cell", f"role change of unregistered cell {cell_id}")
-            tx.execute(insert(_N).values(cell_id=cell_id, engine_url=url, role=role, seq=seq))
-            return
-        # A role change may move the engine (a new URL) or keep it (no URL given).
-        tx.execute(
-            update(_N).where(_N.c.cell_id == cell_id).values(role=role, engine_url=url or row.engine_url, seq=seq)
-        )
+            tx.execute(insert(_N).values(cell_id=cell.cell_id, resident=cell.resident, **values))
+        else:
+            tx.execute(update(_N).where(_N.c.cell_id == e.cell_id).values(**values))
 
     @folds(WeightsPublished)
     def _weights(self, tx: Connection, e: WeightsPublished, seq: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Float, Integer, LargeBinary, String, Text
+from sqlalchemy import Boolean, Float, Integer, LargeBinary, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.store import STREAM_SEQ, Base
@@ -108,3 +108,4 @@ class EngineRow(Base):
     engine_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
     role: Mapped[str] = mapped_column(String(32))
     seq: Mapped[int] = mapped_column(STREAM_SEQ)
+    resident: Mapped[bool] = mapped_column(Boolean, server_default=false())  # never trains (the cell's rule)
