@@ -3,7 +3,10 @@ one codec and validator for recorded calls and one row -> node mapping for the s
 and the compact token payload each call stores once, out of its event."""
 
 from ._calls import (
+    ENGINE_ID_LEN,
+    FINISH_REASON_LEN,
     CallRejected,
+    call_row,
     check_call,
     check_payload,
     is_logprob,
@@ -20,6 +23,8 @@ from ._stored import join_payload, resolve_calls, split_payload
 from ._tree import Node, PathSequence, TrajectoryError, TrajectoryTree
 
 __all__ = [
+    "ENGINE_ID_LEN",
+    "FINISH_REASON_LEN",
     "CallRejected",
     "Node",
     "PathSequence",
@@ -28,6 +33,7 @@ __all__ = [
     "TokenPayload",
     "TrajectoryError",
     "TrajectoryTree",
+    "call_row",
     "check_call",
     "check_payload",
     "decode_payload",

@@ -22,7 +22,10 @@ from ._payload import PayloadError, PayloadUnavailable, TokenPayload, decode_pay
 from ._tree import Node, TrajectoryError
 
 __all__ = [
+    "ENGINE_ID_LEN",
+    "FINISH_REASON_LEN",
     "CallRejected",
+    "call_row",
     "check_call",
     "check_payload",
     "is_logprob",
@@ -72,6 +75,42 @@ class CallRejected(TrajectoryError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+# The widths of the free-text columns every call store keeps: a longer value (an engine's own finish reason, the
+# ","-joined engines of a rerouted call) is cut to fit, the same way in every store, so the row fits on any
+# backend (Postgres enforces the width; SQLite does not) and a rebuild gives the same bytes.
+FINISH_REASON_LEN = 32
+ENGINE_ID_LEN = 255
+
+
+def call_row(e: ModelCallRecorded, seq: int) -> dict[str, Any]:
+    """The columns every store of recorded calls keeps, from the event (after ``check_call`` accepted it): the
+    tree's shape, the inline tokens packed by this codec (empty when they are in the payload store), the payload
+    reference, and what the call ran on. A store adds its own columns to it."""
+    ref = e.payload
+    return {
+        "execution_id": e.execution_id,
+        "call_id": e.call_id,
+        "seq": seq,
+        "parent_call_id": e.parent_call_id,
+        "prefix_len": e.prefix_len,
+        "n_tokens": e.prefix_len + e.n_prompt_delta + e.n_output,
+        "n_prompt_delta": e.n_prompt_delta,
+        "n_output": e.n_output,
+        "prompt_delta": pack_ids(e.prompt_delta_ids),
+        "output_ids": pack_ids(e.output_ids),
+        "output_logprobs": pack_logprobs(e.output_logprobs),
+        "payload_digest": ref.digest if ref else None,
+        "payload_size": ref.size if ref else None,
+        "compacted_seq": None,
+        "role": e.role,
+        "weight_version": e.weight_version,
+        "weight_spans": pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
+        "temperature": e.temperature,
+        "finish_reason": e.finish_reason[:FINISH_REASON_LEN],
+        "engine_id": e.engine_id[:ENGINE_ID_LEN],
+    }
 
 
 def check_call(e: ModelCallRecorded, *, known: dict[str, int]) -> None:

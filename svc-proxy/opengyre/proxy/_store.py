@@ -36,7 +36,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from opengyre.events import ExecutionFinished, ModelCallRecorded, PayloadsCompacted
 from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
-from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
+from opengyre.trajectory import ENGINE_ID_LEN, FINISH_REASON_LEN, CallRejected, call_row, check_call
 
 __all__ = [
     "CALLS",
@@ -72,9 +72,9 @@ class CallRow(Base):
     compacted_seq: Mapped[int | None] = mapped_column(STREAM_SEQ, nullable=True)
     role: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
-    engine_id: Mapped[str] = mapped_column(String(255))
+    engine_id: Mapped[str] = mapped_column(String(ENGINE_ID_LEN))
     weight_version: Mapped[str] = mapped_column(String(64))
-    finish_reason: Mapped[str] = mapped_column(String(32))
+    finish_reason: Mapped[str] = mapped_column(String(FINISH_REASON_LEN))
     dialect: Mapped[str] = mapped_column(String(32))
     branch: Mapped[str] = mapped_column(String(16))
     tool_calls: Mapped[str] = mapped_column(Text)
@@ -170,32 +170,14 @@ class TrajectoryProjection(Projection):
             check_call(e, known={r.call_id: r.n_tokens for r in known})
         except CallRejected as exc:
             raise Rejected(str(exc), reason=exc.reason) from exc
-        ref = e.payload
-        prompt_len = e.prefix_len + e.n_prompt_delta
-        n_tokens = prompt_len + e.n_output
-        d = e.drift
+        row = call_row(e, seq)
+        row["weight_versions"] = row.pop("weight_spans")  # this store's name for the column
+        ref, n_tokens, d = e.payload, row["n_tokens"], e.drift
         tx.execute(
             insert(CALLS).values(
-                execution_id=e.execution_id,
-                call_id=e.call_id,
-                seq=seq,
+                **row,
                 event_id=e.event_id,
-                parent_call_id=e.parent_call_id,
-                prefix_len=e.prefix_len,
-                n_tokens=n_tokens,
-                n_prompt_delta=e.n_prompt_delta,
-                n_output=e.n_output,
-                payload_digest=ref.digest if ref else None,
-                payload_size=ref.size if ref else None,
-                compacted_seq=None,
-                prompt_delta=pack_ids(e.prompt_delta_ids),
-                output_ids=pack_ids(e.output_ids),
-                output_logprobs=pack_logprobs(e.output_logprobs),
-                role=e.role,
                 model=e.model,
-                engine_id=e.engine_id,
-                weight_version=e.weight_version,
-                finish_reason=e.finish_reason,
                 dialect=e.dialect,
                 branch=e.branch,
                 tool_calls=json.dumps([{"id": t.id, "name": t.name, "arguments": t.arguments} for t in e.tool_calls]),
@@ -209,8 +191,6 @@ class TrajectoryProjection(Projection):
                 context_ref=e.context_ref,
                 attempts=e.attempts,
                 occurred_at=e.occurred_at,
-                weight_versions=pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
-                temperature=e.temperature,
             )
         )
         stored = e.n_prompt_delta + e.n_output

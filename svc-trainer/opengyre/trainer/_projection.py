@@ -30,7 +30,7 @@ from opengyre.events import (
     WeightsPublished,
 )
 from opengyre.projection import Projection, Rejected, folds
-from opengyre.trajectory import CallRejected, check_call, pack_ids, pack_logprobs, pack_spans
+from opengyre.trajectory import CallRejected, call_row, check_call
 
 from ._admission import ExecutionOutcome, classify_outcome
 from ._tables import CallRow, EngineRow, ExecutionRow, StepRow, WeightsRow
@@ -123,36 +123,11 @@ class TrainerProjection(Projection):
             check_call(e, known=tokens)
         except CallRejected as exc:
             raise TrajectoryRejected(exc.reason, str(exc)) from exc
-        ref, n_out = e.payload, e.n_output
-        tx.execute(
-            insert(_C).values(
-                execution_id=e.execution_id,
-                call_id=e.call_id,
-                ordinal=len(tokens),
-                parent_call_id=e.parent_call_id,
-                prefix_len=e.prefix_len,
-                n_tokens=e.prefix_len + e.n_prompt_delta + n_out,
-                n_prompt_delta=e.n_prompt_delta,
-                n_output=n_out,
-                role=e.role,
-                weight_version=e.weight_version,
-                prompt_delta=pack_ids(e.prompt_delta_ids),
-                output_ids=pack_ids(e.output_ids),
-                output_logprobs=pack_logprobs(e.output_logprobs),
-                payload_digest=ref.digest if ref else None,
-                payload_size=ref.size if ref else None,
-                compacted_seq=None,
-                seq=seq,
-                weight_spans=pack_spans([(w.version, w.start, w.end) for w in e.weight_versions]),
-                temperature=e.temperature,
-                finish_reason=e.finish_reason[:32],
-                engine_id=e.engine_id[:255],
-            )
-        )
+        tx.execute(insert(_C).values(**call_row(e, seq), ordinal=len(tokens)))
         tx.execute(
             update(_E)
             .where(_E.c.execution_id == e.execution_id)
-            .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + n_out)
+            .values(n_calls=_E.c.n_calls + 1, n_generated=_E.c.n_generated + e.n_output)
         )
 
     @folds(PayloadsCompacted)

@@ -6,6 +6,7 @@ from sqlalchemy import Boolean, Float, Integer, LargeBinary, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from opengyre.store import STREAM_SEQ, Base
+from opengyre.trajectory import ENGINE_ID_LEN, FINISH_REASON_LEN
 
 __all__ = ["CallRow", "EngineRow", "ExecutionRow", "StepRow", "WeightsRow"]
 
@@ -66,8 +67,8 @@ class CallRow(Base):
     weight_spans: Mapped[str] = mapped_column(Text, server_default="")
     # The sampling temperature of the recorded logprobs (None: unknown, never trained) and why the call ended.
     temperature: Mapped[float | None] = mapped_column(Float, nullable=True)
-    finish_reason: Mapped[str] = mapped_column(String(32), server_default="")
-    engine_id: Mapped[str] = mapped_column(String(255), server_default="")  # the proxy's engines, ","-joined
+    finish_reason: Mapped[str] = mapped_column(String(FINISH_REASON_LEN), server_default="")
+    engine_id: Mapped[str] = mapped_column(String(ENGINE_ID_LEN), server_default="")  # the proxy's engines, ","-joined
 
 
 class StepRow(Base):
