@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from opengyre.aggregates import ROLLOUT_ROLES, TRAINING_ROLES, Cell, CellEvent, evolve_cell
+from opengyre.aggregates import (
+    ROLLOUT_ROLES,
+    TRAINING_ROLES,
+    Cell,
+    CellEvent,
+    Execution,
+    ExecutionEvent,
+    evolve_cell,
+    evolve_execution,
+)
 from opengyre.projection import Rejected
 
 from ..events import (
@@ -63,6 +72,15 @@ _CELL_ANOMALIES = {
     "wrong-role": "role change from a role the cell did not hold",
     "illegal-transition": "role change outside the role-change protocol",
     "resident-never-trains": "resident cell turned to training",
+}
+
+_EXECUTION_ANOMALIES = {
+    "duplicate-execution": "execution dispatched twice",
+    "unknown-execution": "execution finished but never dispatched",
+    "already-finished": "execution finished twice",
+    "invalid-score": "execution finished with a score that is not a number",
+    "invalid-call-count": "execution finished with a negative call count",
+    "score-on-failure": "execution failed with a score",
 }
 
 _E = TypeVar("_E", bound=Event)
@@ -151,6 +169,7 @@ class RunFold:
         self.too_easy_count = 0
         self.hardenings: list[HardeningView] = []
         self.execs: dict[str, _Execution] = {}
+        self.exec_views: dict[str, Execution] = {}  # the execution aggregate, as every reader folds it
         self.finished = 0
         self.by_status: Counter[str] = Counter()
         self.by_failure: Counter[str] = Counter()
@@ -237,10 +256,18 @@ class RunFold:
             )
         )  # fmt: skip
 
+    def _evolve_execution(self, e: ExecutionEvent, seq: int) -> bool:
+        """The execution aggregate's rule; a refused event is an anomaly (with why) and changes nothing."""
+        try:
+            self.exec_views[e.execution_id] = evolve_execution(self.exec_views.get(e.execution_id), e, seq)
+        except Rejected as exc:
+            self.anomalies[_EXECUTION_ANOMALIES.get(exc.reason, exc.reason)] += 1
+            return False
+        return True
+
     @_folds(ExecutionDispatched)
     def _dispatched(self, e: ExecutionDispatched, seq: int) -> None:
-        if e.execution_id in self.execs:
-            self.anomalies["execution dispatched twice"] += 1
+        if not self._evolve_execution(e, seq):
             return
         at = _seconds(e.occurred_at)
         self.execs[e.execution_id] = _Execution(e.task_id, e.task_version, e.step, at)
@@ -248,13 +275,9 @@ class RunFold:
 
     @_folds(ExecutionFinished)
     def _finished(self, e: ExecutionFinished, seq: int) -> None:
-        x = self.execs.get(e.execution_id)
-        if x is None:
-            self.anomalies["execution finished but never dispatched"] += 1
+        if not self._evolve_execution(e, seq):
             return
-        if x.finished_at is not None:
-            self.anomalies["execution finished twice"] += 1
-            return
+        x = self.execs[e.execution_id]
         x.finished_at, x.status, x.score = _seconds(e.occurred_at), e.status, e.score
         self.finished += 1
         self.by_status[e.status] += 1

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Row, Table, func, insert, select, update
 
-from opengyre.aggregates import Cell, CellEvent, evolve_cell
+from opengyre.aggregates import Cell, CellEvent, Execution, evolve_cell, evolve_execution
 from opengyre.events import (
     CellEngineChanged,
     CellRegistered,
@@ -41,10 +41,13 @@ class SchedulerProjection(Projection):
     def tables(self) -> Sequence[Table]:
         return (_S, _V, _G, _C, _X)
 
+    def _execution(self, tx: Connection, execution_id: str) -> Execution | None:
+        row = tx.execute(select(_X.c.status).where(_X.c.execution_id == execution_id)).first()
+        return None if row is None else Execution(execution_id, finished=row.status != "running", status=row.status)
+
     @folds(ExecutionDispatched)
     def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
-        if tx.execute(select(_X.c.execution_id).where(_X.c.execution_id == e.execution_id)).first():
-            raise Rejected(f"execution {e.execution_id} was already dispatched")
+        evolve_execution(self._execution(tx, e.execution_id), e, seq)  # the one rule; it raises Rejected
         vstep = tx.execute(select(_V.c.step).where(_V.c.weight_version == e.weight_version)).scalar() or 0
         tx.execute(
             insert(_X).values(
@@ -79,11 +82,8 @@ class SchedulerProjection(Projection):
 
     @folds(ExecutionFinished)
     def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
-        row = tx.execute(select(_X.c.status, _X.c.group_id).where(_X.c.execution_id == e.execution_id)).first()
-        if row is None:
-            raise Rejected(f"execution {e.execution_id} finished but was never dispatched")
-        if row.status != "running":
-            raise Rejected(f"execution {e.execution_id} already finished")
+        evolve_execution(self._execution(tx, e.execution_id), e, seq)  # the one rule; it raises Rejected
+        row = tx.execute(select(_X.c.group_id).where(_X.c.execution_id == e.execution_id)).one()
         outcome = {"status": e.status, "score": e.score, "failure_class": e.failure_class}
         tx.execute(
             update(_X)

@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from opengyre.aggregates import CELL_EVENTS, ROLLOUT_ROLES, TRAINING_ROLES, Cell, CellEvent, evolve_cell
+from opengyre.aggregates import (
+    CELL_EVENTS,
+    ROLLOUT_ROLES,
+    TRAINING_ROLES,
+    Cell,
+    CellEvent,
+    Execution,
+    evolve_cell,
+    evolve_execution,
+)
 from opengyre.events import (
     CellRole,
     Event,
@@ -295,7 +304,14 @@ class SchedulerState:
             else:
                 self._to_training += sign
 
+    def _execution_view(self, execution_id: str) -> Execution | None:
+        """The aggregate's view of an execution the state holds (what ``evolve_execution`` reads)."""
+        if execution_id in self.running:
+            return Execution(execution_id)
+        return Execution(execution_id, finished=True) if execution_id in self.finished else None
+
     def _dispatched(self, e: ExecutionDispatched, seq: int = 0) -> None:
+        evolve_execution(self._execution_view(e.execution_id), e, seq)  # the one rule; it raises Rejected
         self.dispatch_execution(
             e.execution_id, e.group_id, e.step, e.weight_version, as_seconds(e.occurred_at), e.timeout_s, e.group_size
         )
@@ -304,8 +320,9 @@ class SchedulerState:
         self, execution_id: str, group_id: str, step: int, weight_version: str, at_s: float, timeout_s: float,
         group_size: int,
     ) -> None:  # fmt: skip
-        """The fold of ``execution-dispatched`` (``apply`` calls it; the simulator too, without building the
-        event when it does not record them)."""
+        """The fold of ``execution-dispatched`` (``apply`` calls it after ``evolve_execution`` judged the event;
+        the simulator too, without building the event when it does not record them, so its refusal is restated
+        here, on the hot path)."""
         if execution_id in self.running or execution_id in self.finished:
             raise Rejected(f"execution {execution_id} was already dispatched")
         vstep = version_step(weight_version, self.versions)
@@ -359,6 +376,7 @@ class SchedulerState:
             self.dispatched_step = step
 
     def _finished(self, e: ExecutionFinished, seq: int = 0) -> None:
+        evolve_execution(self._execution_view(e.execution_id), e, seq)  # the one rule; it raises Rejected
         self.finish_execution(e.execution_id, e.score is not None, as_seconds(e.occurred_at))
 
     def finish_execution(self, execution_id: str, valid: bool, at_s: float) -> None:

@@ -16,7 +16,7 @@ from typing import cast
 
 from sqlalchemy import Connection, Table, func, insert, select, update
 
-from opengyre.aggregates import Cell, CellEvent, evolve_cell
+from opengyre.aggregates import Cell, CellEvent, Execution, evolve_cell, evolve_execution
 from opengyre.events import (
     CellEngineChanged,
     CellRegistered,
@@ -51,6 +51,11 @@ class TrajectoryRejected(Rejected):
         super().__init__(detail, reason=reason)
 
 
+def _view(row: ExecutionRow) -> Execution:
+    """The aggregate's view of an execution row (what ``evolve_execution`` reads)."""
+    return Execution(row.execution_id, finished=row.status != "running", status=row.status, score=row.score)
+
+
 class TrainerProjection(Projection):
     name = "trainer"
     aggregates = ("execution", "training", "weights", "cell")
@@ -77,8 +82,8 @@ class TrainerProjection(Projection):
 
     @folds(ExecutionDispatched)
     def _dispatched(self, tx: Connection, e: ExecutionDispatched, seq: int) -> None:
-        if self._execution(tx, e.execution_id) is not None:
-            raise TrajectoryRejected("duplicate-execution", f"{e.execution_id} was already dispatched")
+        ex = self._execution(tx, e.execution_id)
+        evolve_execution(_view(ex) if ex is not None else None, e, seq)  # the one rule; it raises Rejected
         tx.execute(
             insert(_E).values(
                 execution_id=e.execution_id,
@@ -148,17 +153,10 @@ class TrainerProjection(Projection):
 
     @folds(ExecutionFinished)
     def _finished(self, tx: Connection, e: ExecutionFinished, seq: int) -> None:
-        ex = self._execution(tx, e.execution_id)
-        if ex is None:
-            raise TrajectoryRejected("unknown-execution", f"finish of unknown execution {e.execution_id}")
-        if ex.status != "running":
-            raise TrajectoryRejected("already-finished", f"{e.execution_id} finished twice")
-        if e.score is not None and not math.isfinite(e.score):
-            raise TrajectoryRejected("invalid-score", f"{e.execution_id}: score {e.score}")
-        if e.recorded_calls is not None and e.recorded_calls < 0:
-            raise TrajectoryRejected("invalid-call-count", f"{e.execution_id}: {e.recorded_calls} recorded calls")
-        if e.score is not None and e.status in ("evaluator-failed", "infra-failed"):
-            raise TrajectoryRejected("score-on-failure", f"{e.execution_id}: {e.status} with score {e.score}")
+        found = self._execution(tx, e.execution_id)
+        evolve_execution(_view(found) if found is not None else None, e, seq)  # the one rule; it raises Rejected
+        assert found is not None
+        ex = found
         verdict, reason = classify_outcome(
             ExecutionOutcome(e.execution_id, ex.group_id, e.status, e.score, e.failure_class)
         )
