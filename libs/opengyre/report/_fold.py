@@ -21,8 +21,11 @@ from opengyre.aggregates import (
     CellEvent,
     Execution,
     ExecutionEvent,
+    Task,
+    TaskEvent,
     evolve_cell,
     evolve_execution,
+    evolve_task,
 )
 from opengyre.projection import Rejected
 
@@ -74,6 +77,13 @@ _CELL_ANOMALIES = {
     "resident-never-trains": "resident cell turned to training",
 }
 
+_TASK_ANOMALIES = {
+    "duplicate-task": "task synthesized twice",
+    "unknown-task": "event of an unknown task",
+    "unknown-task-version": "verdict on an unknown task version",
+    "stale-version": "hardening of a task version that is not current",
+    "duplicate-task-version": "task version synthesized twice",
+}
 _EXECUTION_ANOMALIES = {
     "duplicate-execution": "execution dispatched twice",
     "unknown-execution": "execution finished but never dispatched",
@@ -165,6 +175,7 @@ class RunFold:
         self.anomalies: Counter[str] = Counter()
         self.skills: dict[str, tuple[float, bool]] = {}
         self.tasks: dict[str, _Task] = {}
+        self.task_views: dict[str, Task] = {}  # the task aggregate, as every reader folds it
         self.too_easy: dict[tuple[str, int], tuple[float, float]] = {}  # (task, version) -> (at, mean reward)
         self.too_easy_count = 0
         self.hardenings: list[HardeningView] = []
@@ -213,42 +224,46 @@ class RunFold:
     def _skill(self, e: SkillIngested, seq: int) -> None:
         self.skills.setdefault(e.skill_id, (_seconds(e.occurred_at), e.accepted))
 
+    def _evolve_task(self, e: TaskEvent, seq: int) -> bool:
+        """The task aggregate's rule; a refused event is an anomaly (with why) and changes nothing."""
+        try:
+            self.task_views[e.task_id] = evolve_task(self.task_views.get(e.task_id), e, seq)
+        except Rejected as exc:
+            self.anomalies[_TASK_ANOMALIES.get(exc.reason, exc.reason)] += 1
+            return False
+        return True
+
     @_folds(TaskSynthesized)
     def _synthesized(self, e: TaskSynthesized, seq: int) -> None:
-        at = _seconds(e.occurred_at)
-        task = self.tasks.setdefault(e.task_id, _Task(e.skill_id))
-        if e.task_version in task.versions:
-            self.anomalies["task version synthesized twice"] += 1
+        if not self._evolve_task(e, seq):
             return
+        at = _seconds(e.occurred_at)
         skill = self.skills.get(e.skill_id)
-        task.versions[e.task_version] = _Version(list(e.patterns), skill[0] if skill else at, at)
+        self.tasks[e.task_id] = _Task(
+            e.skill_id, {e.task_version: _Version(list(e.patterns), skill[0] if skill else at, at)}
+        )
 
     @_folds(TaskValidated)
     def _validated(self, e: TaskValidated, seq: int) -> None:
-        task = self.tasks.get(e.task_id)
-        v = task.versions.get(e.task_version) if task else None
-        if v is None:
-            self.anomalies["validation of an unknown task version"] += 1
+        if not self._evolve_task(e, seq):
             return
+        v = self.tasks[e.task_id].versions[e.task_version]
         v.validated_at, v.ok = _seconds(e.occurred_at), e.ok
 
     @_folds(TaskTooEasy)
     def _too_easy(self, e: TaskTooEasy, seq: int) -> None:
+        if not self._evolve_task(e, seq):
+            return
         self.too_easy_count += 1
         self.too_easy[(e.task_id, e.task_version)] = (_seconds(e.occurred_at), e.mean_reward)
 
     @_folds(TaskHardened)
     def _hardened(self, e: TaskHardened, seq: int) -> None:
+        if not self._evolve_task(e, seq):
+            return
         at = _seconds(e.occurred_at)
-        task = self.tasks.get(e.task_id)
-        if task is None or e.from_version not in task.versions:
-            self.anomalies["hardening of an unknown task version"] += 1
-            return
-        if e.to_version in task.versions:
-            self.anomalies["task version synthesized twice"] += 1
-            return
         verdict = self.too_easy.get((e.task_id, e.from_version))
-        task.versions[e.to_version] = _Version(list(e.patterns), verdict[0] if verdict else at, at)
+        self.tasks[e.task_id].versions[e.to_version] = _Version(list(e.patterns), verdict[0] if verdict else at, at)
         self.hardenings.append(
             HardeningView(
                 e.task_id, e.from_version, e.to_version, self._rel(at), e.bypassed, e.reason,

@@ -10,8 +10,9 @@ import msgspec
 from sqlalchemy import Boolean, Connection, Float, Integer, String, Table, Text, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from opengyre.aggregates import Task, evolve_task
 from opengyre.events import PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
-from opengyre.projection import Projection, Rejected, folds
+from opengyre.projection import Projection, folds
 from opengyre.store import STREAM_SEQ, Base
 
 __all__ = ["SkillRow", "TaskRow", "TaskVersionRow", "TasksProjection", "task_lineage"]
@@ -88,8 +89,7 @@ class TasksProjection(Projection):
 
     @folds(TaskSynthesized)
     def _synthesized(self, tx: Connection, e: TaskSynthesized, seq: int) -> None:
-        if tx.execute(select(_T.c.task_id).where(_T.c.task_id == e.task_id)).first():
-            raise Rejected(f"task {e.task_id} already exists")
+        evolve_task(self._task(tx, e.task_id), e, seq)  # the one rule; it raises Rejected
         tx.execute(
             insert(_T).values(
                 task_id=e.task_id,
@@ -106,6 +106,7 @@ class TasksProjection(Projection):
 
     @folds(TaskValidated)
     def _validated(self, tx: Connection, e: TaskValidated, seq: int) -> None:
+        evolve_task(self._task(tx, e.task_id), e, seq)
         cur = self._current(tx, e.task_id)
         if cur.task_version == e.task_version:
             self._update(tx, e.task_id, seq, validated=e.ok)
@@ -118,14 +119,14 @@ class TasksProjection(Projection):
 
     @folds(TaskTooEasy)
     def _too_easy(self, tx: Connection, e: TaskTooEasy, seq: int) -> None:
+        evolve_task(self._task(tx, e.task_id), e, seq)
         cur = self._current(tx, e.task_id)
         self._update(tx, e.task_id, seq, too_easy_count=cur.too_easy_count + 1, last_mean_reward=e.mean_reward)
 
     @folds(TaskHardened)
     def _hardened(self, tx: Connection, e: TaskHardened, seq: int) -> None:
+        evolve_task(self._task(tx, e.task_id), e, seq)
         cur = self._current(tx, e.task_id)
-        if cur.task_version != e.from_version:
-            raise Rejected(f"task {e.task_id} is at v{cur.task_version}, not v{e.from_version}")
         self._update(
             tx, e.task_id, seq, task_version=e.to_version, hardened_count=cur.hardened_count + 1, validated=None
         )
@@ -142,8 +143,6 @@ class TasksProjection(Projection):
         reason: str,
         seq: int,
     ) -> None:
-        if tx.execute(select(_V.c.version).where(_V.c.task_id == task_id, _V.c.version == version)).first():
-            raise Rejected(f"task {task_id} v{version} already exists")
         tx.execute(
             insert(_V).values(
                 task_id=task_id,
@@ -159,16 +158,20 @@ class TasksProjection(Projection):
         )
 
     @staticmethod
-    def _current(tx: Connection, task_id: str) -> TaskRow:
-        row = tx.execute(select(_T).where(_T.c.task_id == task_id)).first()
+    def _task(tx: Connection, task_id: str) -> Task | None:
+        """The task aggregate's view of the task's rows (what ``evolve_task`` reads)."""
+        row = tx.execute(select(_T.c.skill_id, _T.c.task_version).where(_T.c.task_id == task_id)).first()
         if row is None:
-            raise Rejected(f"unknown task {task_id}")
-        return row  # type: ignore[return-value]
+            return None
+        versions = frozenset(v for (v,) in tx.execute(select(_V.c.version).where(_V.c.task_id == task_id)))
+        return Task(task_id, row.skill_id, row.task_version, versions)
+
+    @staticmethod
+    def _current(tx: Connection, task_id: str) -> TaskRow:
+        return tx.execute(select(_T).where(_T.c.task_id == task_id)).one()  # type: ignore[return-value]
 
     def _update(self, tx: Connection, task_id: str, seq: int, **values: object) -> None:
-        res = tx.execute(update(_T).where(_T.c.task_id == task_id).values(updated_seq=seq, **values))
-        if res.rowcount != 1:
-            raise Rejected(f"unknown task {task_id}")
+        tx.execute(update(_T).where(_T.c.task_id == task_id).values(updated_seq=seq, **values))
 
 
 def task_lineage(conn: Connection, task_id: str) -> list[TaskVersionRow]:
