@@ -66,3 +66,16 @@ def test_the_cli_prints_an_error_and_no_ratio_for_a_stalled_run() -> None:
     assert r.exit_code == 1, r.output
     assert "async stalled at step 0 of 2" in r.output and "no cell is in training" in r.output
     assert "×" not in r.output and "ratio" in r.output  # "no ratios are printed"
+
+
+def test_elastic_turns_a_cell_when_a_whole_step_is_ready_even_below_ready_per_cell() -> None:
+    # Recorded trace 47: ready_per_cell=2, but a step of 2 groups packed 2 per micro-step is one micro-step, so
+    # the buffer can never hold 2 and no cell ever turned to training (stalled at step 0, which the recorded
+    # traces held as the expected answer). A step's whole batch ready is enough.
+    cfg = small_config(steps=2)
+    cfg = replace(cfg, loop=replace(cfg.loop, groups_per_step=2, max_lag=0, micro_groups=2, micro_splits=1))
+    cfg = replace(cfg, cluster=replace(cfg.cluster, cells=2))
+    assert cfg.loop.microsteps_per_step == 1
+    for name in ("elastic", "elastic-carry"):
+        result = simulate(cfg, make_policy(name, ready_per_cell=2))
+        assert [s.step for s in result.steps] == [1, 2], name

@@ -33,6 +33,15 @@ async def replay_compare(
     projection: Projection, log: EventLog, settings: Settings, until_seq: int | None
 ) -> tuple[dict[str, list[tuple[Any, ...]]], bool | None, int]:
     """Replay into a fresh store; compare with the live rows when replaying to the live position."""
+    rows, diffs, n = await _replay_diff(projection, log, settings, until_seq)
+    return rows, None if diffs is None else not diffs, n
+
+
+async def _replay_diff(
+    projection: Projection, log: EventLog, settings: Settings, until_seq: int | None
+) -> tuple[dict[str, list[tuple[Any, ...]]], list[str] | None, int]:
+    """The replayed rows, a line per table where they differ from the live rows (None: an earlier point, not
+    compared), and the events replayed."""
     with tempfile.TemporaryDirectory() as tmp:
         engine = create_db_engine(f"sqlite:///{Path(tmp) / 'replay.db'}")
         try:
@@ -44,12 +53,30 @@ async def replay_compare(
     live_engine = create_db_engine(_store_of(projection, settings))
     try:
         position = await asyncio.to_thread(FoldTransaction(projection, live_engine, log.registry).position)
-        same: bool | None = None
+        diffs: list[str] | None = None
         if until_seq is None or until_seq >= position:
-            same = _canonical(dump_rows(live_engine, projection.tables)) == _canonical(rows)
+            diffs = _differences(_canonical(dump_rows(live_engine, projection.tables)), _canonical(rows))
     finally:
         live_engine.dispose()
-    return rows, same, n
+    return rows, diffs, n
+
+
+def _differences(live: dict[str, list[tuple[Any, ...]]], replayed: dict[str, list[tuple[Any, ...]]]) -> list[str]:
+    """One line per table whose rows differ, with the first row on each side that the other lacks."""
+    out: list[str] = []
+    for table in sorted(set(live) | set(replayed)):
+        a, b = live.get(table, []), replayed.get(table, [])
+        if a == b:
+            continue
+        only_live = [r for r in a if r not in b]
+        only_replay = [r for r in b if r not in a]
+        line = f"{table}: {len(only_live)} row(s) only live, {len(only_replay)} only in the replay"
+        if only_live:
+            line += f"; live {only_live[0]!r}"
+        if only_replay:
+            line += f"; replay {only_replay[0]!r}"
+        out.append(line)
+    return out
 
 
 def _store_of(projection: Projection, settings: Settings) -> str:
@@ -107,15 +134,19 @@ def replay(
 
     async def main() -> None:
         async with log_session(settings) as log:
-            rows, same, n = await replay_compare(proj, log, settings, until_seq)
+            rows, diffs, n = await _replay_diff(proj, log, settings, until_seq)
         where = f"up to seq {until_seq}" if until_seq is not None else "to the end of the log"
         console.print(f"replayed [bold]{proj.name}[/] {where}: {n} events")
         _print_rows(proj, rows, limit)
-        if same is True:
+        if diffs is None:
+            return
+        if not diffs:
             console.print("[green]✓ the replay matches the live projection row for row[/]")
-        elif same is False:
-            console.print("[red]✗ the replay differs from the live projection[/]")
-            raise typer.Exit(1)
+            return
+        console.print(f"[red]✗ the replay differs from the live projection {escape(proj.name)}[/]")
+        for line in diffs:
+            console.print(f"  [red]{escape(line)}[/]", soft_wrap=True)
+        raise typer.Exit(1)
 
     asyncio.run(main())
 

@@ -53,7 +53,12 @@ class ElasticPolicy(Policy):
         if not watermark_allows(demand, st.rollout_capacity, nxt.capacity):
             return dispatch_only(dispatch)
         ready = ready_microsteps(view)
-        if ready < self.ready_per_cell * (st.training_count + 1):
+        need = self.ready_per_cell * (st.training_count + 1)
+        if not st.training_count:
+            # The first cell turns once a whole step is ready: a step of fewer micro-steps than the threshold
+            # would never reach it, and with no training cell nothing is ever trained (the run stalls).
+            need = min(need, loop.microsteps_per_step)
+        if ready < need:
             return dispatch_only(dispatch)
         why = f"w={demand} <= CR-Ce={st.rollout_capacity - nxt.capacity}; ready={ready}"
         return Decision((RoleRequest(nxt.cell_id, "training", why),), dispatch)
