@@ -57,10 +57,6 @@ class LoopConfig:
     def executions_per_step(self) -> int:
         return self.groups_per_step * self.group_size
 
-    @property
-    def microsteps_per_step(self) -> int:
-        return -(-self.groups_per_step // self.micro_groups) * self.micro_splits
-
     def validate(self) -> None:
         smallest = min(self.steps, self.groups_per_step, self.group_size, self.micro_groups, self.micro_splits)
         if smallest < 1 or self.max_lag < 0:
