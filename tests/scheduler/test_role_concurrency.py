@@ -40,7 +40,7 @@ async def test_a_role_change_on_the_current_position_goes_through(event_log: Eve
     try:
         ctl = SchedulerController(
             engine=engine, log=event_log, policy=make_policy("elastic"), loop=LoopConfig(),
-            actuator=ExternalActuator(), caught_up=runner.wait_caught_up,
+            actuator=ExternalActuator(), caught_up=runner.wait_caught_up, applied=runner.applied,
         )  # fmt: skip
         out = await ctl.drain_cell("c0", "operator")
     finally:

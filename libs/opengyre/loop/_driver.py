@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
 ENGINE_WAIT_S = 120.0
-ENGINE_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)

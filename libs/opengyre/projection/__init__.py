@@ -3,7 +3,7 @@
 from ._apply import BatchOutcome, FoldTransaction, TransientError
 from ._base import Projection, Rejected, folds
 from ._rebuild import dump_rows, rebuild, replay_into
-from ._runner import ProjectionRunner, ProjectionStatus, consumer_name
+from ._runner import ProjectionRunner, ProjectionStatus, RunnerStopped, consumer_name
 from ._stream import StreamMismatch
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ProjectionRunner",
     "ProjectionStatus",
     "Rejected",
+    "RunnerStopped",
     "StreamMismatch",
     "TransientError",
     "consumer_name",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -22,7 +22,7 @@ from ._apply import BatchOutcome, FoldTransaction, TransientError, is_transient
 from ._base import Projection
 from ._stream import StreamMismatch, check_stream
 
-__all__ = ["ProjectionRunner", "ProjectionStatus", "consumer_name"]
+__all__ = ["ProjectionRunner", "ProjectionStatus", "RunnerStopped", "consumer_name"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,10 @@ class ProjectionStatus:
         return self.pending == 0 and self.error is None
 
 
+class RunnerStopped(RuntimeError):
+    """The runner ended (stopped, failed, or refuses the stream) before the projection reached the position awaited."""
+
+
 class ProjectionRunner:
     """Keep one projection up to date with the log. Safe to kill at any point: it resumes exactly."""
 
@@ -73,7 +77,12 @@ class ProjectionRunner:
         self.retries = 0  # batches retried in place after a transient error (store locked, log away)
         self.unacked = 0  # committed batches whose ack the log did not confirm (redelivered, then skipped)
         self.error: str | None = None  # set by ``run`` when it refuses the log's stream (see ``_stream``)
-        self._caught_up = asyncio.Event()
+        # The committed position, published after each commit so that a writer awaits its own append being
+        # folded (``applied``) instead of polling the tracking rows. -1 until ``run`` has read it from the store.
+        self._position = -1
+        self._moved = asyncio.Condition()
+        # Why the runner does not fold (not started, stopped, failed, refusing the stream); None while it runs.
+        self._ended: str | None = "the runner is not running"
 
     def _filters(self) -> list[str]:
         aggs = self.projection.aggregates
@@ -174,12 +183,69 @@ class ProjectionRunner:
         """Fold the log until ``stop``. Refusing the log's stream (see ``_stream``) does not end it: it logs
         the error, reports it in ``status`` and waits for ``stop``, so the service stays up to say why."""
         stop = stop or asyncio.Event()
-        # The store may refuse the start's writes (the stream record) for a while, as a full disk does: wait it out.
-        what = "the store cannot record the stream (is its disk full?)"
-        if await self._retrying(what, lambda: self._consumer(reset=True), (TransientError,), [], stop):
-            await self._follow(stop)
-        if self.error is not None:
-            await stop.wait()
+        self._ended = None
+        ended = "the runner stopped"
+        try:
+            # The store may refuse the start's writes (the stream record) for a while, as a full disk does: wait
+            # it out.
+            what = "the store cannot record the stream (is its disk full?)"
+            if await self._retrying(what, lambda: self._consumer(reset=True), (TransientError,), [], stop):
+                await self._publish(await asyncio.to_thread(self.fold.position))
+                await self._follow(stop)
+            if self.error is not None:
+                await self._end(f"the projection refuses to fold: {self.error}")
+                await stop.wait()
+        except BaseException as exc:
+            ended = f"the runner failed: {exc!r}"
+            raise
+        finally:
+            await self._end(ended)
+
+    @property
+    def position(self) -> int:
+        """The highest stream sequence this runner has seen committed (-1 before ``run`` read it)."""
+        return self._position
+
+    async def _publish(self, position: int) -> None:
+        if position <= self._position:
+            return
+        async with self._moved:
+            self._position = position
+            self._moved.notify_all()
+
+    async def _end(self, why: str) -> None:
+        async with self._moved:
+            if self._ended is None:
+                self._ended = why
+            self._moved.notify_all()
+
+    async def applied(self, seq: int) -> None:
+        """Return once the projection has committed stream sequence ``seq`` (or beyond).
+
+        Raises :class:`RunnerStopped` when the runner is not running, or ends, before that: a caller never
+        waits on a runner that will not move again."""
+        async with self._moved:
+            await self._moved.wait_for(lambda: self._position >= seq or self._ended is not None)
+            if self._position < seq:
+                raise RunnerStopped(
+                    f"projection {self.projection.name} is at {self._position}, not {seq}: {self._ended}"
+                )
+
+    async def positions(self) -> AsyncGenerator[int, None]:
+        """Each committed position, from the current one on (positions passed while the consumer was busy are
+        skipped: only the latest matters); ends when the runner ends."""
+        last = -1
+
+        def moved() -> bool:
+            return self._position > last or self._ended is not None
+
+        while True:
+            async with self._moved:
+                await self._moved.wait_for(moved)
+                if self._position <= last:
+                    return
+                last = self._position
+            yield last
 
     async def _consumer(self, *, reset: bool = False) -> bool:
         try:
@@ -283,4 +349,6 @@ class ProjectionRunner:
                 exc,
             )
         self.applied_total += outcome.applied
+        # Committed (dead letters too: the tracking rows count them), acked or not: a writer may read it now.
+        await self._publish(max(s.seq for s in stored))
         return outcome

@@ -69,6 +69,7 @@ class SchedulerController:
         poll_s: float = 0.25,
         projection: str = SchedulerProjection.name,
         caught_up: Callable[[], Awaitable[None]] | None = None,
+        applied: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.log = log
@@ -79,6 +80,7 @@ class SchedulerController:
         self.poll_s = poll_s
         self.projection = projection
         self._caught_up = caught_up
+        self._applied = applied  # the live runner's ``applied``: awaited, not polled
         self.packer = policy.packing_buffer(loop)
         self.advice = Decision()
         self._lock = asyncio.Lock()
@@ -111,6 +113,11 @@ class SchedulerController:
 
     async def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
         """Wait until the projection has folded stream sequence ``seq``."""
+        if self._applied is not None:
+            await asyncio.wait_for(self._applied(seq), timeout)
+            return
+        # No live runner in this process (a controller over a store another process folds): only the
+        # tracking rows can tell.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while await asyncio.to_thread(self._position) < seq:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._policy import LoopConfig, Packing
+from ._loop import LoopConfig, Packing
 from ._state import GroupState, SchedulerState
 
 __all__ = ["MicroStep", "PackingBuffer", "StaleMode"]

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
+from ._loop import LoopConfig, Packing
+from ._packing import PackingBuffer, StaleMode
 from ._rules import TRAINING_ROLES
 from ._state import CellState, SchedulerState
-
-if TYPE_CHECKING:
-    from ._packing import PackingBuffer, StaleMode
 
 __all__ = [
     "Decision",
@@ -34,37 +33,6 @@ __all__ = [
 ]
 
 Target = Literal["training", "rollout"]
-# How a training step picks its groups: "batch" = the groups dispatched for that step (the paper's loop);
-# "fifo" = the first complete groups, whichever step they were dispatched for (partial-rollout carry-over).
-Packing = Literal["batch", "fifo"]
-
-
-@dataclass(frozen=True, slots=True)
-class LoopConfig:
-    """The RL loop the scheduler serves."""
-
-    steps: int = 48
-    groups_per_step: int = 32
-    group_size: int = 16
-    # phi: rollouts for step s may start once step s - 1 - max_lag is trained (0 = on-policy, synchronous).
-    max_lag: int = 1
-    micro_groups: int = 1  # groups per micro-step handed out by the packing buffer
-    # Each micro-step's samples are cut into this many parts (gradient accumulation does not care), so the last
-    # ones of a step spread over more cells and the cells finish together.
-    micro_splits: int = 1
-
-    @property
-    def executions_per_step(self) -> int:
-        return self.groups_per_step * self.group_size
-
-    @property
-    def microsteps_per_step(self) -> int:
-        return -(-self.groups_per_step // self.micro_groups) * self.micro_splits
-
-    def validate(self) -> None:
-        smallest = min(self.steps, self.groups_per_step, self.group_size, self.micro_groups, self.micro_splits)
-        if smallest < 1 or self.max_lag < 0:
-            raise ValueError(f"invalid loop config: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +106,6 @@ class Policy(ABC):
 
     def packing_buffer(self, loop: LoopConfig) -> PackingBuffer:
         """The packing buffer this policy's training reads from (the simulator and the live service alike)."""
-        from ._packing import PackingBuffer
-
         return PackingBuffer(loop, self.packing, self.streaming, self.staleness_cap(loop), self.stale_mode())
 
     @abstractmethod

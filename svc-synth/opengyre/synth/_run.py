@@ -128,7 +128,3 @@ def _snapshot(root: Path) -> dict[str, bytes]:
                 finally:
                     os.close(fd)
     return dict(sorted(out.items()))
-
-
-def copy_task(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, symlinks=True)

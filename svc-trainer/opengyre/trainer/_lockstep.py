@@ -8,17 +8,15 @@ micro-batches (a step, a weight export for a checkpoint), and save their own opt
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ._config import TrainerConfig
 from ._step import DataParallel
 from .backends import Backend
 
-__all__ = ["data_parallel_for", "follow", "hear", "optimizer_file", "rank_and_size", "tell"]
+__all__ = ["data_parallel_for", "hear", "optimizer_file", "rank_and_size", "tell"]
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -51,35 +49,3 @@ def data_parallel_for(backend: Backend, config: TrainerConfig) -> DataParallel:
 
 def optimizer_file(rank: int) -> str:
     return "optimizer.pt" if rank == 0 else f"optimizer-rank{rank}.pt"
-
-
-def follow(config: TrainerConfig) -> int:
-    """The loop of a rank other than 0; returns the number of steps it took part in."""
-    from ._loop import build_learner, make_backend, restore_rng, rng_state
-
-    rank, _ = rank_and_size()
-    kind, resume = hear()
-    if kind != "start":
-        raise RuntimeError(f"rank {rank}: expected start, got {kind}")
-    backend = make_backend(config, Path(resume) if resume else None)
-    learner = build_learner(config, backend, reference=None)
-    if resume and (Path(resume) / optimizer_file(rank)).exists():
-        state = torch.load(Path(resume) / optimizer_file(rank), weights_only=True)
-        learner.optimizer.load_state_dict(state["optimizer"])
-        restore_rng(state.get("rng"))
-    steps = 0
-    while True:
-        kind, arg = hear()
-        if kind == "step":
-            minibatches, epochs, lr = arg
-            learner.set_lr(lr)
-            learner.step(minibatches, epochs)
-            steps += 1
-        elif kind == "checkpoint":
-            backend.hf_state_dict()  # the collective gather rank 0's export runs at the same time
-            state = {"backend": backend.name, "optimizer": learner.optimizer.state_dict(), "rng": rng_state()}
-            torch.save(state, Path(arg) / optimizer_file(rank))
-        elif kind == "stop":
-            return steps
-        else:
-            raise RuntimeError(f"rank {rank}: unknown instruction {kind}")

@@ -120,7 +120,7 @@ def run_command(
         # Launched by torchrun for a model-parallel run: rank 0 leads, the others follow in lockstep.
         import torch.distributed as dist
 
-        from ._lockstep import follow
+        from ._follower import follow
 
         dist.init_process_group("nccl" if _cuda() else "gloo")
         if dist.get_rank() != 0:

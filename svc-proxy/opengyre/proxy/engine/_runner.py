@@ -40,9 +40,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[1] if self.keys else 0
 
-    def nbytes(self) -> int:
-        return sum(t.element_size() * t.numel() for t in (*self.keys, *self.values))
-
     def truncated_copy(self, length: int) -> KVCache:
         """The first ``length`` positions (for reuse by another request sharing the prefix)."""
         length = min(length, self.length)

@@ -14,7 +14,7 @@ from ._openai_routes import openai_routes
 
 __all__ = ["build_app"]
 
-_OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics"}
+_OPEN_PATHS = {"/health", "/health_generate", "/ready"}
 
 
 def build_app(engine: CpuEngine) -> ASGIApp:

@@ -53,13 +53,6 @@ class EventQueue:
             self._now = self._buckets.pop(self._now_key)
             self._now.sort(reverse=True)
 
-    def peek_time(self) -> float:
-        self._fill()
-        now, late = self._now, self._late
-        if late and (not now or late[0] < now[-1]):
-            return late[0][0]
-        return now[-1][0]
-
     def pop(self) -> Entry:
         self._fill()
         self._size -= 1

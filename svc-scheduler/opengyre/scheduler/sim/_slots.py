@@ -111,7 +111,3 @@ class Slots(Generic[K]):
 
     def gpus_per_slot(self, cell: str) -> float:
         return self._gpus_per_slot[cell]
-
-    def has_room(self) -> bool:
-        cell = self._least()
-        return cell is not None and self._load[cell] < self._capacity[cell]

@@ -83,9 +83,6 @@ class Backend(ABC):
         for p in self.parameters():
             p.grad = None
 
-    def tokens_per_forward(self, mb: MicroBatch) -> int:
-        return mb.padded_tokens
-
     def data_parallel(self, rank: int, world: int, replicas: int) -> tuple[int, int, Any]:
         """How this backend runs data-parallel when ``world`` ranks hold ``replicas`` model copies: this
         rank's replica index, the number of replicas and the process group their gradients reduce over

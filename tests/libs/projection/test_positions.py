@@ -1,0 +1,68 @@
+"""The runner publishes its committed position: writers await their append being folded instead of polling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import Engine
+
+from opengyre.eventlog import EventLog
+from opengyre.projection import FoldTransaction, ProjectionRunner, RunnerStopped
+
+from ._counting import CountingProjection, metadata, sample_events
+
+
+async def test_applied_returns_once_the_append_is_committed(event_log: EventLog, any_engine: Engine) -> None:
+    metadata.create_all(any_engine)
+    runner = ProjectionRunner(CountingProjection(), event_log, any_engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        acks = await event_log.append_many(sample_events(5))
+        last = acks[-1].seq
+        await runner.applied(last)
+        # The tracking rows, not the runner's word, say it is committed.
+        assert FoldTransaction(runner.projection, any_engine, event_log.registry).position() >= last
+        assert runner.position >= last
+        positions = runner.positions()
+        assert await anext(positions) >= last
+        more = await event_log.append_many(sample_events(1))
+        while (pos := await anext(positions)) < more[-1].seq:
+            pass
+        assert pos >= more[-1].seq
+        await positions.aclose()
+    finally:
+        stop.set()
+        await task
+
+
+async def test_applied_raises_on_a_runner_that_is_not_running(event_log: EventLog, any_engine: Engine) -> None:
+    metadata.create_all(any_engine)
+    runner = ProjectionRunner(CountingProjection(), event_log, any_engine)
+    with pytest.raises(RunnerStopped, match="not running"):
+        await runner.applied(1)
+
+
+async def test_a_runner_stopping_wakes_its_waiters(event_log: EventLog, any_engine: Engine) -> None:
+    metadata.create_all(any_engine)
+    runner = ProjectionRunner(CountingProjection(), event_log, any_engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    ack = await event_log.append_many(sample_events(1))
+    await runner.applied(ack[-1].seq)
+    # A position nobody will append: only the runner's end can release the waiter.
+    waiter = asyncio.create_task(runner.applied(ack[-1].seq + 1000))
+    positions = await _until_end(runner, stop)
+    with pytest.raises(RunnerStopped, match="stopped"):
+        await waiter
+    await task
+    assert positions and positions[-1] == runner.position  # the stream of positions ends with the runner
+
+
+async def _until_end(runner: ProjectionRunner, stop: asyncio.Event) -> list[int]:
+    seen: list[int] = []
+    async for p in runner.positions():
+        seen.append(p)
+        stop.set()  # the first position is the current one; stopping then must end the iteration
+    return seen
