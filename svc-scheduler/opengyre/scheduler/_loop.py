@@ -31,6 +31,11 @@ class LoopConfig:
     def executions_per_step(self) -> int:
         return self.groups_per_step * self.group_size
 
+    @property
+    def microsteps_per_step(self) -> int:
+        # the elastic policies turn their first cell once a whole step is ready (policies/_elastic.py)
+        return -(-self.groups_per_step // self.micro_groups) * self.micro_splits
+
     def validate(self) -> None:
         smallest = min(self.steps, self.groups_per_step, self.group_size, self.micro_groups, self.micro_splits)
         if smallest < 1 or self.max_lag < 0:
