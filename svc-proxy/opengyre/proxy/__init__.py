@@ -7,8 +7,9 @@
   ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
 - ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
-- ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
-  reference conversation as the proxy would record it (the trainer's SFT samples come from there).
+- ``ChatCodec`` (re-exported from ``opengyre.chat``) / ``ExecutionTrajectory`` / ``replay_conversation``: rendering
+  and TITO planning, and a whole reference conversation as the proxy would record it (the trainer's SFT samples
+  come from there).
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from opengyre.chat import ChatCodec
+
     from ._assembly import Outcome, Turn, assemble
     from ._atif import ATIF_VERSION, export_execution, export_path
-    from ._chat import ChatCodec
     from ._client import EngineClient, EngineConnection, EngineOptions
     from ._gateway import Gateway, GatewayConfig
     from ._http import HttpServer
@@ -50,7 +52,7 @@ _WHERE = {
     "ATIF_VERSION": "_atif",
     "export_execution": "_atif",
     "export_path": "_atif",
-    "ChatCodec": "_chat",
+    "ChatCodec": "opengyre.chat",
     "EngineClient": "_client",
     "EngineConnection": "_client",
     "EngineOptions": "_client",

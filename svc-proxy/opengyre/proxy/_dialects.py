@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opengyre.chat import ChatCodec
+
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from . import _responses as responses_api
 from ._assembly import Outcome, Turn
-from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest
 from ._tito import ExecutionTrajectory

@@ -27,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from opengyre.chat import ChatCodec
 from opengyre.eventlog import EventLog
 from opengyre.events import (
     CallTimings,
@@ -42,7 +43,6 @@ from opengyre.trajectory import PayloadUnavailable
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
-from ._chat import ChatCodec
 from ._client import EngineOptions
 from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from opengyre.chat import ChatCodec
 from opengyre.events import TrajectoryRole
 
-from ._chat import ChatCodec
 from ._errors import ApiError
 from ._openai import parse_chat
 from ._tito import ExecutionTrajectory, TitoNode

@@ -15,8 +15,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from opengyre.chat import ChatCodec
+
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
-from ._chat import ChatCodec
 from ._errors import ApiError
 from ._openai import chat_logprobs_content, error_body
 from ._request import GenRequest, check_number

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opengyre.chat import ChatCodec
+
 from ._atif import context_of, conversations
-from ._chat import ChatCodec
 from ._tito import ExecutionTrajectory, Plan, _tools_key
 from ._trees import StoredCall
 
