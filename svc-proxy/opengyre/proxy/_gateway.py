@@ -14,12 +14,13 @@ import fnmatch
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -50,7 +51,7 @@ from ._errors import ApiError
 from ._http import HttpServer
 from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
-from ._metrics import render_metrics
+from ._metrics import counter, gauge, render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 from ._request import GenRequest
@@ -244,6 +245,22 @@ class Gateway:
             if restored is not None and execution_id not in self._executions:
                 return self._keep(execution_id, restored)
         return self.execution(execution_id)
+
+    def _call_metrics(self) -> Iterator[Metric]:
+        """The gateway's own figures for ``/metrics``: calls answered, refused by status, drift, reroutes."""
+        st = self.stats
+        yield counter("opengyre_proxy_calls_total", "Model calls answered and recorded.", st.calls)
+        rejected = CounterMetricFamily(
+            "opengyre_proxy_rejected_total", "Calls refused, by HTTP status.", labels=["status"]
+        )
+        for status, n in sorted(st.rejected.items()):
+            rejected.add_metric([str(status)], n)
+        yield rejected
+        yield counter("opengyre_proxy_drift_total", "Calls whose re-rendered prompt differed.", st.drift)
+        yield counter("opengyre_proxy_rerouted_total", "Engine attempts re-issued elsewhere.", st.rerouted)
+
+    def _execution_metrics(self) -> Iterator[Metric]:
+        yield gauge("opengyre_proxy_executions", "Executions with live TITO state.", len(self.executions()))
 
     def executions(self) -> list[ExecutionTrajectory]:
         return list(self._executions.values())
@@ -710,7 +727,8 @@ class Gateway:
             return Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
 
         async def metrics(request: Request) -> Response:
-            return Response(render_metrics(self), media_type="text/plain; version=0.0.4")
+            sources = (self._call_metrics, self.pool.metrics, self.recorder.metrics, self._execution_metrics)
+            return Response(render_metrics(sources), media_type="text/plain; version=0.0.4")
 
         routes: list[Route] = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
         for base in ("/x/{execution_id}/v1", "/v1"):
