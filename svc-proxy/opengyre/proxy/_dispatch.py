@@ -16,8 +16,8 @@ from typing import Any
 
 from ._assembly import Outcome
 from ._client import EngineBadReply, EngineFailed, EngineRejected, EngineReply
-from ._errors import ApiError
 from ._pool import EngineHandle, EnginePool, NoCapacity
+from .dialects._errors import ApiError
 
 __all__ = ["Dispatch"]
 

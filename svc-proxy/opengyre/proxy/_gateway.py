@@ -41,24 +41,24 @@ from opengyre.events import (
 from opengyre.models import load_tokenizer
 from opengyre.trajectory import PayloadUnavailable
 
-from . import _anthropic as anthropic_api
-from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
 from ._client import EngineOptions
-from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from ._dispatch import Dispatch
-from ._errors import ApiError
 from ._http import HttpServer
 from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import counter, gauge, render_metrics
 from ._pool import EnginePool, NoCapacity
 from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
-from ._request import GenRequest
-from ._sse import DONE, sse
-from ._structured import structured_sampling
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
+from .dialects import _anthropic as anthropic_api
+from .dialects import _openai as openai_api
+from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
+from .dialects._errors import ApiError
+from .dialects._request import GenRequest
+from .dialects._sse import DONE, sse
+from .dialects._structured import structured_sampling
 
 if TYPE_CHECKING:
     from ._store import SealedFinishes

@@ -15,9 +15,9 @@ from typing import Any
 from opengyre.chat import ChatCodec
 from opengyre.events import TrajectoryRole
 
-from ._errors import ApiError
-from ._openai import parse_chat
 from ._tito import ExecutionTrajectory, TitoNode
+from .dialects._errors import ApiError
+from .dialects._openai import parse_chat
 
 __all__ = ["replay_conversation"]
 
