@@ -25,16 +25,16 @@ if TYPE_CHECKING:
     from opengyre.chat import ChatCodec
 
     from ._assembly import Outcome, Turn, assemble
-    from ._atif import ATIF_VERSION, export_execution, export_path
     from ._client import EngineClient, EngineConnection, EngineOptions
     from ._gateway import Gateway, GatewayConfig
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
     from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._replay import replay_conversation
-    from ._store import SealedFinishes, TrajectoryProjection
     from ._tito import ExecutionTrajectory, TitoNode
-    from ._trees import (
+    from .recording._atif import ATIF_VERSION, export_execution, export_path
+    from .recording._store import SealedFinishes, TrajectoryProjection
+    from .recording._trees import (
         ExecutionSummary,
         StoredCall,
         list_executions,
@@ -49,9 +49,9 @@ _WHERE = {
     "Outcome": "_assembly",
     "Turn": "_assembly",
     "assemble": "_assembly",
-    "ATIF_VERSION": "_atif",
-    "export_execution": "_atif",
-    "export_path": "_atif",
+    "ATIF_VERSION": "recording._atif",
+    "export_execution": "recording._atif",
+    "export_path": "recording._atif",
     "ChatCodec": "opengyre.chat",
     "EngineClient": "_client",
     "EngineConnection": "_client",
@@ -67,18 +67,18 @@ _WHERE = {
     "NoCapacity": "_pool",
     "RePrefill": "_pool",
     "replay_conversation": "_replay",
-    "SealedFinishes": "_store",
-    "TrajectoryProjection": "_store",
+    "SealedFinishes": "recording._store",
+    "TrajectoryProjection": "recording._store",
     "ExecutionTrajectory": "_tito",
     "TitoNode": "_tito",
-    "ExecutionSummary": "_trees",
-    "StoredCall": "_trees",
-    "list_executions": "_trees",
-    "load_calls": "_trees",
-    "load_execution": "_trees",
-    "load_tree": "_trees",
-    "path_mask": "_trees",
-    "resolve_stored": "_trees",
+    "ExecutionSummary": "recording._trees",
+    "StoredCall": "recording._trees",
+    "list_executions": "recording._trees",
+    "load_calls": "recording._trees",
+    "load_execution": "recording._trees",
+    "load_tree": "recording._trees",
+    "path_mask": "recording._trees",
+    "resolve_stored": "recording._trees",
 }
 
 __all__ = [

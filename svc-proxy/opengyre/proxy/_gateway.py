@@ -49,7 +49,6 @@ from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import counter, gauge, render_metrics
 from ._pool import EnginePool, NoCapacity
-from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
 from ._tito import ExecutionTrajectory, Plan
 from .dialects import _anthropic as anthropic_api
@@ -59,9 +58,10 @@ from .dialects._errors import ApiError
 from .dialects._request import GenRequest
 from .dialects._sse import DONE, sse
 from .dialects._structured import structured_sampling
+from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 
 if TYPE_CHECKING:
-    from ._store import SealedFinishes
+    from .recording._store import SealedFinishes
 
 __all__ = ["Gateway", "GatewayConfig"]
 

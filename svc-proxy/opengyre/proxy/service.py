@@ -18,7 +18,7 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import proxy_pb2_grpc
 
-from ._store import SealedFinishes, TrajectoryProjection
+from .recording._store import SealedFinishes, TrajectoryProjection
 
 if TYPE_CHECKING:
     from ._cells import CellWatcher
@@ -106,9 +106,9 @@ class ProxyService(Service):
         from ._cells import CellWatcher
         from ._gateway import Gateway
         from ._grpc import resolve_contexts
-        from ._restore import restore_trajectory
         from ._tito import ExecutionTrajectory
-        from ._trees import load_execution
+        from .recording._restore import restore_trajectory
+        from .recording._trees import load_execution
 
         async def restore(execution_id: str) -> ExecutionTrajectory | None:
             calls = await load_execution(ctx.engine, ctx.log, execution_id)

@@ -40,7 +40,7 @@ from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import InvalidEvent, ModelCallRecorded
 from opengyre.trajectory import split_payload
 
-from ._metrics import counter, gauge
+from .._metrics import counter, gauge
 from ._outbox import ExecutionSealed, Outbox, RecordFailed
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from typing import Any
 
 from opengyre.chat import ChatCodec
 
+from .._tito import ExecutionTrajectory, Plan, _tools_key
 from ._atif import context_of, conversations
-from ._tito import ExecutionTrajectory, Plan, _tools_key
 from ._trees import StoredCall
 
 __all__ = ["restore_trajectory"]
