@@ -25,13 +25,13 @@ if TYPE_CHECKING:
     from opengyre.chat import ChatCodec
 
     from ._assembly import Outcome, Turn, assemble
-    from ._client import EngineClient, EngineConnection, EngineOptions
     from ._gateway import Gateway, GatewayConfig
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
-    from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._replay import replay_conversation
-    from ._tito import ExecutionTrajectory, TitoNode
+    from .engines._client import EngineClient, EngineConnection, EngineOptions
+    from .engines._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from .engines._tito import ExecutionTrajectory, TitoNode
     from .recording._atif import ATIF_VERSION, export_execution, export_path
     from .recording._store import SealedFinishes, TrajectoryProjection
     from .recording._trees import (
@@ -53,24 +53,24 @@ _WHERE = {
     "export_execution": "recording._atif",
     "export_path": "recording._atif",
     "ChatCodec": "opengyre.chat",
-    "EngineClient": "_client",
-    "EngineConnection": "_client",
-    "EngineOptions": "_client",
+    "EngineClient": "engines._client",
+    "EngineConnection": "engines._client",
+    "EngineOptions": "engines._client",
     "Gateway": "_gateway",
     "GatewayConfig": "_gateway",
     "HttpServer": "_http",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
-    "EngineHandle": "_pool",
-    "EnginePool": "_pool",
-    "KVMigrator": "_pool",
-    "NoCapacity": "_pool",
-    "RePrefill": "_pool",
+    "EngineHandle": "engines._pool",
+    "EnginePool": "engines._pool",
+    "KVMigrator": "engines._pool",
+    "NoCapacity": "engines._pool",
+    "RePrefill": "engines._pool",
     "replay_conversation": "_replay",
     "SealedFinishes": "recording._store",
     "TrajectoryProjection": "recording._store",
-    "ExecutionTrajectory": "_tito",
-    "TitoNode": "_tito",
+    "ExecutionTrajectory": "engines._tito",
+    "TitoNode": "engines._tito",
     "ExecutionSummary": "recording._trees",
     "StoredCall": "recording._trees",
     "list_executions": "recording._trees",

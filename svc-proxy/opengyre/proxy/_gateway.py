@@ -42,15 +42,11 @@ from opengyre.models import load_tokenizer
 from opengyre.trajectory import PayloadUnavailable
 
 from ._assembly import Outcome, Turn, assemble
-from ._client import EngineOptions
-from ._dispatch import Dispatch
 from ._http import HttpServer
 from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import counter, gauge, render_metrics
-from ._pool import EnginePool, NoCapacity
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
-from ._tito import ExecutionTrajectory, Plan
 from .dialects import _anthropic as anthropic_api
 from .dialects import _openai as openai_api
 from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
@@ -58,6 +54,10 @@ from .dialects._errors import ApiError
 from .dialects._request import GenRequest
 from .dialects._sse import DONE, sse
 from .dialects._structured import structured_sampling
+from .engines._client import EngineOptions
+from .engines._dispatch import Dispatch
+from .engines._pool import EnginePool, NoCapacity
+from .engines._tito import ExecutionTrajectory, Plan
 from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 
 if TYPE_CHECKING:

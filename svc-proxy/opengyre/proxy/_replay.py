@@ -15,9 +15,9 @@ from typing import Any
 from opengyre.chat import ChatCodec
 from opengyre.events import TrajectoryRole
 
-from ._tito import ExecutionTrajectory, TitoNode
 from .dialects._errors import ApiError
 from .dialects._openai import parse_chat
+from .engines._tito import ExecutionTrajectory, TitoNode
 
 __all__ = ["replay_conversation"]
 

@@ -21,8 +21,8 @@ from opengyre.v1 import proxy_pb2_grpc
 from .recording._store import SealedFinishes, TrajectoryProjection
 
 if TYPE_CHECKING:
-    from ._cells import CellWatcher
     from ._gateway import Gateway, GatewayConfig
+    from .engines._cells import CellWatcher
 
 __all__ = ["ProxyService"]
 
@@ -103,10 +103,10 @@ class ProxyService(Service):
         )
 
     async def start(self, ctx: ServiceContext) -> None:
-        from ._cells import CellWatcher
         from ._gateway import Gateway
         from ._grpc import resolve_contexts
-        from ._tito import ExecutionTrajectory
+        from .engines._cells import CellWatcher
+        from .engines._tito import ExecutionTrajectory
         from .recording._restore import restore_trajectory
         from .recording._trees import load_execution
 

@@ -14,7 +14,7 @@ from typing import Any
 from opengyre.chat import ChatCodec
 
 from .._assembly import Outcome, Turn
-from .._tito import ExecutionTrajectory
+from ..engines._tito import ExecutionTrajectory
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from . import _responses as responses_api

@@ -19,7 +19,7 @@ from opengyre.chat import ChatCodec
 
 from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from .._temperature import DEFAULT_TEMPERATURE
-from .._tito import ExecutionTrajectory
+from ..engines._tito import ExecutionTrajectory
 from ._errors import ApiError
 from ._openai import chat_logprobs_content, error_body
 from ._request import GenRequest, check_number

@@ -11,7 +11,7 @@ from typing import Any
 
 from opengyre.chat import ChatCodec
 
-from .._tito import ExecutionTrajectory, Plan, _tools_key
+from ..engines._tito import ExecutionTrajectory, Plan, _tools_key
 from ._atif import context_of, conversations
 from ._trees import StoredCall
 

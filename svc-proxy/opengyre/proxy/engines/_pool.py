@@ -18,8 +18,8 @@ from typing import Protocol
 import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from .._metrics import counter, gauge
 from ._client import EngineClient, EngineConnection, EngineOptions, RolloutEngine
-from ._metrics import counter, gauge
 from ._vllm import VLLM_SCHEME, VllmClient
 
 __all__ = ["EngineHandle", "EnginePool", "KVMigrator", "NoCapacity", "RePrefill"]
