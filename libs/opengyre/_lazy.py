@@ -11,14 +11,16 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` resolving ``name`` from ``package + "." + where[name]`` on first use."""
+    """A module ``__getattr__`` resolving ``name`` from ``package + "." + where[name]`` on first use (or from
+    ``where[name]`` itself when it is absolute, ``opengyre.x``: a name re-exported from a shared package)."""
     import sys
 
     def __getattr__(name: str) -> Any:  # noqa: N807 (module __getattr__)
         mod = where.get(name)
         if mod is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{mod}"), name)
+        target = mod if mod.startswith("opengyre.") else f"{package}.{mod}"
+        value = getattr(importlib.import_module(target), name)
         setattr(sys.modules[package], name, value)
         return value
 

@@ -27,8 +27,8 @@ from functools import partial
 
 import torch
 
+from opengyre.chat import ChatCodec
 from opengyre.models import resolve_model
-from opengyre.proxy import ChatCodec
 from opengyre.proxy.engine import CpuEngine, EngineConfig, Projections, SamplingParams
 
 QUESTIONS = [

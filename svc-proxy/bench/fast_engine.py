@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ChatCodec, HttpServer
+from opengyre.proxy import HttpServer
 
 enc = msgspec.json.Encoder()
 dec = msgspec.json.Decoder()

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from opengyre.proxy import ChatCodec, ExecutionTrajectory, Outcome, assemble
+from opengyre.chat import ChatCodec
+from opengyre.proxy import ExecutionTrajectory, Outcome, assemble
 from opengyre.proxy.engine import CpuEngine, EngineConfig, SamplingParams
 
 TOOLS: list[dict[str, Any]] = [

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ChatCodec
 
 __all__ = ["scripted_sglang"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ChatCodec
 from opengyre.proxy._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
 
 

@@ -399,7 +399,7 @@ async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool
 
 
 def test_an_empty_stop_string_is_no_stop_in_either_form() -> None:
-    from opengyre.proxy import _openai
+    from opengyre.proxy.dialects import _openai
 
     chat = {"model": M, "messages": [{"role": "user", "content": "x"}]}
     for stop, expected in (("", []), ([""], []), (["", "x"], ["x"])):

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from opengyre.eventlog import EventLog
-from opengyre.proxy._client import EngineBadReply, behaviour_logprobs
 from opengyre.proxy._http import HttpServer
+from opengyre.proxy.engines._client import EngineBadReply, behaviour_logprobs
 
 from ._fake_sglang import LOGPROB, NOISE, fake_sglang
 from .conftest import Stack, make_stack

@@ -15,9 +15,9 @@ import pytest
 
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded
-from opengyre.proxy._outbox import Outbox
-from opengyre.proxy._recorder import Recorder
 from opengyre.proxy.engine import EngineServer
+from opengyre.proxy.recording._outbox import Outbox
+from opengyre.proxy.recording._recorder import Recorder
 from opengyre.runtime import EmbeddedNats
 
 from .._polling import await_until

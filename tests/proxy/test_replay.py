@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource, load_tokenizer
-from opengyre.proxy import ChatCodec, replay_conversation
+from opengyre.proxy import replay_conversation
 from opengyre.trainer import golden_tree, sft_samples, sft_samples_from_messages
 from opengyre.trajectory import TrajectoryTree
 

@@ -14,8 +14,8 @@ import pytest
 from opengyre.eventlog import EventLog
 from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged
 from opengyre.proxy._assembly import Outcome, assemble
-from opengyre.proxy._cells import CellWatcher
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
+from opengyre.proxy.engines._cells import CellWatcher
 
 from .._polling import await_until
 from .conftest import Stack, make_stack

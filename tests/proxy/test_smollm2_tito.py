@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource
-from opengyre.proxy import ChatCodec, ExecutionTrajectory
+from opengyre.proxy import ExecutionTrajectory
 from opengyre.proxy._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
 
 TOOLS = [

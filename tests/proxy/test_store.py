@@ -22,9 +22,9 @@ from opengyre.proxy import (
     path_mask,
 )
 from opengyre.proxy._grpc import resolve_contexts
-from opengyre.proxy._restore import restore_trajectory
-from opengyre.proxy._store import CALLS
 from opengyre.proxy.engine import EngineServer
+from opengyre.proxy.recording._restore import restore_trajectory
+from opengyre.proxy.recording._store import CALLS
 from opengyre.store import DeadLetter
 from opengyre.trajectory import TrajectoryTree
 

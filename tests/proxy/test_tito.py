@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ChatCodec, ExecutionTrajectory
+from opengyre.proxy import ExecutionTrajectory
 from opengyre.trajectory import Node, TrajectoryTree
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer, model_config
-from opengyre.proxy import ChatCodec
 from opengyre.trainer import (
     Learner,
     golden_from_task,

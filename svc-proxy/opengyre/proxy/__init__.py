@@ -7,8 +7,9 @@
   ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
 - ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
-- ``ChatCodec`` / ``ExecutionTrajectory`` / ``replay_conversation``: rendering and TITO planning, and a whole
-  reference conversation as the proxy would record it (the trainer's SFT samples come from there).
+- ``ChatCodec`` (re-exported from ``opengyre.chat``) / ``ExecutionTrajectory`` / ``replay_conversation``: rendering
+  and TITO planning, and a whole reference conversation as the proxy would record it (the trainer's SFT samples
+  come from there).
 - ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
@@ -21,18 +22,19 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from opengyre.chat import ChatCodec
+
     from ._assembly import Outcome, Turn, assemble
-    from ._atif import ATIF_VERSION, export_execution, export_path
-    from ._chat import ChatCodec
-    from ._client import EngineClient, EngineConnection, EngineOptions
     from ._gateway import Gateway, GatewayConfig
     from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
-    from ._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
     from ._replay import replay_conversation
-    from ._store import SealedFinishes, TrajectoryProjection
-    from ._tito import ExecutionTrajectory, TitoNode
-    from ._trees import (
+    from .engines._client import EngineClient, EngineConnection, EngineOptions
+    from .engines._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from .engines._tito import ExecutionTrajectory, TitoNode
+    from .recording._atif import ATIF_VERSION, export_execution, export_path
+    from .recording._store import SealedFinishes, TrajectoryProjection
+    from .recording._trees import (
         ExecutionSummary,
         StoredCall,
         list_executions,
@@ -47,36 +49,36 @@ _WHERE = {
     "Outcome": "_assembly",
     "Turn": "_assembly",
     "assemble": "_assembly",
-    "ATIF_VERSION": "_atif",
-    "export_execution": "_atif",
-    "export_path": "_atif",
-    "ChatCodec": "_chat",
-    "EngineClient": "_client",
-    "EngineConnection": "_client",
-    "EngineOptions": "_client",
+    "ATIF_VERSION": "recording._atif",
+    "export_execution": "recording._atif",
+    "export_path": "recording._atif",
+    "ChatCodec": "opengyre.chat",
+    "EngineClient": "engines._client",
+    "EngineConnection": "engines._client",
+    "EngineOptions": "engines._client",
     "Gateway": "_gateway",
     "GatewayConfig": "_gateway",
     "HttpServer": "_http",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
-    "EngineHandle": "_pool",
-    "EnginePool": "_pool",
-    "KVMigrator": "_pool",
-    "NoCapacity": "_pool",
-    "RePrefill": "_pool",
+    "EngineHandle": "engines._pool",
+    "EnginePool": "engines._pool",
+    "KVMigrator": "engines._pool",
+    "NoCapacity": "engines._pool",
+    "RePrefill": "engines._pool",
     "replay_conversation": "_replay",
-    "SealedFinishes": "_store",
-    "TrajectoryProjection": "_store",
-    "ExecutionTrajectory": "_tito",
-    "TitoNode": "_tito",
-    "ExecutionSummary": "_trees",
-    "StoredCall": "_trees",
-    "list_executions": "_trees",
-    "load_calls": "_trees",
-    "load_execution": "_trees",
-    "load_tree": "_trees",
-    "path_mask": "_trees",
-    "resolve_stored": "_trees",
+    "SealedFinishes": "recording._store",
+    "TrajectoryProjection": "recording._store",
+    "ExecutionTrajectory": "engines._tito",
+    "TitoNode": "engines._tito",
+    "ExecutionSummary": "recording._trees",
+    "StoredCall": "recording._trees",
+    "list_executions": "recording._trees",
+    "load_calls": "recording._trees",
+    "load_execution": "recording._trees",
+    "load_tree": "recording._trees",
+    "path_mask": "recording._trees",
+    "resolve_stored": "recording._trees",
 }
 
 __all__ = [

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._chat import ChatCodec, IncrementalDecoder, parse_tool_call
-from ._structured import parse_forced_calls
+from opengyre.chat import ChatCodec, IncrementalDecoder, parse_tool_call
+
+from .dialects._structured import parse_forced_calls
 
 __all__ = [
     "Outcome",

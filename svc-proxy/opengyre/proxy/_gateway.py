@@ -14,12 +14,13 @@ import fnmatch
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from opengyre.chat import ChatCodec
 from opengyre.eventlog import EventLog
 from opengyre.events import (
     CallTimings,
@@ -39,28 +41,27 @@ from opengyre.events import (
 from opengyre.models import load_tokenizer
 from opengyre.trajectory import PayloadUnavailable
 
-from . import _anthropic as anthropic_api
-from . import _openai as openai_api
 from ._assembly import Outcome, Turn, assemble
-from ._chat import ChatCodec
-from ._client import EngineOptions
-from ._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
-from ._dispatch import Dispatch
-from ._errors import ApiError
 from ._http import HttpServer
 from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
-from ._metrics import render_metrics
-from ._pool import EnginePool, NoCapacity
-from ._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
-from ._request import GenRequest
-from ._sse import DONE, sse
-from ._structured import structured_sampling
+from ._metrics import counter, gauge, render_metrics
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
-from ._tito import ExecutionTrajectory, Plan
+from .dialects import _anthropic as anthropic_api
+from .dialects import _openai as openai_api
+from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
+from .dialects._errors import ApiError
+from .dialects._request import GenRequest
+from .dialects._sse import DONE, sse
+from .dialects._structured import structured_sampling
+from .engines._client import EngineOptions
+from .engines._dispatch import Dispatch
+from .engines._pool import EnginePool, NoCapacity
+from .engines._tito import ExecutionTrajectory, Plan
+from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 
 if TYPE_CHECKING:
-    from ._store import SealedFinishes
+    from .recording._store import SealedFinishes
 
 __all__ = ["Gateway", "GatewayConfig"]
 
@@ -244,6 +245,22 @@ class Gateway:
             if restored is not None and execution_id not in self._executions:
                 return self._keep(execution_id, restored)
         return self.execution(execution_id)
+
+    def _call_metrics(self) -> Iterator[Metric]:
+        """The gateway's own figures for ``/metrics``: calls answered, refused by status, drift, reroutes."""
+        st = self.stats
+        yield counter("opengyre_proxy_calls_total", "Model calls answered and recorded.", st.calls)
+        rejected = CounterMetricFamily(
+            "opengyre_proxy_rejected_total", "Calls refused, by HTTP status.", labels=["status"]
+        )
+        for status, n in sorted(st.rejected.items()):
+            rejected.add_metric([str(status)], n)
+        yield rejected
+        yield counter("opengyre_proxy_drift_total", "Calls whose re-rendered prompt differed.", st.drift)
+        yield counter("opengyre_proxy_rerouted_total", "Engine attempts re-issued elsewhere.", st.rerouted)
+
+    def _execution_metrics(self) -> Iterator[Metric]:
+        yield gauge("opengyre_proxy_executions", "Executions with live TITO state.", len(self.executions()))
 
     def executions(self) -> list[ExecutionTrajectory]:
         return list(self._executions.values())
@@ -710,7 +727,8 @@ class Gateway:
             return Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
 
         async def metrics(request: Request) -> Response:
-            return Response(render_metrics(self), media_type="text/plain; version=0.0.4")
+            sources = (self._call_metrics, self.pool.metrics, self.recorder.metrics, self._execution_metrics)
+            return Response(render_metrics(sources), media_type="text/plain; version=0.0.4")
 
         routes: list[Route] = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
         for base in ("/x/{execution_id}/v1", "/v1"):

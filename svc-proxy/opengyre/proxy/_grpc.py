@@ -15,11 +15,11 @@ from opengyre.runtime import Service, ServiceContext
 from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
-from ._atif import export_execution
 from ._gateway import Gateway
 from ._keys import ROLES
-from ._recorder import ExecutionSealed, SealUnavailable
-from ._trees import StoredCall, list_executions, load_calls, resolve_stored
+from .recording._atif import export_execution
+from .recording._recorder import ExecutionSealed, SealUnavailable
+from .recording._trees import StoredCall, list_executions, load_calls, resolve_stored
 
 __all__ = ["ProxyServicer"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from opengyre.chat import ChatCodec
 from opengyre.events import TrajectoryRole
 
-from ._chat import ChatCodec
-from ._errors import ApiError
-from ._openai import parse_chat
-from ._tito import ExecutionTrajectory, TitoNode
+from .dialects._errors import ApiError
+from .dialects._openai import parse_chat
+from .engines._tito import ExecutionTrajectory, TitoNode
 
 __all__ = ["replay_conversation"]
 

@@ -15,7 +15,7 @@ from .engine._cli import engine_command
 if TYPE_CHECKING:
     from opengyre.config import Settings
 
-    from ._trees import StoredCall
+    from .recording._trees import StoredCall
 
 __all__ = ["register"]
 
@@ -61,7 +61,7 @@ def _stored_calls(settings: Settings, execution_id: str) -> list[StoredCall]:
     """An execution's recorded calls from the store (tokens still by reference); a clear error when it has none."""
     from opengyre.store import create_db_engine
 
-    from ._trees import load_calls
+    from .recording._trees import load_calls
 
     engine = create_db_engine(settings.store_url("proxy"))
     try:
@@ -109,9 +109,9 @@ def atif_command(
 
     from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 
-    from ._atif import export_execution
     from ._grpc import resolve_contexts
-    from ._trees import resolve_stored
+    from .recording._atif import export_execution
+    from .recording._trees import resolve_stored
 
     settings = settings_from(data_dir, nats_url, db_url)
     stored = _stored_calls(settings, execution_id)

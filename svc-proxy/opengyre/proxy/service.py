@@ -18,11 +18,11 @@ from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import proxy_pb2_grpc
 
-from ._store import SealedFinishes, TrajectoryProjection
+from .recording._store import SealedFinishes, TrajectoryProjection
 
 if TYPE_CHECKING:
-    from ._cells import CellWatcher
     from ._gateway import Gateway, GatewayConfig
+    from .engines._cells import CellWatcher
 
 __all__ = ["ProxyService"]
 
@@ -103,12 +103,12 @@ class ProxyService(Service):
         )
 
     async def start(self, ctx: ServiceContext) -> None:
-        from ._cells import CellWatcher
         from ._gateway import Gateway
         from ._grpc import resolve_contexts
-        from ._restore import restore_trajectory
-        from ._tito import ExecutionTrajectory
-        from ._trees import load_execution
+        from .engines._cells import CellWatcher
+        from .engines._tito import ExecutionTrajectory
+        from .recording._restore import restore_trajectory
+        from .recording._trees import load_execution
 
         async def restore(execution_id: str) -> ExecutionTrajectory | None:
             calls = await load_execution(ctx.engine, ctx.log, execution_id)

@@ -60,7 +60,8 @@ def golden_tree(
     tools: Tools | None = None,
 ) -> TrajectoryTree:
     """One node per assistant message, as the proxy would record the conversation (see the module doc)."""
-    from opengyre.proxy import ChatCodec, replay_conversation
+    from opengyre.chat import ChatCodec
+    from opengyre.proxy import replay_conversation
 
     codec = ChatCodec(tokenizer or load_tokenizer())
     tools_list = [dict(t) for t in tools] if tools else None

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource, export_hf, load_checkpoint
-from opengyre.proxy import ChatCodec
 from opengyre.proxy.engine._runner import ModelRunner
 
 

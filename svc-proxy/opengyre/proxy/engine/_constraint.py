@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import regex
 import torch
 
-from .._chat import ChatCodec
+from opengyre.chat import ChatCodec
 
 __all__ = ["TokenConstraint", "TokenVocabulary"]
 

@@ -17,9 +17,9 @@ import regex
 import torch
 from transformers import LlamaConfig
 
+from opengyre.chat import ChatCodec
 from opengyre.models import load_checkpoint, load_tokenizer, load_weights, resolve_model
 
-from .._chat import ChatCodec
 from ._constraint import TokenConstraint, TokenVocabulary
 from ._runner import ModelRunner
 from ._sampling import SamplingParams

@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .._json import Json
-from .._sse import DONE, sse
+from ..dialects._sse import DONE, sse
 from ._common import gate_error, json_body, native_error
 from ._engine import CpuEngine, Generation
 from ._sampling import SamplingError, SamplingParams

@@ -14,14 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import _anthropic as anthropic_api
-from .. import _openai as openai_api
 from .._assembly import Outcome, assemble
-from .._client import top_alternatives
-from .._errors import ApiError
 from .._json import Json
-from .._request import GenRequest
-from .._structured import structured_sampling
+from ..dialects import _anthropic as anthropic_api
+from ..dialects import _openai as openai_api
+from ..dialects._errors import ApiError
+from ..dialects._request import GenRequest
+from ..dialects._structured import structured_sampling
+from ..engines._client import top_alternatives
 from ._common import json_body
 from ._engine import CpuEngine
 from ._sampling import SamplingError, SamplingParams

@@ -7,8 +7,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
-from ._chat import ChatCodec
+from opengyre.chat import ChatCodec
+
+from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._errors import ApiError
 from ._request import GenRequest, check_number
 from ._sse import sse

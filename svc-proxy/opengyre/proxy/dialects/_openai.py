@@ -7,8 +7,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
-from ._chat import ChatCodec
+from opengyre.chat import ChatCodec
+
+from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
 from ._sse import DONE, sse

@@ -15,15 +15,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
-from ._chat import ChatCodec
+from opengyre.chat import ChatCodec
+
+from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
+from .._temperature import DEFAULT_TEMPERATURE
+from ..engines._tito import ExecutionTrajectory
 from ._errors import ApiError
 from ._openai import chat_logprobs_content, error_body
 from ._request import GenRequest, check_number
 from ._sse import sse
 from ._structured import ToolChoice, response_format_schema
-from ._temperature import DEFAULT_TEMPERATURE
-from ._tito import ExecutionTrajectory
 from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]

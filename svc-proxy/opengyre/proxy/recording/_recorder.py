@@ -28,16 +28,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nats.js.api import Header
+from prometheus_client.core import Metric
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from opengyre.eventlog import EventLog, LogUnavailable
 from opengyre.events import InvalidEvent, ModelCallRecorded
 from opengyre.trajectory import split_payload
 
+from .._metrics import counter, gauge
 from ._outbox import ExecutionSealed, Outbox, RecordFailed
 
 if TYPE_CHECKING:
@@ -106,6 +109,32 @@ class Recorder:
     def pending(self) -> int:
         """Events answered and not yet acknowledged by the log."""
         return self.outbox.pending
+
+    def metrics(self) -> Iterator[Metric]:
+        """The recorder's figures for ``/metrics``: events recorded, failed and refused, the outbox's backlog."""
+        yield counter("opengyre_proxy_recorded_total", "Model-call events appended to the log.", self.recorded)
+        yield counter(
+            "opengyre_proxy_record_failed_total",
+            "Calls answered with an error because their event could not be written to the outbox.",
+            self.failed,
+        )
+        yield gauge(
+            "opengyre_proxy_outbox_events", "Answered calls whose events wait in the outbox for the log.", self.pending
+        )
+        yield gauge("opengyre_proxy_outbox_bytes", "Bytes of those events.", self.outbox.pending_bytes)
+        yield counter(
+            "opengyre_proxy_outbox_refused_total", "Calls refused (503/529) because the outbox was full.", self.refused
+        )
+        yield counter(
+            "opengyre_proxy_record_send_failures_total",
+            "Attempts to hand the outbox to the log that failed (each is retried).",
+            self.send_failures,
+        )
+        yield counter(
+            "opengyre_proxy_payload_bytes_total",
+            "Encoded token payload bytes stored (tokens, logprobs, context).",
+            self.payload_bytes,
+        )
 
     @property
     def durable(self) -> bool:

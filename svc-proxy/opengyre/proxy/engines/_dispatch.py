@@ -14,9 +14,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ._assembly import Outcome
+from .._assembly import Outcome
+from ..dialects._errors import ApiError
 from ._client import EngineBadReply, EngineFailed, EngineRejected, EngineReply
-from ._errors import ApiError
 from ._pool import EngineHandle, EnginePool, NoCapacity
 
 __all__ = ["Dispatch"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opengyre.chat import ChatCodec
+
+from ..engines._tito import ExecutionTrajectory, Plan, _tools_key
 from ._atif import context_of, conversations
-from ._chat import ChatCodec
-from ._tito import ExecutionTrajectory, Plan, _tools_key
 from ._trees import StoredCall
 
 __all__ = ["restore_trajectory"]

@@ -11,14 +11,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opengyre.chat import ChatCodec
+
+from .._assembly import Outcome, Turn
+from ..engines._tito import ExecutionTrajectory
 from . import _anthropic as anthropic_api
 from . import _openai as openai_api
 from . import _responses as responses_api
-from ._assembly import Outcome, Turn
-from ._chat import ChatCodec
 from ._errors import ApiError
 from ._request import GenRequest
-from ._tito import ExecutionTrajectory
 
 __all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "RESPONSES", "Dialect", "StreamFn"]
 

@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from .._metrics import counter, gauge
 from ._client import EngineClient, EngineConnection, EngineOptions, RolloutEngine
 from ._vllm import VLLM_SCHEME, VllmClient
 
@@ -112,6 +114,20 @@ class EnginePool:
 
     def engines(self) -> list[EngineHandle]:
         return list(self._engines.values())
+
+    def metrics(self) -> Iterator[Metric]:
+        """The pool's figures for ``/metrics``: engines by state, in flight per engine, the queue."""
+        engines = self.engines()
+        by_state = GaugeMetricFamily("opengyre_proxy_engines", "Engines in the pool, by state.", labels=["state"])
+        for s in ("active", "unhealthy", "draining"):
+            by_state.add_metric([s], sum(1 for h in engines if h.state == s))
+        yield by_state
+        inflight = GaugeMetricFamily("opengyre_proxy_inflight", "Requests in flight per engine.", labels=["engine"])
+        for h in engines:
+            inflight.add_metric([h.engine_id], len(h.inflight))
+        yield inflight
+        yield gauge("opengyre_proxy_queue_waiting", "Requests waiting for capacity.", self.waiting)
+        yield counter("opengyre_proxy_queue_rejected_total", "Requests refused for capacity.", self.rejected)
 
     def get(self, engine_id: str) -> EngineHandle | None:
         return self._engines.get(engine_id)

@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from opengyre.chat import ChatCodec
 from opengyre.events import DriftReport, TrajectoryRole
-
-from ._chat import ChatCodec
 
 __all__ = ["ExecutionTrajectory", "Plan", "TitoNode", "canon_message"]
 

@@ -14,8 +14,8 @@ from typing import Any
 from opengyre.events import ModelCallRecorded
 from opengyre.trajectory import TrajectoryTree
 
-from ._assembly import arguments_object
-from ._tito import canon_message
+from .._assembly import arguments_object
+from ..engines._tito import canon_message
 from ._trees import StoredCall
 
 __all__ = ["ATIF_VERSION", "context_of", "conversations", "export_execution", "export_path"]
