@@ -26,6 +26,8 @@ STACK_MODULES = frozenset(
         "tests/libs/cli/test_faults.py",
         "tests/e2e/test_soak.py",
         "tests/e2e/test_attach.py",
+        "tests/e2e/test_closed_loop.py",  # run_loop starts a stack, as `opengyre up` does
+        "tests/e2e/test_driver_resume.py",  # `opengyre train loop` starts one
     }
 )
 STACK_GROUP = "opengyre-up-stacks"

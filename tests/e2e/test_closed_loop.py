@@ -57,12 +57,12 @@ async def read_all(log: EventLog) -> list[tuple[int, Event]]:
 
 
 def own_settings(data: Path, nats_server: EmbeddedNats, log_config: LogConfig) -> Settings:
-    """A stack of the test's own: its stream on the session's nats-server (the log outlives the stack), its ports."""
+    """A stack of the test's own: its stream on the session's nats-server (the log outlives the stack), its ports:
+    0, each service binds a free one itself and reports it (a port picked here could be taken before it binds)."""
     services = ("synth", "scheduler", "proxy", "trainer", "bench")
     return Settings(
-        data_dir=data, nats_url=nats_server.url, log=log_config, ports={s: free_port() for s in services},
-        proxy_http_port=free_port(),
-    )  # fmt: skip
+        data_dir=data, nats_url=nats_server.url, log=log_config, ports={s: 0 for s in services}, proxy_http_port=0
+    )
 
 
 @pytest.mark.slow

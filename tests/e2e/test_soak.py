@@ -30,7 +30,7 @@ def test_a_short_soak_with_nats_server_and_proxy_killed_loses_and_doubles_nothin
         "--progress-every", "15",
         "--json", str(out),
     ]  # fmt: skip
-    res = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    res = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.exists(), res.stdout[-3000:] + res.stderr[-3000:]
     s = json.loads(out.read_text())
     said = res.stdout[-3000:]

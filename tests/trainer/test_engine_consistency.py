@@ -1,6 +1,9 @@
 """Train/inference consistency through the real CPU engine: the trainer publishes a step, the engine
 hot-reloads it over SGLang's ``/update_weights_from_disk``, and the engine's prompt logprobs for the same
-tokens equal the trainer's, bit for bit."""
+tokens equal the trainer's, bit for bit.
+
+A self-consistency test: the CPU engine and the trainer run the same model code (``opengyre.models``), so this
+checks publishing, hot reload and the temperature path, not agreement with an independent engine (SGLang, vLLM)."""
 
 from __future__ import annotations
 

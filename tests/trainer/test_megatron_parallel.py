@@ -91,7 +91,7 @@ async def test_online_training_with_torchrun_matches_one_process(
         "--group-size", "2", "--algorithm", "grpo", "--lr", "1e-2", "--steps", "1", "--fold",
         "--micro-batch-tokens", "64",  # several micro-batches: data-parallel replicas both get some
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     published = tmp_path / "checkpoints" / "default" / "step-000001"
     assert (published / "optimizer.pt").exists() and (published / "optimizer-rank1.pt").exists()

@@ -1,6 +1,7 @@
 """The trainer on SmolLM2-135M-Instruct, the real pretrained model: torch and megatron-core load the same
 weights (tied embeddings, HF -> megatron names) and agree on loss and gradients; a published step hot-reloaded
-by the CPU engine gives the engine's logprobs equal to the trainer's."""
+by the CPU engine gives the engine's logprobs equal to the trainer's (self-consistency: both run our model code, so this
+checks the reload, not an independent engine)."""
 
 from __future__ import annotations
 
