@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 
 import typer
 
@@ -55,16 +55,10 @@ _db.register(db_app)
 _model.register(app)
 _report.register(app)
 
-# Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
-# module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.
-for _svc in ("synth", "scheduler", "proxy", "trainer", "bench", "harness", "sandbox"):
-    try:
-        _mod = importlib.import_module(f"opengyre.{_svc}.cli")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"opengyre.{_svc}.cli":
-            raise
-        continue
-    _mod.register(app)
+# Each service (and a shared package) may add commands (`opengyre engine`, `opengyre sim`, ...) through an
+# ``opengyre.commands`` entry point naming its ``register(app)``; heavy imports belong inside the commands.
+for _ep in sorted(entry_points(group="opengyre.commands"), key=lambda e: e.name):
+    _ep.load()(app)
 
 
 def main() -> None:
