@@ -297,7 +297,8 @@ def score_command(
     dry_run: Annotated[bool, typer.Option(help="Print the outcome without recording it")] = False,
 ) -> None:
     """Grade a finished execution on its preserved workspace and record ExecutionFinished."""
-    from ._evaluator import HarborVerifier
+    from opengyre.grading import HarborVerifier
+
     from ._failures import REPORTABLE_CLASSES
     from ._scoring import score_execution
 
