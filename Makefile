@@ -54,6 +54,7 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy libs apps svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
