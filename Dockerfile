@@ -9,6 +9,7 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 COPY pyproject.toml constraints.txt requirements-models.txt README.md ./
 COPY libs ./libs
+COPY apps ./apps
 COPY svc-synth ./svc-synth
 COPY svc-scheduler ./svc-scheduler
 COPY svc-proxy ./svc-proxy

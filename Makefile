@@ -54,9 +54,10 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy libs svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
+	$(VENV)/bin/mypy libs apps svc-synth svc-scheduler svc-proxy svc-trainer svc-bench
 
 # Every benchmark, each printing its figures (about 36 minutes on 2 cores; docs/benchmarks.md has the results).
 # The soak runs 5 minutes here; its 30-minute run is `bench/soak.py` with no options.

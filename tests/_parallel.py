@@ -21,9 +21,9 @@ __all__ = ["STACK_MODULES", "WHOLE_MODULES", "SuiteScheduling"]
 
 STACK_MODULES = frozenset(
     {
-        "tests/libs/cli/test_cli.py",
-        "tests/libs/cli/test_stack.py",
-        "tests/libs/cli/test_faults.py",
+        "tests/apps/cli/test_cli.py",
+        "tests/apps/cli/test_stack.py",
+        "tests/apps/cli/test_faults.py",
         "tests/e2e/test_soak.py",
         "tests/e2e/test_attach.py",
         "tests/e2e/test_closed_loop.py",  # run_loop starts a stack, as `opengyre up` does

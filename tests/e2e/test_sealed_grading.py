@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.grading import HarborVerifier
 from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
 from opengyre.loop._rollout import _fresh_workspace
 from opengyre.sandbox import SandboxLimits
 from opengyre.synth import GateLimits, Synthesizer, ingest
-from opengyre.trainer import HarborVerifier
 
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 LIMITS = SandboxLimits(timeout_s=120)

@@ -143,7 +143,7 @@ def test_the_image_runs_the_cli_that_defines_these_commands() -> None:
     docker = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["opengyre"]' in docker
     assert "torch==2.13.0" in docker
-    for root in ("libs", *(f"svc-{s}" for s in SERVICE_CLASSES)):
+    for root in ("libs", "apps", *(f"svc-{s}" for s in SERVICE_CLASSES)):
         assert f"COPY {root} ./{root}" in docker
     from typer.main import get_command
 

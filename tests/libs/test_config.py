@@ -34,3 +34,18 @@ def test_log_replicas_come_from_the_environment_and_are_bounded_as_jetstream_bou
         monkeypatch.setenv("OPENGYRE_LOG_REPLICAS", bad)
         with pytest.raises(SettingsError, match=r"(?i)replicas"):
             Settings.from_env(data_dir=tmp_path)
+
+
+def test_the_services_entry_points_name_each_svc_folder_and_its_service_class() -> None:
+    import importlib
+
+    from opengyre.config import installed_services
+    from opengyre.runtime import Service
+
+    root = Path(__file__).resolve().parents[2]
+    services = installed_services()
+    assert sorted(services) == sorted(p.name.removeprefix("svc-") for p in root.glob("svc-*") if p.is_dir())
+    for name, target in services.items():
+        module, _, attr = target.partition(":")
+        assert module == f"opengyre.{name}.service"
+        assert issubclass(getattr(importlib.import_module(module), attr), Service)

@@ -50,7 +50,12 @@ def private_imports(root: Path) -> list[str]:
     """Imports of ``opengyre.<pkg>._private`` (at any depth) from a module outside ``<pkg>``, in the code that
     ships and its benchmarks (tests may reach inside what they test)."""
     out: list[str] = []
-    sources = [*root.glob("libs/opengyre/**/*.py"), *root.glob("svc-*/**/*.py"), *root.glob("bench/**/*.py")]
+    sources = [
+        *root.glob("libs/opengyre/**/*.py"),
+        *root.glob("apps/opengyre/**/*.py"),
+        *root.glob("svc-*/**/*.py"),
+        *root.glob("bench/**/*.py"),
+    ]
     for path in sorted(sources):
         rel = path.relative_to(root).as_posix()
         if "/v1/" in rel:

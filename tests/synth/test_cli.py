@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.libs.cli._cli import og
+from tests.apps.cli._cli import og
 
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 

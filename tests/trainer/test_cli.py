@@ -59,12 +59,3 @@ async def test_sft_then_rl_then_inspect(
     assert preview.returncode == 0 and "2/4 paths" in preview.stdout, preview.stdout + preview.stderr
     missing = og("train", "preview", "nope", *common)
     assert missing.returncode != 0 and "no recorded calls" in missing.stdout
-
-
-def test_train_loop_refuses_a_bad_run_file_in_one_line_before_anything_starts(tmp_path: Path) -> None:
-    run = tmp_path / "run.toml"
-    run.write_text('model = "gpt-9"\n')
-    r = og("train", "loop", str(run), "--data-dir", str(tmp_path / "data"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
-    assert "model: unknown model 'gpt-9'" in r.stderr + r.stdout
-    assert not (tmp_path / "data").exists()  # no service started

@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 from opengyre.events import default_registry
+from opengyre.grading import HarborVerifier, RewardFileEmptyError, RewardFileNotFoundError, read_reward
 from opengyre.sandbox import SandboxLimits
-from opengyre.trainer import (
-    ExecutionOutcome,
-    HarborVerifier,
-    RewardFileEmptyError,
-    RewardFileNotFoundError,
-    classify_outcome,
-    read_reward,
-    score_execution,
-)
+from opengyre.trainer import ExecutionOutcome, classify_outcome, score_execution
 
 GRADE_FRACTION = """#!/bin/bash
 # half a point per correct file; reads the workspace at /app and writes Harbor's reward file

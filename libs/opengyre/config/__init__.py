@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,16 +22,31 @@ __all__ = [
     "GRPC_TOKEN_ENV",
     "PROXY_HTTP",
     "PROXY_HTTP_PORT",
+    "SERVICES_GROUP",
     "SERVICE_PORTS",
     "Settings",
     "SettingsError",
     "ensure_grpc_token",
     "grpc_token_file",
+    "installed_services",
     "new_secret",
     "read_grpc_token",
     "read_recorded",
     "write_secret",
 ]
+
+# The entry-point group naming each service's class (pyproject's [project.entry-points."opengyre.services"]).
+SERVICES_GROUP = "opengyre.services"
+
+
+def installed_services() -> dict[str, str]:
+    """Each installed service's class (``module:attr``) by service name, from the ``opengyre.services`` entry
+    points: the kernel names no service (issue 25). Sorted by name, as installers do not keep the declared order."""
+    out: dict[str, str] = {}
+    for ep in sorted(entry_points(group=SERVICES_GROUP), key=lambda e: e.name):
+        out.setdefault(ep.name, ep.value)
+    return out
+
 
 # Default gRPC ports of the five services (docker-compose.yml publishes the same), and the proxy's HTTP port.
 SERVICE_PORTS: dict[str, int] = {

@@ -16,7 +16,7 @@ from typing import ClassVar
 import grpc
 from sqlalchemy import Engine
 
-from ..config import Settings, ensure_grpc_token
+from ..config import Settings, ensure_grpc_token, installed_services
 from ..eventlog import EventLog
 from ..projection import Projection, ProjectionRunner, StreamMismatch
 from ..store import create_db_engine, migrate
@@ -40,13 +40,7 @@ log = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 # Where each service's class lives; imported lazily so the CLI does not pay for torch on every call.
-SERVICE_CLASSES: dict[str, str] = {
-    "synth": "opengyre.synth.service:SynthService",
-    "scheduler": "opengyre.scheduler.service:SchedulerService",
-    "proxy": "opengyre.proxy.service:ProxyService",
-    "trainer": "opengyre.trainer.service:TrainerService",
-    "bench": "opengyre.bench.service:BenchService",
-}
+SERVICE_CLASSES: dict[str, str] = installed_services()
 # Services whose start needs another's gRPC address (the scheduler drains cells through the proxy): `opengyre up`
 # starts them once those have bound and reported their ports.
 SERVICE_NEEDS: dict[str, tuple[str, ...]] = {"scheduler": ("proxy",)}

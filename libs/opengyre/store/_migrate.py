@@ -20,6 +20,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
 
+from ..config import installed_services
+
 __all__ = ["MIGRATION_PACKAGES", "alembic_config", "migrate", "set_aside_if_corrupt"]
 
 log = logging.getLogger(__name__)
@@ -28,14 +30,11 @@ log = logging.getLogger(__name__)
 # (SQLITE_NOTADB). A locked or unreadable file is something else, and never set aside.
 _CORRUPT_CODES = frozenset({11, 26})
 
-# Packages that may hold a ``migrations/`` folder of Alembic revisions (each with its own branch label).
+# Packages that may hold a ``migrations/`` folder of Alembic revisions (each with its own branch label): the store's
+# own and each installed service's (the package of its class, ``opengyre.<svc>.service:...`` -> ``opengyre.<svc>``).
 MIGRATION_PACKAGES = (
     "opengyre.store",
-    "opengyre.synth",
-    "opengyre.scheduler",
-    "opengyre.proxy",
-    "opengyre.trainer",
-    "opengyre.bench",
+    *(target.partition(":")[0].rpartition(".")[0] for target in installed_services().values()),
 )
 
 _HERE = Path(__file__).parent

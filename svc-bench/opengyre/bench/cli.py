@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from opengyre.cli import DataDirOpt, NatsUrlOpt, console, fail, log_session, settings_from
+from opengyre.console import DataDirOpt, NatsUrlOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
 

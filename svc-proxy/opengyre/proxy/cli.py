@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from opengyre.cli import DataDirOpt, DbUrlOpt, NatsUrlOpt, fail, log_session, settings_from
+from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, fail, log_session, settings_from
 
 from .engine._cli import engine_command
 

@@ -21,8 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from opengyre.grading import HarborVerifier
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
-from opengyre.trainer import HarborVerifier
 
 __all__ = ["Outcome", "RunLimits", "run_solution"]
 

@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opengyre.cli import DataDirOpt, DbUrlOpt, console, fail, settings_from
+from opengyre.console import DataDirOpt, DbUrlOpt, console, fail, settings_from
 
 __all__ = ["register"]
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from opengyre.events import ExecutionFinished
+from opengyre.grading import HarborVerifier
 from opengyre.runtime import Service, ServiceContext
 from opengyre.trajectory import TrajectoryError
 from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
 from ._admission import AdmissionPolicy
 from ._cost import sample_cost
-from ._evaluator import HarborVerifier
 from ._failures import REPORTABLE_CLASSES
 from ._sampling import PathSampler
 from ._scoring import SANDBOX_NAME, score_execution

@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 
 from opengyre.events import ExecutionFinished, FailureClass
+from opengyre.grading import Evaluator
 
-from ._evaluator import Evaluator
 from ._failures import AGENT_CLASSES, INFRA_CLASSES, REPORTABLE_CLASSES, TRANSIENT_CLASSES, classify_failure
 
 __all__ = ["SANDBOX_NAME", "score_execution"]

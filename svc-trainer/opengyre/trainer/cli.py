@@ -1,4 +1,5 @@
-"""Commands the trainer adds to ``opengyre``: ``opengyre train run|loop|sft|score|preview|steps``.
+"""Commands the trainer adds to ``opengyre``: ``opengyre train run|sft|score|preview|steps`` (``train loop|env``, which
+drive the whole loop, are the apps layer's: ``opengyre.cli``).
 
 Heavy imports (torch, megatron) happen inside the commands: ``opengyre --help`` stays fast.
 """
@@ -14,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from opengyre.cli import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
+from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
 
@@ -155,76 +156,6 @@ def run_command(
         console.print("stopped")
 
 
-@train_app.command("loop")
-def loop_command(
-    config: Annotated[Path, typer.Argument(help="The run configuration (TOML; see docs/loop.md)")],
-    data_dir: DataDirOpt = None,
-    attach: Annotated[
-        bool,
-        typer.Option(
-            "--attach",
-            help="Drive the run on the deployment already running on the data dir (opengyre up, started with "
-            "the settings `opengyre train env RUN.toml` prints) instead of starting a stack",
-        ),
-    ] = False,
-) -> None:
-    """The closed loop on the embedded stack: synthesize tasks, dispatch groups, roll out, score, train, harden."""
-    from opengyre.loop import DeploymentMismatch, RunConfig, RunConfigError, run_loop, sft_warm_start
-    from opengyre.runtime import DataDirBusy, DataDirUnusable, PortTaken, ServiceFailed
-
-    try:
-        cfg = RunConfig.from_toml(config).check()  # before any service starts
-    except RunConfigError as exc:
-        raise fail(str(exc)) from exc
-    settings = settings_from(data_dir)
-    if attach and cfg.sft_epochs:
-        raise fail(
-            "sft_epochs: a warm start needs the embedded stack (the running trainer starts from its own "
-            "weights); set it to 0 with --attach"
-        )
-    warm = (
-        sft_warm_start(cfg.model, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, say=console.print)
-        if cfg.sft_epochs
-        else None
-    )  # the run configuration's warm start: SFT on the built tasks' reference solutions first
-    try:
-        result = asyncio.run(run_loop(cfg, settings, say=console.print, warm_start=warm, attach=attach))
-    except (DataDirBusy, DataDirUnusable, PortTaken, DeploymentMismatch) as exc:
-        raise fail(str(exc)) from exc
-    except ServiceFailed as exc:  # a service kept exiting with the same error: the run cannot go on
-        raise fail(str(exc), 1) from exc
-    ended = sum(1 for f in result.finished if f.score is not None)
-    console.print(
-        f"{len(result.finished)} executions ({ended} scored), {len(result.steps)} step(s) trained, "
-        f"{result.hardened} task version(s) hardened; " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())
-    )
-
-
-@train_app.command("env")
-def env_command(
-    config: Annotated[Path, typer.Argument(help="The run configuration (TOML; see docs/loop.md)")],
-    data_dir: DataDirOpt = None,
-) -> None:
-    """Prepare a deployment for `train loop --attach`: write the run's trainer.toml into the data dir and print the
-    environment its services must start with: eval "$(opengyre train env RUN.toml --data-dir D)", then opengyre up."""
-    import shlex
-
-    from opengyre.loop import RunConfig, RunConfigError, deployment_env, write_trainer_toml
-
-    try:
-        cfg = RunConfig.from_toml(config)
-        cfg.validate()
-    except RunConfigError as exc:
-        raise fail(str(exc)) from exc
-    settings = settings_from(data_dir)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    # No engine list: the trainer reloads the engines of the rollout cells the driver registers (from their events).
-    path = write_trainer_toml(cfg, settings, [], None)
-    typer.echo(f"# wrote {path}", err=True)
-    for k, v in sorted(deployment_env(cfg).items()):
-        typer.echo(f"export {k}={shlex.quote(v)}")
-
-
 @train_app.command("sft")
 def sft_command(
     data: Annotated[
@@ -297,7 +228,8 @@ def score_command(
     dry_run: Annotated[bool, typer.Option(help="Print the outcome without recording it")] = False,
 ) -> None:
     """Grade a finished execution on its preserved workspace and record ExecutionFinished."""
-    from ._evaluator import HarborVerifier
+    from opengyre.grading import HarborVerifier
+
     from ._failures import REPORTABLE_CLASSES
     from ._scoring import score_execution
 

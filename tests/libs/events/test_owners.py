@@ -50,7 +50,11 @@ def _constructed(tree: ast.AST) -> Iterator[tuple[str, int]]:
 
 def ownership_violations(root: Path) -> list[str]:
     out: list[str] = []
-    sources = [*root.glob("libs/opengyre/**/*.py"), *root.glob("svc-*/opengyre/**/*.py")]
+    sources = [
+        *root.glob("libs/opengyre/**/*.py"),
+        *root.glob("apps/opengyre/**/*.py"),
+        *root.glob("svc-*/opengyre/**/*.py"),
+    ]
     for path in sorted(sources):
         rel = path.relative_to(root).as_posix()
         service = _service_of(rel)

@@ -198,7 +198,7 @@ async def test_up_writes_the_users_once_and_its_server_requires_them(tmp_path: P
 
 
 async def test_the_server_a_command_starts_on_a_stopped_stack_requires_the_same_users(tmp_path: Path) -> None:
-    from opengyre.cli._common import log_session  # the CLI's own session: what `opengyre events` etc. use
+    from opengyre.console import log_session  # the CLI's own session: what `opengyre events` etc. use
 
     data = tmp_path / "data"
     stack = Stack(Settings(data_dir=data), services=[])

@@ -11,9 +11,10 @@ from typing import Annotated
 import typer
 from nats.js.errors import NotFoundError
 
+from opengyre.console import DataDirOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
+
 from ..eventlog import EventLog
 from ..report import LiveDashboard, RunSummary, summarize, summary_table
-from ._common import DataDirOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from opengyre.console import DataDirOpt, DbUrlOpt, console, fail, settings_from
+
 from ..runtime import DataDirUnusable, check_data_dir
 from ..store import alembic_config, create_db_engine, migrate
-from ._common import DataDirOpt, DbUrlOpt, console, fail, settings_from
 
 __all__ = ["register"]
 

@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
+from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
+
 from ..config import Settings
 from ..eventlog import EventLog, LogUnavailable, NatsCredentials, StreamUsage
 from ..runtime import (
@@ -47,7 +49,6 @@ from ..runtime import (
     run_service,
     stack_alive,
 )
-from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
 
 __all__ = ["register"]
 

@@ -12,8 +12,9 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from opengyre.console import DataDirOpt, NatsUrlOpt, console, fail, log_session, settings_from
+
 from ..eventlog import StoredEvent
-from ._common import DataDirOpt, NatsUrlOpt, console, fail, log_session, settings_from
 
 __all__ = ["register"]
 

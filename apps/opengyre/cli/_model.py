@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import console, fail
+from opengyre.console import console, fail
 
 __all__ = ["register"]
 

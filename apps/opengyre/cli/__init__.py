@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 
 import typer
 
-from . import _db, _demo, _events, _model, _replay, _report, _stack
+from . import _db, _demo, _events, _loop, _model, _replay, _report, _stack
 
-# What a service's ``cli.register`` builds its commands with: the shared options, settings and session.
-from ._common import (
-    DataDirOpt,
-    DbUrlOpt,
-    NatsUrlOpt,
-    StreamOpt,
-    console,
-    fail,
-    log_session,
-    settings_from,
-)
-
-__all__ = [
-    "DataDirOpt",
-    "DbUrlOpt",
-    "NatsUrlOpt",
-    "StreamOpt",
-    "app",
-    "console",
-    "fail",
-    "log_session",
-    "main",
-    "settings_from",
-]
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     help="OpenGyre: open infrastructure for training long-horizon LLM agents with online RL.",
@@ -55,16 +32,11 @@ _db.register(db_app)
 _model.register(app)
 _report.register(app)
 
-# Each service may add commands (`opengyre engine`, `opengyre sim`, ...) from an ``opengyre.<svc>.cli``
-# module exposing ``register(app)``; heavy imports belong inside the commands, not at module level.
-for _svc in ("synth", "scheduler", "proxy", "trainer", "bench", "harness", "sandbox"):
-    try:
-        _mod = importlib.import_module(f"opengyre.{_svc}.cli")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"opengyre.{_svc}.cli":
-            raise
-        continue
-    _mod.register(app)
+# Each service (and a shared package) may add commands (`opengyre engine`, `opengyre sim`, ...) through an
+# ``opengyre.commands`` entry point naming its ``register(app)``; heavy imports belong inside the commands.
+for _ep in sorted(entry_points(group="opengyre.commands"), key=lambda e: e.name):
+    _ep.load()(app)
+_loop.register(app)  # after the services': `train loop|env` join the trainer's `train` group
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from opengyre.console import DataDirOpt, console, fail, settings_from
+
 from ..config import Settings
 from ..eventlog import EventLog, LogUnavailable
 from ..report import LiveDashboard, RunSummary, summary_table
 from ..runtime import DataDirBusy, DataDirUnusable, PortTaken, Stack, all_projections, grpc_channel
 from ..v1 import common_pb2
-from ._common import DataDirOpt, console, fail, settings_from
 from ._replay import replay_compare
 
 if TYPE_CHECKING:

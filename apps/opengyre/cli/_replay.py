@@ -12,12 +12,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
+
 from ..config import Settings
 from ..eventlog import EventLog
 from ..projection import FoldTransaction, Projection, ProjectionRunner, dump_rows, rebuild, replay_into
 from ..runtime import DataDirBusy, DataDirLock, DataDirUnusable, all_projections, projection_owners
 from ..store import create_db_engine, migrate
-from ._common import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, log_session, settings_from
 
 __all__ = ["register", "replay_compare"]
 

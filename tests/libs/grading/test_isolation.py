@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.grading import CopyBounds, HarborVerifier, RewardFileError, copy_workspace, read_reward
 from opengyre.sandbox import SandboxLimits
-from opengyre.trainer import CopyBounds, HarborVerifier, RewardFileError, read_reward
-from opengyre.trainer._workspace import copy_workspace
 
 # The agent's answer is the first line of /app/out.txt: 1 is what the grader gives for a right one.
 GRADE_OUT = """#!/bin/bash
