@@ -1,16 +1,25 @@
 """The hardening loop: a solver that takes shortcuts makes a task too easy; the diagnosis finds the bypassed pattern
-instance, the next version raises its knob and passes the gates; lineage is queryable; rebuild equals live."""
+instance, the next version raises its knob and passes the gates; lineage is queryable; rebuild equals live; the
+solver that scored on v1 scores less on the v2 the loop built."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
-from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded, TaskHardened, ToolCallPayload
+from opengyre.events import (
+    Event,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ModelCallRecorded,
+    TaskHardened,
+    ToolCallPayload,
+)
 from opengyre.projection import ProjectionRunner, dump_rows, replay_into
 from opengyre.store import create_db_engine, migrate
 from opengyre.synth import (
@@ -26,6 +35,7 @@ from opengyre.synth import (
     ingest,
     materials,
     propose,
+    run_solution,
     task_lineage,
 )
 from tests._polling import await_until
@@ -65,6 +75,16 @@ def test_the_diagnosis_finds_the_bypassed_instance_and_the_proposal_raises_it() 
     assert len(top.challenges) == 3 and why.startswith("add c2")
 
 
+def _recorded(ex: str, task_id: str, version: int, actions: list[str], score: float | None) -> list[Event]:
+    """The scheduler's and the proxy's events, as they would record one run of a solver."""
+    calls = [ToolCallPayload(id=f"t{k}", name="bash", arguments=a) for k, a in enumerate(actions)]
+    return [
+        ExecutionDispatched(execution_id=ex, task_id=task_id, group_id="g", task_version=version),
+        *[ModelCallRecorded(execution_id=ex, call_id=f"{ex}-{k}", tool_calls=[c]) for k, c in enumerate(calls)],
+        ExecutionFinished(execution_id=ex, status="completed", score=score),
+    ]
+
+
 async def _fold(runners: list[ProjectionRunner], stop: asyncio.Event) -> list[asyncio.Task[None]]:
     return [asyncio.create_task(r.run(stop)) for r in runners]
 
@@ -84,24 +104,10 @@ async def test_a_too_easy_task_is_hardened_and_rebuild_equals_live(
     tasks = await _fold(runners, stop)
     try:
         solver = ShortcutSolver()
-        for i in range(2):  # the scheduler's and the proxy's events, as they would record this solver's runs
+        for i in range(2):
             run = await asyncio.to_thread(solver.solve, build.task_dir, f"run{i}")
             assert run.outcome.score == 1.0  # level 0: the shortcut works
-            ex = f"ex{i}"
-            await event_log.append_many(
-                [
-                    ExecutionDispatched(execution_id=ex, task_id=build.blueprint.task_id, group_id="g", task_version=1),
-                    *[
-                        ModelCallRecorded(
-                            execution_id=ex,
-                            call_id=f"{ex}-{k}",
-                            tool_calls=[ToolCallPayload(id=f"t{k}", name="bash", arguments=a)],
-                        )
-                        for k, a in enumerate(run.actions)
-                    ],
-                    ExecutionFinished(execution_id=ex, status="completed", score=run.outcome.score),
-                ]
-            )
+            await event_log.append_many(_recorded(f"ex{i}", build.blueprint.task_id, 1, run.actions, run.outcome.score))
         await await_until(lambda: synth.pending(engine), "the version is flagged too easy")
         ((task_id, version),) = synth.pending(engine)
         events = await asyncio.to_thread(synth.harden, engine, task_id, version, hardening)
@@ -130,3 +136,79 @@ async def test_a_too_easy_task_is_hardened_and_rebuild_equals_live(
         await replay_into(p, event_log, other)
         assert dump_rows(other, p.tables) == dump_rows(engine, p.tables)
     other.dispose()
+
+
+_PART = re.compile(
+    r"The notes under `(?P<ns>[^`]+)/` describe the record `(?P<subject>[^`]+)`\. Collect every field of "
+    r"`[^`]+` \((?P<fields>[^)]*)\) and write them as a JSON object to `(?P<answer>answers/[^`]+\.json)`\."
+)
+_FIRST_LOOK = """mkdir -p answers
+python3 - {ns} {subject} {answer} <<'PY'
+import json, os, sys
+ns, subject, answer = sys.argv[1:]
+first = sorted(os.listdir(ns))[0]  # the shortcut: the first notes file is taken to hold the whole record
+facts = {{}}
+for line in open(os.path.join(ns, first)):
+    if line.startswith(subject + "."):
+        k, v = line.split(" = ")
+        facts[k.split(".", 1)[1]] = v.strip()
+json.dump(facts, open(answer, "w"))
+PY
+"""
+
+
+def _first_look(task_dir: Path) -> tuple[float, list[str]]:
+    """An agent's policy, written from what an agent sees (``instruction.md`` and the workspace, never ``tests/``
+    or ``solution/``): list the notes folder, read its first file, answer with the record's fields found there.
+    It is right exactly when one file holds the whole record. Run in the sandbox, graded by the task's verifier."""
+    parts = list(_PART.finditer((task_dir / "instruction.md").read_text()))
+    assert parts, "the instruction asks for no record (the pattern's wording changed?)"
+    script = "".join(_FIRST_LOOK.format(**p.groupdict()) for p in parts)
+    outcome = run_solution(task_dir, script)
+    assert outcome.score is not None, outcome.detail  # an ungraded run proves nothing either way
+    ws = task_dir / "environment" / "workspace"
+    actions: list[str] = []
+    for p in parts:
+        first = sorted(f.name for f in (ws / p["ns"]).iterdir())[0]
+        actions += [json.dumps({"command": f"ls {p['ns']}"}), json.dumps({"command": f"cat {p['ns']}/{first}"})]
+    return outcome.score, actions
+
+
+async def test_the_solver_that_scored_on_v1_scores_less_on_v2(
+    event_log: EventLog, engine: Engine, tmp_path: Path
+) -> None:
+    """v1 is hardened by the live loop (its runs flag it, ``harden`` builds v2); the same solver then runs on v2.
+
+    The solver and the grading are deterministic, so a v2 with v1's files scores v1's reward and fails the last
+    assertion: only a v2 that is harder for this very solver passes."""
+    skill = next(s for s in ingest(EXAMPLES, tmp_path / "sk").accepted if s.name == "log-triage")
+    synth = Synthesizer(tmp_path / "store", GateLimits(hang_timeout_s=1.0))
+    build = await asyncio.to_thread(synth.synthesize, skill, 5, n_challenges=1, patterns=["distributed-evidence"])
+    assert build.ok, [v for v in build.verdicts if not v.ok]
+    task_id = build.blueprint.task_id
+    await event_log.append_many(build.events)
+
+    hardening = HardeningProjection(window=2)
+    runners = [ProjectionRunner(TasksProjection(), event_log, engine), ProjectionRunner(hardening, event_log, engine)]
+    stop = asyncio.Event()
+    tasks = await _fold(runners, stop)
+    try:
+        v1: list[float] = []
+        for i in range(2):
+            score, actions = await asyncio.to_thread(_first_look, build.task_dir)
+            v1.append(score)
+            await event_log.append_many(_recorded(f"ex{i}", task_id, 1, actions, score))
+        assert v1 == [1.0, 1.0]  # at v1 the shortcut is a solution
+        await await_until(lambda: synth.pending(engine) == [(task_id, 1)], "v1 is flagged too easy")
+        events = await asyncio.to_thread(synth.harden, engine, task_id, 1, hardening)
+        hardened = next(e for e in events if isinstance(e, TaskHardened))
+        await event_log.append_many(events)
+        for r in runners:
+            await r.wait_caught_up(60)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    assert hardened.to_version == 2 and Path(hardened.task_dir) != build.task_dir
+    v2, _ = await asyncio.to_thread(_first_look, Path(hardened.task_dir))
+    assert v2 < v1[0], (v2, hardened.reason)
