@@ -32,21 +32,29 @@ class _NotWritten(Exception):
 
 
 async def wait_ready(
-    path: Path, *, proc: subprocess.Popen[Any] | asyncio.subprocess.Process | None = None, timeout: float = 60.0
+    path: Path,
+    *,
+    proc: subprocess.Popen[Any] | asyncio.subprocess.Process | None = None,
+    timeout: float = 60.0,
+    require_text: bool = True,
 ) -> str:
-    """The stripped text of ``path`` once it is written (not empty). ``proc``: the process that writes it; if it
-    exits first, ``ExitedBeforeReady`` names its exit code. ``TimeoutError`` after ``timeout`` seconds."""
+    """The stripped text of ``path`` once it is written: not empty, or, with ``require_text=False``, once it exists
+    (a launcher may only touch it; the text may then be ""). ``proc``: the process that writes it; if it exits
+    first, ``ExitedBeforeReady`` names its exit code. ``TimeoutError`` after ``timeout`` seconds."""
     try:
         async with asyncio.timeout(timeout):
-            return await _ready_or_exited(path, proc)
+            return await _ready_or_exited(path, proc, require_text)
     except TimeoutError:
         raise TimeoutError(f"{path} not written within {timeout:g} s") from None
 
 
-async def _ready_or_exited(path: Path, proc: subprocess.Popen[Any] | asyncio.subprocess.Process | None) -> str:
+async def _ready_or_exited(
+    path: Path, proc: subprocess.Popen[Any] | asyncio.subprocess.Process | None, require_text: bool
+) -> str:
     if proc is None:
-        return await _written(path)
-    written, exited = asyncio.ensure_future(_written(path)), asyncio.ensure_future(_exit_code(proc))
+        return await _written(path, require_text)
+    written = asyncio.ensure_future(_written(path, require_text))
+    exited = asyncio.ensure_future(_exit_code(proc))
     try:
         done, _ = await asyncio.wait({written, exited}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -57,25 +65,26 @@ async def _ready_or_exited(path: Path, proc: subprocess.Popen[Any] | asyncio.sub
         return written.result()
     code = exited.result()
     text = _read(path)  # written just before it exited: it was ready (what the caller makes of its exit is theirs)
-    if text:
+    if text is not None and (text or not require_text):
         return text
     raise ExitedBeforeReady(path, code)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path) -> str | None:
+    """The file's stripped text; None while it does not exist."""
     with contextlib.suppress(FileNotFoundError):
         return path.read_text().strip()
-    return ""
+    return None
 
 
-async def _written(path: Path) -> str:
+async def _written(path: Path, require_text: bool) -> str:
     # Nothing notifies a file's appearing short of inotify (no dependency of ours): polled, through the one retry
     # policy. Not empty, too: a writer that is not atomic shows an empty file first.
     async for attempt in backoff(f"waiting for {path}", first_s=0.01, max_s=0.1, retry_on=_NotWritten,
                                  logger=log, log_level=logging.DEBUG):  # fmt: skip
         with attempt:
             text = _read(path)
-            if not text:
+            if text is None or (require_text and not text):
                 raise _NotWritten(f"{path} not written yet")
             return text
     raise AssertionError("unreachable: backoff retries until written or cancelled")

@@ -85,6 +85,12 @@ async def test_an_empty_file_is_not_ready(tmp_path: Path) -> None:
         await wait_ready(path, timeout=0.05)
 
 
+async def test_an_empty_file_is_ready_when_existence_is_the_signal(tmp_path: Path) -> None:
+    path = tmp_path / "ready"
+    path.touch()  # a launcher that only touches its ready file
+    assert await wait_ready(path, timeout=60, require_text=False) == ""
+
+
 @STARTERS
 async def test_a_process_alive_but_silent_times_out(tmp_path: Path, start: Starter) -> None:
     path = tmp_path / "ready"
