@@ -29,10 +29,12 @@ def backoff(
     until: Callable[[], bool] | None = None,
     logger: logging.Logger | None = None,
     before_sleep: Callable[[RetryCallState], Awaitable[None] | None] | None = None,
+    log_level: int = logging.WARNING,
 ) -> AsyncRetrying:
     """Retry on ``retry_on`` (and ``retry_if`` of the error), waiting ``first_s`` doubling up to ``max_s``
     plus up to ``first_s`` of jitter (so many waiters do not come back at once); give up after ``attempts``
-    or once ``until()`` is true, re-raising the last error. Each retry is logged as ``what``."""
+    or once ``until()`` is true, re-raising the last error. Each retry is logged as ``what`` at ``log_level``
+    (DEBUG for a wait that is expected to retry, e.g. for a file a child writes once ready)."""
 
     def retryable(exc: BaseException) -> bool:
         return isinstance(exc, retry_on) and (retry_if is None or retry_if(exc))
@@ -46,7 +48,7 @@ def backoff(
     async def sleeping(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        out.warning("%s: %s: %s; retry in %.2f s", what, type(exc).__name__, exc, wait)
+        out.log(log_level, "%s: %s: %s; retry in %.2f s", what, type(exc).__name__, exc, wait)
         if before_sleep is not None:
             r = before_sleep(state)
             if r is not None:

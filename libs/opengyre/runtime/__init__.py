@@ -19,6 +19,7 @@ from ._natsauth import (
 )
 from ._ports import free_port, port_is_free, wait_for_port
 from ._procs import alive, cmdline, spawn, stop_group
+from ._ready import ExitedBeforeReady, wait_ready
 from ._service import (
     SERVICE_CLASSES,
     Service,
@@ -52,6 +53,7 @@ __all__ = [
     "DataDirLock",
     "DataDirUnusable",
     "EmbeddedNats",
+    "ExitedBeforeReady",
     "GrpcServer",
     "Leftover",
     "NatsServerMissing",
@@ -93,5 +95,6 @@ __all__ = [
     "stop_group",
     "token_from_env",
     "wait_for_port",
+    "wait_ready",
     "write_nats_config",
 ]

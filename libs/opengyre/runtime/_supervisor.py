@@ -48,6 +48,7 @@ from ._natsauth import (
 )
 from ._ports import port_is_free
 from ._procs import cmdline, spawn, stop_group
+from ._ready import ExitedBeforeReady, wait_ready
 from ._service import SERVICE_CLASSES, SERVICE_NEEDS
 
 __all__ = [
@@ -334,24 +335,21 @@ class Stack:
 
     async def _await_bound(self, child: _Child, timeout: float = 60.0) -> None:
         """Wait for the port the service reports once it serves (a service that exits first did not start)."""
-        path, deadline = self._port_file(child.name), time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(FileNotFoundError):
-                text = path.read_text().strip()
-                if text:
-                    child.port, child.bound = int(text), True
-                    return
-            proc = child.proc
-            if proc is None or proc.poll() is not None:
-                code = proc.returncode if proc is not None else None
-                raise RuntimeError(
-                    f"service {child.name} exited with {code} before serving; see {self._log_path(child.name)}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"service {child.name} did not start in {timeout:.0f} s; see {self._log_path(child.name)}"
-                )
-            await asyncio.sleep(0.05)
+        if child.proc is None:  # not started (``_spawn`` sets it): reported as the loop before wait_ready did
+            raise RuntimeError(
+                f"service {child.name} exited with None before serving; see {self._log_path(child.name)}"
+            )
+        try:
+            text = await wait_ready(self._port_file(child.name), proc=child.proc, timeout=timeout)
+        except ExitedBeforeReady as exc:
+            raise RuntimeError(
+                f"service {child.name} exited with {exc.returncode} before serving; see {self._log_path(child.name)}"
+            ) from None
+        except TimeoutError:
+            raise RuntimeError(
+                f"service {child.name} did not start in {timeout:.0f} s; see {self._log_path(child.name)}"
+            ) from None
+        child.port, child.bound = int(text), True
 
     async def _start_nats(self) -> None:
         s = self.settings

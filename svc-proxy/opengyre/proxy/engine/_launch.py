@@ -15,7 +15,7 @@ from types import TracebackType
 
 import httpx
 
-from opengyre.runtime import spawn
+from opengyre.runtime import ExitedBeforeReady, spawn, wait_ready
 
 from .._http import HttpServer
 from ._engine import CpuEngine, EngineConfig
@@ -135,13 +135,12 @@ class EngineProcess:
         self._proc = spawn(_cli_args(self.config, port_file), env={**os.environ, **(self.env or {})})
         deadline = time.monotonic() + timeout
         try:
-            while not port_file.exists() or not port_file.read_text().strip():
-                if self._proc.poll() is not None:
-                    raise RuntimeError(f"the engine process exited with {self._proc.returncode} before serving")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the engine process did not start within {timeout}s")
-                await asyncio.sleep(0.05)
-            self.url = port_file.read_text().strip()
+            try:
+                self.url = await wait_ready(port_file, proc=self._proc, timeout=timeout)
+            except ExitedBeforeReady as exc:
+                raise RuntimeError(f"the engine process exited with {exc.returncode} before serving") from None
+            except TimeoutError:
+                raise TimeoutError(f"the engine process did not start within {timeout}s") from None
             async with httpx.AsyncClient(timeout=5) as c:
                 while (await c.get(self.url + "/health")).status_code != 200:
                     if time.monotonic() > deadline:

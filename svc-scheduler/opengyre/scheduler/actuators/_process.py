@@ -10,6 +10,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from opengyre.runtime import ExitedBeforeReady, wait_ready
+
 from ._base import ActuatorError
 
 __all__ = ["ChildProcess", "ChildProcesses"]
@@ -32,22 +34,18 @@ class ChildProcess:
                 start_new_session=True,
             )  # fmt: skip
         try:
-            await self._wait_ready(self.proc, timeout)
+            try:
+                # Existence is the signal: a launcher template may only touch the file.
+                text = await wait_ready(self.ready_file, proc=self.proc, timeout=timeout, require_text=False)
+            except ExitedBeforeReady as exc:
+                raise ActuatorError(f"{self.name} exited with {exc.returncode}; see {self.log_file}") from None
+            except TimeoutError:
+                raise ActuatorError(f"{self.name} not ready after {timeout:.0f}s; see {self.log_file}") from None
         except BaseException:
             # Not ready, or the caller gave up (cancelled): never leave a child running that nobody tracks.
             await self.stop()
             raise
-        return (self.ready_file.read_text().strip().splitlines() or ["ready"])[0]
-
-    async def _wait_ready(self, proc: asyncio.subprocess.Process, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.ready_file.exists():
-            if proc.returncode is not None:
-                raise ActuatorError(f"{self.name} exited with {proc.returncode}; see {self.log_file}")
-            if loop.time() > deadline:
-                raise ActuatorError(f"{self.name} not ready after {timeout:.0f}s; see {self.log_file}")
-            await asyncio.sleep(0.05)
+        return (text.splitlines() or ["ready"])[0]
 
     @property
     def alive(self) -> bool:
