@@ -41,6 +41,7 @@ async def serve(data: Path, nats: EmbeddedNats, cfg: LogConfig, fault: str | Non
     return done.returncode
 
 
+@pytest.mark.slow  # two service processes per point, a training step each
 @pytest.mark.parametrize("point", FAULT_POINTS)
 async def test_a_trainer_killed_mid_step_trains_the_step_once_and_publishes_it_once(
     point: str, nats_server: EmbeddedNats, event_log: EventLog, log_config: LogConfig, tmp_path: Path
