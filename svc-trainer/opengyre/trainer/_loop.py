@@ -26,6 +26,7 @@ from opengyre.models import checkpoint_info, load_checkpoint, model_config, mode
 
 from ._admission import AdmissionPolicy
 from ._config import TrainerConfig
+from ._fault import fault
 from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
 from ._metrics import StepMetrics
 from ._minibatch import plan_minibatches
@@ -369,8 +370,11 @@ class OnlineTrainer:
         step = prepared.step
         ckpt: PublishedCheckpoint | None = None
         skipped = result is not None and result.updates == 0  # every update had a non-finite gradient norm
+        if result is not None:
+            fault("trainer.step.after-optimizer")
         if result is not None and not skipped:
             ckpt = await asyncio.to_thread(self._checkpoint, step)
+            fault("trainer.publish.after-write")
         metrics = dict(result.metrics) if result else {}
         if result is not None:
             metrics.update(
@@ -421,7 +425,9 @@ class OnlineTrainer:
         if self.log is not None:
             await self.log.append(completed)
             if published is not None:
+                fault("trainer.publish.after-completed")
                 await self.log.append(published)
+                fault("trainer.publish.after-published")
         self.metrics.observe(completed)
         self._pending |= set(prepared.trained) | set(prepared.dropped)
         self.step_no = step

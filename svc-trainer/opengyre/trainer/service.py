@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -89,18 +90,30 @@ class TrainerService(Service):
             log.info("trainer: no %s in %s, serving without training", CONFIG_FILE, ctx.settings.data_dir)
             return
         config = TrainerConfig.from_toml(path)
+        config.validate()  # a bad trainer.toml still fails the start, before the wait below
+        self._task = asyncio.create_task(self._train(ctx, config), name="trainer-loop")
+        self._task.add_done_callback(_report_crash)
+
+    async def _train(self, ctx: ServiceContext, config: TrainerConfig) -> int:
         from ._loop import OnlineTrainer  # torch: only when this process trains
 
+        # The trainer resumes from what its projection says (the last step, the latest weights, the ready
+        # groups): after a crash mid-step the log holds events the store has not folded yet (a step completed,
+        # its weights published), and a trainer built before they are folded trains that step again.
+        runner = ctx.runners.get(TrainerProjection.name)
+        if runner is not None:
+            await runner.wait_caught_up(math.inf)
         trainer = await asyncio.to_thread(OnlineTrainer, config, TrainerStore(ctx.engine), ctx.log)
         if config.metrics_port is not None:
             log.info("trainer: /metrics on port %d", trainer.serve_metrics())
         self._trainer = trainer
-        self._task = asyncio.create_task(trainer.run(self._stop), name="trainer-loop")
-        self._task.add_done_callback(_report_crash)
         log.info("trainer: training run %s (%s, %s)", config.run_id, config.backend, config.algorithm)
+        return await trainer.run(self._stop)
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._task is not None and self._trainer is None:
+            self._task.cancel()  # still waiting for its projection: nothing trained, nothing to finish
         for task in (self._task, self._compactor):
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
