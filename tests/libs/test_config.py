@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opengyre.config import Settings, SettingsError
+from opengyre.config import PROXY_HTTP, Settings, SettingsError
 
 
 def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record(
@@ -33,4 +33,19 @@ def test_log_replicas_come_from_the_environment_and_are_bounded_as_jetstream_bou
     for bad in ("0", "6", "three"):
         monkeypatch.setenv("OPENGYRE_LOG_REPLICAS", bad)
         with pytest.raises(SettingsError, match=r"(?i)replicas"):
+            Settings.from_env(data_dir=tmp_path)
+
+
+def test_a_port_of_0_means_any_free_one_and_out_of_range_ones_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 0 was refused, so tests picked a free port and passed it on, racing whoever bound it first."""
+    monkeypatch.setenv("OPENGYRE_SYNTH_PORT", "0")
+    monkeypatch.setenv("OPENGYRE_PROXY_HTTP_PORT", "0")
+    s = Settings.from_env(data_dir=tmp_path)
+    assert s.ports["synth"] == 0 and s.proxy_http_port == 0
+    assert {"synth", PROXY_HTTP} <= s.explicit_ports  # asked for: bound as given, no fallback needed
+    for bad in ("-1", "65536", "http"):
+        monkeypatch.setenv("OPENGYRE_SYNTH_PORT", bad)
+        with pytest.raises(SettingsError, match=r"OPENGYRE_SYNTH_PORT=.* is not a port number"):
             Settings.from_env(data_dir=tmp_path)
