@@ -18,7 +18,7 @@ import tomli_w
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
-from opengyre.runtime import EmbeddedNats, free_port, stack_alive
+from opengyre.runtime import EmbeddedNats, stack_alive
 
 from ._oracle import oracle_kit
 from .test_driver_resume import harness_toml
@@ -55,8 +55,8 @@ async def test_a_run_is_driven_on_a_running_deployment(
         OPENGYRE_NATS_URL=nats_server.url, OPENGYRE_STREAM=log_cfg.stream, OPENGYRE_SUBJECT_PREFIX=log_cfg.prefix
     )
     for s in ("synth", "scheduler", "proxy", "trainer", "bench"):
-        env[f"OPENGYRE_{s.upper()}_PORT"] = str(free_port())
-    env["OPENGYRE_PROXY_HTTP_PORT"] = str(free_port())
+        env[f"OPENGYRE_{s.upper()}_PORT"] = "0"  # any free one, bound by the service: stack.json says which
+    env["OPENGYRE_PROXY_HTTP_PORT"] = "0"  # any free one: proxy.url says which
     harness = tmp_path / "harness.toml"
     harness_toml(harness, oracle_kit(tmp_path, data, ROOT / "svc-synth" / "skills", ["csv-report"]), solved=3, hang=[])
     run = run_config(tmp_path / "run.toml", "attached", harness)

@@ -32,7 +32,7 @@ from opengyre.events import (
     ModelCallRecorded,
     TrainingStepCompleted,
 )
-from opengyre.runtime import EmbeddedNats, free_port
+from opengyre.runtime import EmbeddedNats
 
 from ._oracle import OracleKit, oracle_kit
 
@@ -53,8 +53,8 @@ def driver_env(nats: EmbeddedNats, log: LogConfig) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENGYRE_")}
     env.update(OPENGYRE_NATS_URL=nats.url, OPENGYRE_STREAM=log.stream, OPENGYRE_SUBJECT_PREFIX=log.prefix)
     for s in ("synth", "scheduler", "proxy", "trainer", "bench"):
-        env[f"OPENGYRE_{s.upper()}_PORT"] = str(free_port())
-    env["OPENGYRE_PROXY_HTTP_PORT"] = str(free_port())
+        env[f"OPENGYRE_{s.upper()}_PORT"] = "0"  # any free one, bound by the service: stack.json says which
+    env["OPENGYRE_PROXY_HTTP_PORT"] = "0"  # any free one: proxy.url says which
     return env
 
 

@@ -13,7 +13,8 @@ import httpx
 import yaml
 
 from opengyre.config import PROXY_HTTP_PORT, SERVICE_PORTS
-from opengyre.runtime import SERVICE_CLASSES, free_port, nats_server_binary, wait_for_port
+from opengyre.runtime import SERVICE_CLASSES, nats_server_binary
+from tests._nats_ports import spawn_nats
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
@@ -74,14 +75,13 @@ def test_services_wait_for_a_healthy_nats_and_the_healthcheck_answers_on_a_real_
     assert m is not None, url
     cmd = nats["command"]
     assert cmd[cmd.index("-m") + 1] == m.group(1)  # the monitoring port the healthcheck asks is the one opened
-    # The same command line on the nats-server we ship (the image's is 2.10), ports moved to free ones.
-    client, monitor = free_port(), free_port()
+    # The same command line on the nats-server we ship (the image's is 2.10), on ports it picks itself.
     args = [a if a != "/data/jetstream" else str(tmp_path) for a in cmd]
-    args[args.index("-m") + 1] = str(monitor)
-    proc = subprocess.Popen([str(nats_server_binary()), *args, "-a", "127.0.0.1", "-p", str(client)])
+    i = args.index("-m")
+    del args[i : i + 2]  # spawn_nats asks for any free monitoring port
+    proc, ports = spawn_nats(nats_server_binary(), args, tmp_path / "ports")
     try:
-        assert wait_for_port(client) and wait_for_port(monitor)
-        r = httpx.get(f"http://127.0.0.1:{monitor}{m.group(2)}", timeout=10)
+        r = httpx.get(f"http://127.0.0.1:{ports.monitor}{m.group(2)}", timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
     finally:
         proc.terminate()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opengyre.config import Settings, SettingsError
+from opengyre.config import PROXY_HTTP, Settings, SettingsError
 
 
 def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record(
@@ -49,3 +49,18 @@ def test_the_services_entry_points_name_each_svc_folder_and_its_service_class() 
         module, _, attr = target.partition(":")
         assert module == f"opengyre.{name}.service"
         assert issubclass(getattr(importlib.import_module(module), attr), Service)
+
+
+def test_a_port_of_0_means_any_free_one_and_out_of_range_ones_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 0 was refused, so tests picked a free port and passed it on, racing whoever bound it first."""
+    monkeypatch.setenv("OPENGYRE_SYNTH_PORT", "0")
+    monkeypatch.setenv("OPENGYRE_PROXY_HTTP_PORT", "0")
+    s = Settings.from_env(data_dir=tmp_path)
+    assert s.ports["synth"] == 0 and s.proxy_http_port == 0
+    assert {"synth", PROXY_HTTP} <= s.explicit_ports  # asked for: bound as given, no fallback needed
+    for bad in ("-1", "65536", "http"):
+        monkeypatch.setenv("OPENGYRE_SYNTH_PORT", bad)
+        with pytest.raises(SettingsError, match=r"OPENGYRE_SYNTH_PORT=.* is not a port number"):
+            Settings.from_env(data_dir=tmp_path)

@@ -4,6 +4,7 @@ complete answer; the record is the concatenation of what each engine produced, w
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -329,6 +330,7 @@ async def test_a_cell_whose_url_no_client_speaks_is_skipped(event_log: EventLog)
         watcher = CellWatcher(event_log, pool)  # applied directly: the watcher's loop must outlive a bad cell
         await watcher.apply(CellRegistered(cell_id="c-tls", role="rollout", engine_url="https://engine:443"))
         await watcher.apply(
+            # never bound: the pool only records the URL
             CellRegistered(cell_id="c-ok", role="rollout", engine_url=f"http://127.0.0.1:{free_port()}")
         )
         assert [h.engine_id for h in pool.engines()] == ["c-ok"]
@@ -340,7 +342,7 @@ async def test_a_cell_whose_engine_changed_is_routed_to_the_new_one_in_any_role(
     from opengyre.proxy import EnginePool
     from opengyre.runtime import free_port
 
-    old, new, later = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
+    old, new, later = (f"http://127.0.0.1:{free_port()}" for _ in range(3))  # never bound: URLs only
     pool = EnginePool()
     try:
         watcher = CellWatcher(event_log, pool)
@@ -363,9 +365,12 @@ async def test_a_cell_whose_engine_changed_is_routed_to_the_new_one_in_any_role(
 async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
     event_log: EventLog, engine_b: EngineServer
 ) -> None:
-    from opengyre.runtime import free_port
-
-    port = free_port()
+    # The port stays bound (not listening: connects are refused) until the engine comes back on it, so no other
+    # xdist worker's free_port() can hand it out in between; the engine binds with SO_REUSEADDR beside it.
+    reserve = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserve.bind(("127.0.0.1", 0))
+    port = int(reserve.getsockname()[1])
     st = await make_stack(event_log, {})
     try:
         pool = st.gateway.pool
@@ -390,3 +395,4 @@ async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
             )
     finally:
         await st.gateway.stop()
+        reserve.close()

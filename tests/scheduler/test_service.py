@@ -16,7 +16,7 @@ import pytest
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRoleChanged, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
-from opengyre.runtime import EmbeddedNats, free_port
+from opengyre.runtime import EmbeddedNats
 from opengyre.scheduler import LoopConfig, SchedulerState
 from opengyre.scheduler.actuators import ExternalActuator, LocalActuator, ProxyDrainer
 from opengyre.scheduler.policies import make_policy
@@ -295,7 +295,6 @@ async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
     """The restarted scheduler no longer knows the worker's claim: the worker's report is refused, and the worker
     goes on claiming (the micro-step is handed out again) instead of dying with its cell left in training."""
     loop = LoopConfig(groups_per_step=2, group_size=1)
-    port = free_port()
     entered, go_on = threading.Event(), threading.Event()
     trained: list[tuple[int, list[str]]] = []
 
@@ -308,7 +307,8 @@ async def test_a_worker_outlives_a_scheduler_restart_mid_micro_step(
         return SchedulerService(policy=make_policy("elastic"), loop=loop, actuator=ExternalActuator(), poll_s=0.05)
 
     stop = asyncio.Event()
-    async with running_scheduler(scheduler(), nats_server, log_config, tmp_path, port=port) as (stub, _):
+    # The first run binds any free port; the restart takes that one again (the worker knows only the address).
+    async with running_scheduler(scheduler(), nats_server, log_config, tmp_path) as (stub, port):
         for c in ("c0", "c1"):
             await stub.RegisterCell(pb.RegisterCellRequest(cell_id=c, capacity=4))
         for g in range(2):

@@ -5,6 +5,7 @@ template; every step lands in order."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,6 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from opengyre.events import CellRegistered, CellRoleChanged
-from opengyre.runtime import free_port
 from opengyre.scheduler import SchedulerState
 from opengyre.scheduler._actuation import RoleChanger
 from opengyre.scheduler.actuators import SglangMegatronActuator
@@ -60,13 +60,17 @@ def _fake_sglang(calls: list[tuple[str, dict[str, object]]]) -> Starlette:
 @pytest.fixture
 async def sglang() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, object]]]]]:
     calls: list[tuple[str, dict[str, object]]] = []
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_fake_sglang(calls), host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
+    # A socket bound here, handed to the server: no gap in which another xdist worker could take its port.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(_fake_sglang(calls), log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     await await_until(lambda: server.started, "the server started", polls=6000, every=0.02)
     yield f"http://127.0.0.1:{port}", calls
     server.should_exit = True
     await task
+    sock.close()
 
 
 async def test_switches_release_resume_reload_and_launch_the_trainer(

@@ -235,6 +235,8 @@ def _port(name: str, raw: str) -> int:
         port = int(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a port number") from None
-    if not 0 < port < 65536:
-        raise SettingsError(f"{name}={port} is not a port number (1-65535)")
+    # 0: any free port, bound by the service itself and reported (`stack.json`, `proxy.url`), so nothing picks a
+    # port that another process can take before it is bound.
+    if not 0 <= port < 65536:
+        raise SettingsError(f"{name}={port} is not a port number (1-65535, or 0 for any free one)")
     return port

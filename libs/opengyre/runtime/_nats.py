@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
-from ._ports import free_port, wait_for_port
+from ._ports import wait_for_port
 from ._procs import cmdline, spawn
 
 __all__ = ["EmbeddedNats", "NatsServerMissing", "is_nats_server_of", "nats_server_binary"]
@@ -61,8 +63,11 @@ class EmbeddedNats:
         self.store_dir = Path(store_dir).resolve()
         self.config_file = Path(config_file).resolve() if config_file is not None else None
         self.host = host
-        self.port = port or free_port(host)
-        self.monitor_port = monitor_port or free_port(host)
+        # 0 until the first start: the server binds any free port itself (``-p -1``) and writes the ones it got to
+        # its ports file; a port picked here and bound later could be taken in between (parallel tests, two
+        # stacks). Once known, a restart of this server binds the same ones again (clients keep the URL).
+        self.port = port or 0
+        self.monitor_port = monitor_port or 0
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -93,21 +98,40 @@ class EmbeddedNats:
             "-a",
             self.host,
             "-p",
-            str(self.port),
+            str(self.port or -1),
             "-m",
-            str(self.monitor_port),
+            str(self.monitor_port or -1),
+            "--ports_file_dir",
+            str(self.store_dir),
             "-l",
             str(self.log_file),
             "-P",
             str(self.pid_file),
             *(["-c", str(self.config_file)] if self.config_file is not None else []),
         ]
+        for stale in self.store_dir.glob("*.ports"):  # an earlier server's: not where this one listens
+            stale.unlink(missing_ok=True)
         # Its own session (a Ctrl-C meant for the CLI must not kill the log before services drain), and it
         # dies with whoever started it.
         self.proc = spawn(args, die_with_parent=self.die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    def _read_ports(self, timeout: float) -> bool:
+        """Wait for the ports file the server writes once it listens; take the ports it bound from it."""
+        assert self.proc is not None, "launch() first"
+        path = self.store_dir / f"{nats_server_binary().name}_{self.proc.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                ports = json.loads(path.read_text())
+                self.port = int(ports["nats"][0].rpartition(":")[2])
+                self.monitor_port = int(ports["monitoring"][0].rpartition(":")[2])
+                return True
+            except (FileNotFoundError, ValueError, KeyError, IndexError):  # not yet written, or half
+                time.sleep(0.05)
+        return False
+
     def wait_ready(self, timeout: float = 15.0) -> str:
-        if not wait_for_port(self.port, self.host, timeout):
+        if not self._read_ports(timeout) or not wait_for_port(self.port, self.host, timeout):
             err = self._stderr_tail()
             self.stop()
             raise RuntimeError(f"nats-server did not listen on {self.url} within {timeout:.0f}s: {err}")

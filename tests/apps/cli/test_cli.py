@@ -58,7 +58,7 @@ async def _publish_and_wait(data: Path, run: str) -> int:
 
 
 def test_up_with_a_nats_url_that_does_not_answer_fails_fast(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port()  # nothing is started on it: only "nobody answers here" is needed
     res = og("up", "--data-dir", str(tmp_path), "--nats-url", f"nats://127.0.0.1:{port}", timeout=60)
     assert res.returncode == 2
     assert f"no NATS server answers at nats://127.0.0.1:{port}" in res.stdout

@@ -20,7 +20,8 @@ from opengyre.eventlog import (
     require_server_version,
 )
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
-from opengyre.runtime import EmbeddedNats, free_port, nats_server_binary, wait_for_port
+from opengyre.runtime import EmbeddedNats, free_port, nats_server_binary
+from tests._nats_ports import spawn_nats
 
 
 def _dispatched(i: int) -> ExecutionDispatched:
@@ -106,18 +107,16 @@ async def test_reads_cover_exact_ranges_and_aggregate_filters(event_log: EventLo
 
 @pytest.mark.timeout(30)  # fails fast: no reconnect loop
 async def test_no_server_fails_fast_with_a_clear_message() -> None:
-    port = free_port()
+    port = free_port()  # nothing is started on it: only "nobody listens here" is needed
     with pytest.raises(LogUnavailable, match=f"no NATS server answers at nats://127.0.0.1:{port}"):
         await EventLog.connect(f"nats://127.0.0.1:{port}", timeout=2.0)
 
 
 async def test_a_server_without_jetstream_is_refused(tmp_path: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen([str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
+    proc, ports = spawn_nats(nats_server_binary(), [], tmp_path)
     try:
-        assert wait_for_port(port)
         with pytest.raises(LogUnavailable, match="no JetStream"):
-            await EventLog.connect(f"nats://127.0.0.1:{port}", LogConfig(stream="NOJS"))
+            await EventLog.connect(f"nats://127.0.0.1:{ports.client}", LogConfig(stream="NOJS"))
     finally:
         proc.terminate()
         proc.wait()
@@ -126,7 +125,7 @@ async def test_a_server_without_jetstream_is_refused(tmp_path: Path) -> None:
 async def test_a_comma_separated_url_names_several_seed_servers(
     nats_server: EmbeddedNats, log_config: LogConfig
 ) -> None:
-    dead = f"nats://127.0.0.1:{free_port()}"
+    dead = f"nats://127.0.0.1:{free_port()}"  # never bound: a seed nobody answers at
     # dont-randomize is not set: whichever seed is tried first, the live one is reached
     log = await EventLog.connect(f"{dead}, {nats_server.url}", log_config)
     try:
@@ -172,13 +171,10 @@ def _old_nats_server() -> Path:
 async def test_a_nats_server_older_than_2_10_is_refused_with_both_versions(tmp_path: Path) -> None:
     """Before: a 2.9 server was accepted, and it silently ignores a consumer's filter_subjects."""
     binary = _old_nats_server()
-    port = free_port()
-    args = [str(binary), "-js", "-sd", str(tmp_path), "-a", "127.0.0.1", "-p", str(port)]
-    proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    proc, ports = spawn_nats(binary, ["-js", "-sd", str(tmp_path / "js")], tmp_path / "ports")
     try:
-        assert wait_for_port(port)
         with pytest.raises(LogUnavailable, match=r"is nats-server 2\.9\.\d+; OpenGyre needs nats-server >= 2\.10\.0"):
-            await EventLog.connect(f"nats://127.0.0.1:{port}", LogConfig(stream="OLD"))
+            await EventLog.connect(f"nats://127.0.0.1:{ports.client}", LogConfig(stream="OLD"))
     finally:
         proc.terminate()
         proc.wait()

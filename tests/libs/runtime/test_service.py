@@ -77,7 +77,7 @@ async def test_status_reports_projection_progress(synth: tuple[int, Settings], n
 
 
 async def test_a_service_without_a_log_fails_with_a_clear_message(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path, nats_url=f"nats://127.0.0.1:{free_port()}")
+    settings = Settings(data_dir=tmp_path, nats_url=f"nats://127.0.0.1:{free_port()}")  # nobody answers
     with pytest.raises(LogUnavailable, match="no NATS server answers"):
         await run_service(load_service("synth"), settings, asyncio.Event(), port=0)
     with pytest.raises(RuntimeError, match="no NATS URL"):

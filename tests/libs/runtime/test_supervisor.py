@@ -17,7 +17,7 @@ async def test_a_service_failing_the_same_way_on_every_restart_fails_the_work_wi
 ) -> None:
     # A service name no service has: the real runner exits with the same error on every start.
     stack = Stack(Settings(data_dir=tmp_path), services=[], max_restarts=2)
-    child = _Child("no-such-service", free_port())
+    child = _Child("no-such-service", free_port())  # never bound: the service fails before it listens
     stack.children[child.name] = child
     stack._spawn(child, fallback=False)
     stop = asyncio.Event()

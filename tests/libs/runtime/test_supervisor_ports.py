@@ -30,7 +30,9 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 async def test_two_stacks_started_at_once_get_distinct_ports_and_both_serve(tmp_path: Path) -> None:
-    defaults = {name: free_port() for name in SERVICE_PORTS}  # free now: both stacks want the same ones
+    # Free now: both stacks want the same ones. Another xdist worker taking one in between is the case under
+    # test too (a taken default is replaced by a free port), so this use does not race.
+    defaults = {name: free_port() for name in SERVICE_PORTS}
     http = free_port()
     stacks = [
         Stack(Settings(data_dir=tmp_path / x, ports=dict(defaults), proxy_http_port=http), services=list(STUBS))
