@@ -5,9 +5,10 @@ from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._health import FULL_MARGIN_BYTES, LogHealth, StreamUsage, server_health
-from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
+from ._log import EventLog
 from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
 from ._server import MIN_SERVER_VERSION, require_server_version
+from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 
 __all__ = [
     "BLOB_CORRUPT",

@@ -8,7 +8,7 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import NamedTuple, NoReturn, TypeVar, overload
+from typing import NoReturn, TypeVar, overload
 
 import msgspec
 import nats
@@ -30,7 +30,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from ..events import DecodeError, Event, EventRegistry, InvalidEvent, MalformedEvent, default_registry
+from ..events import Event, EventRegistry, InvalidEvent, default_registry
 from ..retry import backoff
 from ._acks import AckError, AckPipeline, PubAck
 from ._auth import NatsCredentials
@@ -42,6 +42,7 @@ from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
 from ._server import require_server_version
+from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody, ack_position, bad_version, version_of
 from ._typed import TypeFilter
 
 __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
@@ -49,69 +50,6 @@ __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "Unreadabl
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
-
-# What a server that is restarting or unreachable answers: worth a retry, never a dead letter. A subscription
-# waits these out; so does a projection runner resolving an out-of-band body.
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.ServerError,
-)
-
-
-class Appended(NamedTuple):
-    seq: int
-    duplicate: bool
-
-
-class UnreadableBody(DecodeError):
-    """The body went out of band and cannot be read back (``reason``: ``blob-missing`` or ``blob-corrupt``)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-class StoredEvent(msgspec.Struct, frozen=True):
-    """An event as the log holds it: position, routing, type header and the (blob-resolved) body.
-
-    ``unreadable`` is set (a reason code, with ``unreadable_detail``) when the body went out of band and
-    that blob is missing or corrupt: the body is then empty and ``decode`` raises :class:`UnreadableBody`.
-    """
-
-    seq: int
-    subject: str
-    type_name: str
-    version: int
-    event_id: str
-    time: datetime | None
-    body: bytes
-    unreadable: str = ""
-    unreadable_detail: str = ""
-    bad_version: str | None = None  # an Og-Version header that is not a number, as it came (version is then -1)
-
-    def decode(self, registry: EventRegistry) -> Event:
-        """The event; raises a ``DecodeError`` subclass (with a ``reason`` code) when it cannot be had."""
-        if self.bad_version is not None:
-            raise MalformedEvent(f"{self.type_name}: bad {VERSION_HEADER} header {self.bad_version!r}")
-        if self.unreadable:
-            raise UnreadableBody(self.unreadable, self.unreadable_detail)
-        return registry.decode(self.type_name, self.version, self.body)
-
-
-def _version_of(headers: dict[str, str]) -> int:
-    try:
-        return int(headers.get(VERSION_HEADER, "1"))
-    except ValueError:
-        return -1
-
-
-def _bad_version(headers: dict[str, str]) -> str | None:
-    """The Og-Version header as it came when it is not a number (else None)."""
-    return headers.get(VERSION_HEADER) if _version_of(headers) == -1 else None
 
 
 async def _log_error(exc: Exception) -> None:
@@ -125,21 +63,6 @@ def _server_version(nc: Client) -> str:
         return f"{v.major}.{v.minor}.{v.patch}"
     except (ValueError, TypeError):
         return "unknown"
-
-
-def _ack_position(msg: Msg) -> tuple[int, int]:
-    """Stream sequence and timestamp (ns) from a JetStream reply subject, without building nats-py's Metadata.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (v1) or the v2 form with
-    ``<domain>.<account hash>`` after ``$JS.ACK`` and a trailing token.
-    """
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[7])
-    if len(tokens) >= 11:
-        return int(tokens[7]), int(tokens[9])
-    meta = msg.metadata  # anything else: let nats-py parse it (and raise on a non-JetStream message)
-    return int(meta.sequence.stream), int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
 
 
 class EventLog:
@@ -164,7 +87,7 @@ class EventLog:
         self._acks = AckPipeline(nc)
         self._blobs: ObjectStore | None = None
         self._blob_reader = BlobReader(self.js, config.blob_bucket)
-        self.payloads = PayloadStore(self)
+        self.payloads = PayloadStore(nc, self.js, config, self._acks)
 
     @classmethod
     async def connect(
@@ -490,13 +413,13 @@ class EventLog:
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
         """The stored event without resolving an out-of-band body (see ``to_stored``)."""
         headers = msg.headers or {}
-        seq, ts_ns = _ack_position(msg)
+        seq, ts_ns = ack_position(msg)
         return StoredEvent(
             seq=seq,
             subject=msg.subject,
             type_name=headers.get(TYPE_HEADER, ""),
-            version=_version_of(headers),
-            bad_version=_bad_version(headers),
+            version=version_of(headers),
+            bad_version=bad_version(headers),
             event_id=headers.get(Header.MSG_ID, ""),
             time=datetime.fromtimestamp(ts_ns / 1e9, UTC),
             body=msg.data,
@@ -668,8 +591,8 @@ class EventLog:
             seq=int(raw.seq or seq),
             subject=raw.subject or "",
             type_name=headers.get(TYPE_HEADER, ""),
-            version=_version_of(headers),
-            bad_version=_bad_version(headers),
+            version=version_of(headers),
+            bad_version=bad_version(headers),
             event_id=headers.get(Header.MSG_ID, ""),
             time=None,
             body=raw.data or b"",
