@@ -1,4 +1,4 @@
-"""The event log on NATS JetStream: dedup, optimistic concurrency, payload guard, typed reads."""
+"""The event log (NATS JetStream; in memory for tests that fold): dedup, optimistic concurrency, typed reads."""
 
 from ._auth import NatsCredentials
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
@@ -6,7 +6,9 @@ from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._health import FULL_MARGIN_BYTES, LogHealth, StreamUsage, server_health
 from ._log import EventLog
+from ._memory import MemoryEventLog
 from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
+from ._protocol import EventLogProtocol
 from ._server import MIN_SERVER_VERSION, require_server_version
 from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 
@@ -24,9 +26,11 @@ __all__ = [
     "ConcurrencyError",
     "EventLog",
     "EventLogError",
+    "EventLogProtocol",
     "LogConfig",
     "LogHealth",
     "LogUnavailable",
+    "MemoryEventLog",
     "NatsCredentials",
     "PayloadFetch",
     "PayloadStore",
