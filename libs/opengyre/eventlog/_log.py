@@ -10,7 +10,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, TypeVar, overload
 
-import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -21,28 +20,23 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
     Header,
-    ObjectStoreConfig,
-    StorageType,
-    StreamConfig,
 )
 from nats.js.errors import NotFoundError
-from nats.js.object_store import ObjectStore
 
 from ..events import Event, EventRegistry, InvalidEvent, default_registry
 from ..retry import backoff
 from ._acks import AckError, AckPipeline, PubAck
 from ._auth import NatsCredentials
-from ._blobs import BlobReader, BlobUnreadable
-from ._client import FastHeaderClient
+from ._blobs import BlobStore
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
+from ._connect import open_connection
 from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
 from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
-from ._server import require_server_version
 from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody, ack_position, bad_version, version_of
+from ._stream import StreamAdmin
 from ._typed import TypeFilter
 
 __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
@@ -50,19 +44,6 @@ __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "Unreadabl
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
-
-
-async def _log_error(exc: Exception) -> None:
-    log.warning("NATS: %s: %s", type(exc).__name__, exc)
-
-
-def _server_version(nc: Client) -> str:
-    """The connected server's version as ``major.minor.patch`` ("unknown" if it sent none that parses)."""
-    try:
-        v = nc.connected_server_version
-        return f"{v.major}.{v.minor}.{v.patch}"
-    except (ValueError, TypeError):
-        return "unknown"
 
 
 class EventLog:
@@ -85,8 +66,8 @@ class EventLog:
         # nats-server's monitoring URL, when known: it tells a full disk from a slow server.
         self.health_url = health_url
         self._acks = AckPipeline(nc)
-        self._blobs: ObjectStore | None = None
-        self._blob_reader = BlobReader(self.js, config.blob_bucket)
+        self.admin = StreamAdmin(self.js, config)
+        self.blobs = BlobStore(self.js, config.blob_bucket)
         self.payloads = PayloadStore(nc, self.js, config, self._acks)
 
     @classmethod
@@ -113,59 +94,7 @@ class EventLog:
         ``health_url``: the server's HTTP monitoring endpoint, if known (``health`` and append errors use it).
         ``credentials``: who to be to a server that requires them (the embedded one does: ``runtime._natsauth``).
         """
-        nc = FastHeaderClient()
-        watch = ConnectionWatch(url)
-        # A server that refuses the credentials: nats-py would retry them until the timeout; say so at once.
-        refusal: list[Exception] = []
-        refused = asyncio.Event()
-
-        async def on_error(exc: Exception) -> None:
-            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
-                refusal.append(exc)
-                refused.set()
-            await _log_error(exc)
-
-        connecting = asyncio.ensure_future(
-            nc.connect(
-                # "nats://a:4222,nats://b:4222": the seeds of a cluster (the client learns the others from them)
-                [u.strip() for u in url.split(",") if u.strip()],
-                connect_timeout=max(1, int(timeout)),
-                # Reconnect forever once connected (a restarted server or a network blip must not end a service),
-                # but bound the first connection so a wrong URL fails fast.
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                error_cb=on_error,
-                disconnected_cb=watch.on_disconnected,
-                reconnected_cb=watch.on_reconnected,
-                **(credentials.connect_options() if credentials is not None else {}),
-            )
-        )
-        waiting = asyncio.ensure_future(refused.wait())
-        try:
-            await asyncio.wait({connecting, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if not connecting.done():
-                connecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await connecting
-                raise refusal[0] if refusal else TimeoutError()
-            connecting.result()
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
-            if refusal or isinstance(exc, nats.errors.AuthorizationError):
-                who = f"as {credentials!r}" if credentials is not None else "without credentials"
-                raise LogUnavailable(f"the NATS server at {url} refuses a connection {who}: {exc}") from exc
-            raise LogUnavailable(
-                f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
-            ) from exc
-        finally:
-            waiting.cancel()
-        try:
-            require_server_version(_server_version(nc), url)
-        except LogUnavailable:
-            await nc.close()
-            raise
+        nc, watch = await open_connection(url, timeout=timeout, credentials=credentials)
         log = cls(nc, config or LogConfig(), registry or default_registry(), watch=watch, health_url=health_url)
         try:
             await log.js.account_info()
@@ -210,52 +139,19 @@ class EventLog:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # --- stream -------------------------------------------------------------------------------------
+    # --- stream (StreamAdmin) ---------------------------------------------------------------------
 
     async def ensure_stream(self, *, configure: bool = False) -> None:
-        """Create the event stream if it is missing; with ``configure`` (the stream's owner only: ``opengyre
-        up``) also bring an existing one's byte limit and replicas to the configured ones.
-
-        Discard policy "new": when ``max_bytes`` is reached appends are refused, never old events dropped (a
-        projection that has not folded them yet would lose them)."""
-        cfg = self.config
-        try:
-            info = await self.js.stream_info(cfg.stream)
-        except NotFoundError:
-            await self.js.add_stream(
-                StreamConfig(
-                    name=cfg.stream,
-                    subjects=[cfg.all_subjects],
-                    storage=StorageType.FILE,
-                    duplicate_window=cfg.duplicate_window_s,
-                    num_replicas=cfg.replicas,
-                    max_msg_size=-1,
-                    max_bytes=cfg.max_bytes,
-                    discard=DiscardPolicy.NEW,
-                )
-            )
-            return
-        have = info.config
-        want = (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas)
-        if configure and (have.max_bytes, have.discard, have.num_replicas) != want:
-            # A clustered server moves the stream to the new replica count in place.
-            have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
-            await self.js.update_stream(have)
+        await self.admin.ensure(configure=configure)
 
     async def last_seq(self) -> int:
-        info = await self.js.stream_info(self.config.stream)
-        return int(info.state.last_seq)
+        return await self.admin.last_seq()
 
     async def usage(self) -> StreamUsage:
-        """The event stream's bytes and messages against its byte limit (``StreamUsage.full``: appends refused)."""
-        info = await self.js.stream_info(self.config.stream)
-        return StreamUsage(
-            self.config.stream, int(info.state.bytes), int(info.state.messages), int(info.config.max_bytes or -1)
-        )
+        return await self.admin.usage()
 
     async def first_seq(self) -> int:
-        info = await self.js.stream_info(self.config.stream)
-        return int(info.state.first_seq)
+        return await self.admin.first_seq()
 
     # --- health -------------------------------------------------------------------------------------
 
@@ -300,8 +196,7 @@ class EventLog:
         limit = min(self.config.inline_limit, self.nc.max_payload - 8 * 1024)
         if len(body) > limit:
             # JetStream caps a message at max_payload (1 MiB by default): the body goes out of band.
-            store = await self._blob_store()
-            await store.put(f"event-{event.event_id}", body)
+            await self.blobs.put(f"event-{event.event_id}", body)
             headers[BLOB_HEADER] = f"event-{event.event_id}"
             body = b""
         return subject, body, headers
@@ -361,37 +256,16 @@ class EventLog:
                 out.append(Appended(ack.seq, ack.duplicate))
         return out
 
-    # --- blobs --------------------------------------------------------------------------------------
-
-    async def _blob_store(self) -> ObjectStore:
-        if self._blobs is None:
-            try:
-                self._blobs = await self.js.object_store(self.config.blob_bucket)
-            except (NotFoundError, nats.js.errors.BucketNotFoundError):
-                self._blobs = await self.js.create_object_store(
-                    self.config.blob_bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
-                )
-        return self._blobs
+    # --- blobs (BlobStore) -----------------------------------------------------------------------
 
     async def put_blob(self, name: str, data: bytes) -> str:
         """Store a large payload out of band; events carry the returned reference."""
-        store = await self._blob_store()
-        await store.put(name, data)
-        return name
+        return await self.blobs.put(name, data)
 
     async def get_blob(self, ref: str) -> bytes:
         """A blob's bytes. Raises ``BlobUnreadable`` when it is missing or corrupt (for good); a server that
         does not answer raises nats-py's timeout or no-responders error (worth a retry)."""
-        return await self._blob_reader.read(ref)
-
-    async def _resolve(self, stored: StoredEvent, ref: str) -> StoredEvent:
-        """The stored event with its out-of-band body, or marked ``unreadable`` if that blob is gone for good."""
-        try:
-            body = await self._blob_reader.read(ref)
-        except BlobUnreadable as exc:
-            log.warning("event log seq %d: %s", stored.seq, exc)
-            return msgspec.structs.replace(stored, body=b"", unreadable=exc.reason, unreadable_detail=str(exc))
-        return msgspec.structs.replace(stored, body=body)
+        return await self.blobs.read(ref)
 
     # --- read ---------------------------------------------------------------------------------------
 
@@ -400,14 +274,14 @@ class EventLog:
         answer while a blob is read raises (transient: retry); a missing or corrupt blob never does."""
         stored = self.to_stored_inline(msg)
         ref = msg.headers.get(BLOB_HEADER) if msg.headers else None
-        return await self._resolve(stored, ref) if ref else stored
+        return await self.blobs.resolve(stored, ref) if ref else stored
 
     async def to_stored_many(self, msgs: Sequence[Msg]) -> list[StoredEvent]:
         out = [self.to_stored_inline(m) for m in msgs]
         for i, m in enumerate(msgs):
             ref = m.headers.get(BLOB_HEADER) if m.headers else None
             if ref:
-                out[i] = await self._resolve(out[i], ref)
+                out[i] = await self.blobs.resolve(out[i], ref)
         return out
 
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
@@ -598,4 +472,4 @@ class EventLog:
             body=raw.data or b"",
         )
         ref = headers.get(BLOB_HEADER)
-        return await self._resolve(stored, ref) if ref else stored
+        return await self.blobs.resolve(stored, ref) if ref else stored
