@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import NoReturn, TypeVar, overload
+from typing import TypeVar, overload
 
 import nats
 import nats.errors
@@ -24,14 +23,15 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
-from ..events import Event, EventRegistry, InvalidEvent, default_registry
+from ..events import Event, EventRegistry, default_registry
 from ..retry import backoff
-from ._acks import AckError, AckPipeline, PubAck
+from ._acks import AckPipeline
+from ._appends import Appender
 from ._auth import NatsCredentials
 from ._blobs import BlobStore
-from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
+from ._config import BLOB_HEADER, TYPE_HEADER, LogConfig
 from ._connect import open_connection
-from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+from ._errors import EventLogError, LogUnavailable
 from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
@@ -68,6 +68,7 @@ class EventLog:
         self._acks = AckPipeline(nc)
         self.admin = StreamAdmin(self.js, config)
         self.blobs = BlobStore(self.js, config.blob_bucket)
+        self.appender = Appender(nc, self._acks, config, registry, self.blobs, self._unacknowledged)
         self.payloads = PayloadStore(nc, self.js, config, self._acks)
 
     @classmethod
@@ -173,41 +174,10 @@ class EventLog:
         why = h.reason if not h.ok else "the server is overloaded or cannot store (is its disk full?)"
         return LogUnavailable(f"append to {subject}: no acknowledgement within {waited:.0f} s: {why}")
 
-    # --- append -------------------------------------------------------------------------------------
+    # --- append (Appender) ------------------------------------------------------------------------
 
     def subject_for(self, event: Event) -> str:
-        return self.config.subject(event.aggregate, event.aggregate_id())
-
-    async def _prepare(
-        self, event: Event, expected: int | None, body: bytes | None = None
-    ) -> tuple[str, bytes, dict[str, str]]:
-        subject = self.subject_for(event)
-        if body is None:
-            body = self.registry.encode(event)
-        headers = {
-            Header.MSG_ID: event.event_id,
-            TYPE_HEADER: event.type_name(),
-        }
-        if event.version != 1:
-            # Absent means v1: every header costs the reader's parser, and most events stay at v1.
-            headers[VERSION_HEADER] = str(event.version)
-        if expected is not None:
-            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected)
-        limit = min(self.config.inline_limit, self.nc.max_payload - 8 * 1024)
-        if len(body) > limit:
-            # JetStream caps a message at max_payload (1 MiB by default): the body goes out of band.
-            await self.blobs.put(f"event-{event.event_id}", body)
-            headers[BLOB_HEADER] = f"event-{event.event_id}"
-            body = b""
-        return subject, body, headers
-
-    @staticmethod
-    def _raise(subject: str, expected: int | None, exc: AckError) -> NoReturn:
-        if exc.err_code in WRONG_LAST_SEQUENCE_CODES:
-            raise ConcurrencyError(subject, expected if expected is not None else -1, exc.description) from exc
-        if exc.err_code in STORAGE_FULL_CODES:
-            raise LogUnavailable(f"append to {subject} refused: the log's storage is full ({exc.description})") from exc
-        raise EventLogError(f"append to {subject} refused: {exc}") from exc
+        return self.appender.subject_for(event)
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Appended:
         """Append one event. Retrying with the same event id stores it once (``duplicate`` is then True).
@@ -216,16 +186,7 @@ class EventLog:
         a mismatch raises :class:`ConcurrencyError`. An event no store could keep (a NUL character in a
         string) raises ``InvalidEvent`` and is not appended.
         """
-        subject, body, headers = await self._prepare(event, expected_last_subject_seq)
-        fut = await self._acks.publish(subject, body, headers)
-        try:
-            ack = await asyncio.wait_for(fut, timeout=10)
-        except TimeoutError:
-            raise await self._unacknowledged(subject, 10) from None
-        except AckError as exc:
-            self._raise(subject, expected_last_subject_seq, exc)
-            raise  # unreachable: _raise always raises
-        return Appended(ack.seq, ack.duplicate)
+        return await self.appender.append(event, expected_last_subject_seq=expected_last_subject_seq)
 
     async def append_many(self, events: Iterable[Event], *, window: int = 2048) -> list[Appended]:
         """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks).
@@ -233,28 +194,7 @@ class EventLog:
         Each window is encoded before any of it is published, so an ``InvalidEvent`` appends nothing of
         its window (a call of at most ``window`` events: nothing at all; its note says how many went before).
         """
-        out: list[Appended] = []
-        it = iter(events)
-        while chunk := list(itertools.islice(it, window)):
-            try:
-                bodies = [self.registry.encode(e) for e in chunk]
-            except InvalidEvent as exc:
-                exc.add_note(f"{len(out)} events before its window of {len(chunk)} were appended")
-                raise
-            pending: list[tuple[str, asyncio.Future[PubAck]]] = []
-            for event, body in zip(chunk, bodies, strict=True):
-                subject, payload, headers = await self._prepare(event, None, body)
-                pending.append((subject, await self._acks.publish(subject, payload, headers)))
-            for subject, fut in pending:
-                try:
-                    ack = await asyncio.wait_for(fut, timeout=30)
-                except TimeoutError:
-                    raise await self._unacknowledged(subject, 30) from None
-                except AckError as exc:
-                    self._raise(subject, None, exc)
-                    raise  # unreachable: _raise always raises
-                out.append(Appended(ack.seq, ack.duplicate))
-        return out
+        return await self.appender.append_many(events, window=window)
 
     # --- blobs (BlobStore) -----------------------------------------------------------------------
 
