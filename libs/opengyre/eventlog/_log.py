@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from datetime import UTC, datetime
 from typing import TypeVar, overload
 
 import nats
@@ -19,7 +18,6 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    Header,
 )
 from nats.js.errors import NotFoundError
 
@@ -29,13 +27,14 @@ from ._acks import AckPipeline
 from ._appends import Appender
 from ._auth import NatsCredentials
 from ._blobs import BlobStore
-from ._config import BLOB_HEADER, TYPE_HEADER, LogConfig
+from ._config import LogConfig
 from ._connect import open_connection
-from ._errors import EventLogError, LogUnavailable
+from ._errors import LogUnavailable
 from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
-from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody, ack_position, bad_version, version_of
+from ._reads import Reader
+from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 from ._stream import StreamAdmin
 from ._typed import TypeFilter
 
@@ -68,6 +67,7 @@ class EventLog:
         self._acks = AckPipeline(nc)
         self.admin = StreamAdmin(self.js, config)
         self.blobs = BlobStore(self.js, config.blob_bucket)
+        self.reader = Reader(nc, self.js, config, self.admin, self.blobs)
         self.appender = Appender(nc, self._acks, config, registry, self.blobs, self._unacknowledged)
         self.payloads = PayloadStore(nc, self.js, config, self._acks)
 
@@ -210,34 +210,31 @@ class EventLog:
     # --- read ---------------------------------------------------------------------------------------
 
     async def to_stored(self, msg: Msg) -> StoredEvent:
-        """The stored event with its body resolved (see ``StoredEvent.unreadable``). A server that does not
-        answer while a blob is read raises (transient: retry); a missing or corrupt blob never does."""
-        stored = self.to_stored_inline(msg)
-        ref = msg.headers.get(BLOB_HEADER) if msg.headers else None
-        return await self.blobs.resolve(stored, ref) if ref else stored
+        """The stored event with its body resolved (see ``StoredEvent.unreadable``)."""
+        return await self.reader.to_stored(msg)
 
     async def to_stored_many(self, msgs: Sequence[Msg]) -> list[StoredEvent]:
-        out = [self.to_stored_inline(m) for m in msgs]
-        for i, m in enumerate(msgs):
-            ref = m.headers.get(BLOB_HEADER) if m.headers else None
-            if ref:
-                out[i] = await self.blobs.resolve(out[i], ref)
-        return out
+        return await self.reader.to_stored_many(msgs)
 
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
-        """The stored event without resolving an out-of-band body (see ``to_stored``)."""
-        headers = msg.headers or {}
-        seq, ts_ns = ack_position(msg)
-        return StoredEvent(
-            seq=seq,
-            subject=msg.subject,
-            type_name=headers.get(TYPE_HEADER, ""),
-            version=version_of(headers),
-            bad_version=bad_version(headers),
-            event_id=headers.get(Header.MSG_ID, ""),
-            time=datetime.fromtimestamp(ts_ns / 1e9, UTC),
-            body=msg.data,
-        )
+        return self.reader.to_stored_inline(msg)
+
+    def read_batches(
+        self,
+        start_seq: int = 1,
+        end_seq: int | None = None,
+        *,
+        subjects: Sequence[str] | None = None,
+        batch: int = 4096,
+    ) -> AsyncIterator[list[Msg]]:
+        """Raw message batches of an ephemeral, unacknowledged consumer over a sequence range."""
+        return self.reader.read_batches(start_seq, end_seq, subjects=subjects, batch=batch)
+
+    def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
+        return self.reader.puller(consumer, batch=batch, expires=expires)
+
+    async def get(self, seq: int) -> StoredEvent:
+        return await self.reader.get(seq)
 
     def decode(self, stored: StoredEvent) -> Event:
         """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
@@ -255,55 +252,6 @@ class EventLog:
         async for msgs in self.read_batches(start_seq, end_seq, subjects=subjects, batch=batch):
             for s in await self.to_stored_many(msgs):
                 yield s
-
-    async def read_batches(
-        self,
-        start_seq: int = 1,
-        end_seq: int | None = None,
-        *,
-        subjects: Sequence[str] | None = None,
-        batch: int = 4096,
-    ) -> AsyncIterator[list[Msg]]:
-        """Raw message batches of an ephemeral, unacknowledged consumer over a sequence range."""
-        last = await self.last_seq() if end_seq is None else end_seq
-        if last < start_seq:
-            return
-        cfg = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(1, start_seq),
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            # Nothing to persist for a read that acknowledges nothing, and it still works on a full disk.
-            mem_storage=True,
-        )
-        filters = list(subjects) if subjects else [self.config.all_subjects]
-        if len(filters) == 1:
-            cfg.filter_subject = filters[0]
-        else:
-            cfg.filter_subjects = filters
-        info = await self.js.add_consumer(self.config.stream, cfg)
-        puller = self.puller(info.name, batch=batch)
-        await puller.start()
-        try:
-            while True:
-                msgs = await puller.next_batch(timeout=0.5)
-                if not msgs:
-                    if puller.errors:
-                        raise EventLogError(f"reading {self.config.stream}: {puller.errors[-1]}")
-                    # A filtered range may end in a gap: stop once the consumer has nothing pending.
-                    ci = await self.js.consumer_info(self.config.stream, info.name)
-                    if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
-                        return
-                    continue
-                keep = [m for m in msgs if m.metadata.sequence.stream <= last]
-                if keep:
-                    yield keep
-                if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
-                    return
-        finally:
-            await puller.stop()
-            with contextlib.suppress(Exception):
-                await self.js.delete_consumer(self.config.stream, info.name)
 
     @overload
     def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
@@ -394,22 +342,3 @@ class EventLog:
                 info = await self.js.add_consumer(self.config.stream, cfg, timeout=2.0)
                 return str(info.name)
         raise AssertionError("unreachable: the backoff retries for ever")
-
-    def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
-        return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)
-
-    async def get(self, seq: int) -> StoredEvent:
-        raw = await self.js.get_msg(self.config.stream, seq)
-        headers = dict(raw.headers or {})
-        stored = StoredEvent(
-            seq=int(raw.seq or seq),
-            subject=raw.subject or "",
-            type_name=headers.get(TYPE_HEADER, ""),
-            version=version_of(headers),
-            bad_version=bad_version(headers),
-            event_id=headers.get(Header.MSG_ID, ""),
-            time=None,
-            body=raw.data or b"",
-        )
-        ref = headers.get(BLOB_HEADER)
-        return await self.blobs.resolve(stored, ref) if ref else stored
