@@ -1,5 +1,7 @@
 """The event log (NATS JetStream; in memory for tests that fold): dedup, optimistic concurrency, typed reads."""
 
+from typing import TYPE_CHECKING
+
 from ._auth import NatsCredentials
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
@@ -41,3 +43,8 @@ __all__ = [
     "require_server_version",
     "server_health",
 ]
+
+if TYPE_CHECKING:  # both logs keep the protocol, checked by mypy (the contract test checks what they do)
+
+    def _conforms(nats: EventLog, memory: MemoryEventLog) -> tuple[EventLogProtocol, EventLogProtocol]:
+        return nats, memory
