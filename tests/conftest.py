@@ -22,7 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
 
-from opengyre.eventlog import EventLog, LogConfig
+from opengyre.eventlog import EventLog, LogConfig, MemoryEventLog
 from opengyre.models import ModelSource, resolve_model
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
@@ -59,6 +59,13 @@ def log_config() -> LogConfig:
     """A stream and subject prefix of the test's own, so tests never see each other's events."""
     tag = uuid.uuid4().hex[:10]
     return LogConfig(stream=f"T{tag}", prefix=f"t{tag}.ev", blob_bucket=f"B{tag}")
+
+
+@pytest.fixture
+def memory_log(log_config: LogConfig) -> MemoryEventLog:
+    """The in-memory log (same contract as ``event_log``: tests/libs/eventlog/test_contract.py), for tests
+    that only append and fold: no nats-server to start."""
+    return MemoryEventLog(log_config)
 
 
 @pytest.fixture

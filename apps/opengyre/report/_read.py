@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..eventlog import EventLog
+from ..eventlog import EventLogProtocol
 from ._fold import FOLDED_TYPES, RunFold
 from ._model import RunSummary
 
@@ -10,7 +10,7 @@ __all__ = ["fold_log", "summarize"]
 
 
 async def fold_log(
-    log: EventLog, fold: RunFold | None = None, *, start_seq: int = 1, end_seq: int | None = None
+    log: EventLogProtocol, fold: RunFold | None = None, *, start_seq: int = 1, end_seq: int | None = None
 ) -> RunFold:
     """Fold the events a report reads with ``start_seq <= seq <= end_seq`` (default: the log's end now) into
     ``fold`` (a new one by default). Only the subjects of the folded types' aggregates are read."""
@@ -20,6 +20,6 @@ async def fold_log(
     return fold
 
 
-async def summarize(log: EventLog, *, start_seq: int = 1, end_seq: int | None = None) -> RunSummary:
+async def summarize(log: EventLogProtocol, *, start_seq: int = 1, end_seq: int | None = None) -> RunSummary:
     """The :class:`RunSummary` of the log's events in ``[start_seq, end_seq]``."""
     return (await fold_log(log, start_seq=start_seq, end_seq=end_seq)).summary()

@@ -1,13 +1,18 @@
-"""The event log on NATS JetStream: dedup, optimistic concurrency, payload guard, typed reads."""
+"""The event log (NATS JetStream; in memory for tests that fold): dedup, optimistic concurrency, typed reads."""
+
+from typing import TYPE_CHECKING
 
 from ._auth import NatsCredentials
 from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
 from ._health import FULL_MARGIN_BYTES, LogHealth, StreamUsage, server_health
-from ._log import TRANSIENT_ERRORS, Appended, EventLog, StoredEvent, UnreadableBody
+from ._log import EventLog
+from ._memory import MemoryEventLog
 from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
+from ._protocol import EventLogProtocol
 from ._server import MIN_SERVER_VERSION, require_server_version
+from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 
 __all__ = [
     "BLOB_CORRUPT",
@@ -23,9 +28,11 @@ __all__ = [
     "ConcurrencyError",
     "EventLog",
     "EventLogError",
+    "EventLogProtocol",
     "LogConfig",
     "LogHealth",
     "LogUnavailable",
+    "MemoryEventLog",
     "NatsCredentials",
     "PayloadFetch",
     "PayloadStore",
@@ -36,3 +43,8 @@ __all__ = [
     "require_server_version",
     "server_health",
 ]
+
+if TYPE_CHECKING:  # both logs keep the protocol, checked by mypy (the contract test checks what they do)
+
+    def _conforms(nats: EventLog, memory: MemoryEventLog) -> tuple[EventLogProtocol, EventLogProtocol]:
+        return nats, memory

@@ -8,14 +8,20 @@ no-responder errors pass through, and the reader waits them out; they never dead
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.object_store import ObjectStore
 
 from ._errors import EventLogError
+from ._stored import StoredEvent
 
-__all__ = ["BLOB_CORRUPT", "BLOB_MISSING", "BlobReader", "BlobUnreadable"]
+log = logging.getLogger(__name__)
+
+__all__ = ["BLOB_CORRUPT", "BLOB_MISSING", "BlobReader", "BlobStore", "BlobUnreadable"]
 
 BLOB_MISSING = "blob-missing"
 BLOB_CORRUPT = "blob-corrupt"
@@ -79,3 +85,39 @@ class BlobReader:
         except nats.js.errors.LinkIsABucketError as exc:
             raise BlobUnreadable(BLOB_CORRUPT, ref, "a link to a whole bucket, not a body") from exc
         return bytes(res.data or b"")
+
+
+class BlobStore:
+    """Blobs of the log's bucket: ``put`` creates the bucket on first use, reads never do."""
+
+    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+        self._js = js
+        self._bucket = bucket
+        self._store: ObjectStore | None = None
+        self._reader = BlobReader(js, bucket)
+
+    async def _writable(self) -> ObjectStore:
+        if self._store is None:
+            try:
+                self._store = await self._js.object_store(self._bucket)
+            except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+                self._store = await self._js.create_object_store(
+                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+                )
+        return self._store
+
+    async def put(self, name: str, data: bytes) -> str:
+        await (await self._writable()).put(name, data)
+        return name
+
+    async def read(self, ref: str) -> bytes:
+        return await self._reader.read(ref)
+
+    async def resolve(self, stored: StoredEvent, ref: str) -> StoredEvent:
+        """The stored event with its out-of-band body, or marked ``unreadable`` if that blob is gone for good."""
+        try:
+            body = await self._reader.read(ref)
+        except BlobUnreadable as exc:
+            log.warning("event log seq %d: %s", stored.seq, exc)
+            return msgspec.structs.replace(stored, body=b"", unreadable=exc.reason, unreadable_detail=str(exc))
+        return msgspec.structs.replace(stored, body=body)

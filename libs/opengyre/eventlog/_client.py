@@ -1,8 +1,9 @@
 """A nats-py client with a cheaper header parser.
 
-Every event carries two or three headers, and nats-py's parser spends ~20 µs per message checking each
-character of each name; on a 1M-event rebuild that alone is 20 s. This parser keeps its results for
-well-formed headers (``Name: value`` lines) and stays a drop-in for the private static method.
+Every event carries two or three headers, and nats-py's parser checks each character of each name: about
+twice as slow per message (``bench/header_parser_bench.py``, docs/benchmarks.md), ~3.6 s of a 1M-event
+rebuild. This parser keeps its results for well-formed headers (``Name: value`` lines) and stays a drop-in
+for the private static method.
 """
 
 from __future__ import annotations

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from datetime import UTC, datetime
-from typing import NamedTuple, NoReturn, TypeVar, overload
+from typing import TypeVar, overload
 
-import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -21,27 +18,24 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
-    Header,
-    ObjectStoreConfig,
-    StorageType,
-    StreamConfig,
 )
 from nats.js.errors import NotFoundError
-from nats.js.object_store import ObjectStore
 
-from ..events import DecodeError, Event, EventRegistry, InvalidEvent, MalformedEvent, default_registry
+from ..events import Event, EventRegistry, default_registry
 from ..retry import backoff
-from ._acks import AckError, AckPipeline, PubAck
+from ._acks import AckPipeline
+from ._appends import Appender
 from ._auth import NatsCredentials
-from ._blobs import BlobReader, BlobUnreadable
-from ._client import FastHeaderClient
-from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
-from ._errors import STORAGE_FULL_CODES, WRONG_LAST_SEQUENCE_CODES, ConcurrencyError, EventLogError, LogUnavailable
+from ._blobs import BlobStore
+from ._config import LogConfig
+from ._connect import open_connection
+from ._errors import LogUnavailable
 from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
-from ._server import require_server_version
+from ._reads import Reader
+from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
+from ._stream import StreamAdmin
 from ._typed import TypeFilter
 
 __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
@@ -49,97 +43,6 @@ __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "Unreadabl
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
-
-# What a server that is restarting or unreachable answers: worth a retry, never a dead letter. A subscription
-# waits these out; so does a projection runner resolving an out-of-band body.
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.ServerError,
-)
-
-
-class Appended(NamedTuple):
-    seq: int
-    duplicate: bool
-
-
-class UnreadableBody(DecodeError):
-    """The body went out of band and cannot be read back (``reason``: ``blob-missing`` or ``blob-corrupt``)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-class StoredEvent(msgspec.Struct, frozen=True):
-    """An event as the log holds it: position, routing, type header and the (blob-resolved) body.
-
-    ``unreadable`` is set (a reason code, with ``unreadable_detail``) when the body went out of band and
-    that blob is missing or corrupt: the body is then empty and ``decode`` raises :class:`UnreadableBody`.
-    """
-
-    seq: int
-    subject: str
-    type_name: str
-    version: int
-    event_id: str
-    time: datetime | None
-    body: bytes
-    unreadable: str = ""
-    unreadable_detail: str = ""
-    bad_version: str | None = None  # an Og-Version header that is not a number, as it came (version is then -1)
-
-    def decode(self, registry: EventRegistry) -> Event:
-        """The event; raises a ``DecodeError`` subclass (with a ``reason`` code) when it cannot be had."""
-        if self.bad_version is not None:
-            raise MalformedEvent(f"{self.type_name}: bad {VERSION_HEADER} header {self.bad_version!r}")
-        if self.unreadable:
-            raise UnreadableBody(self.unreadable, self.unreadable_detail)
-        return registry.decode(self.type_name, self.version, self.body)
-
-
-def _version_of(headers: dict[str, str]) -> int:
-    try:
-        return int(headers.get(VERSION_HEADER, "1"))
-    except ValueError:
-        return -1
-
-
-def _bad_version(headers: dict[str, str]) -> str | None:
-    """The Og-Version header as it came when it is not a number (else None)."""
-    return headers.get(VERSION_HEADER) if _version_of(headers) == -1 else None
-
-
-async def _log_error(exc: Exception) -> None:
-    log.warning("NATS: %s: %s", type(exc).__name__, exc)
-
-
-def _server_version(nc: Client) -> str:
-    """The connected server's version as ``major.minor.patch`` ("unknown" if it sent none that parses)."""
-    try:
-        v = nc.connected_server_version
-        return f"{v.major}.{v.minor}.{v.patch}"
-    except (ValueError, TypeError):
-        return "unknown"
-
-
-def _ack_position(msg: Msg) -> tuple[int, int]:
-    """Stream sequence and timestamp (ns) from a JetStream reply subject, without building nats-py's Metadata.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (v1) or the v2 form with
-    ``<domain>.<account hash>`` after ``$JS.ACK`` and a trailing token.
-    """
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9:
-        return int(tokens[5]), int(tokens[7])
-    if len(tokens) >= 11:
-        return int(tokens[7]), int(tokens[9])
-    meta = msg.metadata  # anything else: let nats-py parse it (and raise on a non-JetStream message)
-    return int(meta.sequence.stream), int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
 
 
 class EventLog:
@@ -162,9 +65,11 @@ class EventLog:
         # nats-server's monitoring URL, when known: it tells a full disk from a slow server.
         self.health_url = health_url
         self._acks = AckPipeline(nc)
-        self._blobs: ObjectStore | None = None
-        self._blob_reader = BlobReader(self.js, config.blob_bucket)
-        self.payloads = PayloadStore(self)
+        self.admin = StreamAdmin(self.js, config)
+        self.blobs = BlobStore(self.js, config.blob_bucket)
+        self.reader = Reader(nc, self.js, config, self.admin, self.blobs)
+        self.appender = Appender(nc, self._acks, config, registry, self.blobs, self._unacknowledged)
+        self.payloads = PayloadStore(nc, self.js, config, self._acks)
 
     @classmethod
     async def connect(
@@ -190,59 +95,7 @@ class EventLog:
         ``health_url``: the server's HTTP monitoring endpoint, if known (``health`` and append errors use it).
         ``credentials``: who to be to a server that requires them (the embedded one does: ``runtime._natsauth``).
         """
-        nc = FastHeaderClient()
-        watch = ConnectionWatch(url)
-        # A server that refuses the credentials: nats-py would retry them until the timeout; say so at once.
-        refusal: list[Exception] = []
-        refused = asyncio.Event()
-
-        async def on_error(exc: Exception) -> None:
-            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
-                refusal.append(exc)
-                refused.set()
-            await _log_error(exc)
-
-        connecting = asyncio.ensure_future(
-            nc.connect(
-                # "nats://a:4222,nats://b:4222": the seeds of a cluster (the client learns the others from them)
-                [u.strip() for u in url.split(",") if u.strip()],
-                connect_timeout=max(1, int(timeout)),
-                # Reconnect forever once connected (a restarted server or a network blip must not end a service),
-                # but bound the first connection so a wrong URL fails fast.
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                error_cb=on_error,
-                disconnected_cb=watch.on_disconnected,
-                reconnected_cb=watch.on_reconnected,
-                **(credentials.connect_options() if credentials is not None else {}),
-            )
-        )
-        waiting = asyncio.ensure_future(refused.wait())
-        try:
-            await asyncio.wait({connecting, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if not connecting.done():
-                connecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await connecting
-                raise refusal[0] if refusal else TimeoutError()
-            connecting.result()
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
-            if refusal or isinstance(exc, nats.errors.AuthorizationError):
-                who = f"as {credentials!r}" if credentials is not None else "without credentials"
-                raise LogUnavailable(f"the NATS server at {url} refuses a connection {who}: {exc}") from exc
-            raise LogUnavailable(
-                f"no NATS server answers at {url} ({type(exc).__name__}: {exc or 'timed out'})"
-            ) from exc
-        finally:
-            waiting.cancel()
-        try:
-            require_server_version(_server_version(nc), url)
-        except LogUnavailable:
-            await nc.close()
-            raise
+        nc, watch = await open_connection(url, timeout=timeout, credentials=credentials)
         log = cls(nc, config or LogConfig(), registry or default_registry(), watch=watch, health_url=health_url)
         try:
             await log.js.account_info()
@@ -287,52 +140,19 @@ class EventLog:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # --- stream -------------------------------------------------------------------------------------
+    # --- stream (StreamAdmin) ---------------------------------------------------------------------
 
     async def ensure_stream(self, *, configure: bool = False) -> None:
-        """Create the event stream if it is missing; with ``configure`` (the stream's owner only: ``opengyre
-        up``) also bring an existing one's byte limit and replicas to the configured ones.
-
-        Discard policy "new": when ``max_bytes`` is reached appends are refused, never old events dropped (a
-        projection that has not folded them yet would lose them)."""
-        cfg = self.config
-        try:
-            info = await self.js.stream_info(cfg.stream)
-        except NotFoundError:
-            await self.js.add_stream(
-                StreamConfig(
-                    name=cfg.stream,
-                    subjects=[cfg.all_subjects],
-                    storage=StorageType.FILE,
-                    duplicate_window=cfg.duplicate_window_s,
-                    num_replicas=cfg.replicas,
-                    max_msg_size=-1,
-                    max_bytes=cfg.max_bytes,
-                    discard=DiscardPolicy.NEW,
-                )
-            )
-            return
-        have = info.config
-        want = (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas)
-        if configure and (have.max_bytes, have.discard, have.num_replicas) != want:
-            # A clustered server moves the stream to the new replica count in place.
-            have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
-            await self.js.update_stream(have)
+        await self.admin.ensure(configure=configure)
 
     async def last_seq(self) -> int:
-        info = await self.js.stream_info(self.config.stream)
-        return int(info.state.last_seq)
+        return await self.admin.last_seq()
 
     async def usage(self) -> StreamUsage:
-        """The event stream's bytes and messages against its byte limit (``StreamUsage.full``: appends refused)."""
-        info = await self.js.stream_info(self.config.stream)
-        return StreamUsage(
-            self.config.stream, int(info.state.bytes), int(info.state.messages), int(info.config.max_bytes or -1)
-        )
+        return await self.admin.usage()
 
     async def first_seq(self) -> int:
-        info = await self.js.stream_info(self.config.stream)
-        return int(info.state.first_seq)
+        return await self.admin.first_seq()
 
     # --- health -------------------------------------------------------------------------------------
 
@@ -354,42 +174,10 @@ class EventLog:
         why = h.reason if not h.ok else "the server is overloaded or cannot store (is its disk full?)"
         return LogUnavailable(f"append to {subject}: no acknowledgement within {waited:.0f} s: {why}")
 
-    # --- append -------------------------------------------------------------------------------------
+    # --- append (Appender) ------------------------------------------------------------------------
 
     def subject_for(self, event: Event) -> str:
-        return self.config.subject(event.aggregate, event.aggregate_id())
-
-    async def _prepare(
-        self, event: Event, expected: int | None, body: bytes | None = None
-    ) -> tuple[str, bytes, dict[str, str]]:
-        subject = self.subject_for(event)
-        if body is None:
-            body = self.registry.encode(event)
-        headers = {
-            Header.MSG_ID: event.event_id,
-            TYPE_HEADER: event.type_name(),
-        }
-        if event.version != 1:
-            # Absent means v1: every header costs the reader's parser, and most events stay at v1.
-            headers[VERSION_HEADER] = str(event.version)
-        if expected is not None:
-            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected)
-        limit = min(self.config.inline_limit, self.nc.max_payload - 8 * 1024)
-        if len(body) > limit:
-            # JetStream caps a message at max_payload (1 MiB by default): the body goes out of band.
-            store = await self._blob_store()
-            await store.put(f"event-{event.event_id}", body)
-            headers[BLOB_HEADER] = f"event-{event.event_id}"
-            body = b""
-        return subject, body, headers
-
-    @staticmethod
-    def _raise(subject: str, expected: int | None, exc: AckError) -> NoReturn:
-        if exc.err_code in WRONG_LAST_SEQUENCE_CODES:
-            raise ConcurrencyError(subject, expected if expected is not None else -1, exc.description) from exc
-        if exc.err_code in STORAGE_FULL_CODES:
-            raise LogUnavailable(f"append to {subject} refused: the log's storage is full ({exc.description})") from exc
-        raise EventLogError(f"append to {subject} refused: {exc}") from exc
+        return self.appender.subject_for(event)
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Appended:
         """Append one event. Retrying with the same event id stores it once (``duplicate`` is then True).
@@ -398,16 +186,7 @@ class EventLog:
         a mismatch raises :class:`ConcurrencyError`. An event no store could keep (a NUL character in a
         string) raises ``InvalidEvent`` and is not appended.
         """
-        subject, body, headers = await self._prepare(event, expected_last_subject_seq)
-        fut = await self._acks.publish(subject, body, headers)
-        try:
-            ack = await asyncio.wait_for(fut, timeout=10)
-        except TimeoutError:
-            raise await self._unacknowledged(subject, 10) from None
-        except AckError as exc:
-            self._raise(subject, expected_last_subject_seq, exc)
-            raise  # unreachable: _raise always raises
-        return Appended(ack.seq, ack.duplicate)
+        return await self.appender.append(event, expected_last_subject_seq=expected_last_subject_seq)
 
     async def append_many(self, events: Iterable[Event], *, window: int = 2048) -> list[Appended]:
         """Append events in order with up to ``window`` publishes in flight (no expected-sequence checks).
@@ -415,92 +194,47 @@ class EventLog:
         Each window is encoded before any of it is published, so an ``InvalidEvent`` appends nothing of
         its window (a call of at most ``window`` events: nothing at all; its note says how many went before).
         """
-        out: list[Appended] = []
-        it = iter(events)
-        while chunk := list(itertools.islice(it, window)):
-            try:
-                bodies = [self.registry.encode(e) for e in chunk]
-            except InvalidEvent as exc:
-                exc.add_note(f"{len(out)} events before its window of {len(chunk)} were appended")
-                raise
-            pending: list[tuple[str, asyncio.Future[PubAck]]] = []
-            for event, body in zip(chunk, bodies, strict=True):
-                subject, payload, headers = await self._prepare(event, None, body)
-                pending.append((subject, await self._acks.publish(subject, payload, headers)))
-            for subject, fut in pending:
-                try:
-                    ack = await asyncio.wait_for(fut, timeout=30)
-                except TimeoutError:
-                    raise await self._unacknowledged(subject, 30) from None
-                except AckError as exc:
-                    self._raise(subject, None, exc)
-                    raise  # unreachable: _raise always raises
-                out.append(Appended(ack.seq, ack.duplicate))
-        return out
+        return await self.appender.append_many(events, window=window)
 
-    # --- blobs --------------------------------------------------------------------------------------
-
-    async def _blob_store(self) -> ObjectStore:
-        if self._blobs is None:
-            try:
-                self._blobs = await self.js.object_store(self.config.blob_bucket)
-            except (NotFoundError, nats.js.errors.BucketNotFoundError):
-                self._blobs = await self.js.create_object_store(
-                    self.config.blob_bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
-                )
-        return self._blobs
+    # --- blobs (BlobStore) -----------------------------------------------------------------------
 
     async def put_blob(self, name: str, data: bytes) -> str:
         """Store a large payload out of band; events carry the returned reference."""
-        store = await self._blob_store()
-        await store.put(name, data)
-        return name
+        return await self.blobs.put(name, data)
 
     async def get_blob(self, ref: str) -> bytes:
         """A blob's bytes. Raises ``BlobUnreadable`` when it is missing or corrupt (for good); a server that
         does not answer raises nats-py's timeout or no-responders error (worth a retry)."""
-        return await self._blob_reader.read(ref)
-
-    async def _resolve(self, stored: StoredEvent, ref: str) -> StoredEvent:
-        """The stored event with its out-of-band body, or marked ``unreadable`` if that blob is gone for good."""
-        try:
-            body = await self._blob_reader.read(ref)
-        except BlobUnreadable as exc:
-            log.warning("event log seq %d: %s", stored.seq, exc)
-            return msgspec.structs.replace(stored, body=b"", unreadable=exc.reason, unreadable_detail=str(exc))
-        return msgspec.structs.replace(stored, body=body)
+        return await self.blobs.read(ref)
 
     # --- read ---------------------------------------------------------------------------------------
 
     async def to_stored(self, msg: Msg) -> StoredEvent:
-        """The stored event with its body resolved (see ``StoredEvent.unreadable``). A server that does not
-        answer while a blob is read raises (transient: retry); a missing or corrupt blob never does."""
-        stored = self.to_stored_inline(msg)
-        ref = msg.headers.get(BLOB_HEADER) if msg.headers else None
-        return await self._resolve(stored, ref) if ref else stored
+        """The stored event with its body resolved (see ``StoredEvent.unreadable``)."""
+        return await self.reader.to_stored(msg)
 
     async def to_stored_many(self, msgs: Sequence[Msg]) -> list[StoredEvent]:
-        out = [self.to_stored_inline(m) for m in msgs]
-        for i, m in enumerate(msgs):
-            ref = m.headers.get(BLOB_HEADER) if m.headers else None
-            if ref:
-                out[i] = await self._resolve(out[i], ref)
-        return out
+        return await self.reader.to_stored_many(msgs)
 
     def to_stored_inline(self, msg: Msg) -> StoredEvent:
-        """The stored event without resolving an out-of-band body (see ``to_stored``)."""
-        headers = msg.headers or {}
-        seq, ts_ns = _ack_position(msg)
-        return StoredEvent(
-            seq=seq,
-            subject=msg.subject,
-            type_name=headers.get(TYPE_HEADER, ""),
-            version=_version_of(headers),
-            bad_version=_bad_version(headers),
-            event_id=headers.get(Header.MSG_ID, ""),
-            time=datetime.fromtimestamp(ts_ns / 1e9, UTC),
-            body=msg.data,
-        )
+        return self.reader.to_stored_inline(msg)
+
+    def read_batches(
+        self,
+        start_seq: int = 1,
+        end_seq: int | None = None,
+        *,
+        subjects: Sequence[str] | None = None,
+        batch: int = 4096,
+    ) -> AsyncIterator[list[Msg]]:
+        """Raw message batches of an ephemeral, unacknowledged consumer over a sequence range."""
+        return self.reader.read_batches(start_seq, end_seq, subjects=subjects, batch=batch)
+
+    def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
+        return self.reader.puller(consumer, batch=batch, expires=expires)
+
+    async def get(self, seq: int) -> StoredEvent:
+        return await self.reader.get(seq)
 
     def decode(self, stored: StoredEvent) -> Event:
         """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
@@ -518,55 +252,6 @@ class EventLog:
         async for msgs in self.read_batches(start_seq, end_seq, subjects=subjects, batch=batch):
             for s in await self.to_stored_many(msgs):
                 yield s
-
-    async def read_batches(
-        self,
-        start_seq: int = 1,
-        end_seq: int | None = None,
-        *,
-        subjects: Sequence[str] | None = None,
-        batch: int = 4096,
-    ) -> AsyncIterator[list[Msg]]:
-        """Raw message batches of an ephemeral, unacknowledged consumer over a sequence range."""
-        last = await self.last_seq() if end_seq is None else end_seq
-        if last < start_seq:
-            return
-        cfg = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(1, start_seq),
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            # Nothing to persist for a read that acknowledges nothing, and it still works on a full disk.
-            mem_storage=True,
-        )
-        filters = list(subjects) if subjects else [self.config.all_subjects]
-        if len(filters) == 1:
-            cfg.filter_subject = filters[0]
-        else:
-            cfg.filter_subjects = filters
-        info = await self.js.add_consumer(self.config.stream, cfg)
-        puller = self.puller(info.name, batch=batch)
-        await puller.start()
-        try:
-            while True:
-                msgs = await puller.next_batch(timeout=0.5)
-                if not msgs:
-                    if puller.errors:
-                        raise EventLogError(f"reading {self.config.stream}: {puller.errors[-1]}")
-                    # A filtered range may end in a gap: stop once the consumer has nothing pending.
-                    ci = await self.js.consumer_info(self.config.stream, info.name)
-                    if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
-                        return
-                    continue
-                keep = [m for m in msgs if m.metadata.sequence.stream <= last]
-                if keep:
-                    yield keep
-                if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
-                    return
-        finally:
-            await puller.stop()
-            with contextlib.suppress(Exception):
-                await self.js.delete_consumer(self.config.stream, info.name)
 
     @overload
     def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
@@ -657,22 +342,3 @@ class EventLog:
                 info = await self.js.add_consumer(self.config.stream, cfg, timeout=2.0)
                 return str(info.name)
         raise AssertionError("unreachable: the backoff retries for ever")
-
-    def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
-        return PullBatcher(self.nc, self.config.stream, consumer, batch=batch, expires=expires)
-
-    async def get(self, seq: int) -> StoredEvent:
-        raw = await self.js.get_msg(self.config.stream, seq)
-        headers = dict(raw.headers or {})
-        stored = StoredEvent(
-            seq=int(raw.seq or seq),
-            subject=raw.subject or "",
-            type_name=headers.get(TYPE_HEADER, ""),
-            version=_version_of(headers),
-            bad_version=_bad_version(headers),
-            event_id=headers.get(Header.MSG_ID, ""),
-            time=None,
-            body=raw.data or b"",
-        )
-        ref = headers.get(BLOB_HEADER)
-        return await self._resolve(stored, ref) if ref else stored

@@ -18,19 +18,18 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, Header, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from ._acks import AckError, PubAck
+from ._acks import AckError, AckPipeline, PubAck
+from ._config import LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, EventLogError
-
-if TYPE_CHECKING:
-    from ._log import EventLog
 
 __all__ = ["PARTS_HEADER", "PayloadFetch", "PayloadStore", "PayloadStoreError"]
 
@@ -54,20 +53,25 @@ class PayloadFetch:
 
 
 class PayloadStore:
-    def __init__(self, log: EventLog) -> None:
-        self._log = log
+    """Payloads by digest; shares the log's connection and ack pipeline, handed in (it holds no log)."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, config: LogConfig, acks: AckPipeline) -> None:
+        self._nc = nc
+        self._js = js
+        self._config = config
+        self._acks = acks
         self._ready = False
 
     @property
     def stream(self) -> str:
-        return self._log.config.payloads
+        return self._config.payloads
 
     def subject(self, scope: str, digest: str, part: int = 0) -> str:
         base = f"{self.stream}.{scope}.{digest}"
         return base if part == 0 else f"{base}.{part}"
 
-    def _config(self) -> StreamConfig:
-        cfg = self._log.config
+    def _stream_config(self) -> StreamConfig:
+        cfg = self._config
         return StreamConfig(
             name=self.stream,
             subjects=[f"{self.stream}.>"],
@@ -86,11 +90,11 @@ class PayloadStore:
         also bring an existing one's limits to the configured ones. Any other client takes it as it is."""
         if self._ready and not configure:
             return
-        want = self._config()
+        want = self._stream_config()
         try:
-            info = await self._log.js.stream_info(self.stream)
+            info = await self._js.stream_info(self.stream)
         except NotFoundError:
-            await self._log.js.add_stream(want)
+            await self._js.add_stream(want)
         else:
             have = info.config
             if configure and (have.max_bytes, have.max_age or 0.0, have.discard, have.allow_direct) != (
@@ -105,11 +109,11 @@ class PayloadStore:
                     want.discard,
                     want.allow_direct,
                 )
-                await self._log.js.update_stream(have)
+                await self._js.update_stream(have)
         self._ready = True
 
     def _part_size(self) -> int:
-        return max(1024, self._log.nc.max_payload - 8 * 1024)
+        return max(1024, self._nc.max_payload - 8 * 1024)
 
     async def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[str]:
         """Store ``(scope, data)`` payloads (pipelined); their digests, in order. Raises PayloadStoreError."""
@@ -126,7 +130,7 @@ class PayloadStore:
                 if i == 0 and len(parts) > 1:
                     headers[PARTS_HEADER] = str(len(parts))
                 subject = self.subject(scope, digest, i)
-                pending.append((subject, await self._log._acks.publish(subject, part, headers)))
+                pending.append((subject, await self._acks.publish(subject, part, headers)))
         for subject, fut in pending:
             try:
                 await asyncio.wait_for(fut, timeout=30)
@@ -143,7 +147,7 @@ class PayloadStore:
 
     async def _get_part(self, subject: str) -> tuple[bytes, int] | None:
         try:
-            raw = await self._log.js.get_msg(self.stream, subject=subject, direct=True)
+            raw = await self._js.get_msg(self.stream, subject=subject, direct=True)
         except NotFoundError:
             return None
         headers = raw.headers or {}
@@ -208,7 +212,7 @@ class PayloadStore:
     async def _get_scope(self, scope: str) -> dict[str, tuple[bytes, int]] | None:
         """Every payload message of a scope, by subject, from one batched direct get (``multi_last`` over
         ``<stream>.<scope>.>``, nats-server 2.11+); None when the server did not give them all."""
-        nc = self._log.nc
+        nc = self._nc
         inbox = nc.new_inbox()
         msgs: dict[str, tuple[bytes, int]] = {}
         end: asyncio.Future[tuple[str, dict[str, str]]] = asyncio.get_running_loop().create_future()
@@ -238,21 +242,21 @@ class PayloadStore:
 
     async def last_seq(self) -> int:
         await self.ensure()
-        info = await self._log.js.stream_info(self.stream)
+        info = await self._js.stream_info(self.stream)
         return int(info.state.last_seq)
 
     async def purge(self, scope: str, *, below_seq: int | None = None) -> None:
         """Delete a scope's payloads (only those stored at payload-stream sequences below ``below_seq``)."""
         await self.ensure()
         try:
-            await self._log.js.purge_stream(self.stream, subject=f"{self.stream}.{scope}.>", seq=below_seq)
+            await self._js.purge_stream(self.stream, subject=f"{self.stream}.{scope}.>", seq=below_seq)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise PayloadStoreError(f"purging payloads of {scope}: {exc}") from exc
 
     async def usage(self) -> tuple[int, int]:
         """(messages, bytes) the payload stream holds."""
         await self.ensure()
-        info = await self._log.js.stream_info(self.stream)
+        info = await self._js.stream_info(self.stream)
         return int(info.state.messages), int(info.state.bytes)
 
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
 
 from ..events import DecodeError, Event
 from ._config import LogConfig
-
-if TYPE_CHECKING:
-    from ._log import StoredEvent
+from ._stored import StoredEvent
 
 __all__ = ["TypeFilter"]
 

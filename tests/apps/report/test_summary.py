@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from opengyre.eventlog import EventLog
+from opengyre.eventlog import MemoryEventLog
 from opengyre.events import (
     CellRegistered,
     CellRoleChanged,
@@ -34,10 +34,10 @@ from ._run import covered, of, scored_by, scores, scripted_run, secs, status_cou
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-async def test_the_summary_of_a_logged_run_matches_its_events(event_log: EventLog, seed: int) -> None:
+async def test_the_summary_of_a_logged_run_matches_its_events(memory_log: MemoryEventLog, seed: int) -> None:
     events = scripted_run(seed)
-    await event_log.append_many(events)
-    s = await summarize(event_log)
+    await memory_log.append_many(events)
+    s = await summarize(memory_log)
 
     assert (s.events, s.first_seq, s.last_seq) == (len(events), 1, len(events))
     assert s.by_type == dict(Counter(e.type_name() for e in events))
@@ -145,11 +145,11 @@ async def test_the_summary_of_a_logged_run_matches_its_events(event_log: EventLo
     assert not [n for n in s.notes if "no " in n[:3]]  # the whole story is in the log: nothing reported missing
 
 
-async def test_a_range_of_the_log_is_the_fold_of_that_range(event_log: EventLog) -> None:
+async def test_a_range_of_the_log_is_the_fold_of_that_range(memory_log: MemoryEventLog) -> None:
     events = scripted_run(2)
-    await event_log.append_many(events)
+    await memory_log.append_many(events)
     cut = len(events) // 2
-    part = await summarize(event_log, start_seq=cut + 1)
+    part = await summarize(memory_log, start_seq=cut + 1)
     assert part == fold_events((i + 1, e) for i, e in enumerate(events) if i >= cut)
     assert part.first_seq == cut + 1 and part.events == len(events) - cut
 
