@@ -12,7 +12,7 @@ import timeit
 
 from nats.aio.client import Client
 
-from opengyre.eventlog._client import FastHeaderClient
+from opengyre.eventlog import FastHeaderClient
 
 # What an event carries: the message id, the type, and the version when it is not 1.
 RAW = b"Nats-Msg-Id: 0123456789abcdef0123456789abcdef\r\nOg-Type: execution-dispatched\r\nOg-Version: 2\r\n\r\n"

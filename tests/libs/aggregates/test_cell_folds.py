@@ -131,7 +131,8 @@ async def trainer_sql(events: Sequence[CellEvent], parts: Parts) -> Outcome:
 
 
 async def proxy_watcher(events: Sequence[CellEvent], parts: Parts) -> Outcome:
-    from opengyre.proxy._cells import CellWatcher  # the watcher is the proxy's own; its fold is what is compared
+    # the watcher is the proxy's own; its fold is what is compared
+    from opengyre.proxy.engines._cells import CellWatcher
 
     event_log = parts.event_log
     pool = EnginePool()
