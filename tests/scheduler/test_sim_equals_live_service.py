@@ -21,6 +21,7 @@ from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.service import SchedulerService
 from opengyre.scheduler.sim import Simulator
 
+from .._polling import await_until
 from ._service import running_scheduler
 from ._small import small_config
 
@@ -64,3 +65,24 @@ async def test_the_running_service_advises_what_the_simulator_decided(
             await controller.fresh_state()  # the service's runner has folded the log up to seq
             assert await controller.tick() == decision, (seq, decision)
     assert len(sim.decisions) >= (2 if name == "async" else 5)
+
+
+async def test_the_service_loop_ticks_when_its_projection_folds_not_only_every_poll(
+    nats_server: EmbeddedNats, log_config: LogConfig, event_log: EventLog, tmp_path: Path
+) -> None:
+    """The loop's period is longer than the test, so only a tick woken by the fold can reach the simulator's
+    first role-changing decision (before: a tick every poll_s only, and a trainer could train a ready step
+    before the policy saw it: tests/e2e/test_closed_loop.py's order of events)."""
+    cfg = small_config(record=True, steps=3)
+    sim = Simulator(cfg, make_policy("colocate"))
+    sim.run()
+    seq, _, decision = next(d for d in sim.decisions if d[2].roles)
+    svc = SchedulerService(
+        policy=make_policy("colocate"), loop=cfg.loop, actuator=_NoMachines(), auto=False, poll_s=1e6
+    )
+    async with running_scheduler(svc, nats_server, log_config, tmp_path):
+        controller = svc.controller
+        assert controller is not None
+        assert controller.advice != decision  # the start's tick saw an empty log
+        await event_log.append_many(sim.events[:seq])
+        await await_until(lambda: controller.advice == decision, "the loop's own tick after the fold")

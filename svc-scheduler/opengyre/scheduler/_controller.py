@@ -9,7 +9,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, func, select
@@ -70,6 +70,7 @@ class SchedulerController:
         projection: str = SchedulerProjection.name,
         caught_up: Callable[[], Awaitable[None]] | None = None,
         applied: Callable[[int], Awaitable[None]] | None = None,
+        positions: Callable[[], AsyncIterator[int]] | None = None,
     ) -> None:
         self.engine = engine
         self.log = log
@@ -81,6 +82,7 @@ class SchedulerController:
         self.projection = projection
         self._caught_up = caught_up
         self._applied = applied  # the live runner's ``applied``: awaited, not polled
+        self._positions = positions  # the live runner's ``positions``: a tick on each fold, not only each poll_s
         self.packer = policy.packing_buffer(loop)
         self.advice = Decision()
         self._lock = asyncio.Lock()
@@ -340,13 +342,34 @@ class SchedulerController:
             log.exception("role change %s -> %s failed", req.cell_id, req.target)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("scheduler tick failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.poll_s)
+        """Tick at once whenever the projection commits (a group ready, a cell moved), and every ``poll_s``
+        besides. Ticking only every ``poll_s`` let a trainer train a ready step before the policy saw it."""
+        wake = asyncio.Event()
+
+        async def follow(positions: AsyncIterator[int]) -> None:
+            async for _ in positions:
+                wake.set()
+
+        async def stopped() -> None:
+            await stop.wait()
+            wake.set()
+
+        helpers = [asyncio.create_task(stopped())]
+        if self._positions is not None:
+            helpers.append(asyncio.create_task(follow(self._positions())))
+        try:
+            while not stop.is_set():
+                wake.clear()  # before the tick: a fold during it wakes the next one
+                try:
+                    await self.tick()
+                except Exception:
+                    log.exception("scheduler tick failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.poll_s)
+        finally:
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
 
     async def close(self) -> None:
         for t in list(self._tasks):

@@ -292,6 +292,7 @@ class SchedulerService(Service):
             engine=ctx.engine, log=ctx.log, policy=policy, loop=loop, actuator=actuator, auto=auto,
             poll_s=self._poll_s, caught_up=runner.wait_caught_up if runner is not None else None,
             applied=runner.applied if runner is not None else None,
+            positions=runner.positions if runner is not None else None,
         )  # fmt: skip
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self.controller.run(self._stop), name="scheduler-controller")
