@@ -36,7 +36,7 @@ from ._pull import PullBatcher
 from ._reads import Reader
 from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 from ._stream import StreamAdmin
-from ._typed import TypeFilter
+from ._typed import TypedReads, TypeFilter
 
 __all__ = ["TRANSIENT_ERRORS", "Appended", "EventLog", "StoredEvent", "UnreadableBody"]
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Event)
 
 
-class EventLog:
+class EventLog(TypedReads):
     """Append and read domain events. Build one per event loop; close it when done."""
 
     def __init__(
@@ -236,10 +236,6 @@ class EventLog:
     async def get(self, seq: int) -> StoredEvent:
         return await self.reader.get(seq)
 
-    def decode(self, stored: StoredEvent) -> Event:
-        """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
-        return stored.decode(self.registry)
-
     async def read(
         self,
         start_seq: int = 1,
@@ -252,26 +248,6 @@ class EventLog:
         async for msgs in self.read_batches(start_seq, end_seq, subjects=subjects, batch=batch):
             for s in await self.to_stored_many(msgs):
                 yield s
-
-    @overload
-    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
-    @overload
-    def events(
-        self, *types: type[E], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncGenerator[tuple[int, E], None]: ...
-    async def events(
-        self, *types: type[Event], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncGenerator[tuple[int, Event], None]:
-        """``(seq, event)`` of the given types (all when none) in a sequence range, decoded and upcast.
-
-        Only the subjects of those types' aggregates are read. What this service cannot decode is skipped
-        with a warning (see ``_typed``).
-        """
-        want = TypeFilter(self.config, types)
-        async for stored in self.read(start_seq, end_seq, subjects=want.subjects):
-            event = want.decode(self.decode, stored)
-            if event is not None:
-                yield stored.seq, event
 
     @overload
     def subscribe(

@@ -19,7 +19,7 @@ from ._blobs import BLOB_MISSING, BlobUnreadable
 from ._config import LogConfig
 from ._errors import ConcurrencyError, EventLogError
 from ._stored import Appended, StoredEvent
-from ._typed import TypeFilter
+from ._typed import TypedReads, TypeFilter
 
 __all__ = ["MemoryEventLog", "subject_matches"]
 
@@ -37,7 +37,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
-class MemoryEventLog:
+class MemoryEventLog(TypedReads):
     """Append and read domain events held in this process (one event loop)."""
 
     def __init__(self, config: LogConfig | None = None, registry: EventRegistry | None = None) -> None:
@@ -125,9 +125,6 @@ class MemoryEventLog:
         # As JetStream's direct get: no server timestamp.
         return msgspec.structs.replace(self._events[seq - 1], time=None)
 
-    def decode(self, stored: StoredEvent) -> Event:
-        return stored.decode(self.registry)
-
     def _range(self, start_seq: int, end_seq: int, subjects: Sequence[str] | None) -> list[StoredEvent]:
         filters = list(subjects) if subjects else [self.config.all_subjects]
         return [
@@ -147,21 +144,6 @@ class MemoryEventLog:
         last = len(self._events) if end_seq is None else end_seq
         for stored in self._range(start_seq, last, subjects):
             yield stored
-
-    @overload
-    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
-    @overload
-    def events(
-        self, *types: type[E], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncGenerator[tuple[int, E], None]: ...
-    async def events(
-        self, *types: type[Event], start_seq: int = 1, end_seq: int | None = None
-    ) -> AsyncGenerator[tuple[int, Event], None]:
-        want = TypeFilter(self.config, types)
-        async for stored in self.read(start_seq, end_seq, subjects=want.subjects):
-            event = want.decode(self.decode, stored)
-            if event is not None:
-                yield stored.seq, event
 
     @overload
     def subscribe(

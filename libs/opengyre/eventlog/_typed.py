@@ -8,13 +8,16 @@ for every event, use the runner instead (it dead-letters those with their reason
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
+from typing import TypeVar, overload
 
-from ..events import DecodeError, Event
+from ..events import DecodeError, Event, EventRegistry
 from ._config import LogConfig
 from ._stored import StoredEvent
 
-__all__ = ["TypeFilter"]
+__all__ = ["TypeFilter", "TypedReads"]
+
+E = TypeVar("E", bound=Event)
 
 log = logging.getLogger(__name__)
 
@@ -40,3 +43,44 @@ class TypeFilter:
         except DecodeError as exc:
             log.warning("event log seq %d (%s) skipped: %s", stored.seq, stored.type_name or "no type", exc)
             return None
+
+
+class TypedReads:
+    """``decode`` and ``events`` over a log's raw ``read``: one piece for the NATS log and the in-memory one."""
+
+    config: LogConfig
+    registry: EventRegistry
+
+    def read(
+        self,
+        start_seq: int = 1,
+        end_seq: int | None = None,
+        *,
+        subjects: Sequence[str] | None = None,
+        batch: int = 2048,
+    ) -> AsyncIterator[StoredEvent]:
+        raise NotImplementedError
+
+    def decode(self, stored: StoredEvent) -> Event:
+        """Decode a stored event; raises a ``DecodeError`` subclass with a ``reason`` code."""
+        return stored.decode(self.registry)
+
+    @overload
+    def events(self, *, start_seq: int = 1, end_seq: int | None = None) -> AsyncGenerator[tuple[int, Event], None]: ...
+    @overload
+    def events(
+        self, *types: type[E], start_seq: int = 1, end_seq: int | None = None
+    ) -> AsyncGenerator[tuple[int, E], None]: ...
+    async def events(
+        self, *types: type[Event], start_seq: int = 1, end_seq: int | None = None
+    ) -> AsyncGenerator[tuple[int, Event], None]:
+        """``(seq, event)`` of the given types (all when none) in a sequence range, decoded and upcast.
+
+        Only the subjects of those types' aggregates are read. What this service cannot decode is skipped
+        with a warning (above).
+        """
+        want = TypeFilter(self.config, types)
+        async for stored in self.read(start_seq, end_seq, subjects=want.subjects):
+            event = want.decode(self.decode, stored)
+            if event is not None:
+                yield stored.seq, event
