@@ -19,6 +19,8 @@ from opengyre.report import FOLDED_TYPES, RunFold
 from opengyre.scheduler import SchedulerProjection, SchedulerState, load_state
 from opengyre.trainer import TrainerProjection
 
+from ._reference import fold_reference
+
 # Engine URLs nothing listens on: the proxy's pool adds a client without connecting.
 A, B, C = "http://127.0.0.1:9/a", "http://127.0.0.1:9/b", "http://127.0.0.1:9/c"
 
@@ -74,14 +76,8 @@ class Outcome:
 
 
 def reference(events: Sequence[CellEvent]) -> tuple[dict[str, Cell], list[int]]:
-    cells: dict[str, Cell] = {}
-    refused: list[int] = []
-    for seq, e in enumerate(events, 1):
-        try:
-            cells[e.cell_id] = evolve_cell(cells.get(e.cell_id), e, seq)
-        except Rejected:
-            refused.append(seq)
-    return cells, refused
+    ref = fold_reference(evolve_cell, lambda e: e.cell_id, events)
+    return ref.views, ref.refused
 
 
 Fold = Callable[[Sequence[CellEvent], Parts], Awaitable[Outcome]]
@@ -189,12 +185,7 @@ def test_the_sequences_exercise_every_refusal() -> None:
     """The contract is only as strong as its sequences: each of the rule's refusals appears in one."""
     reasons = set()
     for events in SEQUENCES.values():
-        cells: dict[str, Cell] = {}
-        for e in events:
-            try:
-                cells[e.cell_id] = evolve_cell(cells.get(e.cell_id), e)
-            except Rejected as exc:
-                reasons.add(exc.reason)
+        reasons |= fold_reference(evolve_cell, lambda e: e.cell_id, events).reasons
     assert reasons == {
         "duplicate-cell", "invalid-cell", "unknown-cell", "wrong-role", "illegal-transition", "resident-never-trains"
     }  # fmt: skip

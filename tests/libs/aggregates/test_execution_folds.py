@@ -17,6 +17,8 @@ from opengyre.report import RunFold
 from opengyre.scheduler import SchedulerProjection, SchedulerState, load_state
 from opengyre.trainer import TrainerProjection
 
+from ._reference import fold_reference
+
 
 def _d(x: str, group: str = "g") -> ExecutionDispatched:
     return ExecutionDispatched(execution_id=x, task_id="t", group_id=group, group_size=2)
@@ -51,14 +53,8 @@ class Outcome:
 
 
 def reference(events: Sequence[ExecutionEvent]) -> tuple[dict[str, Execution], list[int]]:
-    xs: dict[str, Execution] = {}
-    refused: list[int] = []
-    for seq, e in enumerate(events, 1):
-        try:
-            xs[e.execution_id] = evolve_execution(xs.get(e.execution_id), e, seq)
-        except Rejected:
-            refused.append(seq)
-    return xs, refused
+    ref = fold_reference(evolve_execution, lambda e: e.execution_id, events)
+    return ref.views, ref.refused
 
 
 def scheduler_state(events: Sequence[ExecutionEvent], engine: Engine) -> Outcome:
@@ -131,12 +127,7 @@ def test_every_fold_of_execution_events_agrees_with_the_execution_aggregate(
 def test_the_sequences_exercise_every_refusal() -> None:
     reasons = set()
     for events in SEQUENCES.values():
-        xs: dict[str, Execution] = {}
-        for e in events:
-            try:
-                xs[e.execution_id] = evolve_execution(xs.get(e.execution_id), e)
-            except Rejected as exc:
-                reasons.add(exc.reason)
+        reasons |= fold_reference(evolve_execution, lambda e: e.execution_id, events).reasons
     assert reasons == {
         "duplicate-execution", "unknown-execution", "already-finished", "invalid-score", "invalid-call-count",
         "score-on-failure",

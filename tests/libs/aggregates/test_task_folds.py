@@ -14,6 +14,8 @@ from opengyre.projection import Rejected
 from opengyre.report import RunFold
 from opengyre.synth import TasksProjection
 
+from ._reference import fold_reference
+
 SEQUENCES: dict[str, list[TaskEvent]] = {
     "harden-twice": [
         TaskSynthesized(task_id="t", skill_id="s"),
@@ -41,14 +43,8 @@ Outcome = tuple[dict[str, list[int]], list[int]]  # task -> its versions; the se
 
 
 def reference(events: Sequence[TaskEvent]) -> tuple[dict[str, Task], list[int]]:
-    tasks: dict[str, Task] = {}
-    refused: list[int] = []
-    for seq, e in enumerate(events, 1):
-        try:
-            tasks[e.task_id] = evolve_task(tasks.get(e.task_id), e, seq)
-        except Rejected:
-            refused.append(seq)
-    return tasks, refused
+    ref = fold_reference(evolve_task, lambda e: e.task_id, events)
+    return ref.views, ref.refused
 
 
 def synth_sql(events: Sequence[TaskEvent], engine: Engine) -> Outcome:
@@ -93,12 +89,7 @@ def test_every_fold_of_task_events_agrees_with_the_task_aggregate(fold: str, seq
 def test_the_sequences_exercise_every_refusal() -> None:
     reasons = set()
     for events in SEQUENCES.values():
-        tasks: dict[str, Task] = {}
-        for e in events:
-            try:
-                tasks[e.task_id] = evolve_task(tasks.get(e.task_id), e)
-            except Rejected as exc:
-                reasons.add(exc.reason)
+        reasons |= fold_reference(evolve_task, lambda e: e.task_id, events).reasons
     assert reasons == {
         "duplicate-task",
         "unknown-task",
