@@ -53,7 +53,8 @@ def check_data_dir(data_dir: Path, *, create: bool) -> None:
             raise DataDirUnusable(f"data dir {data_dir} is not a directory")
         return
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Private to its user (its secrets, the proxy's outbox and the stores are nobody else's to read or write).
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except FileExistsError:
         raise DataDirUnusable(f"data dir {data_dir} is not a directory") from None
     except OSError as exc:

@@ -159,6 +159,7 @@ class Gateway:
             max_bytes=c.outbox_max_bytes,
             retry_after_s=c.outbox_retry_after_s,
             sealed=sealed,
+            secret=c.secret,
         )
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()

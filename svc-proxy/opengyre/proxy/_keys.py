@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import get_args
 
 from opengyre.events import TrajectoryRole, subject_token
 
-__all__ = ["ROLES", "ExecutionKeys", "KeyClaim", "load_or_create_secret"]
+__all__ = ["ROLES", "ExecutionKeys", "KeyClaim", "derive_key", "load_or_create_secret"]
 
 ROLES: tuple[str, ...] = get_args(TrajectoryRole)
 
@@ -50,14 +51,23 @@ class ExecutionKeys:
         return KeyClaim(parts[1], parts[2])  # type: ignore[arg-type]
 
 
+def derive_key(secret: bytes, purpose: str) -> bytes:
+    """A key for one purpose from the proxy's secret (HMAC-SHA256 keyed by the secret over the purpose's name):
+    what one purpose's key reveals or signs says nothing of the secret or of another purpose's key."""
+    return hmac.new(secret, f"opengyre-proxy/{purpose}".encode(), hashlib.sha256).digest()
+
+
 def load_or_create_secret(path: Path) -> bytes:
-    """The proxy's key secret, kept in the data dir so issued keys survive restarts."""
+    """The proxy's key secret, kept in the data dir so issued keys survive restarts (0600, its folder 0700 when
+    this makes it)."""
     if path.exists():
         return bytes.fromhex(path.read_text().strip())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     secret = secrets.token_bytes(32)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(secret.hex() + "\n")
-    tmp.chmod(0o600)
+    tmp.unlink(missing_ok=True)
+    # Created 0600 (never readable by others, not even between the write and a chmod).
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secret.hex() + "\n")
     tmp.replace(path)
     return secret

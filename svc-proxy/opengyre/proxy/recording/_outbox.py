@@ -16,6 +16,17 @@ execution's sealed finish (``execution-finished`` with the count) its row is pru
 ``sealed_in_log`` — the proxy's projection of those finishes — answers for it, consulted only for an execution
 the table does not know (its first call, or a pruned one), so the table holds only executions in progress.
 
+Only the proxy writes the outbox, and what it drains is checked (a row written by anyone else is never published):
+the file, its WAL and lock are 0600 and a folder it makes 0700 (an existing file or folder of this user's is
+narrowed to that at open); each row carries an integrity tag, HMAC-SHA256 over the row's id, event id, type,
+version, execution and body under a key derived from the proxy's secret (``proxy.secret``, or the gateway's
+secret when it has one). A row the drainer reads back (one this process did not put, e.g. after a restart) is
+handed to the log only if its tag verifies and its execution is one this outbox recorded a call of and, if it is
+sealed, the row was put before the seal (``sealed_at``: the first row id after it). Any other row is moved to
+``outbox_quarantine`` with the reason (never deleted), logged and counted (``quarantined``; ``/metrics``). Rows
+of a file written before tags existed (no ``tag`` column) are adopted once, with a warning: that build trusted
+them too.
+
 The statements run on the event loop's thread (microseconds: the WAL is appended to, not synced); only the fsync
 and the WAL checkpoints go to a worker thread. A hop to a thread per statement cost milliseconds a call on a
 loaded machine (each hop waits for the scheduler). The drainer sees a row only once its fsync completed.
@@ -24,33 +35,52 @@ loaded machine (each hop waits for the scheduler). The drainer sees a row only o
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import logging
 import os
+import secrets
 import sqlite3
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
 from opengyre.events import EventRegistry, ModelCallRecorded, default_registry
 
-__all__ = ["ExecutionSealed", "Outbox", "OutboxError", "RecordFailed"]
+from .._keys import derive_key, load_or_create_secret
+
+__all__ = ["QUARANTINE_REASONS", "ExecutionSealed", "Outbox", "OutboxError", "RecordFailed", "outbox_key", "row_tag"]
 
 log = logging.getLogger(__name__)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,"
-    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, execution_id TEXT)",
-    # Calls put per execution (rows leave, the count stays) and its seal (1: no call is put after).
+    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, execution_id TEXT, tag BLOB)",
+    # Calls put per execution (rows leave, the count stays), its seal (1: no call is put after) and the first row
+    # id after the seal (a row from there on was not put by this proxy).
     "CREATE TABLE IF NOT EXISTS outbox_executions (execution_id TEXT PRIMARY KEY, calls INTEGER NOT NULL,"
-    " sealed INTEGER NOT NULL)",
+    " sealed INTEGER NOT NULL, sealed_at INTEGER)",
     "CREATE TABLE IF NOT EXISTS outbox_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    # Rows that no longer decode (an event type this build does not know): kept for an operator, never dropped.
-    "CREATE TABLE IF NOT EXISTS outbox_undecodable (id INTEGER PRIMARY KEY, event_id TEXT NOT NULL,"
-    " type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL, reason TEXT NOT NULL)",
+    # Rows never handed to the log: undecodable, or not the proxy's (their tag or execution fails the check).
+    # Kept as they were, with the reason, for an operator; never dropped.
+    "CREATE TABLE IF NOT EXISTS outbox_quarantine (qid INTEGER PRIMARY KEY, id INTEGER NOT NULL,"
+    " event_id TEXT NOT NULL, type_name TEXT NOT NULL, version INTEGER NOT NULL, body BLOB NOT NULL,"
+    " execution_id TEXT, tag BLOB, reason TEXT NOT NULL, detail TEXT NOT NULL)",
 )
+# Columns later builds added, for a file an older build made.
+_ADDED_COLUMNS = (
+    ("outbox", "execution_id", "TEXT"),
+    ("outbox", "tag", "BLOB"),
+    ("outbox_executions", "sealed_at", "INTEGER"),
+)
+_TAG_PURPOSE = "outbox-row-tag/v1"
+# Why a row is quarantined instead of published.
+QUARANTINE_REASONS = ("no-tag", "bad-tag", "unknown-execution", "sealed-execution", "after-seal", "undecodable")
 
 _CHECKPOINT_BYTES = 8 << 20  # copy the WAL into the database (off the loop) once it is this large
 
@@ -71,6 +101,22 @@ class ExecutionSealed(RecordFailed):
         self.execution_id = execution_id
 
 
+def outbox_key(secret: bytes) -> bytes:
+    """The outbox's tag key, derived from the proxy's secret (never the secret itself)."""
+    return derive_key(secret, _TAG_PURPOSE)
+
+
+def row_tag(
+    key: bytes, row: int, event_id: str, type_name: str, version: int, execution_id: str | None, body: bytes
+) -> bytes:
+    """HMAC-SHA256 of a row: every field length-prefixed, so no two rows share the bytes that are signed."""
+    mac = hmac.new(key, struct.pack(">qq", row, version), hashlib.sha256)
+    for part in (event_id.encode(), type_name.encode(), (execution_id or "").encode(), body):
+        mac.update(struct.pack(">I", len(part)))
+        mac.update(part)
+    return mac.digest()
+
+
 class Outbox:
     def __init__(
         self,
@@ -80,12 +126,15 @@ class Outbox:
         cache_bytes: int = 64 << 20,
         fsync: bool = True,
         sealed_in_log: Callable[[str], int | None] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         """``fsync=False``: commits are written to the OS but not fsync'd (SQLite ``synchronous=NORMAL``); an
         event then survives the process being killed, but not the machine losing power or crashing.
         ``sealed_in_log(execution)``: the count of recorded calls of the execution's sealed finish in the log, None
-        without one (what lets ``prune`` forget a seal)."""
+        without one (what lets ``prune`` forget a seal). ``secret``: the proxy's secret the rows' tag key derives
+        from; None: the ``proxy.secret`` beside the file (made if missing), in memory a random one."""
         self.path = path
+        self._secret = secret
         self.sealed_in_log = sealed_in_log
         self.fsync = fsync and path is not None
         self.registry = registry or default_registry()
@@ -94,7 +143,9 @@ class Outbox:
         self.pending_bytes = 0
         self.left_by_previous = 0  # rows found at open: a previous process put them and did not remove them
         self.confirmed_seq: int | None = None
-        self.undecodable = 0
+        self.quarantined: collections.Counter[str] = collections.Counter()  # rows set aside, by reason
+        self.adopted = 0  # rows of an older build's file (no tags yet) tagged at open
+        self._key = b""
         self._db: sqlite3.Connection | None = None
         self._wal: int | None = None  # a descriptor of the WAL file, to fsync it
         self._lock: IO[bytes] | None = None
@@ -113,8 +164,9 @@ class Outbox:
         self._rows = asyncio.Event()  # set while rows wait to be drained
         self._empty = asyncio.Event()
         self._empty.set()
-        # Rows not yet removed, by execution (what ``wait_flushed`` waits on), and who waits.
-        self._row_execution: dict[int, str] = {}
+        # Rows not yet removed that this process counts (put, or found at open), by execution (None: a row of an
+        # older build without one); what ``wait_flushed`` waits on, and who waits.
+        self._row_execution: dict[int, str | None] = {}
         self._execution_rows: dict[str, int] = {}
         self._flushed: dict[str, asyncio.Event] = {}
 
@@ -140,15 +192,24 @@ class Outbox:
 
     def _take_lock(self) -> None:
         if self.path is None:
+            self._key = outbox_key(self._secret or secrets.token_bytes(32))
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(str(self.path) + ".lock", "wb")  # noqa: SIM115 - held until close()
+        _private_dir(self.path.parent)
+        # The lock file is private too (a reader of it could hold the flock and keep the proxy from starting).
+        lock = os.fdopen(os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o600), "wb")
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             lock.close()
             raise OutboxError(f"another process is using the outbox {self.path}") from exc
         self._lock = lock
+        secret = self._secret if self._secret is not None else load_or_create_secret(self.path.parent / "proxy.secret")
+        self._key = outbox_key(secret)
+        # SQLite makes the WAL and shm files with the database file's mode: 0600 from the start (an older build's
+        # files, made with the umask's mode, are narrowed).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        for f in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), Path(str(self.path) + ".lock")):
+            _private_file(f)
 
     def _open_db(self) -> None:
         db = sqlite3.connect(":memory:" if self.path is None else str(self.path), isolation_level=None)
@@ -161,17 +222,27 @@ class Outbox:
             db.execute("PRAGMA wal_autocheckpoint=0")
         for stmt in _SCHEMA:
             db.execute(stmt)
-        if "execution_id" not in [r[1] for r in db.execute("PRAGMA table_info(outbox)")]:  # an older file
-            db.execute("ALTER TABLE outbox ADD COLUMN execution_id TEXT")
+        untagged = False
+        for table, column, kind in _ADDED_COLUMNS:  # a file an older build made
+            if column not in [r[1] for r in db.execute(f"PRAGMA table_info({table})")]:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                untagged |= column == "tag"
         if self.path is not None:
             self._wal = os.open(f"{self.path}-wal", os.O_RDONLY)  # the schema statements created it
+            _private_file(Path(f"{self.path}-wal"))
+            _private_file(Path(f"{self.path}-shm"))
+        if untagged:
+            self._adopt()
         n, size, last = db.execute(
             "SELECT count(*), coalesce(sum(length(body)), 0), coalesce(max(id), 0) FROM outbox"
         ).fetchone()
+        (after_seal,) = db.execute("SELECT coalesce(max(sealed_at), 0) FROM outbox_executions").fetchone()
         row = db.execute("SELECT value FROM outbox_meta WHERE key = 'confirmed_seq'").fetchone()
         self.pending = self.left_by_previous = self._committed = int(n)
         self.pending_bytes = int(size)
-        self._next_id = self._visible_below = int(last) + 1
+        self._visible_below = int(last) + 1
+        # Never below a seal's mark: a row put now is after every seal made so far.
+        self._next_id = max(int(last) + 1, int(after_seal))
         self.confirmed_seq = int(row[0]) if row else None
         for row_id, execution_id, type_name, version, body in db.execute(
             "SELECT id, execution_id, type_name, version, CASE WHEN execution_id IS NULL THEN body END FROM outbox"
@@ -179,8 +250,20 @@ class Outbox:
             if execution_id is None:  # put by an older build: the event knows
                 with contextlib.suppress(Exception):
                     execution_id = getattr(self.registry.decode(type_name, version, body), "execution_id", None)
-            if execution_id is not None:
-                self._track(int(row_id), str(execution_id))
+            self._track(int(row_id), str(execution_id) if execution_id is not None else None)
+
+    def _adopt(self) -> None:
+        """Tag the rows of a file an older build wrote (it had no tags, and trusted its rows): once, logged."""
+        db = self._conn()
+        rows = db.execute("SELECT id, event_id, type_name, version, execution_id, body FROM outbox").fetchall()
+        self._transaction(("UPDATE outbox SET tag = ? WHERE id = ?", (row_tag(self._key, *r), r[0])) for r in rows)
+        self.adopted = len(rows)
+        if rows:
+            log.warning(
+                "the outbox %s was written by a build without row tags: its %d rows are adopted (tagged now)",
+                self.path,
+                len(rows),
+            )
 
     async def close(self) -> None:
         if self._syncer is not None:
@@ -202,6 +285,10 @@ class Outbox:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -236,15 +323,17 @@ class Outbox:
         body = self.registry.encode(event)
         row = self._next_id
         eid = event.execution_id
-        insert = "INSERT INTO outbox (id, event_id, type_name, version, body, execution_id) VALUES (?, ?, ?, ?, ?, ?)"
+        insert = (
+            "INSERT INTO outbox (id, event_id, type_name, version, body, execution_id, tag)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
         count = (
             "INSERT INTO outbox_executions (execution_id, calls, sealed) VALUES (?, 1, 0)"
             " ON CONFLICT (execution_id) DO UPDATE SET calls = calls + 1"
         )
+        fields = (row, event.event_id, event.type_name(), event.version, eid, body)
         try:
-            self._transaction(
-                [(insert, (row, event.event_id, event.type_name(), event.version, body, eid)), (count, (eid,))]
-            )
+            self._transaction([(insert, (*fields[:4], body, eid, row_tag(self._key, *fields))), (count, (eid,))])
         except Exception as exc:
             self.failed += 1
             raise OutboxError(f"writing a model-call event to the outbox failed: {exc}") from exc
@@ -313,13 +402,10 @@ class Outbox:
         """Delete the rows of a group whose fsync failed (their calls are answered with an error); False if they
         are in the table and stay there."""
         uncount = "UPDATE outbox_executions SET calls = calls - 1 WHERE execution_id = ?"
-        taken = [r for r in range(first, last + 1) if r in self._row_execution]
+        taken = [e for r in range(first, last + 1) if (e := self._row_execution.get(r)) is not None]
         try:
             self._transaction(
-                [
-                    ("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last)),
-                    *((uncount, (self._row_execution[r],)) for r in taken),
-                ]
+                [("DELETE FROM outbox WHERE id >= ? AND id <= ?", (first, last)), *((uncount, (e,)) for e in taken)]
             )
         except Exception:
             try:
@@ -345,7 +431,9 @@ class Outbox:
         await self._empty.wait()
 
     async def head(self, n: int) -> list[tuple[int, ModelCallRecorded]]:
-        """The first ``n`` rows in the order they were put (an undecodable row is set aside, never returned)."""
+        """The first ``n`` rows in the order they were put. A row this process did not put is checked first
+        (``_tag_refusal``, ``_execution_refusal``); one that fails, or does not decode, is quarantined, never
+        returned."""
         db = self._conn()
         q = "SELECT id FROM outbox WHERE id < ? ORDER BY id LIMIT ?"
         ids = [int(r[0]) for r in db.execute(q, (self._visible_below, n))]
@@ -356,46 +444,111 @@ class Outbox:
         missing = [i for i in ids if i not in self._cache]
         decoded: dict[int, ModelCallRecorded] = {}
         if missing:
-            bad: list[tuple[int, str]] = []
-            q = f"SELECT id, type_name, version, body FROM outbox WHERE id IN ({','.join('?' * len(missing))})"
-            for row_id, type_name, version, body in db.execute(q, missing):
-                try:
-                    e = self.registry.decode(type_name, version, body)
-                    if not isinstance(e, ModelCallRecorded):
-                        raise TypeError(f"a {type_name} event is not a model call")
-                    decoded[row_id] = e
-                except Exception as exc:
-                    bad.append((row_id, f"{type(exc).__name__}: {exc}"))
+            bad: list[tuple[int, str, str]] = []
+            q = (
+                "SELECT id, event_id, type_name, version, execution_id, body, tag FROM outbox"
+                f" WHERE id IN ({','.join('?' * len(missing))})"
+            )
+            for row_id, event_id, type_name, version, execution_id, body, tag in db.execute(q, missing):
+                got = self._checked(row_id, event_id, type_name, version, execution_id, body, tag)
+                if isinstance(got, tuple):
+                    bad.append((row_id, *got))
+                else:
+                    decoded[row_id] = got
             if bad:
-                self._set_aside(bad)
+                self._quarantine(bad)
         out: list[tuple[int, ModelCallRecorded]] = []
         for i in ids:
             cached = self._cache.get(i)
-            got = cached[0] if cached is not None else decoded.get(i)
-            if got is not None:
-                out.append((i, got))
+            event = cached[0] if cached is not None else decoded.get(i)
+            if event is not None:
+                out.append((i, event))
         return out
 
-    def _set_aside(self, bad: list[tuple[int, str]]) -> None:
-        ids = [i for i, _ in bad]
-        size = self._size(ids)
+    def _checked(
+        self,
+        row_id: int,
+        event_id: str,
+        type_name: str,
+        version: int,
+        execution_id: str | None,
+        body: bytes,
+        tag: bytes | None,
+    ) -> ModelCallRecorded | tuple[str, str]:
+        """The row's event if it may go to the log, else why not (a reason code and what it means)."""
+        refused = self._tag_refusal(row_id, event_id, type_name, version, execution_id, body, tag)
+        if refused is not None:
+            return refused
+        try:
+            e = self.registry.decode(type_name, version, body)
+            if not isinstance(e, ModelCallRecorded):
+                raise TypeError(f"a {type_name} event is not a model call")
+            if e.event_id != event_id or execution_id not in (None, e.execution_id):
+                raise ValueError("the row's event id or execution is not its event's")
+        except Exception as exc:
+            return "undecodable", f"{type(exc).__name__}: {exc}"
+        return self._execution_refusal(row_id, e.execution_id) or e
+
+    def _tag_refusal(
+        self,
+        row_id: int,
+        event_id: str,
+        type_name: str,
+        version: int,
+        execution_id: str | None,
+        body: bytes,
+        tag: bytes | None,
+    ) -> tuple[str, str] | None:
+        """Why a row read back is not the proxy's (a reason code and what it means), or None."""
+        if tag is None:
+            return "no-tag", "the row carries no integrity tag: the proxy did not write it"
+        want = row_tag(self._key, row_id, event_id, type_name, version, execution_id, body)
+        if not hmac.compare_digest(bytes(tag), want):
+            return "bad-tag", "the row's integrity tag does not verify: the proxy did not write it as it is"
+        return None
+
+    def _execution_refusal(self, row_id: int, execution_id: str) -> tuple[str, str] | None:
+        """Why a row of ``execution_id`` must not reach the log: its execution is not one this outbox recorded a
+        call of, or the row follows the execution's seal. None: it may go."""
+        known = self._execution_row(execution_id)
+        if known is None:
+            if self.sealed_in_log is not None and self.sealed_in_log(execution_id) is not None:
+                return "sealed-execution", f"execution {execution_id} is sealed and its finish is in the log"
+            return "unknown-execution", f"the outbox never recorded a call of execution {execution_id}"
+        _, sealed, sealed_at = known
+        if sealed and sealed_at is not None and row_id >= sealed_at:
+            return "after-seal", f"the row follows the seal of execution {execution_id} (no call is put after it)"
+        return None
+
+    def _quarantine(self, bad: list[tuple[int, str, str]]) -> None:
+        """Move rows aside (``outbox_quarantine``, with why), in one transaction; log and count them."""
+        ids = [i for i, _, _ in bad]
+        counted = [i for i in ids if i in self._row_execution]
+        size = self._size(counted)
         self._transaction(
             [
                 stmt
-                for row_id, reason in bad
+                for row_id, reason, detail in bad
                 for stmt in (
                     (
-                        "INSERT OR REPLACE INTO outbox_undecodable (id, event_id, type_name, version, body, reason)"
-                        " SELECT id, event_id, type_name, version, body, ? FROM outbox WHERE id = ?",
-                        (reason, row_id),
+                        "INSERT INTO outbox_quarantine"
+                        " (id, event_id, type_name, version, body, execution_id, tag, reason, detail)"
+                        " SELECT id, event_id, type_name, version, body, execution_id, tag, ?, ? FROM outbox"
+                        " WHERE id = ?",
+                        (reason, detail, row_id),
                     ),
                     ("DELETE FROM outbox WHERE id = ?", (row_id,)),
                 )
             ]
         )
-        self.undecodable += len(bad)
-        self._forget(ids, size)
-        log.error("%d outbox rows do not decode; kept in outbox_undecodable: %s", len(bad), bad[:3])
+        self.quarantined.update(reason for _, reason, _ in bad)
+        self._forget(counted, size)
+        for row_id, reason, detail in bad:
+            log.error("outbox row %d quarantined, not published (%s): %s", row_id, reason, detail)
+
+    def quarantine_rows(self) -> int:
+        """Rows in ``outbox_quarantine`` (every run of this file)."""
+        return int(self._conn().execute("SELECT count(*) FROM outbox_quarantine").fetchone()[0])
 
     def _size(self, ids: Sequence[int]) -> int:
         size = 0
@@ -422,7 +575,8 @@ class Outbox:
         in the log after the older, durable ``confirmed_seq`` (and the next put's fsync covers it anyway).
         """
         seq = max(confirmed_seq, self.confirmed_seq or 0)
-        size = self._size(ids)
+        counted = [i for i in ids if i in self._row_execution]
+        size = self._size(counted)
         statements: list[tuple[str, Sequence[object]]] = []
         for k in range(0, len(ids), 500):
             part = list(ids[k : k + 500])
@@ -436,7 +590,7 @@ class Outbox:
         )
         self._transaction(statements)
         self.confirmed_seq = seq
-        self._forget(ids, size)
+        self._forget(counted, size)
         if sync and self.fsync and self._wal is not None:
             await asyncio.get_running_loop().run_in_executor(self._thread, os.fsync, self._wal)
 
@@ -446,6 +600,7 @@ class Outbox:
         await self.remove([], seq, sync=True)
 
     def _forget(self, ids: Sequence[int], size: int) -> None:
+        """Rows this process counted (``ids``, ``size`` bytes of them) have left the table."""
         self._untrack(ids)
         for i in ids:
             cached = self._cache.pop(i, None)
@@ -461,14 +616,15 @@ class Outbox:
 
     # --- per execution ------------------------------------------------------------------------------------
 
-    def _track(self, row: int, execution_id: str) -> None:
+    def _track(self, row: int, execution_id: str | None) -> None:
         self._row_execution[row] = execution_id
-        self._execution_rows[execution_id] = self._execution_rows.get(execution_id, 0) + 1
+        if execution_id is not None:
+            self._execution_rows[execution_id] = self._execution_rows.get(execution_id, 0) + 1
 
     def _untrack(self, ids: Iterable[int]) -> None:
         for i in ids:
             eid = self._row_execution.pop(i, None)
-            if eid is None:
+            if eid is None:  # not counted here, or a row without an execution
                 continue
             left = self._execution_rows[eid] - 1
             if left:
@@ -479,13 +635,18 @@ class Outbox:
             if flushed is not None:
                 flushed.set()
 
-    def _row(self, execution_id: str) -> tuple[int, bool] | None:
+    def _execution_row(self, execution_id: str) -> tuple[int, bool, int | None] | None:
+        """``(calls, sealed, sealed_at)`` of the execution's row, None without one."""
         row = (
             self._conn()
-            .execute("SELECT calls, sealed FROM outbox_executions WHERE execution_id = ?", (execution_id,))
+            .execute("SELECT calls, sealed, sealed_at FROM outbox_executions WHERE execution_id = ?", (execution_id,))
             .fetchone()
         )
-        return (int(row[0]), bool(row[1])) if row is not None else None
+        return (int(row[0]), bool(row[1]), None if row[2] is None else int(row[2])) if row is not None else None
+
+    def _row(self, execution_id: str) -> tuple[int, bool] | None:
+        row = self._execution_row(execution_id)
+        return row[:2] if row is not None else None
 
     def _execution(self, execution_id: str) -> tuple[int, bool] | None:
         """``(calls, sealed)`` of the execution's row; for one without a row, its sealed finish in the log (a
@@ -539,9 +700,11 @@ class Outbox:
             self._transaction(
                 [
                     (
-                        "INSERT INTO outbox_executions (execution_id, calls, sealed) VALUES (?, 0, 1)"
-                        " ON CONFLICT (execution_id) DO UPDATE SET sealed = 1",
-                        (execution_id,),
+                        # sealed_at: the first row id after the seal (put() refuses the execution from now on).
+                        "INSERT INTO outbox_executions (execution_id, calls, sealed, sealed_at) VALUES (?, 0, 1, ?)"
+                        " ON CONFLICT (execution_id) DO UPDATE SET sealed = 1,"
+                        " sealed_at = coalesce(sealed_at, excluded.sealed_at)",
+                        (execution_id, self._next_id),
                     )
                 ]
             )
@@ -551,10 +714,30 @@ class Outbox:
             raise OutboxError(f"sealing execution {execution_id} failed: {exc}") from exc
 
     async def wait_flushed(self, execution_id: str) -> None:
-        """Until none of the execution's rows is left (each is in the log, or set aside as undecodable)."""
+        """Until none of the execution's rows is left (each is in the log, or quarantined)."""
         if not self._execution_rows.get(execution_id):
             return
         await self._flushed.setdefault(execution_id, asyncio.Event()).wait()
+
+
+def _private_dir(d: Path) -> None:
+    """The outbox's folder 0700: made so, or narrowed to it when this user owns it (others could otherwise list,
+    replace or delete its files); one of another user's that others may write is logged."""
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = d.stat()
+    if st.st_mode & 0o077 == 0:
+        return
+    if st.st_uid == os.geteuid():
+        d.chmod(0o700)
+    elif st.st_mode & 0o022:
+        log.warning("the outbox's folder %s belongs to another user and others may write it", d)
+
+
+def _private_file(f: Path) -> None:
+    """A file of the outbox 0600 (one an older build made with the umask's mode is narrowed)."""
+    with contextlib.suppress(FileNotFoundError):
+        if f.stat().st_mode & 0o077:
+            f.chmod(0o600)
 
 
 def _checkpoint(path: str) -> None:

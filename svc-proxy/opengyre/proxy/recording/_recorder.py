@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nats.js.api import Header
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from opengyre.eventlog import EventLog, LogUnavailable
@@ -41,7 +41,7 @@ from opengyre.events import InvalidEvent, ModelCallRecorded
 from opengyre.trajectory import split_payload
 
 from .._metrics import counter, gauge
-from ._outbox import ExecutionSealed, Outbox, RecordFailed
+from ._outbox import QUARANTINE_REASONS, ExecutionSealed, Outbox, RecordFailed
 
 if TYPE_CHECKING:
     from ._store import SealedFinishes
@@ -77,9 +77,11 @@ class Recorder:
         max_backoff_s: float = 2.0,
         publish_timeout_s: float = 10.0,
         sealed: SealedFinishes | None = None,
+        secret: bytes | None = None,
     ) -> None:
         """``sealed``: the executions whose sealed finish the log holds (the proxy's store), what lets the outbox
-        forget their seals (``prune_sealed``)."""
+        forget their seals (``prune_sealed``) and refuse rows of them. ``secret``: the proxy's, which the
+        outbox's row tags are derived from (None: ``Outbox``'s default)."""
         self.log = event_log
         self.sealed = sealed
         self.batch = batch
@@ -89,7 +91,10 @@ class Recorder:
         self.max_backoff_s = max_backoff_s
         self.publish_timeout_s = publish_timeout_s  # a batch whose acknowledgements do not come is sent again
         self.outbox = Outbox(
-            outbox_path, fsync=outbox_fsync, sealed_in_log=sealed.count if sealed is not None else None
+            outbox_path,
+            fsync=outbox_fsync,
+            sealed_in_log=sealed.count if sealed is not None else None,
+            secret=secret,
         )
         self.recorded = 0  # events the log acknowledged
         self.invalid = 0  # calls whose event no store could keep (answered with an error)
@@ -130,6 +135,21 @@ class Recorder:
             "Attempts to hand the outbox to the log that failed (each is retried).",
             self.send_failures,
         )
+        quarantined = CounterMetricFamily(
+            "opengyre_proxy_outbox_quarantined",
+            "Outbox rows set aside instead of published (not the proxy's: no or a bad integrity tag, an execution it"
+            " never recorded or sealed; or undecodable), by reason, since this process started.",
+            labels=["reason"],
+        )
+        for reason in QUARANTINE_REASONS:
+            quarantined.add_metric([reason], self.outbox.quarantined[reason])
+        yield quarantined
+        if self.outbox.is_open:
+            yield gauge(
+                "opengyre_proxy_outbox_quarantine_rows",
+                "Rows in the outbox file's quarantine (every run of it): kept for an operator, never published.",
+                self.outbox.quarantine_rows(),
+            )
         yield counter(
             "opengyre_proxy_payload_bytes_total",
             "Encoded token payload bytes stored (tokens, logprobs, context).",
