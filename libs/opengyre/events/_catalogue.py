@@ -228,8 +228,13 @@ class PayloadRef(msgspec.Struct, frozen=True, kw_only=True):
     output: int  # len(output_ids) == len(output_logprobs)
 
 
-class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-recorded"):
+class ModelCallRecorded(Event, frozen=True, kw_only=True, tag="model-call-recorded", omit_defaults=True):
     """One model call, token-in/token-out, as a node of the execution's trajectory tree.
+
+    Its body leaves out every field that has its default (the empty token lists of a call by reference, a root's
+    parent and prefix, ``drift``, ``context``, ``attempts`` of 1, ...): the decoder fills them back in, so a body
+    written with every field (every log before) and one without them decode to the same event, in either build.
+    It is the one event written per model call, so what it costs per call is what short calls pay per token.
 
     The call's prompt is ``tokens(parent)[:prefix_len] + prompt_delta_ids`` where ``tokens(parent)`` is the
     parent node's prompt followed by its output. Events carry only this delta, never the whole prefix again.

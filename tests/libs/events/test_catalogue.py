@@ -107,3 +107,18 @@ def test_a_model_call_by_reference_carries_its_lengths() -> None:
     e = ModelCallRecorded(execution_id="e1", call_id="c1", payload=ref)
     back = reg.decode("model-call-recorded", 2, reg.encode(e))
     assert back == e and (back.n_prompt_delta, back.n_output) == (7, 3) and back.output_ids == []
+
+
+def test_a_model_call_leaves_out_its_defaults_and_a_body_with_every_field_decodes_the_same() -> None:
+    """What logs written before hold (every field, defaults included) and what is written now decode alike."""
+    reg = default_registry()
+    ref = PayloadRef(digest="ab" * 32, size=40, prompt_delta=7, output=3)
+    e = ModelCallRecorded(execution_id="e1", call_id="c1", model="m", payload=ref)
+    body = reg.encode(e)
+    written = msgspec.json.decode(body)
+    assert {"prompt_delta_ids", "parent_call_id", "drift", "context", "attempts", "tool_calls"}.isdisjoint(written)
+    assert {"type", "event_id", "occurred_at", "execution_id", "call_id", "model", "payload"} <= set(written)
+    every_field = {"type": e.type_name(), **{f: msgspec.to_builtins(getattr(e, f)) for f in e.__struct_fields__}}
+    old = msgspec.json.encode(every_field)
+    assert len(body) < len(old)
+    assert reg.decode("model-call-recorded", 2, old) == reg.decode("model-call-recorded", 2, body) == e
