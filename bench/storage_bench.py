@@ -3,6 +3,7 @@ retention compacted them.
 
     .venv/bin/python bench/storage_bench.py                       # 8 executions x 10 turns (~10 min, 2 cores)
     .venv/bin/python bench/storage_bench.py --executions 4 --turns 4  # a quick look
+    .venv/bin/python bench/storage_bench.py --executions 4 --turns 16 --max-tokens 6 --tool-bytes 0-0  # short calls
 
 Recording goes through the real gateway (the ``openai`` SDK as the harness, the built-in CPU engine, an
 embedded nats-server with file storage): growing multi-turn executions whose every turn adds the model's reply
@@ -16,7 +17,12 @@ in the same process and for exactly the same calls:
   the recorder wrote them (same headers, same JSON; contexts over 64 KiB to the object store), folded into two
   other SQLite files by the same projections (which still store inline calls as they did: int32 ids, float64
   logprobs in the proxy's store, float32 in the trainer's);
-* **compacted**: a step consumes every execution and retention (horizon 0) deletes their payloads.
+* **compacted**: a step consumes every execution and retention (horizon 0) deletes their payloads;
+* **every field**: the log the gateway wrote, again, each body as the encoder wrote it before model-call events
+  left out their defaults (same headers), for the per-call split: each part of a model call's bytes in the log and
+  the payload stream (JetStream's per-message record, subject, headers, event body; payload envelope and body),
+  read message by message, fixed (per call) or growing with the tokens (the payload body). One event as stored is
+  printed to stderr.
 
 Log and payload bytes are JetStream's own accounting of each stream (``state.bytes``: subjects, headers, bodies
 and per-message overhead); the stream's ``.blk`` files on disk are printed beside. SQLite bytes are each file's
@@ -70,37 +76,49 @@ def _tool_texts(rng: random.Random) -> list[str]:
     return [p.read_text(errors="replace") for p in sources if p.stat().st_size > 2000]
 
 
-def _tool_output(rng: random.Random, texts: list[str]) -> str:
+class Shape(msgspec.Struct, frozen=True):
+    """What each call adds: at most ``max_tokens`` generated, a tool result of ``tool_bytes`` (lo, hi) bytes (the
+    shipped tokenizer is byte-level: a byte is a token); ``(0, 0)``: a short user turn instead (an SDK call)."""
+
+    max_tokens: int = 48
+    tool_bytes: tuple[int, int] = (200, 1500)
+
+
+def _tool_output(rng: random.Random, texts: list[str], shape: Shape) -> str:
+    lo, hi = shape.tool_bytes
+    if hi == 0:
+        return "ok"
     text = rng.choice(texts)
-    n = rng.randint(200, 1500)
+    n = rng.randint(lo, hi)
     start = rng.randrange(0, max(1, len(text) - n))
-    return text[start : start + n]
+    return "tool output:\n" + text[start : start + n]
 
 
-async def _execution(gw: Gateway, eid: str, turns: int, rng: random.Random, texts: list[str]) -> None:
+async def _execution(gw: Gateway, eid: str, turns: int, rng: random.Random, texts: list[str], shape: Shape) -> None:
     client = openai.AsyncOpenAI(base_url=gw.base_url(eid), api_key=gw.issue_key(eid), max_retries=0)
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent. Use the tools; answer briefly."},
         {"role": "user", "content": f"Task {eid}: find why the tests fail and fix it."},
     ]
+    n = shape.max_tokens
     for turn in range(turns):
-        r = await client.chat.completions.create(model=M, messages=msgs, max_tokens=48, temperature=1.0)  # type: ignore[arg-type]
+        r = await client.chat.completions.create(model=M, messages=msgs, max_tokens=n, temperature=1.0)  # type: ignore[arg-type]
         if turn == turns // 2:  # a retried call: a sibling of the last one
-            await client.chat.completions.create(model=M, messages=msgs, max_tokens=48, temperature=1.0)  # type: ignore[arg-type]
+            await client.chat.completions.create(model=M, messages=msgs, max_tokens=n, temperature=1.0)  # type: ignore[arg-type]
         msgs += [
             {"role": "assistant", "content": r.choices[0].message.content or ""},
-            {"role": "user", "content": "tool output:\n" + _tool_output(rng, texts)},
+            {"role": "user", "content": _tool_output(rng, texts, shape)},
         ]
     sub = openai.AsyncOpenAI(base_url=gw.base_url(eid), api_key=gw.issue_key(eid, "sub-agent"), max_retries=0)
     await sub.chat.completions.create(
         model=M,
-        messages=[{"role": "user", "content": "Summarise:\n" + _tool_output(rng, texts)}],
-        max_tokens=48,
+        messages=[{"role": "user", "content": "Summarise:\n" + _tool_output(rng, texts, shape)}],
+        max_tokens=n,
         temperature=1.0,
     )
 
 
-async def record(url: str, cfg: LogConfig, executions: int, turns: int, seed: int) -> None:
+async def record(url: str, cfg: LogConfig, executions: int, turns: int, seed: int, shape: Shape) -> None:
     rng = random.Random(seed)
     texts = _tool_texts(rng)
     log = await EventLog.connect(url, cfg)
@@ -116,7 +134,10 @@ async def record(url: str, cfg: LogConfig, executions: int, turns: int, seed: in
             try:
                 for group in range(0, executions, 4):  # four harnesses at a time
                     await asyncio.gather(
-                        *(_execution(gw, e, turns, random.Random(f"{seed}:{e}"), texts) for e in ids[group : group + 4])
+                        *(
+                            _execution(gw, e, turns, random.Random(f"{seed}:{e}"), texts, shape)
+                            for e in ids[group : group + 4]
+                        )
                     )
             finally:
                 await gw.stop()  # waits until every call is in the log
@@ -125,11 +146,89 @@ async def record(url: str, cfg: LogConfig, executions: int, turns: int, seed: in
         await log.close()
 
 
+def _every_field(e: Event) -> dict[str, Any]:
+    """The event as the encoder wrote it before defaults were omitted: the tag, then every field in order."""
+    return {"type": e.type_name(), **{f: msgspec.to_builtins(getattr(e, f)) for f in e.__struct_fields__}}
+
+
 def _body_as_before(e: Event) -> bytes:
     """The JSON the former recorder wrote: the same fields in the same order, without the v2 ``payload``."""
-    raw = msgspec.to_builtins(e)
+    raw = _every_field(e)
     raw.pop("payload", None)
     return msgspec.json.encode(raw)
+
+
+async def rewrite_every_field(url: str, after: LogConfig, dst_cfg: LogConfig) -> None:
+    """The log the gateway wrote, again, with each body as the encoder wrote it before this change (every field,
+    defaults included) and the same headers: the envelope's baseline, in the same process."""
+    src = await EventLog.connect(url, after)
+    dst = await EventLog.connect(url, dst_cfg)
+    try:
+        async for stored in src.read():
+            raw = await src.js.get_msg(after.stream, stored.seq)
+            e = src.decode(stored)
+            await dst.js.publish(dst.subject_for(e), msgspec.json.encode(_every_field(e)), headers=raw.headers)
+    finally:
+        await src.close()
+        await dst.close()
+
+
+def _header_bytes(headers: dict[str, str] | None) -> int:
+    """A NATS header block as the server stores it: the ``NATS/1.0`` line, a ``Key: value`` line each, a blank
+    line (each line ends in CR LF)."""
+    return 12 + sum(len(k) + len(v) + 4 for k, v in headers.items()) if headers else 0
+
+
+def _payload_header_len(data: bytes) -> int:
+    """The payload's own envelope (magic, version, flags and the four length varints) before its body."""
+    pos, varints = 5, 0
+    while varints < 4:
+        varints += data[pos] < 0x80
+        pos += 1
+    return pos
+
+
+async def split_per_call(url: str, cfg: LogConfig, *, payloads: bool = True) -> dict[str, float]:
+    """Bytes per model call, by part: each stream's JetStream record overhead (its ``state.bytes`` less subjects,
+    headers and bodies, per message), subjects, headers, the event body, the payload's envelope, and the payload
+    body (ids, logprobs, context: what grows with the tokens). Read from the streams, message by message."""
+    log = await EventLog.connect(url, cfg, create=False)
+    try:
+        parts: dict[str, float] = {}
+        streams = [(cfg.stream, "log"), (cfg.payloads, "payload")] if payloads else [(cfg.stream, "log")]
+        for stream, label in streams:
+            info = await log.js.stream_info(stream)
+            first, last = int(info.state.first_seq), int(info.state.last_seq)
+            stored = subj = hdr = body = env = calls = 0
+            for seq in range(first, last + 1):
+                m = await log.js.get_msg(stream, seq)
+                data = m.data or b""
+                size = (len(m.subject or ""), _header_bytes(m.headers), len(data))
+                stored += sum(size)
+                if label == "log" and (m.headers or {}).get(TYPE_HEADER) != ModelCallRecorded.type_name():
+                    continue  # per execution, not per call
+                calls += 1
+                if label == "log" and calls == 1:
+                    print(f"{cfg.stream}: a model-call event as stored: {data.decode()}", file=sys.stderr)
+                subj, hdr = subj + size[0], hdr + size[1]
+                if label == "payload":
+                    env += _payload_header_len(data)
+                    body += len(data) - _payload_header_len(data)
+                else:
+                    body += len(data)
+            n_msgs = last - first + 1
+            overhead = (int(info.state.bytes) - stored) / n_msgs if n_msgs else 0.0
+            parts[f"{label}: JetStream record"] = overhead * calls
+            parts[f"{label}: subject"] = subj
+            parts[f"{label}: headers"] = hdr
+            if label == "payload":
+                parts["payload: envelope (magic, lengths)"] = env
+                parts["payload: body (ids, logprobs, context)"] = body
+            else:
+                parts["log: event body"] = body
+        return parts
+    finally:
+        await log.close()
 
 
 async def rewrite_inline(url: str, after: LogConfig, before: LogConfig) -> None:
@@ -275,7 +374,13 @@ async def main() -> None:
     ap.add_argument("--executions", type=int, default=8)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=48, help="generated tokens per call at most")
+    ap.add_argument(
+        "--tool-bytes", default="200-1500", help="LO-HI bytes of tool output per turn; 0-0: a short user turn"
+    )
     args = ap.parse_args()
+    lo, hi = (int(x) for x in args.tool_bytes.split("-"))
+    shape = Shape(args.max_tokens, (lo, hi))
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         nats = EmbeddedNats(t / "nats")
@@ -284,9 +389,14 @@ async def main() -> None:
             after = LogConfig(stream="AFTER", prefix="after.ev", blob_bucket="AFTER_BLOBS")
             before = LogConfig(stream="BEFORE", prefix="before.ev", blob_bucket="BEFORE_BLOBS")
             t0 = time.perf_counter()
-            await record(url, after, args.executions, args.turns, args.seed)
+            await record(url, after, args.executions, args.turns, args.seed, shape)
             print(f"recorded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             await rewrite_inline(url, after, before)
+            every_field = LogConfig(stream="EVERYFIELD", prefix="every.ev", blob_bucket="EVERY_BLOBS")
+            await rewrite_every_field(url, after, every_field)
+            split_new = await split_per_call(url, after)
+            split_old = await split_per_call(url, every_field, payloads=False)
+            split_old.update({k: v for k, v in split_new.items() if k.startswith("payload")})  # the same stream
             dbs: dict[str, dict[str, tuple[Path, list[str]]]] = {}
             engines: dict[str, Engine] = {}
             proxy_tables = [t_.name for t_ in TrajectoryProjection().tables]
@@ -364,6 +474,28 @@ async def main() -> None:
     print(
         "stream block files on disk (bytes): "
         + ", ".join(f"{k} {sum(v[1] for n, v in sizes[k].items() if 'stream' in n or 'store (' in n):,}" for k in sizes)
+    )
+    print(
+        "\nPer model call, by part (bytes; 'every field' = the same log with each body as the encoder wrote it "
+        "before defaults were omitted, same headers):\n"
+    )
+    print("| part | every field B/call | this encoding B/call | grows with tokens |\n| --- | --- | --- | --- |")
+    fixed = {"old": 0.0, "new": 0.0}
+    for part in split_new:
+        per_token = part.startswith("payload: body")
+        o, w = split_old[part] / n_calls, split_new[part] / n_calls
+        if not per_token:
+            fixed["old"] += o
+            fixed["new"] += w
+        print(f"| {part} | {o:.1f} | {w:.1f} | {'yes' if per_token else 'no'} |")
+    body = split_new["payload: body (ids, logprobs, context)"]
+    print(f"| **fixed per call** | **{fixed['old']:.1f}** | **{fixed['new']:.1f}** | |")
+    old_total = fixed["old"] * n_calls + body
+    new_total = fixed["new"] * n_calls + body
+    print(
+        f"\nlog + payloads, model calls only: every field {old_total / tokens:.2f} B/token, this encoding "
+        f"{new_total / tokens:.2f} B/token (ratio {new_total / old_total:.3f}); per token of the payload body "
+        f"{body / tokens:.2f} B; {tokens / n_calls:.0f} tokens per call"
     )
     print("\n| encoding | bytes per token, these calls | a 151k vocabulary (Zipf ids) |\n| --- | --- | --- |")
     print("\n".join(codecs))
