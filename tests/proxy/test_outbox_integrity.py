@@ -18,13 +18,17 @@ import httpx
 import openai
 import pytest
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog, LogConfig
-from opengyre.events import ModelCallRecorded, default_registry
+from opengyre.events import ExecutionFinished, ModelCallRecorded, default_registry
+from opengyre.projection import replay_into
+from opengyre.proxy import TrajectoryProjection
 from opengyre.proxy._keys import load_or_create_secret
 from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.recording._outbox import Outbox, outbox_key, row_tag
 from opengyre.proxy.recording._recorder import Recorder
+from opengyre.proxy.recording._store import SealedFinishes
 
 from .._polling import await_until
 from .test_recorder import Nats, assert_exactly_once_in_order
@@ -176,6 +180,32 @@ async def test_a_row_with_a_valid_tag_put_after_its_executions_seal_is_quarantin
     assert logged == [c.event_id for c in calls]
     assert _quarantine(path) == [(late.event_id, "after-seal")]
     assert dict(rec.outbox.quarantined) == {"after-seal": 1}
+
+
+async def test_a_row_with_a_valid_tag_for_an_execution_whose_seal_is_in_the_log_is_quarantined(
+    event_log: EventLog, tmp_path: Path, engine: Engine
+) -> None:
+    """The execution's sealed finish is in the log (folded into the proxy's store), its seal pruned from the
+    outbox: a row of it found in the file is not one the proxy put."""
+    await event_log.append(ExecutionFinished(execution_id="done", status="completed", score=1.0, recorded_calls=2))
+    await replay_into(TrajectoryProjection(), event_log, engine)
+    path = tmp_path / "outbox.sqlite3"
+    outbox = await Outbox(path).open()
+    real = _call("running", 0)
+    await _put(outbox, real)
+    await outbox.close()
+    late = _call("done", 2)
+    _insert(path, 2, late, _valid_tag(path, 2, late))
+
+    rec = Recorder(event_log, outbox_path=path, sealed=SealedFinishes(engine))
+    await rec.start()
+    try:
+        await rec.flush()
+    finally:
+        await rec.stop()
+    logged = [e.event_id async for _, e in event_log.events(ModelCallRecorded)]
+    assert logged == [real.event_id]
+    assert _quarantine(path) == [(late.event_id, "sealed-execution")]
 
 
 _OLD_SCHEMA = (
