@@ -138,12 +138,20 @@ def test_infra_failure_is_not_graded(tmp_path: Path) -> None:
 def test_the_finish_carries_the_harness_sandbox_and_refuses_one_that_names_none(tmp_path: Path) -> None:
     task = make_task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     ws = workspace(tmp_path, {})
-    killed = score_execution("ex", HarborVerifier(), task, ws, exit_code=137, sandbox="none")  # not graded, still said
-    assert (killed.status, killed.sandbox) == ("infra-failed", "none")
+    killed = score_execution("ex", HarborVerifier(), task, ws, exit_code=137, failure="oom", sandbox="none")
+    assert (killed.status, killed.sandbox) == ("infra-failed", "none")  # not graded, still said
     assert score_execution("ex", HarborVerifier(), task, ws).sandbox == ""  # not known: an abandoned one
     for bad in ("Namespace", "no isolation", "x" * 40):
         with pytest.raises(ValueError, match="sandbox must name an isolation"):
             score_execution("ex", HarborVerifier(), task, ws, sandbox=bad)
+
+
+def test_exit_137_of_a_harness_whose_runtime_names_its_sandbox_is_graded_not_guessed_an_oom(tmp_path: Path) -> None:
+    # The runtime that names its sandbox saw how the harness ended and reports an OOM kill itself; a 137 without
+    # it is the policy's own ``kill -9`` of its harness (or its exit code): graded, never masked.
+    task = make_task(tmp_path, "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
+    fin = score_execution("ex", HarborVerifier(), task, workspace(tmp_path, {}), exit_code=137, sandbox="namespace")
+    assert (fin.status, fin.score, fin.failure_class) == ("completed", 0.0, None), fin
 
 
 def test_a_crashed_harness_with_binary_output_still_ends_as_an_event_every_store_keeps(tmp_path: Path) -> None:
@@ -192,16 +200,18 @@ def test_printing_memoryerror_is_not_infrastructure(tmp_path: Path) -> None:
     assert (fin2.status, fin2.score, fin2.failure_class) == ("completed", 0.0, None)
 
 
-def test_a_grader_crash_is_still_excluded_and_an_outside_kill_masked(tmp_path: Path) -> None:
-    crash = make_task(tmp_path, "#!/bin/bash\nkill -SEGV $$\n")
-    fin = score_execution("ex", HarborVerifier(), crash, workspace(tmp_path, {}))
+def test_a_grader_without_a_reward_is_excluded_and_one_killed_from_inside_scores_zero(tmp_path: Path) -> None:
+    silent = make_task(tmp_path, "#!/bin/bash\nexit 3\n")
+    fin = score_execution("ex", HarborVerifier(), silent, workspace(tmp_path, {}))
     assert (fin.status, fin.score, fin.failure_class) == ("evaluator-failed", None, "evaluator")
     assert classify_outcome(ExecutionOutcome("ex", "g", fin.status, fin.score, fin.failure_class))[0] == "excluded"
-    # SIGKILL that the sandbox did not send (the system's OOM killer): infrastructure, masked.
-    killed = make_task(tmp_path / "k", "#!/bin/bash\nkill -9 $$\n")
-    fin2 = score_execution("ex", HarborVerifier(), killed, workspace(tmp_path / "k", {}))
-    assert (fin2.status, fin2.score, fin2.failure_class) == ("infra-failed", None, "oom")
-    assert classify_outcome(ExecutionOutcome("ex", "g", fin2.status, fin2.score, fin2.failure_class))[0] == "masked"
+    # A grader ended by a signal the sandbox did not send, with no OOM kill on the machine: the code under test
+    # runs as the grader's user and may have sent it (after writing its own reward): the agent's failure, 0.
+    for sig in ("SEGV", "KILL"):
+        killed = make_task(tmp_path / sig, f"#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nkill -{sig} $$\n")
+        fin2 = score_execution("ex", HarborVerifier(), killed, workspace(tmp_path / sig, {}))
+        assert (fin2.status, fin2.score, fin2.failure_class) == ("completed", 0.0, "agent-killed"), sig
+        assert classify_outcome(ExecutionOutcome("ex", "g", fin2.status, fin2.score, fin2.failure_class))[0] == "ok"
 
 
 def test_read_reward_errors(tmp_path: Path) -> None:

@@ -65,17 +65,22 @@ def _seal_retryable(exc: BaseException) -> bool:
 def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None) -> str:
     """The failure class the runtime observed in how the harness ended ("" for none: graded as it stands).
 
-    The harness is the runtime's program, not the policy's output: killed by a signal (a segfault, an abort; a
-    SIGKILL stays the trainer's ``oom``), or exiting non-zero without a summary having made no model call at
-    all, it ran nothing of the policy's, so the execution is the sandbox's failure (infrastructure, masked), not
-    a trainable zero. A harness that called the model and then exited non-zero is graded on what it left."""
+    The harness is the runtime's program, not the policy's output; but once the policy made a model call its
+    commands run as the harness's user in the harness's sandbox, and may signal the harness themselves (a
+    ``kill -9 $PPID``, a SIGABRT): an ending the policy could have caused must not turn a failing attempt into a
+    masked one. So:
+
+    - a SIGKILL while the kernel counted an OOM kill (or cannot say) is the OOM killer's: ``oom``, masked;
+    - a harness that ended by any other signal, or exited non-zero without a summary, having made no model call
+      at all ran nothing of the policy's: the sandbox's failure (infrastructure, masked);
+    - after a model call, every ending (a signal included) is graded on the workspace it left."""
     if outcome.finish_reason in _FAILURES:
         return _FAILURES[outcome.finish_reason]
-    if outcome.timed_out or outcome.signal == signal.SIGKILL:
+    if outcome.signal == signal.SIGKILL and outcome.oom_kills != 0:
+        return "oom"
+    if outcome.timed_out or recorded_calls != 0:  # None: not known, so not masked
         return ""
-    if outcome.signal is not None:
-        return "sandbox"
-    if outcome.summary is None and outcome.exit_code != 0 and recorded_calls == 0:
+    if outcome.signal is not None or (outcome.summary is None and outcome.exit_code != 0):
         return "sandbox"
     return ""
 

@@ -130,11 +130,13 @@ class TaskHardened(Event, frozen=True, kw_only=True, tag="task-hardened"):
 
 ExecutionStatus = Literal["completed", "timed-out", "evaluator-failed", "infra-failed"]
 # Infrastructure failures are masked, never trained as negatives; "evaluator" means no valid score.
-# "agent-timeout" / "agent-oom": the agent's own code hung or exhausted the sandbox's memory while graded: the
-# agent's failure, scored 0 and trained (not infrastructure).
+# "agent-timeout" / "agent-oom" / "agent-disk": the agent's own code hung, exhausted the sandbox's memory or filled
+# its disk quota while graded; "agent-killed": it killed its grader (a signal the sandbox did not send, and no OOM
+# kill on the machine): the agent's failure, scored 0 and trained (not infrastructure, not a reward it wrote).
 FailureClass = Literal[
-    "oom", "timeout", "sandbox", "network", "engine", "evaluator", "other", "agent-timeout", "agent-oom"
-]
+    "oom", "timeout", "sandbox", "network", "engine", "evaluator", "other", "agent-timeout", "agent-oom",
+    "agent-disk", "agent-killed",
+]  # fmt: skip
 TrajectoryRole = Literal["main", "main-summary", "sub-agent", "sub-agent-summary"]
 CellRole = Literal["idle", "rollout", "draining", "switching", "training-core", "training-satellite"]
 

@@ -21,10 +21,12 @@ whose processes together exceed the sandbox's memory, scores the workspace 0 (``
 escapes a negative. Tasks are validated with their reference solution through the same verifier, so the
 grader itself is known to finish on a good workspace. The grader's own failures stay failures without a score:
 no reward file, one that is not a regular file of bounded size, or a crash (``evaluator``, excluded); a
-workspace over the copy's bounds, or a grading that fills the grader's disk quota (``evaluator``, excluded:
-nothing was graded, and there is no agent class for disk yet); the sandbox not starting (``sandbox``), the
-grader killed by a SIGKILL the sandbox did not send (``oom``: the system's OOM killer), both masked as
-infrastructure.
+workspace over the copy's bounds (``evaluator``, excluded: nothing was graded); the sandbox not starting
+(``sandbox``), the grader killed by a SIGKILL the sandbox did not send while the kernel counted an OOM kill
+(``oom``: the system's OOM killer), both masked as infrastructure. A grading that fills the grader's disk quota
+is the code under test's doing (``agent-disk``, 0), as is a grader killed by any other signal the sandbox did not
+send, or by a SIGKILL with no OOM kill on the machine (``agent-killed``, 0): the code under test runs as the
+grader's user and can kill it, after writing a reward file of its own, which is then not read.
 """
 
 from __future__ import annotations
@@ -196,7 +198,10 @@ class HarborVerifier(Evaluator):
                 if sb.isolation in _HOST_VIEW:
                     raise SandboxError(
                         f"the {sb.isolation!r} sandbox shows the grader the host's paths, not /app, /tests and "
-                        "/logs: grading needs the namespace backend (or another that mounts them)"
+                        "/logs, and would run the code under test as the service's user, next to the data dir's "
+                        "secrets and answer keys: grading needs the namespace backend (allow unprivileged user "
+                        "namespaces) or the docker one (OPENGYRE_SANDBOX=docker for the services that grade); see "
+                        "docs/sandbox.md"
                     )
                 result = sb.run(["bash", "/tests/test.sh"], cwd="/app", env=env)
         except SandboxError as exc:
@@ -211,11 +216,10 @@ class HarborVerifier(Evaluator):
             why = f"agent-oom: grading exceeded {limits.group_memory_mb} MB: the solution exhausted memory"
             return Evaluation(0.0, "agent-oom", result.exit_code, f"{why}; {_tail(result.output)}")
         if result.disk_exceeded:
-            why = f"grading exceeded the disk quota of {limits.disk_mb} MB: nothing was graded"
-            return Evaluation(None, "evaluator", result.exit_code, f"{why}; {_tail(result.output)}")
-        if result.signal == 9:  # a SIGKILL the sandbox did not send: the system's OOM killer
-            why = "oom: the grader was killed by SIGKILL from outside the sandbox"
-            return Evaluation(None, "oom", result.exit_code, f"{why}; {_tail(result.output)}")
+            why = f"agent-disk: grading exceeded the disk quota of {limits.disk_mb} MB: the solution filled it"
+            return Evaluation(0.0, "agent-disk", result.exit_code, f"{why}; {_tail(result.output)}")
+        if result.signal is not None:
+            return _killed(result.signal, result.oom_kills, result.exit_code, result.output)
         try:
             metrics = read_reward(logs / "verifier")
         except ValueError as exc:  # RewardFileError, a JSON or number that does not parse
@@ -227,6 +231,17 @@ class HarborVerifier(Evaluator):
         if reward is None or not math.isfinite(reward):
             return Evaluation(None, "evaluator", result.exit_code, f"no finite 'reward' in {sorted(metrics)}")
         return Evaluation(reward, None, result.exit_code, skipped.removeprefix("; "), metrics)
+
+
+def _killed(sig: int, oom_kills: int | None, exit_code: int, output: str) -> Evaluation:
+    """The grader ended by a signal the sandbox did not send. The code under test runs as the grader's user in its
+    sandbox, so it can kill its grader (after writing a reward of its own): unless the kernel counted an OOM kill
+    while it ran (or cannot say), that is the agent's doing, scored 0, and the reward file is not read."""
+    if sig == 9 and oom_kills != 0:
+        why = "oom: the grader was killed by SIGKILL from outside the sandbox (the kernel counted an OOM kill)"
+        return Evaluation(None, "oom", exit_code, f"{why}; {_tail(output)}")
+    why = f"agent-killed: the grader was killed by signal {sig}, not by the sandbox nor the OOM killer"
+    return Evaluation(0.0, "agent-killed", exit_code, f"{why}; {_tail(output)}")
 
 
 def _tail(text: str, n: int = 2000) -> str:

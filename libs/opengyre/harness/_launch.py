@@ -57,6 +57,7 @@ class HarnessOutcome:
     duration_s: float
     signal: int | None = None  # the signal that ended the harness when no limit of the sandbox did
     isolation: str = ""  # the sandbox's backend that ran it (``SandboxResult.isolation``)
+    oom_kills: int | None = None  # OOM kills the kernel counted while it ran (``SandboxResult.oom_kills``)
 
 
 def _anthropic_base(base_url: str) -> str:
@@ -159,4 +160,5 @@ def run_harness(
         result.duration_s,
         result.signal,
         result.isolation,
+        result.oom_kills,
     )

@@ -104,6 +104,18 @@ def limit_prefix(limits: SandboxLimits, *, nproc: bool) -> list[str]:
     return ["/bin/sh", "-c", script + '; exec "$@"', "sandbox"]
 
 
+def oom_kill_count() -> int | None:
+    """The kernel's count of OOM kills since boot, on the whole machine (memory cgroups' included), or None."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -460,6 +472,7 @@ class BaseSandbox:
         cgroup: PidsCgroup | None,
     ) -> SandboxResult:
         wrapped = self._wrap([exe, *args], lim, workdir, cgroup, run_env)
+        ooms = oom_kill_count()
         start = time.monotonic()
         try:
             try:
@@ -487,10 +500,18 @@ class BaseSandbox:
         finally:
             if wrapped.status_read is not None:
                 os.close(wrapped.status_read)
+        after = oom_kill_count()
+        oom_kills = after - ooms if after is not None and ooms is not None else None
         timed_out, mem, disk = reason == "timeout", reason == "memory", reason == "disk"
         if status is not None and not reason:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             code = 128 + sig if sig is not None else os.waitstatus_to_exitcode(status)
+        elif wrapped.status_read is not None and not reason and proc.returncode in (137, -9):
+            # The launcher reports before it ends, and only a SIGKILL ends it early (its init then exits 137):
+            # killed, by the command's own processes (which share its user) or from outside, so whatever the
+            # command left is no command's verdict. Said as a SIGKILL, never as a plain exit code 137.
+            sig, code = signal.SIGKILL.value, 137
+            err += b"\nsandbox: the launcher was killed before it reported the command's status\n"
         else:
             sig = -proc.returncode if proc.returncode < 0 and not reason else None
             code = _exit_code(proc.returncode)
@@ -508,6 +529,7 @@ class BaseSandbox:
             signal=sig,
             disk_exceeded=disk,
             isolation=self.isolation,
+            oom_kills=oom_kills,
         )
 
     def _network_isolated(self, limits: SandboxLimits) -> bool:

@@ -19,7 +19,9 @@ __all__ = ["check_namespace", "check_none", "process_limit_mechanism"]
 _PROBE = (
     "import os; print(os.getuid()); print(len([p for p in os.listdir('/proc') if p.isdigit()])); "
     "print(','.join(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])); "
-    "print(int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16))"
+    "print(int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)); "
+    "print(open('/proc/self/uid_map').read().split()[1]); "
+    "print('writable' if os.access('/proc/sys/kernel/core_pattern', os.W_OK) else 'read-only')"
 )
 
 
@@ -69,16 +71,17 @@ def check_namespace() -> tuple[bool, list[str]]:
         server.close()
     if not probe.ok:
         return False, [f"a probe command failed: {probe.stderr.strip()[-300:]}"]
-    uid, nprocs, interfaces, caps = probe.stdout.split()
+    uid, nprocs, interfaces, caps, host_uid, knobs = probe.stdout.split()
     lines = [
         "namespaces: user, mount, pid, ipc, uts, network, cgroup (bubblewrap)",
-        f"uid inside: {uid}; capabilities: {caps}; processes visible: {nprocs}",
+        f"uid inside: {uid} (the host's uid {host_uid}); capabilities: {caps}; processes visible: {nprocs}",
+        f"kernel knobs (/proc/sys): {knobs}; /proc/kcore, keys, kallsyms, ... hidden",
         f"process limit: {process_limit_mechanism(True)}",
         "disk quota: RLIMIT_FSIZE per file + a watcher of the writable mounts' allocated blocks; /tmp a sized tmpfs",
         f"network: interfaces {interfaces} (loopback only); egress bridge: "
         + ("works" if bridge.ok and bridge.stdout.strip() == "PING" else f"FAILED ({bridge.stderr.strip()[-200:]})"),
     ]
-    good = uid != "0" and interfaces == "lo" and bridge.ok and caps == "0"
+    good = uid != "0" and interfaces == "lo" and bridge.ok and caps == "0" and knobs == "read-only"
     return good, lines
 
 
@@ -90,7 +93,7 @@ def check_none() -> tuple[bool, list[str]]:
         return False, [f"unavailable: {exc}"]
     if not probe.ok:
         return False, [f"a probe command failed: {probe.stderr.strip()[-300:]}"]
-    uid, nprocs, interfaces, _ = probe.stdout.split()
+    uid, nprocs, interfaces, *_ = probe.stdout.split()
     net = "a private network namespace (unshare -rn)" if network_isolation_available() else "the host's"
     return True, [
         "namespaces: none (the host's files and processes are visible; for trusted use or explicit opt-out)",

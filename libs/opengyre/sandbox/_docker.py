@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -34,7 +35,7 @@ from ._base import SYSTEM_PATH, BaseSandbox, Mount, SandboxError, Wrapped
 from ._cgroup import PidsCgroup
 from ._egress import EgressRelay
 from ._limits import SandboxLimits, SandboxResult
-from ._namespace import _PERL_SHIM
+from ._namespace import perl_shim
 
 __all__ = ["BASE_IMAGE", "IMAGE_ENV", "DockerSandbox", "check_docker", "docker_executable", "docker_unavailable"]
 
@@ -198,7 +199,7 @@ class DockerSandbox(BaseSandbox):
         if self.egress:
             sockets = self._base / "egress"
             sockets.mkdir(mode=0o755)
-            self._relay = EgressRelay()
+            self._relay = EgressRelay(self.limits.max_egress_connections)
             for host, port in self.egress:
                 path = sockets / f"{port}.sock"
                 self._relay.serve(path, (host, port))
@@ -311,7 +312,10 @@ class DockerSandbox(BaseSandbox):
             # The forwarder spawns an absolute path: env finds the program on PATH and execs it in its place.
             argv += ["python3", "-I", "-S", _LAUNCHER, "3", *specs, "--", "/usr/bin/env", "--"]
         else:
-            argv += ["/usr/bin/perl", "-e", _PERL_SHIM, "3"]
+            shim = perl_shim()
+            if shim is None:
+                raise SandboxError(f"docker sandbox unavailable: no status shim for {platform.machine()}")
+            argv += ["/usr/bin/perl", "-e", shim, "3"]
         argv += command
         fd = os.open(status, os.O_RDONLY)
         return Wrapped(argv, self.root, status_read=fd)

@@ -70,12 +70,22 @@ class _Loop:
 
 
 class EgressRelay:
-    """The Unix sockets of one sandbox, each relayed to its endpoint; ``close()`` ends them and their streams."""
+    """The Unix sockets of one sandbox, each relayed to its endpoint; ``close()`` ends them and their streams.
 
-    def __init__(self) -> None:
+    At most ``max_connections`` of the sandbox's connections are relayed at a time (None: no bound); one past it
+    is closed at once, before anything is opened towards the endpoint. Each relayed connection holds two
+    descriptors of this process (which serves every sandbox of it) and one of the endpoint's: without a bound a
+    sandbox connecting in a loop to its socket would exhaust them, and every other execution's egress, the
+    service's own files and the proxy's connections with them."""
+
+    def __init__(self, max_connections: int | None = None) -> None:
+        if max_connections is not None and max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
         self._loop = _Loop.get()
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._max = max_connections
+        self.refused = 0  # connections closed at the bound
 
     def serve(self, path: Path, endpoint: Endpoint) -> None:
         fut: Future[asyncio.AbstractServer] = asyncio.run_coroutine_threadsafe(self._start(path, endpoint), self._loop)
@@ -85,6 +95,10 @@ class EgressRelay:
         async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
+            if self._max is not None and len(self._tasks) >= self._max:
+                self.refused += 1
+                w.close()  # seen inside as a connection closed by the peer, as a refused one
+                return
             self._tasks.add(task)  # type: ignore[arg-type]
             try:
                 await self._relay(r, w, endpoint)

@@ -56,9 +56,30 @@ def _serve(listener: socket.socket, path: str) -> None:
         threading.Thread(target=_connection, args=(conn, path), daemon=True).start()
 
 
+# Ignored here, as the Perl shim ignores them, and restored for the command.
+_IGNORED = tuple(getattr(signal, f"SIG{n}") for n in ("HUP", "INT", "QUIT", "TERM", "USR1", "USR2", "ALRM"))
+
+
+def _guard() -> None:
+    """The command runs as this launcher's user in its pid namespace: non-dumpable (no /proc/<pid>/fd, mem or
+    ptrace for it: the status descriptor and the forwarding stay out of its reach) and deaf to the signals that
+    can be ignored, so only a SIGKILL ends the launcher (the sandbox then says the status is missing)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main(argv: list[str]) -> int:
     status_fd = int(argv[0])
     os.set_inheritable(status_fd, False)  # the command's processes must not hold it
+    try:
+        _guard()
+    except OSError as exc:
+        print(f"sandbox: {exc}", file=sys.stderr)
+        return 125
     split = argv.index("--")
     specs, command = argv[1:split], argv[split + 1 :]
     for spec in specs:
@@ -78,7 +99,12 @@ def main(argv: list[str]) -> int:
         # Its own process group: a command's ``kill 0`` must not end the forwarder. Python's ignored SIGPIPE and
         # SIGXFSZ go back to their defaults for the command, as subprocess's restore_signals does.
         child = os.posix_spawn(
-            command[0], command, os.environ, setpgroup=0, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=()
+            command[0],
+            command,
+            os.environ,
+            setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *_IGNORED),
+            setsigmask=(),
         )
     except OSError as exc:
         print(f"sandbox: cannot start {command[0]!r}: {exc}", file=sys.stderr)

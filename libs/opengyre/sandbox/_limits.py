@@ -32,6 +32,9 @@ class SandboxLimits:
     # quota every process is killed and the result says so (``disk_exceeded``). None: no quota.
     disk_mb: int | None = 4096
     disk_poll_s: float = 0.25
+    # Connections to the sandbox's egress endpoints relayed at a time (the sandbox's, taken from the limits it was
+    # made with): one past it is closed at once. None: no bound.
+    max_egress_connections: int | None = 64
 
     def validate(self) -> None:
         if self.timeout_s <= 0:
@@ -46,6 +49,8 @@ class SandboxLimits:
             raise ValueError("max_processes must be >= 1")
         if self.disk_mb is not None and (self.disk_mb < 1 or not self.disk_poll_s > 0):
             raise ValueError("disk_mb must be >= 1 and disk_poll_s > 0")
+        if self.max_egress_connections is not None and self.max_egress_connections < 1:
+            raise ValueError("max_egress_connections must be >= 1")
         if self.max_output_bytes < 0:
             raise ValueError("max_output_bytes must be >= 0")
 
@@ -68,6 +73,10 @@ class SandboxResult:
     # Which isolation ran the command: the backend's name ("namespace", "none", ...), or "nested" for a command
     # run inside another of our namespace sandboxes (the outer one's isolation holds; limits and reaper apply).
     isolation: str = ""
+    # OOM kills the kernel counted on the whole machine while the command ran (``oom_kill`` in /proc/vmstat; None
+    # where it cannot be read): 0 says a ``signal`` 9 was not the OOM killer's, so something else sent it, such as
+    # the command's own processes, which may kill each other (same user, same sandbox).
+    oom_kills: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -49,13 +50,28 @@ _INSIDE = str(Path(__file__).with_name("_inside.py"))
 _EGRESS_DIR = "/run/opengyre-egress"
 # The status shim for a command without egress: Perl starts in ~2 ms where Python takes ~8; it reports the
 # command's raw wait status on FD (the namespace's init folds a signal into 128 + n) and ends as it ended.
-_PERL_SHIM = (
-    "my $fd = shift @ARGV; my $p = fork(); if (!defined $p) { print STDERR qq(sandbox: fork: $!\\n); exit 125 } "
-    "if ($p == 0) { if (open(my $x, '>&=', $fd)) { close($x) } setpgrp(0, 0); "
+# The command runs as the shim's user in its pid namespace, so the shim guards its report: non-dumpable
+# (prctl(PR_SET_DUMPABLE, 0): no /proc/<pid>/fd, mem or ptrace for the command, which could otherwise write a
+# forged status, "9" for an OOM kill, into FD), deaf to the signals that can be ignored (restored for the
+# command); only a SIGKILL ends it, and a status missing where one was due says so (``_base``).
+_SHIM_SIGNALS = ("HUP", "INT", "QUIT", "TERM", "USR1", "USR2", "ALRM")
+_PERL_SHIM_TEMPLATE = (
+    "my $fd = shift @ARGV; syscall(%(prctl)d, 4, 0) == 0 or do { print STDERR qq(sandbox: prctl: $!\\n); exit 125 }; "
+    "my @sigs = qw(%(signals)s); $SIG{$_} = 'IGNORE' for @sigs; "
+    "my $p = fork(); if (!defined $p) { print STDERR qq(sandbox: fork: $!\\n); exit 125 } "
+    "if ($p == 0) { $SIG{$_} = 'DEFAULT' for @sigs; if (open(my $x, '>&=', $fd)) { close($x) } setpgrp(0, 0); "
     "exec { $ARGV[0] } @ARGV or do { print STDERR qq(sandbox: cannot start $ARGV[0]: $!\\n); exit 127 } } "
     "waitpid($p, 0); my $s = $?; if (open(my $f, '>&=', $fd)) { print $f qq($s\\n); close($f) } "
     "exit($s & 127 ? 128 + ($s & 127) : $s >> 8)"
 )
+# prctl's system call number, which Perl's ``syscall`` needs; elsewhere the Python launcher (ctypes) runs instead.
+_PRCTL_NR = {"x86_64": 157, "amd64": 157, "aarch64": 167, "arm64": 167, "riscv64": 167, "ppc64le": 171}
+
+
+def perl_shim() -> str | None:
+    """The Perl status shim for this machine's architecture, or None where prctl's number is not known here."""
+    nr = _PRCTL_NR.get(platform.machine().lower())
+    return None if nr is None else _PERL_SHIM_TEMPLATE % {"prctl": nr, "signals": " ".join(_SHIM_SIGNALS)}
 
 
 def bwrap_executable() -> str:
@@ -123,6 +139,44 @@ def _etc_dir() -> str:
     return str(etc)
 
 
+# The sandbox's user is mapped onto the caller's, which may be the host's root: then the kernel's checks of owner
+# and mode pass for every root-owned file its fresh /proc shows, and /proc/sys is the kernel's configuration (a
+# ``kernel.core_pattern`` or ``kernel.modprobe`` of the command's would run its program as the host's root,
+# outside every namespace). bwrap itself covers only /proc/irq and /proc/bus. So, as Docker does: the kernel's
+# knobs read-only, and what tells of the host's memory, keys and devices hidden behind /dev/null.
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/irq", "/proc/bus")
+_PROC_HIDDEN = (
+    "/proc/kcore", "/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
+    "/proc/kallsyms", "/proc/kmsg", "/proc/config.gz",
+)  # fmt: skip
+_PROC_EMPTIED = ("/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/driver")
+
+
+@lru_cache(maxsize=1)
+def _proc_covers() -> tuple[str, ...]:
+    """bwrap's arguments that cover the fresh /proc (after ``--proc``): binds of the host's own, read-only, where
+    the host has them (a kernel without one has nothing to cover)."""
+    args: list[str] = []
+    for path in _PROC_READ_ONLY:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    for path in _PROC_HIDDEN:
+        if os.path.isfile(path):
+            args += ["--ro-bind", "/dev/null", path]
+    for path in _PROC_EMPTIED:
+        if os.path.isdir(path):
+            args += ["--ro-bind", _empty_dir(), path]
+    return tuple(args)
+
+
+@lru_cache(maxsize=1)
+def _empty_dir() -> str:
+    empty = Path(tempfile.mkdtemp(prefix="og-sandbox-empty-"))
+    atexit.register(shutil.rmtree, empty, True)
+    empty.chmod(0o555)
+    return str(empty)
+
+
 @lru_cache(maxsize=1)
 def namespace_probe() -> tuple[bool, str]:
     """Whether bwrap can make the sandbox's namespaces here (once per process), and bwrap's own word if not."""
@@ -180,7 +234,7 @@ class NamespaceSandbox(BaseSandbox):
         if self.egress:
             sockets = self._base / "egress"
             sockets.mkdir()
-            self._relay = EgressRelay()
+            self._relay = EgressRelay(self.limits.max_egress_connections)
             for host, port in self.egress:
                 self._relay.serve(sockets / f"{port}.sock", (host, port))
 
@@ -236,7 +290,7 @@ class NamespaceSandbox(BaseSandbox):
         args += ["--cap-drop", "ALL", "--uid", str(UID), "--gid", str(UID), "--hostname", "sandbox"]
         args += _system_args()
         args += ["--ro-bind", _etc_dir(), "/etc"]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
         tmp_size = [] if limits.disk_mb is None else ["--size", str(min(limits.disk_mb, 1024) * 1024 * 1024)]
         args += [*tmp_size, "--tmpfs", "/tmp", *tmp_size, "--tmpfs", "/dev/shm"]
         # After the private /tmp: a checkout (its venv, its source roots) under the host's /tmp stays visible.
@@ -258,8 +312,9 @@ class NamespaceSandbox(BaseSandbox):
                 raise SandboxError(f"namespace sandbox unavailable: its launcher {_INSIDE} is not visible inside")
             specs = [f"{h}:{p}={_EGRESS_DIR}/{p}.sock" for h, p in self.egress]
             return [sys.executable, "-I", "-S", _INSIDE, str(status_fd), *specs, "--"]
-        if os.access("/usr/bin/perl", os.X_OK):
-            return ["/usr/bin/perl", "-e", _PERL_SHIM, str(status_fd)]
+        shim = perl_shim()
+        if shim is not None and os.access("/usr/bin/perl", os.X_OK):
+            return ["/usr/bin/perl", "-e", shim, str(status_fd)]
         return [sys.executable, "-I", "-S", _INSIDE, str(status_fd), "--"]
 
     def _wrap(

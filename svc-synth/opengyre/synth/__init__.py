@@ -3,6 +3,7 @@
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
 from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
+from ._grade import GRADER_SOURCE, TEST_SH
 from ._harbor import HarborTask, export_task, import_task
 from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
 from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
@@ -17,7 +18,9 @@ from ._tasks import TasksProjection, task_lineage
 __all__ = [
     "DIMENSIONS",
     "GATES",
+    "GRADER_SOURCE",
     "SUBSTRATE_BINS",
+    "TEST_SH",
     "Blueprint",
     "Boundary",
     "BuiltTask",

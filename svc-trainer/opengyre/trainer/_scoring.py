@@ -44,9 +44,12 @@ def score_execution(
     carried by the event, see ``ExecutionFinished``)."""
     if recorded_calls is not None and recorded_calls < 0:
         raise ValueError(f"recorded_calls must be >= 0, got {recorded_calls}")
-    fin = _grade(execution_id, evaluator, task_dir, workspace, timed_out, exit_code, output, failure)
     if sandbox and not SANDBOX_NAME.fullmatch(sandbox):
         raise ValueError(f"sandbox must name an isolation (namespace, none, nested, docker, ...), got {sandbox!r}")
+    # A runtime that names its sandbox observed how the harness ended and reports an OOM kill itself (``oom``):
+    # an exit code 137 is then not guessed to be one (the policy's commands can SIGKILL their own harness).
+    guess = None if sandbox else exit_code
+    fin = _grade(execution_id, evaluator, task_dir, workspace, timed_out, exit_code, guess, output, failure)
     return msgspec.structs.replace(fin, recorded_calls=recorded_calls, sandbox=sandbox)
 
 
@@ -57,6 +60,7 @@ def _grade(
     workspace: Path,
     timed_out: bool,
     exit_code: int | None,
+    classified_exit: int | None,
     output: str,
     failure: FailureClass | None,
 ) -> ExecutionFinished:
@@ -65,7 +69,7 @@ def _grade(
     # The agent's output is bytes it chose (/dev/urandom): a NUL would make the event one no store keeps.
     output = output.replace("\x00", "\ufffd")
     timed_out = timed_out or exit_code == 124
-    cls = failure or (None if timed_out else classify_failure(exit_code))
+    cls = failure or (None if timed_out else classify_failure(classified_exit))
     if cls in INFRA_CLASSES:
         return ExecutionFinished(
             execution_id=execution_id,

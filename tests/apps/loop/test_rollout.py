@@ -26,11 +26,16 @@ def ended(tmp_path: Path, script: str) -> object:
             0,
             "sandbox",
         ),
-        ("kill -ABRT $$", 5, "sandbox"),  # a signal, whatever the policy did before
+        ("kill -ABRT $$", 0, "sandbox"),  # a signal before any model call: nothing of the policy's ran
+        # After a model call the policy's commands share the harness's user and sandbox: they could have sent it.
+        ("kill -ABRT $$", 5, ""),
         ("exit 1", 0, "sandbox"),  # it never reached the model: nothing of the policy's ran
         ("exit 3", 2, ""),  # it called the model, then failed: graded on what it left (tests/e2e's crash)
         ("exit 0", 0, ""),
-        ("kill -9 $$", 0, ""),  # a SIGKILL from outside: the trainer classes it (oom) from exit 137
+        # A SIGKILL with no OOM kill on the machine: from outside before any call (infrastructure), or, after
+        # one, maybe the policy's own ``kill -9 $PPID``: graded, never masked as the OOM killer's.
+        ("kill -9 $$", 0, "sandbox"),
+        ("kill -9 $$", 3, ""),
     ],
 )
 def test_a_harness_killed_by_a_signal_or_failing_before_any_call_is_the_sandboxs_failure(

@@ -283,15 +283,58 @@ def test_what_the_agent_made_unreadable_is_left_out_not_a_failed_grading(tmp_pat
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_grading_that_fills_the_disk_quota_is_killed_and_not_graded(tmp_path: Path) -> None:
-    # Each file under the per-file limit, together over the quota: the sandbox's watcher ends the grading.
+def test_a_grading_that_fills_the_disk_quota_is_killed_and_scored_zero(tmp_path: Path) -> None:
+    # Each file under the per-file limit, together over the quota: the sandbox's watcher ends the grading. The
+    # grader is validated with the reference solution, so the code under test filled it: its failure, scored 0
+    # (an excluded grading would be a way out of a negative: fill the disk whenever the answer is wrong).
     sh = (
         "#!/bin/bash\nfor i in $(seq 1 12); do head -c 1000000 /dev/zero > /app/f$i; done\n"
         "sleep 60\necho 1 > /logs/verifier/reward.txt\n"
     )
     verifier = HarborVerifier(SandboxLimits(timeout_s=120, disk_mb=8))
     ev = verifier.evaluate(make_task(tmp_path, sh), make_ws(tmp_path))
-    assert (ev.score, ev.failure_class) == (None, "evaluator") and "disk quota" in ev.detail, ev
+    assert (ev.score, ev.failure_class) == (0.0, "agent-disk") and "disk quota" in ev.detail, ev
+
+
+# The code under test (the workspace's run.py) runs as the grader's user in the grader's sandbox: it writes a
+# reward of its own, then ends its grader so that the grader's verdict never replaces it.
+PLANT = "mkdir -p /logs/verifier; echo '{\"reward\": 1.0}' > /logs/verifier/reward.json; "
+KILLS = {
+    "sigkill-test-sh": PLANT + "kill -KILL $PPID",  # test.sh's bash (exec'd by the launcher)
+    "sigterm-test-sh": PLANT + "kill -TERM $PPID",
+    "sigsegv-test-sh": PLANT + "kill -SEGV $PPID",
+    # The sandbox's launcher, test.sh's parent: its status report never comes.
+    "sigkill-launcher": PLANT + "kill -KILL $(ps -o ppid= -p $PPID)",
+    # Every process of the sandbox but itself, with every signal that kills.
+    "everything": PLANT + "for s in TERM INT HUP KILL; do for p in $(ls /proc | grep '^[0-9]'); do "
+    '[ "$p" != $$ ] && kill -$s $p 2>/dev/null; done; done',
+}
+# Harbor's shape: the code under test first, then the verdict (here always 0: the answer is wrong).
+RUN_APP = "#!/bin/bash\nbash /app/run.sh\necho 0 > /logs/verifier/reward.txt\n"
+
+
+@pytest.mark.parametrize("how", sorted(KILLS))
+def test_code_under_test_that_kills_its_grader_scores_zero_not_its_own_reward(tmp_path: Path, how: str) -> None:
+    ws = make_ws(tmp_path)
+    (ws / "run.sh").write_text(KILLS[how] + "\nsleep 30\n")
+    ev = HarborVerifier(SandboxLimits(timeout_s=60)).evaluate(make_task(tmp_path, RUN_APP), ws)
+    # No OOM kill on the machine meanwhile: the SIGKILL was the code's own; nothing masked, nothing it wrote read.
+    assert (ev.score, ev.failure_class) == (0.0, "agent-killed"), (how, ev)
+
+
+def test_a_forged_status_report_is_not_read_as_an_oom_kill(tmp_path: Path) -> None:
+    # The launcher's status pipe, reached through /proc/<pid>/fd of any process in the sandbox: "9" would read as
+    # a SIGKILL from outside, the OOM killer's (masked as infrastructure). The launcher is out of reach.
+    forge = (
+        "for p in $(ls /proc | grep '^[0-9]'); do for f in /proc/$p/fd/*; do "
+        '[ -p "$f" ] && echo 9 > "$f" 2>/dev/null; done; done; echo 0 > /logs/verifier/reward.txt'
+    )
+    ws = make_ws(tmp_path)
+    (ws / "run.sh").write_text(forge + "\n")
+    ev = HarborVerifier(SandboxLimits(timeout_s=60)).evaluate(
+        make_task(tmp_path, "#!/bin/bash\nbash /app/run.sh\n"), ws
+    )
+    assert (ev.score, ev.failure_class) == (0.0, None), ev
 
 
 def test_a_symlink_through_a_path_too_long_to_follow_on_the_host_is_left_out(tmp_path: Path) -> None:
@@ -315,3 +358,40 @@ def test_a_symlink_through_a_path_too_long_to_follow_on_the_host_is_left_out(tmp
     (ws / "out.txt").symlink_to(target)
     report = copy_workspace(ws, tmp_path / "copy")
     assert any(s.startswith("out.txt (") for s in report.skipped), report.skipped
+
+
+def test_what_the_grader_runs_by_name_or_imports_is_never_the_workspaces(tmp_path: Path) -> None:
+    """The workspace plants what a grader's shell, Python or pytest might pick up from its working directory
+    (``/app``): programs named as the grader's, a shell rc, Python's startup hooks, a module shadowing the
+    standard library, pytest's configuration and plugins. Each writes the reward it wants; none may run for a
+    grader that runs a script (``python3 /tests/x.py``) or pytest's own entry point. (``python3 -c``/``-m`` from
+    ``/app`` put ``/app`` first on ``sys.path``: the planted ``json.py`` wins there, a limit of such a test.sh,
+    docs/sandbox.md.)"""
+    import sys
+
+    ws = make_ws(tmp_path)
+    win_sh = "#!/bin/bash\necho '{\"reward\": 1.0}' > /logs/verifier/reward.json\n"
+    win_py = "import os\nopen('/logs/verifier/reward.json', 'w').write('{\"reward\": 1.0}')\n"
+    for name in ("python3", "python", "bash", "sh", "pytest", "cat", "echo"):
+        (ws / name).write_text(win_sh)
+        (ws / name).chmod(0o755)
+    for name in (".bashrc", ".profile", ".bash_profile"):
+        (ws / name).write_text(win_sh)
+    for name in ("sitecustomize.py", "usercustomize.py", "json.py", "conftest.py"):
+        (ws / name).write_text(win_py)
+    (ws / "og.pth").write_text("import os; open('/logs/verifier/reward.json', 'w').write('{\"reward\": 1.0}')\n")
+    (ws / "pytest.ini").write_text("[pytest]\naddopts = -p conftest\n")
+    (ws / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-p conftest'\n")
+    task = make_task(tmp_path, "")
+    (task / "tests" / "check.py").write_text("import json, os, subprocess\nprint(json.dumps(0))\n")
+    (task / "tests" / "test_check.py").write_text("import json\n\ndef test_ok():\n    assert json.dumps(0) == '0'\n")
+    pytest_bin = Path(sys.prefix) / "bin" / "pytest"
+    # 0.5 when every step ran (pytest passing included), 0.25 when one failed; a planted file would write 1.0.
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\ncd /app\nr=0.5\n"
+        "python3 /tests/check.py && bash -c true && sh -c true && cat /dev/null || r=0.25\n"
+        f"{pytest_bin} -q -p no:cacheprovider /tests/test_check.py || r=0.25\n"
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    ev = HarborVerifier(SandboxLimits(timeout_s=120)).evaluate(task, ws)
+    assert (ev.score, ev.failure_class) == (0.5, None), ev

@@ -72,7 +72,8 @@ def test_sandbox_check_reports_each_backend() -> None:
     r = CliRunner().invoke(app, ["sandbox", "check"])
     assert r.exit_code == 0, r.output
     assert "namespace (selected): ok" in r.output and "egress bridge: works" in r.output
-    assert "uid inside: 1000; capabilities: 0" in r.output and "interfaces lo (loopback only)" in r.output
+    assert "uid inside: 1000 (the host's uid" in r.output and "capabilities: 0" in r.output
+    assert "interfaces lo (loopback only)" in r.output and "kernel knobs (/proc/sys): read-only" in r.output
     assert "none: ok" in r.output and "process limit:" in r.output
     bad = CliRunner().invoke(app, ["sandbox", "check", "--backend", "nope"])
     assert bad.exit_code == 2 and "unknown backend" in bad.output

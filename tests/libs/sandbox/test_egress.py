@@ -200,3 +200,56 @@ def test_sandboxes_in_many_threads_share_the_relay_and_lose_nothing() -> None:
     finally:
         server.close()
     assert got == [f"abc{i}"[::-1] for i in range(12)]
+
+
+FLOOD = """
+import socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(n):  # straight to the relay's socket, past the forwarder: no thread of the sandbox's per connection
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    held.append(s)
+alive = 0
+for s in held:
+    s.settimeout(5)
+    try:
+        s.sendall(b"ping")
+        alive += s.recv(4) == b"PING"
+    except OSError:
+        pass
+print(alive)
+"""
+
+
+def test_a_sandbox_holds_at_most_its_egress_connections_at_a_time() -> None:
+    """Each relayed connection holds two descriptors of the service (which relays for every sandbox of its
+    process) and one of the endpoint (the proxy): a command connecting in a loop must not exhaust them. Past
+    ``max_egress_connections`` a connection is closed before anything is opened towards the endpoint; the ones
+    within it work."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1024)
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            threading.Thread(target=lambda c=conn: c.sendall(c.recv(4).upper()), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    limits = SandboxLimits(timeout_s=120, max_egress_connections=16)
+    try:
+        with LocalSandbox(limits, egress=[f"127.0.0.1:{port}"]) as sb:
+            r = sb.run([sys.executable, "-c", FLOOD, f"/run/opengyre-egress/{port}.sock", "300"])
+    finally:
+        server.close()
+        for c in accepted:
+            c.close()
+    assert r.ok, r.output
+    assert int(r.stdout) == 16 and len(accepted) == 16, (r.stdout, len(accepted))

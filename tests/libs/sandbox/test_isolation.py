@@ -5,6 +5,7 @@ machine's process table and disk — and every case is denied."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import socket
 import subprocess
@@ -243,3 +244,206 @@ def _python_install_under(venv: Path) -> None:
     )
     out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[:3] == ["0", "namespace", str(venv)], out.stdout + out.stderr
+
+
+# -- what the command's own processes could take from the sandbox's processes ----------------------------------
+
+FORGE = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+me, got = os.getpid(), []
+for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != me):
+    if pid == "1":  # bwrap's init: no capability, no descriptor but 0-2 (below); a stopped one hangs only this sandbox
+        continue
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:  # a pipe another process holds, reopened for writing: the status pipe would take "9"
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.readlink(path).startswith("pipe:") and fd not in ("0", "1", "2"):
+                w = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(w, b"9\n")
+                os.close(w)
+                got.append(f"pipe {pid}/{fd}")
+        except OSError:
+            pass
+    if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH
+        got.append(f"ptrace {pid}")
+        libc.ptrace(17, int(pid), None, None)  # PTRACE_DETACH
+    try:
+        os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
+        got.append(f"mem {pid}")
+    except OSError:
+        pass
+init = open("/proc/1/status").read()
+if "CapEff:\t0000000000000000" not in init or "NoNewPrivs:\t1" not in init:
+    got.append("init privileged")
+print(" ".join(got) or "none")
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["perl shim", "egress forwarder"])
+def test_the_sandboxs_own_processes_are_out_of_the_commands_reach(workspace: Path, launcher: str) -> None:
+    """The command shares its user and pid namespace with the sandbox's launcher, which holds the pipe where it
+    reports the command's wait status: a "9" written there first would read as a SIGKILL from outside (the OOM
+    killer's: masked as infrastructure). Neither its descriptors, its memory nor ptrace are the command's."""
+    egress = []
+    listener = socket.socket()
+    if launcher == "egress forwarder":
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        egress = [f"127.0.0.1:{listener.getsockname()[1]}"]
+    try:
+        with LocalSandbox(SandboxLimits(timeout_s=60), mounts=[Mount(workspace, "/app")], egress=egress) as sb:
+            r = sb.run([sys.executable, "-c", FORGE])
+    finally:
+        listener.close()
+    assert (r.exit_code, r.signal, r.stdout.strip()) == (3, None, "none"), r.output
+
+
+def test_a_launcher_killed_from_inside_is_a_sigkill_and_the_kernel_counted_no_oom(workspace: Path) -> None:
+    """Only a SIGKILL ends the launcher (the other signals are ignored): the command's own processes can send
+    it, and then the status never comes. That is said as a SIGKILL, not as exit code 137 of the command, and
+    ``oom_kills`` (the kernel's count meanwhile) says it was not the OOM killer."""
+    with _sandbox(workspace) as sb:
+        term = sb.run(["bash", "-c", "for s in TERM INT HUP QUIT USR1 ALRM; do kill -$s $PPID; done; exit 5"])
+        kill = sb.run(["bash", "-c", "kill -KILL $PPID; sleep 30"])
+    assert (term.exit_code, term.signal) == (5, None), term.output
+    assert (kill.exit_code, kill.signal, kill.timed_out) == (137, 9, False), kill.output
+    assert kill.oom_kills == 0 and "launcher was killed" in kill.stderr
+
+
+def test_no_descriptor_and_no_secret_of_the_service_reaches_the_command(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's open files (its SQLite database, a NATS socket, a pipe), even where inheritable, and its
+    secrets in the environment (the gRPC token, the NATS password) are not the command's."""
+    for key in ("OPENGYRE_GRPC_TOKEN", "OPENGYRE_NATS_PASSWORD", "OPENGYRE_NATS_USER", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(key, SECRET)
+    db = open(tmp_path / "trainer.db", "w+b")  # noqa: SIM115
+    db.write(SECRET.encode())
+    db.flush()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    conn = socket.create_connection(listener.getsockname())
+    r_pipe, w_pipe = os.pipe()
+    for fd in (db.fileno(), listener.fileno(), conn.fileno(), r_pipe, w_pipe):
+        os.set_inheritable(fd, True)
+    try:
+        with _sandbox(workspace) as sb:
+            fds = sb.run(["bash", "-c", "ls /proc/self/fd; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'"])
+            env = sb.run(["env"])
+    finally:
+        for f in (db, conn, listener):
+            f.close()
+        os.close(r_pipe)
+        os.close(w_pipe)
+    numbers = sorted(int(x) for x in fds.stdout.split() if x.isdigit())
+    assert numbers == [0, 1, 2, 3], fds.stdout  # 3: ls's own directory
+    assert SECRET not in fds.stdout and SECRET not in env.stdout
+    assert not any(k.startswith(("OPENGYRE_GRPC", "OPENGYRE_NATS")) for k in env.stdout.split()), env.stdout
+
+
+KERNEL = r"""
+import errno, fcntl, os, socket, termios
+out = []
+for fd in (0, 1, 2):  # TIOCSTI: type into the host's terminal
+    try:
+        fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+        out.append(f"tiocsti {fd}")
+    except OSError:
+        pass
+try:
+    os.close(os.open("/dev/tty", os.O_RDWR))
+    out.append("tty")
+except OSError:
+    pass
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(b"\0" + os.environ["ABSTRACT"].encode())  # the host's abstract socket
+    out.append("abstract")
+except OSError:
+    pass
+for path in ("/sys/fs/cgroup", "/sys/kernel", "/dev/shm/" + os.environ["SHM"], "/run/user", "/var/run"):
+    if os.path.exists(path):
+        out.append(path)
+# Opened for writing, never written: the permission is checked at open (a write to core_pattern or modprobe
+# would run a program of the command's as the host's root; sysrq-trigger reboots the machine).
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
+             "/proc/sys/kernel/hostname", "/proc/sysrq-trigger"):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        out.append("writable " + path)
+    except OSError:
+        pass
+for path in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/kallsyms"):
+    try:
+        with open(path, "rb") as f:
+            if f.read(1):
+                out.append("readable " + path)
+    except OSError:
+        pass
+print(" ".join(out) or "none")
+"""
+
+
+def test_the_hosts_kernel_objects_are_not_the_commands(workspace: Path) -> None:
+    """The host's terminal (TIOCSTI), its abstract Unix sockets, /sys and the cgroup files, /dev/shm and /run,
+    SysV message queues and /proc/sys: none reachable, none writable."""
+    name = f"og-adv-{uuid.uuid4().hex}"
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(b"\0" + name.encode())
+    abstract.listen(1)
+    shm = Path("/dev/shm") / name
+    shm.write_text(SECRET)
+    queue = subprocess.run(["ipcmk", "-Q"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    try:
+        with _sandbox(workspace) as sb:
+            r = sb.run([sys.executable, "-c", KERNEL], env={"ABSTRACT": name, "SHM": name})
+            ipcs = sb.run(["bash", "-c", "ipcs -q"])
+    finally:
+        abstract.close()
+        shm.unlink()
+        subprocess.run(["ipcrm", "-q", queue], check=False)
+    assert r.ok and r.stdout.strip() == "none", r.output
+    assert ipcs.ok and queue not in ipcs.stdout, ipcs.stdout
+
+
+def test_mounts_of_the_commands_own_namespaces_reveal_nothing_of_the_host(workspace: Path, data_dir: Path) -> None:
+    """A user namespace of its own gives the command the capabilities to mount in a mount namespace of its own:
+    the host's files under the sandbox's mounts stay out of reach and the read-only ones stay read-only."""
+    secret = data_dir / "proxy.secret"
+    script = (
+        "unshare -rm bash -c '"
+        "umount -l /tmp; umount -l /home/agent; umount -l /app; umount -l /etc; "
+        "mount -o remount,rw /usr 2>/dev/null && touch /usr/og-adv && echo rw-usr; "
+        "mount -t proc proc /proc 2>/dev/null && echo proc; mount -t sysfs sys /sys 2>/dev/null && echo sysfs; "
+        f"cat {secret} /proc/1/root{secret} 2>/dev/null; "
+        "grep -rs og-secret- / --exclude-dir=proc --exclude-dir=usr --exclude-dir=sys 2>/dev/null | head -1; true'"
+    )
+    with _sandbox(workspace) as sb:
+        r = sb.run(["bash", "-c", script])
+    assert SECRET not in r.output and not Path("/usr/og-adv").exists()
+    assert not {"rw-usr", "proc", "sysfs"} & set(r.stdout.split()), r.output
+
+
+def test_nothing_the_command_started_outlives_it(workspace: Path) -> None:
+    """A daemon that left the command's session (``setsid``) or was double-forked is dead when ``run`` returns:
+    nothing of the agent's is left to race the grader's copy of the workspace."""
+    token = uuid.uuid4().hex
+    daemon = f"exec -a og-stray-{token} bash -c 'while :; do echo x >> /app/spam; done'"
+    script = f'setsid bash -c "{daemon}" </dev/null >/dev/null 2>&1 & ( ( {daemon} ) & ) ; exit 0'
+    with _sandbox(workspace) as sb:
+        r = sb.run(["bash", "-c", script])
+        alive = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    alive.append(pid)
+            except OSError:
+                continue
+    assert r.ok and alive == [], (r.output, alive)
