@@ -109,3 +109,10 @@ def test_measured_move_costs_keep_the_measured_efficiencies_at_the_workloads_rat
 def test_a_bad_measurement_file_is_refused(tmp_path: Path, over: dict[str, object], needle: str) -> None:
     with pytest.raises(WorkloadFileError, match=needle):
         load_measured(_measurement(tmp_path, **over))
+
+
+def test_the_shipped_measurement_of_the_cpu_engine_loads() -> None:
+    import opengyre.scheduler.sim as sim
+
+    m = load_measured(Path(sim.__file__).parent / "measurements" / "cpu-engine.toml")
+    assert m.model == "small" and 0 < m.prefill_efficiency <= 1 and 0 < m.kv_link_efficiency <= 1
