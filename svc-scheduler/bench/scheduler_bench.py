@@ -34,6 +34,7 @@ from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.sim import (
     NL2REPO_122B,
     ClusterConfig,
+    MoveMode,
     PolicyRun,
     SimConfig,
     SimResult,
@@ -218,7 +219,8 @@ def main() -> None:
             mm = load_measured(args.measured)
             print(mm.explain(w122.gpu))
             for lag in (1, lag122):
-                for mode, key in (("re-prefill", "re-prefill"), ("kv-migration", "kv")):
+                modes: tuple[tuple[MoveMode, str], ...] = (("re-prefill", "re-prefill"), ("kv-migration", "kv"))
+                for mode, key in modes:
                     columns[f"measured-{lag}-{key}"] = (
                         f"derived knobs, phi={lag}, {mode} at the measured cost ({args.measured.name})",
                         setup(w122, move=mode, max_lag=lag, measured=mm).config,
