@@ -15,6 +15,7 @@ process. Sections (``--sections``, default all but the grid and the full-size sp
                --baseline COMMIT: ratios against that commit's scheduler, run alternately in this process)
 
 Run: .venv/bin/python svc-scheduler/bench/scheduler_bench.py [--seeds 3] [--sections headline,ours]
+     [--measured FILE --columns measured-1-re-prefill,measured-1-kv,measured-9-re-prefill,measured-9-kv]
      [--plot docs/scheduler-utilisation.png] [--grid-plot docs/scheduler-sensitivity.png] [--json out.json]
 """
 
@@ -33,6 +34,7 @@ from opengyre.scheduler.policies import make_policy
 from opengyre.scheduler.sim import (
     NL2REPO_122B,
     ClusterConfig,
+    MoveMode,
     PolicyRun,
     SimConfig,
     SimResult,
@@ -41,6 +43,7 @@ from opengyre.scheduler.sim import (
     comparable,
     derive_knobs,
     feasible_lag,
+    load_measured,
     measure,
     plot_sensitivity,
     plot_utilisation,
@@ -144,6 +147,12 @@ def main() -> None:
     ap.add_argument("--baseline", help="speed: also run the scheduler of this git commit, in this process")
     ap.add_argument("--speed-reps", type=int, default=3, help="speed with --baseline: alternating runs, best CPU")
     ap.add_argument("--columns", help="headline: only these columns (comma-separated keys; default all)")
+    ap.add_argument(
+        "--measured",
+        type=Path,
+        help="headline: also the columns whose move costs come from this "
+        "measurement of the built engine (svc-scheduler/bench/move_costs.py --out; sim.load_measured)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     todo = set(args.sections.split(",")) | ({"grid"} if args.grid_plot else set())
@@ -206,6 +215,16 @@ def main() -> None:
             "tuned-1-kv": (f"tuned knobs ({TUNED_NAME}), phi=1, KV migration (assumed cost)",
                            setup(w_tuned, move="kv-migration").config),
         }  # fmt: skip
+        if args.measured:
+            mm = load_measured(args.measured)
+            print(mm.explain(w122.gpu))
+            for lag in (1, lag122):
+                modes: tuple[tuple[MoveMode, str], ...] = (("re-prefill", "re-prefill"), ("kv-migration", "kv"))
+                for mode, key in modes:
+                    columns[f"measured-{lag}-{key}"] = (
+                        f"derived knobs, phi={lag}, {mode} at the measured cost ({args.measured.name})",
+                        setup(w122, move=mode, max_lag=lag, measured=mm).config,
+                    )
         wanted = args.columns.split(",") if args.columns else list(columns)
         unknown = sorted(set(wanted) - set(columns))
         if unknown:

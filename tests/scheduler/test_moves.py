@@ -4,11 +4,25 @@ its KV cache) costs, charged as slot-time; a move never restarts the execution."
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import tomli_w
 
 from opengyre.scheduler.policies import make_policy
-from opengyre.scheduler.sim import QWEN36_122B, GpuFacts, GroupDurations, ModelFacts, MoveCost, SimConfig, simulate
+from opengyre.scheduler.sim import (
+    QWEN36_122B,
+    GpuFacts,
+    GroupDurations,
+    ModelFacts,
+    MoveCost,
+    SimConfig,
+    WorkloadFileError,
+    load_measured,
+    setup,
+    shipped_workload,
+    simulate,
+)
 
 from ._small import small_config
 
@@ -53,3 +67,52 @@ def test_moves_are_charged_as_slot_time_and_never_restart_an_execution(name: str
     assert kv.totals["rollout_busy"] == pytest.approx(held + kv.move_gpu_h)
     assert prefill.move_gpu_h > 100 * kv.move_gpu_h > 0
     assert prefill.hours > free.hours
+
+
+def _measurement(tmp_path: Path, **over: object) -> Path:
+    fields: dict[str, object] = {
+        "source": "a test", "model": "m", "gemm_flops": 1e11, "copy_bytes_per_s": 5e9, "prefill_efficiency": 0.25,
+        "kv_link_efficiency": 0.1, "kv_latency_s": 0.02, **over,
+    }  # fmt: skip
+    doc = {"measured": {k: v for k, v in fields.items() if v is not None}}
+    doc["measured"]["points"] = [{"tokens": 1024, "kv_cpu_s": 0.1}]  # the records are kept, not read
+    path = tmp_path / "m.toml"
+    path.write_text(tomli_w.dumps(doc))
+    return path
+
+
+def test_measured_move_costs_keep_the_measured_efficiencies_at_the_workloads_rates(tmp_path: Path) -> None:
+    m = load_measured(_measurement(tmp_path))
+    wf = shipped_workload("nl2repo-122b")
+    base = setup(wf, move="re-prefill").config.costs.move
+    got = {mode: setup(wf, move=mode, measured=m).config.costs.move for mode in ("re-prefill", "kv-migration")}
+    g = got["re-prefill"].gpu
+    assert (g.flops, g.mfu) == (wf.gpu.flops, 0.25)
+    assert g.link_bytes_per_s == pytest.approx(wf.gpu.link_bytes_per_s * 0.1) and g.link_latency_s == 0.02
+    # Re-prefill at 25 % of the GPU's peak instead of the assumed 40 %: 1.6 x the assumed cost, whatever the context.
+    assert got["re-prefill"].seconds(0.5, 0.1) == pytest.approx(base.seconds(0.5, 0.1) * wf.gpu.mfu / 0.25)
+    n = 0.5 * wf.model.context_tokens if wf.model else 0
+    assert got["kv-migration"].seconds(0.5, 0.1) == pytest.approx(0.02 + n * 24576 / (50e9 * 0.1))
+    # The knobs are derived with the workload's own GPU facts (training keeps its assumed MFU).
+    assert setup(wf, measured=m).config.cluster == setup(wf).config.cluster
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"prefill_efficiency": 1.5}, "not in \\(0, 1\\]"),
+        ({"kv_latency_s": None}, "missing \\['kv_latency_s'\\]"),
+        ({"speedup": 2.0}, "unknown \\['speedup'\\]"),
+        ({"gemm_flops": "fast"}, "gemm_flops must be float"),
+    ],
+)
+def test_a_bad_measurement_file_is_refused(tmp_path: Path, over: dict[str, object], needle: str) -> None:
+    with pytest.raises(WorkloadFileError, match=needle):
+        load_measured(_measurement(tmp_path, **over))
+
+
+def test_the_shipped_measurement_of_the_cpu_engine_loads() -> None:
+    import opengyre.scheduler.sim as sim
+
+    m = load_measured(Path(sim.__file__).parent / "measurements" / "cpu-engine.toml")
+    assert m.model == "small" and 0 < m.prefill_efficiency <= 1 and 0 < m.kv_link_efficiency <= 1

@@ -15,6 +15,7 @@ from ._llama import (
     save_checkpoint,
     target_logprobs,
     token_logprobs,
+    weights_digest,
 )
 from ._registry import PRETRAINED, ModelSource, Pretrained, check_model, default_model_cache, resolve_model
 from ._tokenizer import TOKENIZER_DIR, load_tokenizer
@@ -43,4 +44,5 @@ __all__ = [
     "save_checkpoint",
     "target_logprobs",
     "token_logprobs",
+    "weights_digest",
 ]

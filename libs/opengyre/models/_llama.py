@@ -26,6 +26,7 @@ __all__ = [
     "model_state",
     "save_checkpoint",
     "token_logprobs",
+    "weights_digest",
 ]
 
 VOCAB_SIZE = 288  # 256 bytes + 9 specials, padded to a multiple of 32
@@ -123,6 +124,12 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
         h.update(k.encode())
         h.update(state[k].detach().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def weights_digest(model: LlamaForCausalLM) -> str:
+    """The sha256 of the model's weights, as ``save_checkpoint`` records it: two models with the same digest
+    compute the same keys and values (an engine refuses another's KV cache unless the digests match)."""
+    return _digest(model_state(model))
 
 
 def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: str) -> str:

@@ -64,13 +64,20 @@ def run(
             "proxy's default), kv-migration (the KVMigrator hook, the paper's RDMA) or free"
         ),
     ] = "re-prefill",
+    measured: Annotated[
+        Path | None,
+        typer.Option(
+            help="move costs at the efficiencies measured on the built engine (a file written by "
+            "svc-scheduler/bench/move_costs.py --out; see docs/scheduler.md)"
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     plot: Annotated[Path | None, typer.Option(help="write the utilisation plot (PNG) here")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the results as JSON here")] = None,
 ) -> None:
     """Simulate policies on a workload and compare them at equal trained work."""
     from .policies import make_policy
-    from .sim import MOVE_MODES, SimulationStalled, plot_utilisation, run_spec, setup
+    from .sim import MOVE_MODES, SimulationStalled, load_measured, plot_utilisation, run_spec, setup
     from .sim._compare import parse_spec, summary
 
     specs = policy or ["elastic", "colocate", "async", "async-streaming", "elastic-carry"]
@@ -83,7 +90,7 @@ def run(
             cells=cells, nodes_per_cell=nodes_per_cell, gpus_per_node=gpus_per_node, slots_per_cell=slots_per_cell,
             micro_step_s=micro_step_s, resident_cells=resident_cells, step_overhead_s=step_overhead_s,
             cell_gpus=tuple(int(g) for g in cell_gpus.split(",") if g.strip()), move=move,  # type: ignore[arg-type]
-            seed=seed,
+            measured=load_measured(measured) if measured is not None else None, seed=seed,
         )  # fmt: skip
         cfg = built.config
         for spec in specs:  # unknown names and parameters fail before anything runs

@@ -12,7 +12,9 @@ from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._engine import CpuEngine, EngineConfig, Generation
+    from ._kv_transfer import KV_FORMAT, KV_MEDIA_TYPE, KVExport
     from ._launch import EngineProcess, EngineServer, serve_forever
+    from ._migrator import EngineKVMigrator
     from ._runner import Projections
     from ._sampling import SamplingError, SamplingParams
     from ._scheduler import RequestRecord
@@ -21,6 +23,10 @@ _WHERE = {
     "CpuEngine": "_engine",
     "EngineConfig": "_engine",
     "Generation": "_engine",
+    "KV_FORMAT": "_kv_transfer",
+    "KV_MEDIA_TYPE": "_kv_transfer",
+    "KVExport": "_kv_transfer",
+    "EngineKVMigrator": "_migrator",
     "EngineProcess": "_launch",
     "EngineServer": "_launch",
     "serve_forever": "_launch",
@@ -31,11 +37,15 @@ _WHERE = {
 }
 
 __all__ = [
+    "KV_FORMAT",
+    "KV_MEDIA_TYPE",
     "CpuEngine",
     "EngineConfig",
+    "EngineKVMigrator",
     "EngineProcess",
     "EngineServer",
     "Generation",
+    "KVExport",
     "Projections",
     "RequestRecord",
     "SamplingError",

@@ -1,4 +1,5 @@
-"""The CPU engine's admin routes (SGLang's names): weights, pause/continue, cache, info, health, request log."""
+"""The CPU engine's admin routes (SGLang's names): weights, pause/continue, cache, info, health, request log; and
+ours under ``/og/``: the request log and a sequence's KV export and import (``_kv_transfer``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.routing import Route
 from .._json import Json
 from ._common import json_body, native_error
 from ._engine import CpuEngine
+from ._kv_transfer import KV_MEDIA_TYPE, KVExport, KVTransferError, export_kv, import_kv
 from ._native import Parsed, run_once
 from ._sampling import SamplingParams
 
@@ -112,6 +114,10 @@ def admin_routes(engine: CpuEngine) -> list[Route]:
                         "prefix_cache_tokens": engine.scheduler.prefix_cache.tokens,
                         "prefix_cache_hits": engine.scheduler.prefix_cache.hits,
                         "prefix_cache_hit_tokens": engine.scheduler.prefix_cache.hit_tokens,
+                        "prefill_tokens": engine.scheduler.prefill_tokens,
+                        "kv_exports": engine.scheduler.kv_exports,
+                        "kv_imports": engine.scheduler.kv_imports,
+                        "kv_imported_tokens": engine.scheduler.kv_imported_tokens,
                     }
                 ],
                 "version": "opengyre-cpu-0.1.0",
@@ -138,6 +144,35 @@ def admin_routes(engine: CpuEngine) -> list[Route]:
         rid = request.query_params.get("rid")
         return Json([_record(r) for r in engine.request_log(rid)])
 
+    async def kv_export(request: Request) -> Response:
+        body = await json_body(request)
+        if not isinstance(body, dict) or set(body) - {"rid", "input_ids"} or len(body) != 1:
+            return native_error("give exactly one of rid (a running request) or input_ids (a cached prefix)")
+        rid, ids = body.get("rid"), body.get("input_ids")
+        if "rid" in body and (not isinstance(rid, str) or not rid):
+            return native_error("rid must be a non-empty string")
+        if "input_ids" in body and (
+            not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+        ):
+            return native_error("input_ids must be a non-empty list of token ids")
+        try:
+            kv = await asyncio.wrap_future(engine.scheduler.call(lambda: export_kv(engine, rid=rid, token_ids=ids)))
+        except KVTransferError as exc:
+            return native_error(str(exc), exc.status)
+        blob = await asyncio.to_thread(kv.encode)
+        return Response(blob, media_type=KV_MEDIA_TYPE, headers={"x-opengyre-kv-tokens": str(len(kv.token_ids))})
+
+    async def kv_import(request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0].strip() != KV_MEDIA_TYPE:
+            return native_error(f"the body must be a KV export ({KV_MEDIA_TYPE}, from /og/kv/export)", 415)
+        blob = await request.body()
+        try:
+            kv = await asyncio.to_thread(KVExport.decode, blob)
+            n = await asyncio.wrap_future(engine.scheduler.call(lambda: import_kv(engine, kv)))
+        except KVTransferError as exc:
+            return native_error(str(exc), exc.status)
+        return Json({"success": True, "tokens": n, "pending_ids": kv.pending_ids})
+
     return [
         Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
         Route("/update_weight_version", update_weight_version, methods=["POST"]),
@@ -152,6 +187,8 @@ def admin_routes(engine: CpuEngine) -> list[Route]:
         Route("/server_info", server_info, methods=["GET"]),
         Route("/get_server_info", server_info, methods=["GET"]),
         Route("/og/request_log", request_log, methods=["GET"]),
+        Route("/og/kv/export", kv_export, methods=["POST"]),
+        Route("/og/kv/import", kv_import, methods=["POST"]),
     ]
 
 

@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig
 
 from opengyre.chat import ChatCodec
-from opengyre.models import load_checkpoint, load_tokenizer, load_weights, resolve_model
+from opengyre.models import load_checkpoint, load_tokenizer, load_weights, resolve_model, weights_digest
 
 from ._constraint import TokenConstraint, TokenVocabulary
 from ._runner import ModelRunner
@@ -120,6 +120,7 @@ class CpuEngine:
             request_log_size=config.request_log_size,
         )
         self.paused = False
+        self._digest: str | None = None  # the sha256 of the weights, once asked for (reset by a reload)
         self._started = False
         self._vocabulary: TokenVocabulary | None = None
 
@@ -132,6 +133,12 @@ class CpuEngine:
     @property
     def weight_version(self) -> str:
         return self.scheduler.weight_version
+
+    def weights_sha256(self) -> str:
+        """The digest of the weights being served (engine thread: computed once per loaded version)."""
+        if self._digest is None:
+            self._digest = weights_digest(self.model)
+        return self._digest
 
     @property
     def vocab_size(self) -> int:
@@ -205,6 +212,7 @@ class CpuEngine:
         def load() -> str:
             version = load_weights(self.model, Path(model_path), verify=True)
             self.runner.weights_changed()  # the packed projections are copies of the old weights
+            self._digest = None
             self.scheduler.weight_version = weight_version or version
             self.scheduler.prefix_cache.clear()  # cached keys and values came from the old weights
             self.model_path = model_path

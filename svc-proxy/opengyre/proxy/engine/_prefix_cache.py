@@ -43,16 +43,21 @@ class PrefixCache:
         self._entries.clear()
         self.tokens = 0
 
-    def lookup(self, ids: Sequence[int]) -> tuple[int, KVCache | None]:
-        """The longest cached prefix of ``ids`` (leaving at least one token to compute) and a private copy of it."""
-        if not self._entries or len(ids) <= self.min_match:
-            return 0, None
+    def _longest(self, ids: Sequence[int]) -> tuple[int, int]:
+        """The longest cached prefix of ``ids``: its length and its entry's key (-1: none)."""
         want = torch.tensor(list(ids), dtype=torch.int32)
         best, best_key = 0, -1
         for key, (tokens, _) in self._entries.items():
             n = _lcp(tokens, want)
             if n > best:
                 best, best_key = n, key
+        return best, best_key
+
+    def lookup(self, ids: Sequence[int]) -> tuple[int, KVCache | None]:
+        """The longest cached prefix of ``ids`` (leaving at least one token to compute) and a private copy of it."""
+        if not self._entries or len(ids) <= self.min_match:
+            return 0, None
+        best, best_key = self._longest(ids)
         best = min(best, len(ids) - 1)
         if best < self.min_match:
             return 0, None
@@ -60,6 +65,16 @@ class PrefixCache:
         self.hits += 1
         self.hit_tokens += best
         return best, self._entries[best_key][1].truncated_copy(best)
+
+    def peek(self, ids: Sequence[int]) -> tuple[int, KVCache | None]:
+        """The longest cached prefix of ``ids`` (all of them may be) and the entry holding it, uncopied: read it
+        on the engine thread, before the next step. Not a hit: nothing is reused here (a KV export reads it)."""
+        if not self._entries or not ids:
+            return 0, None
+        best, best_key = self._longest(ids)
+        if best < self.min_match:
+            return 0, None
+        return best, self._entries[best_key][1]
 
     def accepts(self, n: int) -> bool:
         """Whether a sequence of ``n`` cached tokens would be kept."""

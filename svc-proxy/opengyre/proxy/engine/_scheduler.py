@@ -107,6 +107,10 @@ class Scheduler:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.request_log: collections.deque[RequestRecord] = collections.deque(maxlen=request_log_size)
         self.steps = 0
+        self.prefill_tokens = 0  # prompt positions this engine computed (a prefix-cache hit computes none)
+        self.kv_exports = 0  # sequences' KV exported and imported (``_kv_transfer``)
+        self.kv_imports = 0
+        self.kv_imported_tokens = 0
         self._cond = threading.Condition()
         self._inbox: list[EngineRequest] = []
         self._aborts: list[tuple[str, bool]] = []
@@ -152,6 +156,13 @@ class Scheduler:
         with self._cond:
             self.paused = paused
             self._cond.notify()
+
+    def running(self, rid: str) -> EngineRequest | None:
+        """The request ``rid`` while the engine holds it (engine thread only: between two steps)."""
+        for req in (*self._prefilling, *self._decoding):
+            if req.rid == rid:
+                return req
+        return None
 
     @property
     def load(self) -> int:
@@ -248,6 +259,7 @@ class Scheduler:
             # Prompt logprobs: this request alone, on the trainer's kernels (see ModelRunner.prefill).
             start = req.prefilled
             logits = self.runner.prefill(req.cache, req.input_ids[start : start + n], all_logits=True)
+            self.prefill_tokens += n
             lp = torch.log_softmax(logits, dim=-1)
             nxt = req.input_ids[start + 1 : start + n + 1]
             vals = lp[: len(nxt)].gather(-1, torch.tensor(nxt).unsqueeze(-1)).squeeze(-1).tolist() if nxt else []
@@ -257,6 +269,7 @@ class Scheduler:
         if packed:
             chunks = [req.input_ids[req.prefilled : req.prefilled + n] for req, n in packed]
             last = self.runner.prefill_many([req.cache for req, _ in packed if req.cache is not None], chunks)
+            self.prefill_tokens += sum(n for _, n in packed)
             for j, (req, n) in enumerate(packed):
                 self._prefilled(req, n, last[j], updates)
         # Requests that just finished prefill already sampled their first token this step.
@@ -368,7 +381,9 @@ class Scheduler:
         cache, req.cache = req.cache, None
         if cache is None:
             return
-        keep = not req.aborted and self.prefix_cache.accepts(cache.length)
+        # An aborted request's KV is kept too (as SGLang's radix cache keeps it): a drained engine's requests are
+        # aborted, and their KV is what a migration to the next engine exports (``_kv_transfer``).
+        keep = self.prefix_cache.accepts(cache.length)
         self.runner.release(cache, keep=keep)
         if keep:
             covered = req.input_ids + req.output_ids

@@ -16,6 +16,7 @@ from ._files import (
     shipped_workload,
 )
 from ._fit import StoreSample, fit_workload, read_store
+from ._measured import MeasuredMoves, load_measured
 from ._plot import plot_sensitivity, plot_utilisation
 from ._queue import EventQueue
 from ._result import IdealBound, SimResult, StepRecord, TrainedWork, Usage, ideal_bound
@@ -51,6 +52,7 @@ __all__ = [
     "GpuFacts",
     "GroupDurations",
     "IdealBound",
+    "MeasuredMoves",
     "ModelFacts",
     "MoveCost",
     "MoveMode",
@@ -78,6 +80,7 @@ __all__ = [
     "feasible_lag",
     "fit_workload",
     "ideal_bound",
+    "load_measured",
     "load_workload",
     "measure",
     "parse_spec",

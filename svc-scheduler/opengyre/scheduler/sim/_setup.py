@@ -10,6 +10,7 @@ from ._config import ClusterConfig, CostConfig, SimConfig
 from ._costs import MoveCost, MoveMode
 from ._derive import DerivedKnobs, derive_knobs
 from ._files import WorkloadFile
+from ._measured import MeasuredMoves
 
 __all__ = ["Setup", "setup"]
 
@@ -37,9 +38,13 @@ def setup(
     cell_gpus: tuple[int, ...] = (),
     step_overhead_s: float = 60.0,
     move: MoveMode = "re-prefill",
+    measured: MeasuredMoves | None = None,
     seed: int = 0,
 ) -> Setup:
-    """The configuration for ``wf``; raises ValueError naming what is missing (nothing is made up)."""
+    """The configuration for ``wf``; raises ValueError naming what is missing (nothing is made up).
+
+    ``measured``: the move costs' efficiencies come from a measurement of the built engine (``sim._measured``),
+    applied to the workload's GPU facts; the knobs are still derived with the workload's own."""
     run, notes = wf.run, []
 
     def pick(name: str, given: int | None, published: int | None) -> int:
@@ -93,13 +98,17 @@ def setup(
         raise ValueError(
             f"move cost {move} needs the model's facts; workload {wf.name} has no [model]: use --move free"
         )
+    move_gpu = wf.gpu
+    if measured is not None:
+        move_gpu = measured.scaled(wf.gpu)
+        notes.append(measured.explain(wf.gpu))
     cfg = SimConfig(
         loop=LoopConfig(steps=steps_, groups_per_step=gps, group_size=wf.durations.group_size, max_lag=max_lag,
                         micro_splits=micro_splits),
         cluster=ClusterConfig(cells=cells_, nodes_per_cell=nodes, gpus_per_node=gpn, slots_per_cell=slots,
                               resident_cells=resident_cells, cell_gpus=cell_gpus),
         costs=CostConfig(micro_step_s=micro, reference_gpus=reference, step_overhead_s=step_overhead_s,
-                         move=MoveCost(move, wf.model, wf.gpu)),
+                         move=MoveCost(move, wf.model, move_gpu)),
         workload=wf.durations,
         seed=seed,
     )  # fmt: skip
