@@ -38,6 +38,8 @@ from ..runtime import (
     check_data_dir,
     client_credentials,
     describe_holder,
+    exit_after,
+    exit_if_stop_hangs,
     find_leftovers,
     grpc_channel,
     is_service_of,
@@ -48,6 +50,7 @@ from ..runtime import (
     reap_leftovers,
     run_service,
     stack_alive,
+    stop_grace_s,
 )
 
 __all__ = ["register"]
@@ -508,19 +511,30 @@ def service_run(
         raise fail(str(exc)) from exc
     # Started by `opengyre up`: stop when the supervisor is gone (besides the parent-death signal).
     supervisor = os.environ.get("OPENGYRE_SUPERVISOR_PID")
+    try:
+        grace_s = stop_grace_s()
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
 
     async def main() -> None:
         stop = asyncio.Event()
         _install_stop_signals(stop)
-        await run_service(
-            service,
-            settings,
-            stop,
-            port=port,
-            port_fallback=port_fallback,
-            port_file=port_file,
-            supervisor_pid=int(supervisor) if supervisor else None,
-        )
+        # Asked to stop (a signal, the supervisor gone), the process ends within the grace whatever hangs.
+        watchdog = asyncio.create_task(exit_if_stop_hangs(stop, f"svc-{name}", grace_s), name="stop-deadline")
+        try:
+            await run_service(
+                service,
+                settings,
+                stop,
+                port=port,
+                port_fallback=port_fallback,
+                port_file=port_file,
+                supervisor_pid=int(supervisor) if supervisor else None,
+            )
+        finally:
+            # The loop's own teardown (cancelled tasks, the default executor's threads) is covered too.
+            watchdog.cancel()
+            exit_after(grace_s, f"svc-{name}")
 
     try:
         asyncio.run(main())

@@ -29,6 +29,7 @@ from ._service import (
     projection_owners,
     run_service,
 )
+from ._stopping import EXIT_STOP_HUNG, STOP_GRACE_ENV, exit_after, exit_if_stop_hangs, stop_grace_s
 from ._supervisor import (
     Leftover,
     PortTaken,
@@ -43,12 +44,14 @@ from ._supervisor import (
 )
 
 __all__ = [
+    "EXIT_STOP_HUNG",
     "NATS_ADMIN",
     "NATS_CREDS_ENV",
     "NATS_PASSWORD_ENV",
     "NATS_USER_ENV",
     "OPEN_METHOD_PREFIXES",
     "SERVICE_CLASSES",
+    "STOP_GRACE_ENV",
     "DataDirBusy",
     "DataDirLock",
     "DataDirUnusable",
@@ -74,6 +77,8 @@ __all__ = [
     "describe_holder",
     "ensure_nats_users",
     "env_credentials",
+    "exit_after",
+    "exit_if_stop_hangs",
     "find_leftovers",
     "free_port",
     "grpc_channel",
@@ -92,6 +97,7 @@ __all__ = [
     "run_service",
     "spawn",
     "stack_alive",
+    "stop_grace_s",
     "stop_group",
     "token_from_env",
     "wait_for_port",
