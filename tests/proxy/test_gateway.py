@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from opengyre.config import HttpLimits
 from opengyre.eventlog import EventLog
 from opengyre.proxy._assembly import Outcome, assemble
 from opengyre.proxy.engine import EngineServer
@@ -208,7 +209,7 @@ async def test_retry_subagent_and_compaction_branch_the_tree(stack: Stack) -> No
 
 @pytest.fixture
 async def strict_stack(event_log: EventLog, engine_a: EngineServer) -> Any:
-    s = await make_stack(event_log, {"e0": engine_a}, max_body_bytes=4096, context_length=256)
+    s = await make_stack(event_log, {"e0": engine_a}, http=HttpLimits(max_body_bytes=4096), context_length=256)
     yield s
     await s.gateway.stop()
 
