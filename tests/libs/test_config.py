@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opengyre.config import PROXY_HTTP, Settings, SettingsError
+from opengyre.config import PROXY_HTTP, HttpLimits, Settings, SettingsError
 
 
 def test_proxy_engines_come_from_the_option_then_the_environment_then_the_record(
@@ -33,6 +33,24 @@ def test_log_replicas_come_from_the_environment_and_are_bounded_as_jetstream_bou
     for bad in ("0", "6", "three"):
         monkeypatch.setenv("OPENGYRE_LOG_REPLICAS", bad)
         with pytest.raises(SettingsError, match=r"(?i)replicas"):
+            Settings.from_env(data_dir=tmp_path)
+
+
+def test_http_limits_come_from_the_environment_and_travel_back_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in HttpLimits().to_env():
+        monkeypatch.delenv(name, raising=False)
+    assert Settings.from_env(data_dir=tmp_path).http == HttpLimits()
+    monkeypatch.setenv("OPENGYRE_HTTP_MAX_BODY_BYTES", "1048576")
+    monkeypatch.setenv("OPENGYRE_HTTP_HEADER_TIMEOUT_S", "2.5")
+    got = Settings.from_env(data_dir=tmp_path).http
+    assert (got.max_body_bytes, got.header_timeout_s, got.max_headers) == (1 << 20, 2.5, 100)
+    assert HttpLimits.from_env(got.to_env()) == got  # what an engine process is handed reads back the same
+    assert "body 1 MiB" in got.describe() and "within 2.5 s" in got.describe()
+    for name, bad in (("OPENGYRE_HTTP_MAX_HEADERS", "many"), ("OPENGYRE_HTTP_MAX_HEADERS", "0")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(SettingsError, match=name):
             Settings.from_env(data_dir=tmp_path)
 
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from opengyre.config import HttpLimits
 from opengyre.eventlog import EventLog
 from opengyre.proxy._assembly import Outcome, assemble
 from opengyre.proxy.engine import EngineServer
@@ -208,7 +209,7 @@ async def test_retry_subagent_and_compaction_branch_the_tree(stack: Stack) -> No
 
 @pytest.fixture
 async def strict_stack(event_log: EventLog, engine_a: EngineServer) -> Any:
-    s = await make_stack(event_log, {"e0": engine_a}, max_body_bytes=4096, context_length=256)
+    s = await make_stack(event_log, {"e0": engine_a}, http=HttpLimits(max_body_bytes=4096), context_length=256)
     yield s
     await s.gateway.stop()
 
@@ -283,6 +284,10 @@ async def test_rejected_calls_get_the_dialects_errors_and_record_nothing(strict_
         assert "prompt is too long" in str(long_a.value)
     assert await st.recorded() == []
     assert st.engines["e0"].engine.request_log() == []
+    # The 413 came from the HTTP server (before the body was read): counted by reason on /metrics.
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(f"{gw.url}/metrics")).text
+    assert 'opengyre_proxy_http_refused_total{reason="body_too_large"} 1.0' in metrics
 
 
 async def test_no_capacity_means_a_bounded_wait_then_429_with_retry_after(

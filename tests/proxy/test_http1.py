@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from opengyre.config import HttpLimits
 from opengyre.eventlog import EventLog
 from opengyre.http1 import Http1Error, Http1Pool
 from opengyre.proxy._http import HttpServer
@@ -70,7 +71,9 @@ async def test_connections_the_server_closed_while_idle_are_dropped_before_use()
     async def generate(request: Request) -> Response:
         return Response(b'{"ok": true}', media_type="application/json")
 
-    srv = HttpServer(Starlette(routes=[Route("/generate", generate, methods=["POST"])]), keep_alive_s=0.3)
+    srv = HttpServer(
+        Starlette(routes=[Route("/generate", generate, methods=["POST"])]), limits=HttpLimits(keep_alive_s=0.3)
+    )
     await srv.start()
     try:
         pool = Http1Pool(srv.url, idle_timeout=3600)  # only the server's closing can make them stale
@@ -107,7 +110,7 @@ async def test_calls_after_the_engine_closed_idle_connections_are_answered(event
     Before stale connections were dropped, each call of the second burst took a closed connection from the
     pool, retried on another closed one, and ended in 503 "no rollout engine became free".
     """
-    async with EngineServer(EngineConfig(port=0, keep_alive_s=0.5)) as engine:
+    async with EngineServer(EngineConfig(port=0, http=HttpLimits(keep_alive_s=0.5))) as engine:
         st = await make_stack(event_log, {"e0": engine}, queue_timeout_s=1.0, engine_idle_timeout_s=3600)
         try:
             client = st.openai("ex-idle")

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
 
-from ..config import Settings
+from ..config import HttpLimits, Settings
 from ..eventlog import EventLog, LogUnavailable, NatsCredentials, StreamUsage
 from ..runtime import (
     SERVICE_CLASSES,
@@ -77,6 +77,7 @@ async def _up(settings: Settings, services: list[str]) -> None:
     nats = f"NATS users in {auth / 'nats'}" if stack.nats is not None else "NATS: the credentials of your --nats-url"
     console.print(f"[dim]gRPC requires the token in {auth / 'grpc.token'}; {nats} (docs/security.md)[/]")
     console.print(_exposure_text(settings.host))
+    console.print(_http_limits_text(settings.http))
     console.print("[dim]Ctrl-C stops the stack; `opengyre up` again on this data dir resumes it.[/]")
     sys.stdout.flush()  # a detached stack's up.log shows it now, not at exit
     try:
@@ -470,12 +471,20 @@ def status(data_dir: DataDirOpt = None) -> None:
         t.add_row(name, addr, auth_text, shown, "[green]serving[/]", projs or "-", ", ".join(st.not_implemented) or "-")
     console.print(t)
     console.print(_exposure_text(data["host"]))
+    recorded_limits = data.get("http_limits")
+    console.print(_http_limits_text(None if recorded_limits is None else HttpLimits.from_env(recorded_limits)))
     for note in notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for why in refusing:
         console.print(f"[bold red]error:[/] {escape(why)}")
     if refusing or not healthy:
         raise typer.Exit(1)
+
+
+def _http_limits_text(limits: HttpLimits | None) -> str:
+    if limits is None:
+        return "HTTP limits: not recorded (a supervisor older than the limits: it serves without them)"
+    return f"HTTP limits (gateway, engines, /metrics; OPENGYRE_HTTP_*, docs/security.md): {limits.describe()}"
 
 
 def _exposure_text(host: str) -> str:

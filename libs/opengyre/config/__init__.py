@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..eventlog import LogConfig
+from ._http import HttpLimits
 from ._secrets import GRPC_TOKEN_ENV, ensure_grpc_token, grpc_token_file, new_secret, read_grpc_token, write_secret
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PROXY_HTTP_PORT",
     "SERVICES_GROUP",
     "SERVICE_PORTS",
+    "HttpLimits",
     "Settings",
     "SettingsError",
     "ensure_grpc_token",
@@ -100,6 +102,8 @@ class Settings:
     proxy_engines: tuple[str, ...] = ()
     # The services' gRPC bearer token (OPENGYRE_GRPC_TOKEN); None: the data dir's (``grpc_token()``).
     grpc_token_override: str | None = None
+    # What one HTTP client can make the gateway, an engine or /metrics hold (OPENGYRE_HTTP_*, docs/security.md).
+    http: HttpLimits = field(default_factory=HttpLimits)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -135,6 +139,7 @@ class Settings:
                 payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
                 replicas=_env_number(env, "OPENGYRE_LOG_REPLICAS", int, 1),
             )
+            http_limits = HttpLimits.from_env(env)
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc
         if "proxy_engines" in clean:
@@ -158,6 +163,7 @@ class Settings:
             proxy_http_port=_port("OPENGYRE_PROXY_HTTP_PORT", http) if http else PROXY_HTTP_PORT,
             explicit_ports=frozenset(explicit),
             log_min_free_mb=int(env.get("OPENGYRE_LOG_MIN_FREE_MB", "64")),
+            http=http_limits,
         )
         return replace(s, **clean) if clean else s  # type: ignore[arg-type]
 

@@ -474,6 +474,7 @@ class Stack:
             "prefix": s.log.prefix,
             "host": s.host,
             "min_free_mb": s.log_min_free_mb,  # below it the disk counts as full (`status` says so)
+            "http_limits": s.http.to_env(),  # what the services serve HTTP within (`status` says)
             "reaped": [str(x) for x in self.reaped],
             "services": {
                 c.name: {"port": c.port, "pid": c.proc.pid if c.proc else 0, "restarts": c.restarts}

@@ -23,12 +23,13 @@ import msgspec
 from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from opengyre.chat import ChatCodec
+from opengyre.config import HttpLimits
 from opengyre.eventlog import EventLog
 from opengyre.events import (
     CallTimings,
@@ -43,6 +44,7 @@ from opengyre.trajectory import PayloadUnavailable
 
 from ._assembly import Outcome, Turn, assemble
 from ._http import HttpServer
+from ._http_guard import Refusal, RequestHead
 from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import counter, gauge, render_metrics
@@ -85,7 +87,8 @@ class GatewayConfig:
     # none does, the tokenizer's model_max_length (often a tokenizer default, not the model's window).
     context_length: int | None = None
     default_max_tokens: int = 4096
-    max_body_bytes: int = 32 * 1024 * 1024  # Anthropic's documented cap on Messages requests
+    # Header size and count, body size (32 MiB: Anthropic's cap on Messages requests), timeouts, connections.
+    http: HttpLimits = field(default_factory=HttpLimits)
     max_executions: int = 10_000  # live TITO states kept in memory (least recently used go)
     engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
@@ -182,14 +185,25 @@ class Gateway:
     async def start(self) -> Gateway:
         await self.recorder.start()  # drains what a previous run left in the outbox
         try:
-            self._http = HttpServer(self.app, self.config.host, self.config.port)
+            self._http = self._server(self.config.port)
         except OSError:
             if not self.config.port_fallback or self.config.port == 0:
                 raise
             log.warning("port %d is taken: the gateway serves on a free port instead", self.config.port)
-            self._http = HttpServer(self.app, self.config.host, 0)
+            self._http = self._server(0)
         await self._http.start()
         return self
+
+    def _server(self, port: int) -> HttpServer:
+        return HttpServer(self.app, self.config.host, port, limits=self.config.http, render=self._refusal_body)
+
+    def _refusal_body(self, refusal: Refusal, head: RequestHead | None) -> bytes:
+        """A refusal the HTTP server answers itself (431, 413, 408, 503), in the dialect's error shape where the
+        request's head was read; before that, Anthropic's (which OpenAI's SDKs read as well: ``error.message``)."""
+        err = ApiError(refusal.status, refusal.kind, refusal.message)
+        self.stats.rejected[f"{err.status}"] += 1
+        dialect = CHAT if head is not None and not _head_speaks_anthropic(head) else ANTHROPIC
+        return msgspec.json.encode(dialect.error_body(err))
 
     async def stop(self) -> None:
         if self._http is not None:
@@ -259,6 +273,14 @@ class Gateway:
         yield rejected
         yield counter("opengyre_proxy_drift_total", "Calls whose re-rendered prompt differed.", st.drift)
         yield counter("opengyre_proxy_rerouted_total", "Engine attempts re-issued elsewhere.", st.rerouted)
+        refused = CounterMetricFamily(
+            "opengyre_proxy_http_refused_total",
+            "Requests and connections the HTTP server refused itself (HttpLimits), by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted((self._http.refused if self._http else {}).items()):
+            refused.add_metric([reason], n)
+        yield refused
 
     def _execution_metrics(self) -> Iterator[Metric]:
         yield gauge("opengyre_proxy_executions", "Executions with live TITO state.", len(self.executions()))
@@ -344,19 +366,13 @@ class Gateway:
         return "main" if system == _system_of(ref.conv_after) else "sub-agent"
 
     async def _body(self, request: Request) -> Any:
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, "request_too_large", f"request body is larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, "request_too_large", f"request body is larger than {limit} bytes")
-            chunks.append(chunk)
+        # Its size is bounded by the HTTP server (HttpLimits.max_body_bytes: 413 before the app sees it).
         try:
-            return _dec.decode(b"".join(chunks))
+            raw = await request.body()
+        except ClientDisconnect:  # gone, or cut by the server (a body over the limit, stalled): nobody reads this
+            raise ApiError(400, "invalid_request", "the client left before its body was read") from None
+        try:
+            return _dec.decode(raw)
         except msgspec.DecodeError as exc:
             raise ApiError.invalid(f"malformed JSON body: {exc}") from None
 
@@ -790,6 +806,12 @@ def _speaks_anthropic(request: Request) -> bool:
     """A request from an Anthropic client (the two APIs share ``/v1``): its version header, or its key header
     (OpenAI clients send ``Authorization: Bearer``)."""
     return "anthropic-version" in request.headers or "x-api-key" in request.headers
+
+
+def _head_speaks_anthropic(head: RequestHead) -> bool:
+    """``_speaks_anthropic`` for a request the HTTP server refused before the app saw it (its path counts too)."""
+    names = {name for name, _ in head.headers}
+    return b"anthropic-version" in names or b"x-api-key" in names or head.path.endswith(("/messages", "/count_tokens"))
 
 
 def _outcome_of(d: Dispatch) -> Callable[[], Outcome]:

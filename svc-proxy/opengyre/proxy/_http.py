@@ -1,4 +1,6 @@
-"""Serve a Starlette app with uvicorn inside the running event loop (engines and the gateway both do)."""
+"""Serve a Starlette app with uvicorn inside the running event loop (engines and the gateway both do), within
+``HttpLimits`` (header size and count, body size, head and body timeouts, keep-alive, connections: ``_http_guard``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +8,15 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections import Counter
 from collections.abc import Generator
 
 import uvicorn
 from starlette.types import ASGIApp
+
+from opengyre.config import HttpLimits
+
+from ._http_guard import ConnectionGuard, Render, guarded_protocol, plain_render
 
 __all__ = ["HttpServer"]
 
@@ -24,10 +31,21 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    """Bind first (so port 0 resolves before serving), then serve until ``stop``."""
+    """Bind first (so port 0 resolves before serving), then serve until ``stop``. ``render``: the JSON body of a
+    refusal the server itself answers (431, 413, 408, 503), in the app's error shape."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, keep_alive_s: float = 75.0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        limits: HttpLimits | None = None,
+        render: Render = plain_render,
+    ) -> None:
         self.app = app
+        self.limits = limits or HttpLimits()
+        self._guard = ConnectionGuard(self.limits, render)
         self.host = host
         # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without
         # it uvicorn's separate header and body writes meet delayed ACKs (40 ms per response).
@@ -42,11 +60,22 @@ class HttpServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes seconds as a float too
+            http=guarded_protocol(self._guard),
+            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]  # seconds as a float work too
             timeout_graceful_shutdown=3,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def refused(self) -> Counter[str]:
+        """Requests and connections the server refused itself, by reason (``Refusal.reason``)."""
+        return self._guard.refused
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (refused ones not counted)."""
+        return self._guard.open
 
     @property
     def url(self) -> str:
@@ -64,6 +93,7 @@ class HttpServer:
     async def stop(self) -> None:
         if self._task is None:
             return
+        self._guard.close_lingering()  # refused connections: uvicorn would wait for them to close
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout=5)

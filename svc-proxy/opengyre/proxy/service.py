@@ -100,6 +100,8 @@ class ProxyService(Service):
             context_length=context_length,
             port_fallback=fallback,
             outbox_path=outbox,
+            # The stack's HTTP limits (OPENGYRE_HTTP_*), unless a config was handed in (tests, embedding).
+            http=cfg.http if self._config is not None else s.http,
         )
 
     async def start(self, ctx: ServiceContext) -> None:

@@ -3,17 +3,20 @@
 ``opengyre_trainer_step_metric{run, name}`` holds the latest step's value of each metric of its
 ``TrainingStepCompleted`` event (loss, clip fraction, entropy, engine-trainer KL, TIS and mismatch-masking
 shares, grad norm, the breaker, ...); counters add up steps, updates, breaker trips and dropped executions by
-kind. Served by prometheus-client's own HTTP server on ``metrics_port`` (its own registry, one per trainer).
+kind. Served on ``metrics_port`` (its own registry, one per trainer) within the stack's ``HttpLimits``
+(``_metrics_server``).
 """
 
 from __future__ import annotations
 
-import threading
-from wsgiref.simple_server import WSGIServer
+import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from opengyre.config import HttpLimits
 from opengyre.events import TrainingStepCompleted
+
+from ._metrics_server import MetricsServer
 
 __all__ = ["StepMetrics"]
 
@@ -36,8 +39,7 @@ class StepMetrics:
             "opengyre_trainer_executions", "Executions consumed, by what became of them.", ["run", "as"],
             registry=self.registry,
         )  # fmt: skip
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self.server: MetricsServer | None = None
 
     def observe(self, e: TrainingStepCompleted) -> None:
         self.steps.labels(e.run_id).inc()
@@ -51,14 +53,14 @@ class StepMetrics:
         for reason in e.dropped.values():
             self.executions.labels(e.run_id, reason.split(":", 1)[0]).inc()
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` (port 0: any free one); returns the port."""
-        if self._server is None:
-            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(self._server.server_port)
+    def serve(self, port: int, addr: str = "127.0.0.1", limits: HttpLimits | None = None) -> int:
+        """Serve ``/metrics`` (port 0: any free one); returns the port. ``limits``: the environment's
+        (``OPENGYRE_HTTP_*``) unless given."""
+        if self.server is None:
+            self.server = MetricsServer(self.registry, port, addr, limits or HttpLimits.from_env(os.environ))
+        return self.server.port
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None

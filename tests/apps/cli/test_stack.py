@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -327,7 +328,8 @@ def test_status_says_what_is_exposed_and_host_is_recorded(tmp_path: Path) -> Non
     and kept by the next `up`, for gRPC and the proxy's gateway alike."""
     data = tmp_path / "og"
     env = {"COLUMNS": "250"}
-    with up(data, "--host", "127.0.0.2", services="synth,proxy", env=env) as record:
+    limit = {"OPENGYRE_HTTP_MAX_BODY_BYTES": str(8 << 20)}  # `up`'s, not `status`'s: the stack records its own
+    with up(data, "--host", "127.0.0.2", services="synth,proxy", env={**env, **limit}) as record:
         assert record["host"] == "127.0.0.2"
         assert (data / "proxy.url").read_text().startswith("http://127.0.0.2:")
         res = og("status", "--data-dir", str(data), env=env)
@@ -340,6 +342,12 @@ def test_status_says_what_is_exposed_and_host_is_recorded(tmp_path: Path) -> Non
         users = said.removeprefix("NATS requires credentials; users: ").split(" (")[0].split(", ")
         assert sorted(users) == sorted(["admin", "synth", "scheduler", "proxy", "trainer", "bench"]), said
         assert "listen on 127.0.0.2 (this machine only)" in res.stdout
+        limits = next(line for line in res.stdout.splitlines() if line.startswith("HTTP limits"))
+        assert "body 8 MiB" in limits and "head 32 KiB in at most 100 lines within 10 s" in limits, limits
+        # ... and the gateway serves within them: 9 MiB is refused before it is read, in the dialect's shape.
+        gateway = (data / "proxy.url").read_text().strip()
+        big = httpx.post(f"{gateway}/v1/chat/completions", content=b"x" * (9 << 20), headers={"x-api-key": "k"})
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large", big.text
     assert json.loads((data / "settings.json").read_text())["host"] == "127.0.0.2"
     with up(data, env=env) as record:  # no --host: the recorded one
         assert record["host"] == "127.0.0.2"

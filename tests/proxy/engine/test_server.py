@@ -17,6 +17,7 @@ import openai
 import pytest
 import torch
 
+from opengyre.config import HttpLimits
 from opengyre.models import build_model, load_checkpoint, model_config, save_checkpoint, token_logprobs
 from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer, SamplingParams
 from opengyre.runtime import cmdline
@@ -221,8 +222,12 @@ async def test_api_key_guards_everything_but_health() -> None:
 
 
 async def test_an_engine_runs_as_a_child_process() -> None:
-    async with EngineProcess(EngineConfig(port=0, threads=1, served_model_name="child")) as proc:
+    """... within the HTTP limits its config names (handed over as the environment it reads them from)."""
+    limits = HttpLimits(max_body_bytes=64 * 1024)
+    async with EngineProcess(EngineConfig(port=0, threads=1, served_model_name="child", http=limits)) as proc:
         async with httpx.AsyncClient(timeout=60) as c:
+            big = await c.post(proc.url + "/generate", content=b"[" * (100 * 1024))
+            assert big.status_code == 413 and "larger than 65536 bytes" in big.json()["error"]["message"]
             info = (await c.get(proc.url + "/model_info")).json()
             r = await c.post(
                 proc.url + "/generate", json={"input_ids": PROMPT, "rid": "x", "sampling_params": {"max_new_tokens": 3}}

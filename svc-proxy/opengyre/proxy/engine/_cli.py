@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -32,10 +34,17 @@ def engine_command(
     context_length: Annotated[int | None, typer.Option()] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
     incremental_streaming_output: Annotated[bool, typer.Option(help="stream deltas, not cumulative chunks")] = False,
-    keep_alive: Annotated[float, typer.Option(help="seconds an idle keep-alive connection stays open")] = 75.0,
+    keep_alive: Annotated[
+        float | None,
+        typer.Option(
+            help="seconds an idle keep-alive connection stays open [default: 75, or OPENGYRE_HTTP_KEEP_ALIVE_S]"
+        ),
+    ] = None,
     port_file: Annotated[Path | None, typer.Option(help="write the URL here once serving")] = None,
 ) -> None:
     """Serve the built-in CPU engine (SGLang native API + OpenAI routes)."""
+    from opengyre.config import HttpLimits
+
     from ._engine import EngineConfig
     from ._launch import serve_forever
 
@@ -55,6 +64,7 @@ def engine_command(
         context_length=context_length,
         threads=threads,
         incremental_streaming_output=incremental_streaming_output,
-        keep_alive_s=keep_alive,
+        # The other HTTP limits: OPENGYRE_HTTP_* (docs/security.md).
+        http=None if keep_alive is None else replace(HttpLimits.from_env(os.environ), keep_alive_s=keep_alive),
     )
     asyncio.run(serve_forever(cfg, port_file))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from .._json import Json
@@ -27,7 +27,10 @@ class BadBody(ValueError):
 
 
 async def json_body(request: Request) -> Any:
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone, or cut by the server (a body over the limit, stalled): nobody reads this
+        raise BadBody("the client left before its body was read") from None
     try:
         return msgspec.json.decode(raw) if raw else {}
     except msgspec.DecodeError as exc:

@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaConfig
 
 from opengyre.chat import ChatCodec
+from opengyre.config import HttpLimits
 from opengyre.models import load_checkpoint, load_tokenizer, load_weights, resolve_model, weights_digest
 
 from ._constraint import TokenConstraint, TokenVocabulary
@@ -46,7 +47,9 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads (process-wide)
     incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
     request_log_size: int = 100_000
-    keep_alive_s: float = 75.0  # idle keep-alive connections are closed after this (SGLang's uvicorn: 5 s)
+    # What one HTTP client can make the server hold (keep-alive included; SGLang's uvicorn keeps 5 s). None: the
+    # environment's OPENGYRE_HTTP_* (HttpLimits.from_env), what a child engine of a stack is handed.
+    http: HttpLimits | None = None
 
     @property
     def model_name(self) -> str:

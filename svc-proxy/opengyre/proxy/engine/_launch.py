@@ -15,6 +15,7 @@ from types import TracebackType
 
 import httpx
 
+from opengyre.config import HttpLimits
 from opengyre.runtime import ExitedBeforeReady, spawn, wait_ready
 
 from .._http import HttpServer
@@ -49,9 +50,8 @@ class EngineServer:
 
     async def start(self) -> EngineServer:
         self.engine.start()
-        self._http = HttpServer(
-            build_app(self.engine), self.config.host, self.config.port, keep_alive_s=self.config.keep_alive_s
-        )
+        limits = self.config.http or HttpLimits.from_env(os.environ)
+        self._http = HttpServer(build_app(self.engine), self.config.host, self.config.port, limits=limits)
         await self._http.start()
         return self
 
@@ -108,8 +108,6 @@ def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
         args += ["--threads", str(config.threads)]
     if config.incremental_streaming_output:
         args += ["--incremental-streaming-output"]
-    if config.keep_alive_s != EngineConfig.keep_alive_s:
-        args += ["--keep-alive", str(config.keep_alive_s)]
     return args
 
 
@@ -132,7 +130,9 @@ class EngineProcess:
         # Started from this (the event loop's) thread, not a worker's: the kernel's parent-death signal follows the
         # thread that forked, and an engine must die with its driver however that ends (SIGTERM, SIGKILL), or it
         # keeps its port, its memory and the caller's stdout (opengyre.runtime.spawn).
-        self._proc = spawn(_cli_args(self.config, port_file), env={**os.environ, **(self.env or {})})
+        # The HTTP limits travel as the environment they are read from (none set: the parent's environment's).
+        limits = self.config.http.to_env() if self.config.http else {}
+        self._proc = spawn(_cli_args(self.config, port_file), env={**os.environ, **limits, **(self.env or {})})
         deadline = time.monotonic() + timeout
         try:
             try:
