@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from opengyre.sandbox import (
 )
 
 from ..._polling import wait_until
+from ._servers import echo_server
 
 _WHY = docker_unavailable(BASE_IMAGE)
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"docker sandbox: {_WHY}")
@@ -176,24 +176,6 @@ def test_containers_are_removed_after_every_run() -> None:
     assert _containers("removed") == []
 
 
-def _echo_server() -> tuple[socket.socket, int]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(conn.recv(64).upper())
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, server.getsockname()[1]
-
-
 _CALL = """
 import socket, sys
 for port in map(int, sys.argv[1:]):
@@ -207,8 +189,8 @@ for port in map(int, sys.argv[1:]):
 
 
 def test_egress_reaches_the_allowed_endpoint_and_nothing_else() -> None:
-    allowed, allowed_port = _echo_server()
-    other, other_port = _echo_server()
+    allowed, allowed_port = echo_server()
+    other, other_port = echo_server()
     try:
         with DockerSandbox(egress=[f"127.0.0.1:{allowed_port}"]) as sb:
             r = sb.run(["python3", "-c", _CALL, str(allowed_port), str(other_port)])

@@ -15,6 +15,8 @@ import pytest
 
 from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
 
+from ._servers import echo_server
+
 
 class _Streamer(BaseHTTPRequestHandler):
     """``/stream``: an SSE response whose second event is held back until ``/ack`` says the first arrived."""
@@ -170,21 +172,7 @@ def test_sandboxes_in_many_threads_share_the_relay_and_lose_nothing() -> None:
     """Sandboxes run from threads (the synthesis gates, a cell's executions): each its own sockets, one relay."""
     from concurrent.futures import ThreadPoolExecutor
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(conn.recv(64)[::-1])
-
-    threading.Thread(target=serve, daemon=True).start()
-    port = server.getsockname()[1]
+    server, port = echo_server(lambda b: b[::-1])
     code = (
         "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30); "
         "s.sendall(sys.argv[2].encode()); print(s.recv(64).decode())"
@@ -227,22 +215,8 @@ def test_a_sandbox_holds_at_most_its_egress_connections_at_a_time() -> None:
     process) and one of the endpoint (the proxy): a command connecting in a loop must not exhaust them. Past
     ``max_egress_connections`` a connection is closed before anything is opened towards the endpoint; the ones
     within it work."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1024)
-    port = server.getsockname()[1]
     accepted: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-            threading.Thread(target=lambda c=conn: c.sendall(c.recv(4).upper()), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    server, port = echo_server(read=4, backlog=1024, accepted=accepted)
     limits = SandboxLimits(timeout_s=120, max_egress_connections=16)
     try:
         with LocalSandbox(limits, egress=[f"127.0.0.1:{port}"]) as sb:
