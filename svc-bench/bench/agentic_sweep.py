@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import multiprocessing
 import os
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from opengyre.bench import (
     LoadConfig,
@@ -268,7 +270,25 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
         )
         raw = _compare_mixed(runs["replay"], runs["replay2"], runs[other] if other else None, a.min_per_turn)
         result[name]["pooled_seconds"] = raw["pooled"]
+        result[name]["bootstrap_95"] = _bootstrap(
+            scaled["replay"], scaled["replay2"], scaled[other] if other else None, a.min_per_turn, a.bootstrap
+        )
     _report(out, a, concurrency, trace_doc, runs, result, "sessions", trace_name)
+    _write_requests(out / f"requests-sessions-c{concurrency}-{trace_name}.csv", runs, unit)
+
+
+def _write_requests(path: Path, runs: dict[str, list[list[RequestResult]]], unit: list[float]) -> None:
+    """Every request of every form and repeat: what a per-turn figure is made of (lengths, TTFT, E2EL), to
+    look at where two forms part."""
+    cols = ("form", "repeat", "session", "turn", "prompt_tokens", "output_tokens", "ttft_s", "e2el_s", "unit_s")
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for form, reps in runs.items():
+            for i, rs in enumerate(reps):
+                for r in rs:
+                    w.writerow((form, i, r.session, r.turn, r.prompt_tokens, r.output_tokens, r.ttft, r.e2el, unit[i]))
+    print(f"requests: {path}")
 
 
 def _report(
@@ -311,10 +331,13 @@ def _report(
     for name, m in result.items():
         h, pt, q = m["pooled"], m["runs"]["per_turn"], m["runs"]["quantile"]
         sec = f" / {m['pooled_seconds']['per_turn_mape']:.1%}" if "pooled_seconds" in m else ""
+        if "bootstrap_95" in m:
+            sec += " [95 % over sessions {:.1%}-{:.1%}]".format(*m["bootstrap_95"])
         print(
             f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%}{sec} (single runs {pt['mean']:.1%}, "
             f"{pt['min']:.1%}-{pt['max']:.1%}); over quantiles {h['quantile_mape']:.1%} (single runs {q['mean']:.1%})"
         )
+        print(f"{'':>31}  per turn: " + " ".join(f"{k}: {v:.1%}" for k, v in m["per_turn_error"].items()))
     for f in runs:
         print(
             f"{f:>10} per turn: ISL "
@@ -348,9 +371,68 @@ def _compare_mixed(
     return _summary(pooled, singles)
 
 
+def _turn_sums(reps: list[list[RequestResult]], turns: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Per repeat and session (sorted by id), per turn index: the sum of E2EL and the number of requests."""
+    ids = sorted({r.session for rs in reps for r in rs})
+    row = {sid: i for i, sid in enumerate(ids)}
+    sums = np.zeros((len(reps), len(ids), turns))
+    counts = np.zeros((len(reps), len(ids), turns))
+    for i, rs in enumerate(reps):
+        for r in rs:
+            if r.ok and r.e2el is not None:
+                sums[i, row[r.session], r.turn - 1] += r.e2el
+                counts[i, row[r.session], r.turn - 1] += 1
+    return ids, sums, counts
+
+
+def _bootstrap(
+    r1: list[list[RequestResult]],
+    r2: list[list[RequestResult]],
+    other: list[list[RequestResult]] | None,
+    mpt: int,
+    draws: int,
+) -> list[float]:
+    """A 95 % interval of the pooled per-turn MAPE over sessions: in every repeat, the replay's sessions (the same
+    draw for R and R', which send the same ones) and the other form's are drawn again with replacement, and the
+    MAPE computed as for the figure (R and R' each against the other form, averaged; the floor: R against R').
+    What the figure would be with other sessions like these: how far 12 trace sessions (or a form's draw of
+    them) can resolve it."""
+    turns = max(r.turn for reps in (r1, r2, other or []) for rs in reps for r in rs)
+    ids1, s1, n1 = _turn_sums(r1, turns)
+    ids2, s2, n2 = _turn_sums(r2, turns)
+    if ids1 != ids2:
+        raise SystemExit("R and R' sent different sessions")
+    so, no = _turn_sums(other, turns)[1:] if other is not None else (None, None)
+    rng = np.random.default_rng(0)
+    reps = s1.shape[0]
+    out: list[float] = []
+
+    def mape(sa: np.ndarray, na: np.ndarray, sb: np.ndarray, nb: np.ndarray) -> float:
+        keep = (na >= mpt) & (nb >= mpt)
+        return float(np.mean(np.abs((sb[keep] / nb[keep]) / (sa[keep] / na[keep]) - 1.0)))
+
+    for _ in range(draws):
+        pick = rng.integers(0, s1.shape[1], size=(reps, s1.shape[1]))
+        rows = np.arange(reps)[:, None]
+        a1, c1 = s1[rows, pick].sum(axis=(0, 1)), n1[rows, pick].sum(axis=(0, 1))
+        a2, c2 = s2[rows, pick].sum(axis=(0, 1)), n2[rows, pick].sum(axis=(0, 1))
+        if so is None or no is None:
+            out.append(mape(a1, c1, a2, c2))
+            continue
+        po = rng.integers(0, so.shape[1], size=(reps, so.shape[1]))
+        b, cb = so[rows, po].sum(axis=(0, 1)), no[rows, po].sum(axis=(0, 1))
+        out.append((mape(a1, c1, b, cb) + mape(a2, c2, b, cb)) / 2)
+    lo, hi = np.percentile(out, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
 def _summary(pooled: list[dict[str, Any]], singles: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "pooled": {k: sum(h[k] for h in pooled) / len(pooled) for k in ("per_turn_mape", "quantile_mape")},
+        # each turn index's |B/A - 1|: where the forms part
+        "per_turn_error": {
+            k: sum(h["per_turn_error"][k] for h in pooled) / len(pooled) for k in pooled[0]["per_turn_error"]
+        },
         "runs": {
             "per_turn": mape_spread([m["per_turn_mape"] for m in singles]),
             "quantile": mape_spread([m["quantile_mape"] for m in singles]),
@@ -405,6 +487,9 @@ def main() -> None:
         choices=("runs", "sessions"),
         default="runs",
         help="mape: alternate whole runs of each form, or shuffle every form's sessions into each run",
+    )
+    ap.add_argument(
+        "--bootstrap", type=int, default=2000, help="mape --interleave sessions: draws of the interval over sessions"
     )
     ap.add_argument("--trace", type=Path, help="mape: the trace to compare on (default: the docs trace)")
     ap.add_argument("--trace-format", choices=("atif", "sharegpt"), default="atif", help="mape: --trace's format")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from opengyre.bench import (
     PAPER_PROFILES,
+    DelayDist,
     LengthDist,
     Profile,
     ProfileError,
@@ -16,6 +19,7 @@ from opengyre.bench import (
     TraceTurn,
     fit_profile,
     paper_profile,
+    profile_from,
     read_trace,
     replay_sessions,
     shadow_sessions,
@@ -84,6 +88,17 @@ def test_scaling_is_explicit_and_reported() -> None:
     assert p.length_scale == 0.05 and p.turn_scale == 0.1
     assert p.expected_isl() < 9995 * 0.05
     assert p.to_dict()["length_scale"] == 0.05
+
+
+def test_a_stated_tool_latency_replaces_the_profiles_and_bad_ones_are_refused() -> None:
+    own = replace(PAPER_PROFILES["chatbot"], tool_latency=DelayDist("lognormal", 2.0, 0.5))
+    assert own.with_tool_latency(None) == own  # unset: the profile's own
+    assert own.with_tool_latency(0.25).tool_latency == DelayDist("constant", 0.25)
+    assert own.with_tool_latency(0).tool_latency is None  # 0: none
+    assert profile_from("chatbot", 0.5, 1.0, 1.5).tool_latency == DelayDist("constant", 1.5)
+    for bad in (-0.1, math.nan, math.inf, True):
+        with pytest.raises(ProfileError, match="tool_latency must be a number of seconds >= 0"):
+            own.with_tool_latency(bad)
 
 
 def test_fit_recovers_a_lognormal() -> None:

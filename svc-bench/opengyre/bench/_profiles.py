@@ -247,6 +247,15 @@ class Profile:
         i = turn - 1
         return self.output_by_turn[i] if 0 <= i < len(self.output_by_turn) else self.output
 
+    def with_tool_latency(self, seconds: float | None) -> Profile:
+        """The profile with a stated constant tool latency (``--tool-latency``, the gRPC ``tool_latency_s``): it
+        replaces the profile's and is recorded in it; ``0`` takes it away; ``None`` keeps the profile's."""
+        if seconds is None:
+            return self
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (0 <= seconds < math.inf):
+            raise ProfileError(f"tool_latency must be a number of seconds >= 0, got {seconds!r}")
+        return replace(self, tool_latency=DelayDist("constant", float(seconds)) if seconds > 0 else None)
+
     def scaled(self, length: float = 1.0, turns: float = 1.0) -> Profile:
         """The profile shrunk for a small server by explicit factors (kept on the profile, reported)."""
         if length <= 0 or turns <= 0:
