@@ -44,7 +44,9 @@ import httpx
 import numpy as np
 
 from opengyre.bench import (
+    LengthDist,
     LoadConfig,
+    Profile,
     RequestResult,
     RunSpec,
     SessionPlan,
@@ -52,11 +54,13 @@ from opengyre.bench import (
     check_comparable,
     e2el_mape,
     execute_run,
+    fit_profile,
     mape_spread,
     paper_profile,
     plan_run,
     plot_per_turn_ttft,
     plot_sweep,
+    read_trace,
     run_load,
     summarise,
     sweep,
@@ -197,7 +201,11 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
                 )
     check_comparable(docs["replay"][0], docs["synthetic"][0])
     check_comparable(docs["replay"][0], docs["shadow"][0])
-    result = {name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn) for name, form in _ROWS}
+    result = {
+        name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn)
+        for name, form in _ROWS
+        if form in (None, *forms)
+    }
     _report(out, a, concurrency, trace_doc, runs, result, "runs")
 
 
@@ -206,6 +214,25 @@ def _trace(a: argparse.Namespace) -> tuple[Any, str, str]:
     if a.trace is None:
         return _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars), "sharegpt", "docs"
     return json.loads(a.trace.read_text()), a.trace_format, a.trace.stem
+
+
+def _uncapped_fit(trace_doc: Any, fmt: str, tok: Any) -> Profile:
+    """The profile as fitted before reply lengths cut at a cap were kept as recorded: every reply length
+    lognormal by moments (``LengthDist.fit``), the rest as ``fit_profile`` fits it. The baseline of the
+    ``--uncapped`` form, measured in the same runs as the current fit."""
+    sessions = read_trace(trace_doc, fmt, tok)
+    fitted = fit_profile("uncapped", sessions, "the fit before capped replies")
+    by_turn: list[list[int]] = []
+    for sess in sessions:
+        for i, t in enumerate(sess.turns):
+            while len(by_turn) <= i:
+                by_turn.append([])
+            by_turn[i].append(t.output_tokens)
+    return replace(
+        fitted,
+        output=LengthDist.fit([x for v in by_turn for x in v]),
+        output_by_turn=tuple(LengthDist.fit(v) for v in by_turn[: len(fitted.output_by_turn)]),
+    )
 
 
 def _without_delays(plans: list[SessionPlan]) -> list[SessionPlan]:
@@ -221,16 +248,29 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
     The engine's prefix cache is off: R' would otherwise be served R's prompts from it (and R R''s)."""
     trace_doc, fmt, trace_name = _trace(a)
     tok = load_tokenizer()
-    forms = ("replay", "replay2", "shadow", "synthetic")
+    forms: tuple[str, ...] = ("replay", "replay2", "shadow", "synthetic")
+    uncapped = _uncapped_fit(trace_doc, fmt, tok) if a.uncapped else None
+    if uncapped is not None:
+        forms += ("uncapped",)
+    rows = [row for row in _ROWS if row[1] in (None, *forms)]
     runs: dict[str, list[list[RequestResult]]] = {f: [] for f in forms}
 
     def plans(rep: int) -> list[SessionPlan]:
         out: list[SessionPlan] = []
         for form in forms:
-            spec = RunSpec(
-                "-", MODEL, form=form.rstrip("2"), trace=trace_doc, trace_format=fmt, trace_name=trace_name, seed=rep
-            )
-            planned = plan_run(spec, tok)[0]
+            if form == "uncapped" and uncapped is not None:
+                planned = synthesise_sessions(uncapped, len(trace_doc), TokenFill.for_tokenizer(tok), seed=rep)
+            else:
+                spec = RunSpec(
+                    "-",
+                    MODEL,
+                    form=form.rstrip("2"),
+                    trace=trace_doc,
+                    trace_format=fmt,
+                    trace_name=trace_name,
+                    seed=rep,
+                )
+                planned = plan_run(spec, tok)[0]
             if not a.tool_latency:
                 planned = _without_delays(planned)
             out += [replace(p, session_id=f"{form}|{p.session_id}") for p in planned]
@@ -264,7 +304,7 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
         f: [[replace(x, e2el=(x.e2el or 0.0) / unit[i]) for x in rs] for i, rs in enumerate(runs[f])] for f in forms
     }
     result: dict[str, Any] = {}
-    for name, other in _ROWS:
+    for name, other in rows:
         result[name] = _compare_mixed(
             scaled["replay"], scaled["replay2"], scaled[other] if other else None, a.min_per_turn
         )
@@ -445,6 +485,7 @@ _ROWS: tuple[tuple[str, str | None], ...] = (
     ("replay vs replay (noise floor)", None),
     ("shadow vs replay", "shadow"),
     ("synthetic vs replay", "synthetic"),
+    ("synthetic, uncapped fit, vs replay", "uncapped"),
 )
 
 
@@ -490,6 +531,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--bootstrap", type=int, default=2000, help="mape --interleave sessions: draws of the interval over sessions"
+    )
+    ap.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="mape --interleave sessions: also a synthetic form of the fit before capped replies were kept as"
+        " recorded (every reply length lognormal), in the same runs",
     )
     ap.add_argument("--trace", type=Path, help="mape: the trace to compare on (default: the docs trace)")
     ap.add_argument("--trace-format", choices=("atif", "sharegpt"), default="atif", help="mape: --trace's format")

@@ -279,3 +279,22 @@ def test_fit_keeps_lengths_per_turn_index_where_the_trace_has_enough_of_them() -
         assert {pl.turns[k].max_tokens for pl in reached} == {10 * k}
     with pytest.raises(ProfileError, match=r"observation_by_turn\[0\]"):
         Profile.from_dict({**p.to_dict(), "observation_by_turn": [{"kind": "lognormal"}]})
+
+
+def test_replies_cut_at_the_recorders_max_tokens_are_never_drawn_beyond_it() -> None:
+    # a harness capping every call at 48 tokens: most replies stop at the cap, a few end early
+    rng = random.Random(5)
+    replies = [[48 if rng.random() < 0.75 else rng.randint(1, 47) for _ in range(3)] for _ in range(30)]
+    sessions = [TraceSession(str(i), tuple(TraceTurn(100, r) for r in rs)) for i, rs in enumerate(replies)]
+    p = fit_profile("capped", sessions, "test")
+    first = [rs[0] for rs in replies]
+    for dist, recorded in ((p.output_at(1), first), (p.output, [r for rs in replies for r in rs])):
+        assert dist.kind == "empirical" and dist.mean == pytest.approx(sum(recorded) / len(recorded))
+        draws = [dist.sample(rng) for _ in range(4000)]
+        assert max(draws) == 48  # a lognormal with this mean and spread draws ~20 % of them above the cap
+        at_cap = sum(d == 48 for d in draws) / len(draws)
+        assert at_cap == pytest.approx(recorded.count(48) / len(recorded), abs=0.03)
+    assert Profile.from_dict(p.to_dict()) == p
+    # lengths whose largest value does not recur are not taken for capped: lognormal by moments as before
+    free = [TraceSession(str(i), (TraceTurn(100, 10 + 3 * i),)) for i in range(12)]
+    assert fit_profile("free", free, "test").output.kind == "lognormal"

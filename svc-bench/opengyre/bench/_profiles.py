@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "TraceSession",
     "TraceTurn",
     "fit_profile",
+    "fit_replies",
     "paper_profile",
 ]
 
@@ -430,13 +431,28 @@ class TraceSession:
 MIN_PER_TURN_FIT = 8
 
 
-def _per_turn(by_turn: list[list[int]]) -> tuple[LengthDist, ...]:
+def _per_turn(by_turn: list[list[int]], fit: Callable[[Sequence[int]], LengthDist]) -> tuple[LengthDist, ...]:
     out: list[LengthDist] = []
     for vals in by_turn:
         if len(vals) < MIN_PER_TURN_FIT:
             break
-        out.append(LengthDist.fit(vals))
+        out.append(fit(vals))
     return tuple(out)
+
+
+def fit_replies(values: Sequence[int]) -> LengthDist:
+    """Reply lengths: ``LengthDist.fit``, unless they were cut at a limit.
+
+    Where the largest recorded length recurs, requests stopped there: the recorder's ``max_tokens`` (an agent
+    harness caps every call). Such lengths are censored: a lognormal fitted to them puts mass beyond the cap
+    that no recorded request could have had (the loop's ATIF trace, capped at 48 with 9 of 12 first replies at
+    the cap, drew first replies up to 116) and too little at the cap itself. The recorded lengths are kept
+    instead (``empirical``): every draw is a length the recorder's requests could produce, the mass at the cap
+    and the mean are the trace's."""
+    vals = [int(v) for v in values if v > 0]
+    if len(set(vals)) > 1 and vals.count(max(vals)) >= 2:
+        return LengthDist("empirical", sum(vals) / len(vals), values=tuple(sorted(vals)))
+    return LengthDist.fit(vals)
 
 
 def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Profile:
@@ -475,12 +491,12 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
         name=name,
         first_prompt=LengthDist.fit(firsts),
         observation=LengthDist.fit(obs) if obs else LengthDist("constant", 1.0),
-        output=LengthDist.fit(outs),
+        output=fit_replies(outs),
         turns=LengthDist.fit(turns),
         shared_prefix=min(prefixes),
         description=f"fitted to {len(turns)} sessions, {len(outs)} requests",
         source=source,
-        observation_by_turn=_per_turn(obs_by),
-        output_by_turn=_per_turn(outs_by),
+        observation_by_turn=_per_turn(obs_by, LengthDist.fit),
+        output_by_turn=_per_turn(outs_by, fit_replies),
         tool_latency=DelayDist.fit(delays) if delays else None,
     )
