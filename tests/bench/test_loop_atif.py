@@ -34,3 +34,4 @@ def test_the_loops_replies_capped_at_48_tokens_fit_as_recorded() -> None:
     assert first.kind == "empirical" and sorted(first.values) == [1, 5, 18] + [48] * 9
     assert second.kind == "empirical" and max(second.values) == 48 and second.mean == 42.5
     assert [d.to_dict() for d in profile.output_by_turn[2:]] == [{"kind": "constant", "mean": 48.0}] * 2
+    assert profile.group_size == 4  # groups of 4 rollouts of each task start with the same request

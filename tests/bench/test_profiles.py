@@ -298,3 +298,33 @@ def test_replies_cut_at_the_recorders_max_tokens_are_never_drawn_beyond_it() -> 
     # lengths whose largest value does not recur are not taken for capped: lognormal by moments as before
     free = [TraceSession(str(i), (TraceTurn(100, 10 + 3 * i),)) for i in range(12)]
     assert fit_profile("free", free, "test").output.kind == "lognormal"
+
+
+def test_sessions_that_start_alike_are_fitted_and_sent_as_groups() -> None:
+    # an RL loop's trace: 3 tasks, each sampled by a group of 4 rollouts (the same first request), replies differ
+    tok = load_tokenizer()
+    doc = [
+        {
+            "id": f"{g}-{m}",
+            "conversations": [
+                {"from": "human", "value": f"task {g}: " + "do this " * (10 + 5 * g)},
+                {"from": "gpt", "value": "x" * (3 + m)},
+                {"from": "human", "value": f"tool said {m} " * 4},
+                {"from": "gpt", "value": "y" * 4},
+            ],
+        }
+        for g in range(3)
+        for m in range(4)
+    ]
+    sessions = read_trace(doc, "sharegpt", tok)
+    prof = fit_profile("groups", sessions, "test")
+    assert prof.group_size == 4 and Profile.from_dict(prof.to_dict()) == prof
+    assert fit_profile("alone", sessions[::4], "test").group_size == 1  # one session per task
+    fill = TokenFill.for_tokenizer(tok)
+    for plans in (synthesise_sessions(prof, 12, fill, seed=1), shadow_sessions(sessions, fill, seed=1)):
+        firsts = [p.turns[0].messages for p in plans]
+        assert [len({repr(f) for f in firsts[g * 4 : g * 4 + 4]}) for g in range(3)] == [1, 1, 1]  # shared in a group
+        assert len({repr(f) for f in firsts}) == 3  # and only there
+        assert len({p.turns[1].messages[-1]["content"] for p in plans}) == 12  # the rest is each session's own
+    with pytest.raises(ProfileError, match="group_size must be a whole number of sessions >= 1, got 0"):
+        Profile.from_dict({**prof.to_dict(), "group_size": 0})

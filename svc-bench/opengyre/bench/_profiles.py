@@ -227,12 +227,17 @@ class Profile:
     # between a reply and the session's next request (tool calls, think time); None: sent at once. Not scaled
     # by ``length_scale`` (it is time, not tokens)
     tool_latency: DelayDist | None = None
+    # sessions that start with one first prompt: an RL loop samples each task group_size times (GRPO groups), so
+    # a server's prefix cache serves all but the first of a group's first prompts; 1: every session its own
+    group_size: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or self.shared_prefix < 0:
             raise ProfileError(
                 f"shared_prefix must be a non-negative whole number of tokens, got {self.shared_prefix!r}"
             )
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ProfileError(f"group_size must be a whole number of sessions >= 1, got {self.group_size!r}")
         for name in ("length_scale", "turn_scale"):
             v = getattr(self, name)
             if not (isinstance(v, float | int) and math.isfinite(v) and v > 0):
@@ -296,6 +301,7 @@ class Profile:
             "observation_by_turn": [d.to_dict() for d in self.observation_by_turn],
             "output_by_turn": [d.to_dict() for d in self.output_by_turn],
             "tool_latency": self.tool_latency.to_dict() if self.tool_latency else None,
+            "group_size": self.group_size,
         }
 
     @classmethod
@@ -324,6 +330,7 @@ class Profile:
                 observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
                 output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
                 tool_latency=None if d.get("tool_latency") is None else DelayDist.from_dict(d["tool_latency"]),
+                group_size=_whole(d.get("group_size", 1), "group_size"),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
@@ -455,6 +462,16 @@ def fit_replies(values: Sequence[int]) -> LengthDist:
     return LengthDist.fit(vals)
 
 
+def _group_size(sessions: Sequence[TraceSession]) -> int:
+    """Sessions per distinct first request (its messages), on average: the trace's groups of sessions that start
+    alike (an RL loop's group of rollouts of one task). 1 where every session starts its own way, or where the
+    trace has token counts only (no messages to compare)."""
+    if any(not s.turns[0].messages for s in sessions):
+        return 1
+    firsts = {repr([(m.get("role"), m.get("content")) for m in s.turns[0].messages]) for s in sessions}
+    return max(1, round(len(sessions) / len(firsts)))
+
+
 def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Profile:
     """Fit lengths (first prompt, observation, output; pooled, and per turn index where the trace has enough
     requests at it) and the turn count to recorded sessions."""
@@ -466,6 +483,7 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     delays: list[float] = []
     obs_by: list[list[int]] = []  # index 0: turn 2
     outs_by: list[list[int]] = []  # index 0: turn 1
+    sessions = list(sessions)
     for s in sessions:
         if not s.turns:
             raise ProfileError(f"trace session {s.session_id!r} has no turns")
@@ -488,6 +506,7 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     if not turns:
         raise ProfileError("the trace has no sessions")
     return Profile(
+        group_size=_group_size(sessions),
         name=name,
         first_prompt=LengthDist.fit(firsts),
         observation=LengthDist.fit(obs) if obs else LengthDist("constant", 1.0),
