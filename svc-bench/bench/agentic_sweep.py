@@ -21,7 +21,10 @@ ones. ``--interleave sessions``: every form's sessions (the replay twice, R and 
 forms meet the machine at the same moments; the floor is R against R'. Headline: E2EL MAPE per turn index
 (``opengyre.bench.e2el_mape``); beside it over quantiles, and the spread over single-run pairs. ``--trace`` (with
 ``--interleave sessions``) compares on a trace file instead, ATIF by default; the gaps between turns are dropped
-from every form unless ``--tool-latency`` (they lengthen the runs and change no E2EL).
+from every form unless ``--tool-latency`` (they lengthen the runs and change no E2EL). With ``--interleave
+sessions`` each figure has a 95 % bootstrap interval over sessions, every request is written to
+``requests-sessions-*.csv``, and ``--uncapped`` adds the fit before capped replies and groups (issue 31) as a
+fifth form in the same runs.
 """
 
 from __future__ import annotations
@@ -217,9 +220,10 @@ def _trace(a: argparse.Namespace) -> tuple[Any, str, str]:
 
 
 def _uncapped_fit(trace_doc: Any, fmt: str, tok: Any) -> Profile:
-    """The profile as fitted before reply lengths cut at a cap were kept as recorded: every reply length
-    lognormal by moments (``LengthDist.fit``), the rest as ``fit_profile`` fits it. The baseline of the
-    ``--uncapped`` form, measured in the same runs as the current fit."""
+    """The profile as fitted before reply lengths cut at a cap were kept as recorded and groups of sessions
+    starting alike were kept together: every reply length lognormal by moments (``LengthDist.fit``), every
+    session its own first prompt, the rest as ``fit_profile`` fits it. The baseline of the ``--uncapped`` form,
+    measured in the same runs as the current fit."""
     sessions = read_trace(trace_doc, fmt, tok)
     fitted = fit_profile("uncapped", sessions, "the fit before capped replies")
     by_turn: list[list[int]] = []
@@ -232,6 +236,7 @@ def _uncapped_fit(trace_doc: Any, fmt: str, tok: Any) -> Profile:
         fitted,
         output=LengthDist.fit([x for v in by_turn for x in v]),
         output_by_turn=tuple(LengthDist.fit(v) for v in by_turn[: len(fitted.output_by_turn)]),
+        group_size=1,
     )
 
 
