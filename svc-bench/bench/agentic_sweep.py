@@ -21,13 +21,17 @@ ones. ``--interleave sessions``: every form's sessions (the replay twice, R and 
 forms meet the machine at the same moments; the floor is R against R'. Headline: E2EL MAPE per turn index
 (``opengyre.bench.e2el_mape``); beside it over quantiles, and the spread over single-run pairs. ``--trace`` (with
 ``--interleave sessions``) compares on a trace file instead, ATIF by default; the gaps between turns are dropped
-from every form unless ``--tool-latency`` (they lengthen the runs and change no E2EL).
+from every form unless ``--tool-latency`` (they lengthen the runs and change no E2EL). With ``--interleave
+sessions`` each figure has a 95 % bootstrap interval over sessions, every request is written to
+``requests-sessions-*.csv``, and ``--uncapped`` adds the fit before capped replies and groups (issue 31) as a
+fifth form in the same runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import multiprocessing
 import os
@@ -40,9 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from opengyre.bench import (
+    LengthDist,
     LoadConfig,
+    Profile,
     RequestResult,
     RunSpec,
     SessionPlan,
@@ -50,11 +57,13 @@ from opengyre.bench import (
     check_comparable,
     e2el_mape,
     execute_run,
+    fit_profile,
     mape_spread,
     paper_profile,
     plan_run,
     plot_per_turn_ttft,
     plot_sweep,
+    read_trace,
     run_load,
     summarise,
     sweep,
@@ -195,7 +204,11 @@ async def _mape(out: Path, concurrency: int, a: argparse.Namespace) -> None:
                 )
     check_comparable(docs["replay"][0], docs["synthetic"][0])
     check_comparable(docs["replay"][0], docs["shadow"][0])
-    result = {name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn) for name, form in _ROWS}
+    result = {
+        name: _compare(runs["replay"], runs[form] if form else None, a.min_per_turn)
+        for name, form in _ROWS
+        if form in (None, *forms)
+    }
     _report(out, a, concurrency, trace_doc, runs, result, "runs")
 
 
@@ -204,6 +217,27 @@ def _trace(a: argparse.Namespace) -> tuple[Any, str, str]:
     if a.trace is None:
         return _docs_trace(a.sessions, a.turns, a.prompt_chars, a.reply_chars), "sharegpt", "docs"
     return json.loads(a.trace.read_text()), a.trace_format, a.trace.stem
+
+
+def _uncapped_fit(trace_doc: Any, fmt: str, tok: Any) -> Profile:
+    """The profile as fitted before reply lengths cut at a cap were kept as recorded and groups of sessions
+    starting alike were kept together: every reply length lognormal by moments (``LengthDist.fit``), every
+    session its own first prompt, the rest as ``fit_profile`` fits it. The baseline of the ``--uncapped`` form,
+    measured in the same runs as the current fit."""
+    sessions = read_trace(trace_doc, fmt, tok)
+    fitted = fit_profile("uncapped", sessions, "the fit before capped replies")
+    by_turn: list[list[int]] = []
+    for sess in sessions:
+        for i, t in enumerate(sess.turns):
+            while len(by_turn) <= i:
+                by_turn.append([])
+            by_turn[i].append(t.output_tokens)
+    return replace(
+        fitted,
+        output=LengthDist.fit([x for v in by_turn for x in v]),
+        output_by_turn=tuple(LengthDist.fit(v) for v in by_turn[: len(fitted.output_by_turn)]),
+        group_size=1,
+    )
 
 
 def _without_delays(plans: list[SessionPlan]) -> list[SessionPlan]:
@@ -219,16 +253,29 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
     The engine's prefix cache is off: R' would otherwise be served R's prompts from it (and R R''s)."""
     trace_doc, fmt, trace_name = _trace(a)
     tok = load_tokenizer()
-    forms = ("replay", "replay2", "shadow", "synthetic")
+    forms: tuple[str, ...] = ("replay", "replay2", "shadow", "synthetic")
+    uncapped = _uncapped_fit(trace_doc, fmt, tok) if a.uncapped else None
+    if uncapped is not None:
+        forms += ("uncapped",)
+    rows = [row for row in _ROWS if row[1] in (None, *forms)]
     runs: dict[str, list[list[RequestResult]]] = {f: [] for f in forms}
 
     def plans(rep: int) -> list[SessionPlan]:
         out: list[SessionPlan] = []
         for form in forms:
-            spec = RunSpec(
-                "-", MODEL, form=form.rstrip("2"), trace=trace_doc, trace_format=fmt, trace_name=trace_name, seed=rep
-            )
-            planned = plan_run(spec, tok)[0]
+            if form == "uncapped" and uncapped is not None:
+                planned = synthesise_sessions(uncapped, len(trace_doc), TokenFill.for_tokenizer(tok), seed=rep)
+            else:
+                spec = RunSpec(
+                    "-",
+                    MODEL,
+                    form=form.rstrip("2"),
+                    trace=trace_doc,
+                    trace_format=fmt,
+                    trace_name=trace_name,
+                    seed=rep,
+                )
+                planned = plan_run(spec, tok)[0]
             if not a.tool_latency:
                 planned = _without_delays(planned)
             out += [replace(p, session_id=f"{form}|{p.session_id}") for p in planned]
@@ -262,13 +309,31 @@ async def _mape_mixed(out: Path, concurrency: int, a: argparse.Namespace) -> Non
         f: [[replace(x, e2el=(x.e2el or 0.0) / unit[i]) for x in rs] for i, rs in enumerate(runs[f])] for f in forms
     }
     result: dict[str, Any] = {}
-    for name, other in _ROWS:
+    for name, other in rows:
         result[name] = _compare_mixed(
             scaled["replay"], scaled["replay2"], scaled[other] if other else None, a.min_per_turn
         )
         raw = _compare_mixed(runs["replay"], runs["replay2"], runs[other] if other else None, a.min_per_turn)
         result[name]["pooled_seconds"] = raw["pooled"]
+        result[name]["bootstrap_95"] = _bootstrap(
+            scaled["replay"], scaled["replay2"], scaled[other] if other else None, a.min_per_turn, a.bootstrap
+        )
     _report(out, a, concurrency, trace_doc, runs, result, "sessions", trace_name)
+    _write_requests(out / f"requests-sessions-c{concurrency}-{trace_name}.csv", runs, unit)
+
+
+def _write_requests(path: Path, runs: dict[str, list[list[RequestResult]]], unit: list[float]) -> None:
+    """Every request of every form and repeat: what a per-turn figure is made of (lengths, TTFT, E2EL), to
+    look at where two forms part."""
+    cols = ("form", "repeat", "session", "turn", "prompt_tokens", "output_tokens", "ttft_s", "e2el_s", "unit_s")
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for form, reps in runs.items():
+            for i, rs in enumerate(reps):
+                for r in rs:
+                    w.writerow((form, i, r.session, r.turn, r.prompt_tokens, r.output_tokens, r.ttft, r.e2el, unit[i]))
+    print(f"requests: {path}")
 
 
 def _report(
@@ -311,10 +376,13 @@ def _report(
     for name, m in result.items():
         h, pt, q = m["pooled"], m["runs"]["per_turn"], m["runs"]["quantile"]
         sec = f" / {m['pooled_seconds']['per_turn_mape']:.1%}" if "pooled_seconds" in m else ""
+        if "bootstrap_95" in m:
+            sec += " [95 % over sessions {:.1%}-{:.1%}]".format(*m["bootstrap_95"])
         print(
             f"{name:>31}: E2EL MAPE per turn index {h['per_turn_mape']:.1%}{sec} (single runs {pt['mean']:.1%}, "
             f"{pt['min']:.1%}-{pt['max']:.1%}); over quantiles {h['quantile_mape']:.1%} (single runs {q['mean']:.1%})"
         )
+        print(f"{'':>31}  per turn: " + " ".join(f"{k}: {v:.1%}" for k, v in m["per_turn_error"].items()))
     for f in runs:
         print(
             f"{f:>10} per turn: ISL "
@@ -348,9 +416,68 @@ def _compare_mixed(
     return _summary(pooled, singles)
 
 
+def _turn_sums(reps: list[list[RequestResult]], turns: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Per repeat and session (sorted by id), per turn index: the sum of E2EL and the number of requests."""
+    ids = sorted({r.session for rs in reps for r in rs})
+    row = {sid: i for i, sid in enumerate(ids)}
+    sums = np.zeros((len(reps), len(ids), turns))
+    counts = np.zeros((len(reps), len(ids), turns))
+    for i, rs in enumerate(reps):
+        for r in rs:
+            if r.ok and r.e2el is not None:
+                sums[i, row[r.session], r.turn - 1] += r.e2el
+                counts[i, row[r.session], r.turn - 1] += 1
+    return ids, sums, counts
+
+
+def _bootstrap(
+    r1: list[list[RequestResult]],
+    r2: list[list[RequestResult]],
+    other: list[list[RequestResult]] | None,
+    mpt: int,
+    draws: int,
+) -> list[float]:
+    """A 95 % interval of the pooled per-turn MAPE over sessions: in every repeat, the replay's sessions (the same
+    draw for R and R', which send the same ones) and the other form's are drawn again with replacement, and the
+    MAPE computed as for the figure (R and R' each against the other form, averaged; the floor: R against R').
+    What the figure would be with other sessions like these: how far 12 trace sessions (or a form's draw of
+    them) can resolve it."""
+    turns = max(r.turn for reps in (r1, r2, other or []) for rs in reps for r in rs)
+    ids1, s1, n1 = _turn_sums(r1, turns)
+    ids2, s2, n2 = _turn_sums(r2, turns)
+    if ids1 != ids2:
+        raise SystemExit("R and R' sent different sessions")
+    so, no = _turn_sums(other, turns)[1:] if other is not None else (None, None)
+    rng = np.random.default_rng(0)
+    reps = s1.shape[0]
+    out: list[float] = []
+
+    def mape(sa: np.ndarray, na: np.ndarray, sb: np.ndarray, nb: np.ndarray) -> float:
+        keep = (na >= mpt) & (nb >= mpt)
+        return float(np.mean(np.abs((sb[keep] / nb[keep]) / (sa[keep] / na[keep]) - 1.0)))
+
+    for _ in range(draws):
+        pick = rng.integers(0, s1.shape[1], size=(reps, s1.shape[1]))
+        rows = np.arange(reps)[:, None]
+        a1, c1 = s1[rows, pick].sum(axis=(0, 1)), n1[rows, pick].sum(axis=(0, 1))
+        a2, c2 = s2[rows, pick].sum(axis=(0, 1)), n2[rows, pick].sum(axis=(0, 1))
+        if so is None or no is None:
+            out.append(mape(a1, c1, a2, c2))
+            continue
+        po = rng.integers(0, so.shape[1], size=(reps, so.shape[1]))
+        b, cb = so[rows, po].sum(axis=(0, 1)), no[rows, po].sum(axis=(0, 1))
+        out.append((mape(a1, c1, b, cb) + mape(a2, c2, b, cb)) / 2)
+    lo, hi = np.percentile(out, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
 def _summary(pooled: list[dict[str, Any]], singles: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "pooled": {k: sum(h[k] for h in pooled) / len(pooled) for k in ("per_turn_mape", "quantile_mape")},
+        # each turn index's |B/A - 1|: where the forms part
+        "per_turn_error": {
+            k: sum(h["per_turn_error"][k] for h in pooled) / len(pooled) for k in pooled[0]["per_turn_error"]
+        },
         "runs": {
             "per_turn": mape_spread([m["per_turn_mape"] for m in singles]),
             "quantile": mape_spread([m["quantile_mape"] for m in singles]),
@@ -363,6 +490,7 @@ _ROWS: tuple[tuple[str, str | None], ...] = (
     ("replay vs replay (noise floor)", None),
     ("shadow vs replay", "shadow"),
     ("synthetic vs replay", "synthetic"),
+    ("synthetic, uncapped fit, vs replay", "uncapped"),
 )
 
 
@@ -405,6 +533,15 @@ def main() -> None:
         choices=("runs", "sessions"),
         default="runs",
         help="mape: alternate whole runs of each form, or shuffle every form's sessions into each run",
+    )
+    ap.add_argument(
+        "--bootstrap", type=int, default=2000, help="mape --interleave sessions: draws of the interval over sessions"
+    )
+    ap.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="mape --interleave sessions: also a synthetic form of the fit before capped replies were kept as"
+        " recorded (every reply length lognormal), in the same runs",
     )
     ap.add_argument("--trace", type=Path, help="mape: the trace to compare on (default: the docs trace)")
     ap.add_argument("--trace-format", choices=("atif", "sharegpt"), default="atif", help="mape: --trace's format")

@@ -25,3 +25,13 @@ def test_loop_rollouts_are_sessions_with_turns_and_gaps() -> None:
     assert profile.tool_latency is not None  # fitted from those gaps
     steps = [st for t in doc for st in t["steps"] if st["source"] == "agent"]
     assert all("prompt_token_ids" not in st["metrics"] for st in steps)  # stripped: the file stays small
+
+
+def test_the_loops_replies_capped_at_48_tokens_fit_as_recorded() -> None:
+    # the harness ran at --max-tokens 48: 9 of 12 first replies and 10 of 12 second ones stop at it
+    profile = fit_profile("loop", read_trace(json.loads(FIXTURE.read_text()), "atif", load_tokenizer()), "atif")
+    first, second = profile.output_by_turn[:2]
+    assert first.kind == "empirical" and sorted(first.values) == [1, 5, 18] + [48] * 9
+    assert second.kind == "empirical" and max(second.values) == 48 and second.mean == 42.5
+    assert [d.to_dict() for d in profile.output_by_turn[2:]] == [{"kind": "constant", "mean": 48.0}] * 2
+    assert profile.group_size == 4  # groups of 4 rollouts of each task start with the same request

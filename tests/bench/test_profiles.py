@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from opengyre.bench import (
     PAPER_PROFILES,
+    DelayDist,
     LengthDist,
     Profile,
     ProfileError,
@@ -16,6 +19,7 @@ from opengyre.bench import (
     TraceTurn,
     fit_profile,
     paper_profile,
+    profile_from,
     read_trace,
     replay_sessions,
     shadow_sessions,
@@ -84,6 +88,17 @@ def test_scaling_is_explicit_and_reported() -> None:
     assert p.length_scale == 0.05 and p.turn_scale == 0.1
     assert p.expected_isl() < 9995 * 0.05
     assert p.to_dict()["length_scale"] == 0.05
+
+
+def test_a_stated_tool_latency_replaces_the_profiles_and_bad_ones_are_refused() -> None:
+    own = replace(PAPER_PROFILES["chatbot"], tool_latency=DelayDist("lognormal", 2.0, 0.5))
+    assert own.with_tool_latency(None) == own  # unset: the profile's own
+    assert own.with_tool_latency(0.25).tool_latency == DelayDist("constant", 0.25)
+    assert own.with_tool_latency(0).tool_latency is None  # 0: none
+    assert profile_from("chatbot", 0.5, 1.0, 1.5).tool_latency == DelayDist("constant", 1.5)
+    for bad in (-0.1, math.nan, math.inf, True):
+        with pytest.raises(ProfileError, match="tool_latency must be a number of seconds >= 0"):
+            own.with_tool_latency(bad)
 
 
 def test_fit_recovers_a_lognormal() -> None:
@@ -264,3 +279,52 @@ def test_fit_keeps_lengths_per_turn_index_where_the_trace_has_enough_of_them() -
         assert {pl.turns[k].max_tokens for pl in reached} == {10 * k}
     with pytest.raises(ProfileError, match=r"observation_by_turn\[0\]"):
         Profile.from_dict({**p.to_dict(), "observation_by_turn": [{"kind": "lognormal"}]})
+
+
+def test_replies_cut_at_the_recorders_max_tokens_are_never_drawn_beyond_it() -> None:
+    # a harness capping every call at 48 tokens: most replies stop at the cap, a few end early
+    rng = random.Random(5)
+    replies = [[48 if rng.random() < 0.75 else rng.randint(1, 47) for _ in range(3)] for _ in range(30)]
+    sessions = [TraceSession(str(i), tuple(TraceTurn(100, r) for r in rs)) for i, rs in enumerate(replies)]
+    p = fit_profile("capped", sessions, "test")
+    first = [rs[0] for rs in replies]
+    for dist, recorded in ((p.output_at(1), first), (p.output, [r for rs in replies for r in rs])):
+        assert dist.kind == "empirical" and dist.mean == pytest.approx(sum(recorded) / len(recorded))
+        draws = [dist.sample(rng) for _ in range(4000)]
+        assert max(draws) == 48  # a lognormal with this mean and spread draws ~20 % of them above the cap
+        at_cap = sum(d == 48 for d in draws) / len(draws)
+        assert at_cap == pytest.approx(recorded.count(48) / len(recorded), abs=0.03)
+    assert Profile.from_dict(p.to_dict()) == p
+    # lengths whose largest value does not recur are not taken for capped: lognormal by moments as before
+    free = [TraceSession(str(i), (TraceTurn(100, 10 + 3 * i),)) for i in range(12)]
+    assert fit_profile("free", free, "test").output.kind == "lognormal"
+
+
+def test_sessions_that_start_alike_are_fitted_and_sent_as_groups() -> None:
+    # an RL loop's trace: 3 tasks, each sampled by a group of 4 rollouts (the same first request), replies differ
+    tok = load_tokenizer()
+    doc = [
+        {
+            "id": f"{g}-{m}",
+            "conversations": [
+                {"from": "human", "value": f"task {g}: " + "do this " * (10 + 5 * g)},
+                {"from": "gpt", "value": "x" * (3 + m)},
+                {"from": "human", "value": f"tool said {m} " * 4},
+                {"from": "gpt", "value": "y" * 4},
+            ],
+        }
+        for g in range(3)
+        for m in range(4)
+    ]
+    sessions = read_trace(doc, "sharegpt", tok)
+    prof = fit_profile("groups", sessions, "test")
+    assert prof.group_size == 4 and Profile.from_dict(prof.to_dict()) == prof
+    assert fit_profile("alone", sessions[::4], "test").group_size == 1  # one session per task
+    fill = TokenFill.for_tokenizer(tok)
+    for plans in (synthesise_sessions(prof, 12, fill, seed=1), shadow_sessions(sessions, fill, seed=1)):
+        firsts = [p.turns[0].messages for p in plans]
+        assert [len({repr(f) for f in firsts[g * 4 : g * 4 + 4]}) for g in range(3)] == [1, 1, 1]  # shared in a group
+        assert len({repr(f) for f in firsts}) == 3  # and only there
+        assert len({p.turns[1].messages[-1]["content"] for p in plans}) == 12  # the rest is each session's own
+    with pytest.raises(ProfileError, match="group_size must be a whole number of sessions >= 1, got 0"):
+        Profile.from_dict({**prof.to_dict(), "group_size": 0})

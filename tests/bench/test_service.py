@@ -136,6 +136,8 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
                     concurrency=[1, 2, 4],
                     sessions_per_slot=2,
                     repeats=2,  # two complete repeats each: the step's interval exists from the start
+                    max_repeats=3,
+                    tool_latency_s=0.002,  # stated: replaces the profile's (none), recorded in the result
                     tolerance=100.0,  # any gain is surely "below tolerance": C* = 1, then one point beyond it
                     beyond=1,
                 )
@@ -147,7 +149,47 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
         assert all(u.mean > 0 and len(u.throughputs) >= 2 for u in updates[:-1])
         result = json.loads(updates[-1].result_json)
         assert result["c_star"] == 1 and [p["concurrency"] for p in result["points"]] == [1, 2]
-        assert not result["partial"] and result["max_repeats"] == 8
+        assert not result["partial"] and result["max_repeats"] == 3
+        assert result["profile"]["tool_latency"] == {"kind": "constant", "mean": 0.002}
+
+        # a run's stated tool latency replaces its profile's (0: none), as `opengyre bench run --tool-latency`
+        chat = json.loads((await stub.ListProfiles(bench_pb2.ListProfilesRequest())).profiles["chat"])
+        two_turns = {
+            **chat,
+            "turns": {"kind": "constant", "mean": 2},
+            "tool_latency": {"kind": "lognormal", "mean": 5.0, "sigma": 1.0},  # its own: 5 s between turns
+        }
+        stated = await stub.Run(
+            bench_pb2.BenchRunRequest(
+                url=url,
+                model=model,
+                profile=json.dumps(two_turns),
+                length_scale=0.03,
+                sessions=1,
+                concurrency=1,
+                tool_latency_s=0.01,
+            )
+        )
+        sdoc2 = json.loads(stated.result_json)
+        assert not stated.partial and sdoc2["summary"]["requests_ok"] == 2
+        assert sdoc2["profile"]["tool_latency"] == {"kind": "constant", "mean": 0.01}
+        none = await stub.Run(
+            bench_pb2.BenchRunRequest(
+                url="http://127.0.0.1:9",
+                model=model,
+                profile=json.dumps(two_turns),
+                sessions=1,
+                concurrency=1,
+                tool_latency_s=0.0,
+            )
+        )
+        assert json.loads(none.result_json)["profile"]["tool_latency"] is None
+        kept = await stub.Run(
+            bench_pb2.BenchRunRequest(
+                url="http://127.0.0.1:9", model=model, profile=json.dumps(two_turns), sessions=1, concurrency=1
+            )
+        )
+        assert json.loads(kept.result_json)["profile"]["tool_latency"]["mean"] == 5.0
 
         await _refused(lambda: stub.Run(bench_pb2.BenchRunRequest(url=url, model=model, profile="chat")), "concurrency")
         await _refused(
@@ -172,6 +214,32 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
 
         await _refused(collect, "strictly increasing")
 
+        def sweep_call(**fields: object) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                req = bench_pb2.BenchSweepRequest(url=url, model=model, profile="chat", concurrency=[1], **fields)
+                async for _ in stub.Sweep(req):
+                    pass
+
+            return call
+
+        # refused before anything is sent, with the reason (the CLI's --max-repeats and --tool-latency checks)
+        await _refused(sweep_call(repeats=4, max_repeats=2), "max_repeats at least repeats, got 4 and 2")
+        await _refused(sweep_call(tool_latency_s=-0.5), "tool_latency must be a number of seconds >= 0, got -0.5")
+        await _refused(
+            lambda: stub.Run(
+                bench_pb2.BenchRunRequest(
+                    url=url, model=model, profile="chat", concurrency=1, tool_latency_s=float("nan")
+                )
+            ),
+            "tool_latency must be a number of seconds >= 0, got nan",
+        )
+        await _refused(
+            lambda: stub.Run(
+                bench_pb2.BenchRunRequest(url=url, model=model, trace_json=_trace(), concurrency=1, tool_latency_s=1.0)
+            ),
+            "tool_latency_s change a profile; a trace is sent as recorded",
+        )
+
         # an unreachable server: a result marked partial, not an error
         bad = await stub.Run(
             bench_pb2.BenchRunRequest(url="http://127.0.0.1:9", model=model, profile="chat", sessions=1, concurrency=1)
@@ -190,13 +258,22 @@ async def test_load_runs_and_sweeps_over_grpc_publish_bench_run_completed(
         dres = json.loads(dead[-1].result_json)
         assert dres["partial"] and "no complete repeat at C=1 (server unreachable" in dres["stopped"]
         assert dres["c_star"] is None and dres["points"][0]["request_throughput_mean"] is None
+        assert dres["max_repeats"] == 8  # unset: the CLI's default cap
 
     log = await EventLog.connect(nats_server.url, log_config)
     try:
         events = {e.run_id: (seq, e) async for seq, e in log.events(BenchRunCompleted)}
     finally:
         await log.close()
-    assert set(events) == {run.run_id, synth.run_id, updates[-1].run_id, bad.run_id}
+    assert set(events) == {
+        run.run_id,
+        synth.run_id,
+        updates[-1].run_id,
+        bad.run_id,
+        stated.run_id,
+        none.run_id,
+        kept.run_id,
+    }
     seq, ev = events[run.run_id]
     assert seq == run.event_seq and ev.profile == "replay:t.json" and ev.concurrency == 2
     assert ev.metrics["requests_ok"] == 6 and ev.metrics["e2el_p50_s"] > 0

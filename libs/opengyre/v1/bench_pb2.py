@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/bench.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"\x88\x02\n\x0f\x42\x65nchRunRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x12\n\ntrace_json\x18\x04 \x01(\t\x12\x14\n\x0ctrace_format\x18\x05 \x01(\t\x12\x12\n\ntrace_name\x18\x06 \x01(\t\x12\x0c\n\x04\x66orm\x18\x07 \x01(\t\x12\x10\n\x08sessions\x18\x08 \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\t \x01(\r\x12\x0c\n\x04rate\x18\n \x01(\x01\x12\x0f\n\x07workers\x18\x0b \x01(\r\x12\x14\n\x0clength_scale\x18\x0c \x01(\x01\x12\x12\n\nturn_scale\x18\r \x01(\x01\x12\x0c\n\x04seed\x18\x0e \x01(\x04\"[\n\x10\x42\x65nchRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\x12\x11\n\tevent_seq\x18\x04 \x01(\x04\"\xdf\x01\n\x11\x42\x65nchSweepRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x04 \x03(\r\x12\x19\n\x11sessions_per_slot\x18\x05 \x01(\r\x12\x0f\n\x07repeats\x18\x06 \x01(\r\x12\x11\n\ttolerance\x18\x07 \x01(\x01\x12\x0e\n\x06\x62\x65yond\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x14\n\x0clength_scale\x18\n \x01(\x01\x12\x12\n\nturn_scale\x18\x0b \x01(\x01\"\x82\x01\n\x10\x42\x65nchSweepUpdate\x12\x13\n\x0b\x63oncurrency\x18\x01 \x01(\r\x12\x13\n\x0bthroughputs\x18\x02 \x03(\x01\x12\x0c\n\x04mean\x18\x03 \x01(\x01\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x11\n\tevent_seq\x18\x06 \x01(\x04\"\x15\n\x13ListProfilesRequest\"\x8a\x01\n\x14ListProfilesResponse\x12\x41\n\x08profiles\x18\x01 \x03(\x0b\x32/.opengyre.v1.ListProfilesResponse.ProfilesEntry\x1a/\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\x0fRooflineRequest\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x0b\n\x03isl\x18\x03 \x01(\r\x12\x0b\n\x03osl\x18\x04 \x01(\r\x12\r\n\x05\x62\x61tch\x18\x05 \x01(\r\x12\n\n\x02tp\x18\x06 \x01(\r\x12\x1a\n\x12memory_utilisation\x18\x07 \x01(\x01\"\x8c\x01\n\x10RooflineResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\r\n\x05ridge\x18\x02 \x01(\x01\x12\x1d\n\x15prefill_projection_oi\x18\x03 \x01(\x01\x12\x1c\n\x14\x64\x65\x63ode_projection_oi\x18\x04 \x01(\x01\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r2\xff\x02\n\x0c\x42\x65nchService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12S\n\x0cListProfiles\x12 .opengyre.v1.ListProfilesRequest\x1a!.opengyre.v1.ListProfilesResponse\x12G\n\x08Roofline\x12\x1c.opengyre.v1.RooflineRequest\x1a\x1d.opengyre.v1.RooflineResponse\x12\x42\n\x03Run\x12\x1c.opengyre.v1.BenchRunRequest\x1a\x1d.opengyre.v1.BenchRunResponse\x12H\n\x05Sweep\x12\x1e.opengyre.v1.BenchSweepRequest\x1a\x1d.opengyre.v1.BenchSweepUpdate0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/bench.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"\xb8\x02\n\x0f\x42\x65nchRunRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x12\n\ntrace_json\x18\x04 \x01(\t\x12\x14\n\x0ctrace_format\x18\x05 \x01(\t\x12\x12\n\ntrace_name\x18\x06 \x01(\t\x12\x0c\n\x04\x66orm\x18\x07 \x01(\t\x12\x10\n\x08sessions\x18\x08 \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\t \x01(\r\x12\x0c\n\x04rate\x18\n \x01(\x01\x12\x0f\n\x07workers\x18\x0b \x01(\r\x12\x14\n\x0clength_scale\x18\x0c \x01(\x01\x12\x12\n\nturn_scale\x18\r \x01(\x01\x12\x0c\n\x04seed\x18\x0e \x01(\x04\x12\x1b\n\x0etool_latency_s\x18\x0f \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_tool_latency_s\"[\n\x10\x42\x65nchRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bresult_json\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\x12\x11\n\tevent_seq\x18\x04 \x01(\x04\"\xa4\x02\n\x11\x42\x65nchSweepRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x04 \x03(\r\x12\x19\n\x11sessions_per_slot\x18\x05 \x01(\r\x12\x0f\n\x07repeats\x18\x06 \x01(\r\x12\x11\n\ttolerance\x18\x07 \x01(\x01\x12\x0e\n\x06\x62\x65yond\x18\x08 \x01(\r\x12\x0f\n\x07workers\x18\t \x01(\r\x12\x14\n\x0clength_scale\x18\n \x01(\x01\x12\x12\n\nturn_scale\x18\x0b \x01(\x01\x12\x13\n\x0bmax_repeats\x18\x0c \x01(\r\x12\x1b\n\x0etool_latency_s\x18\r \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_tool_latency_s\"\x82\x01\n\x10\x42\x65nchSweepUpdate\x12\x13\n\x0b\x63oncurrency\x18\x01 \x01(\r\x12\x13\n\x0bthroughputs\x18\x02 \x03(\x01\x12\x0c\n\x04mean\x18\x03 \x01(\x01\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x11\n\tevent_seq\x18\x06 \x01(\x04\"\x15\n\x13ListProfilesRequest\"\x8a\x01\n\x14ListProfilesResponse\x12\x41\n\x08profiles\x18\x01 \x03(\x0b\x32/.opengyre.v1.ListProfilesResponse.ProfilesEntry\x1a/\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\x0fRooflineRequest\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x0b\n\x03isl\x18\x03 \x01(\r\x12\x0b\n\x03osl\x18\x04 \x01(\r\x12\r\n\x05\x62\x61tch\x18\x05 \x01(\r\x12\n\n\x02tp\x18\x06 \x01(\r\x12\x1a\n\x12memory_utilisation\x18\x07 \x01(\x01\"\x8c\x01\n\x10RooflineResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\r\n\x05ridge\x18\x02 \x01(\x01\x12\x1d\n\x15prefill_projection_oi\x18\x03 \x01(\x01\x12\x1c\n\x14\x64\x65\x63ode_projection_oi\x18\x04 \x01(\x01\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r2\xff\x02\n\x0c\x42\x65nchService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12S\n\x0cListProfiles\x12 .opengyre.v1.ListProfilesRequest\x1a!.opengyre.v1.ListProfilesResponse\x12G\n\x08Roofline\x12\x1c.opengyre.v1.RooflineRequest\x1a\x1d.opengyre.v1.RooflineResponse\x12\x42\n\x03Run\x12\x1c.opengyre.v1.BenchRunRequest\x1a\x1d.opengyre.v1.BenchRunResponse\x12H\n\x05Sweep\x12\x1e.opengyre.v1.BenchSweepRequest\x1a\x1d.opengyre.v1.BenchSweepUpdate0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._loaded_options = None
   _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._serialized_options = b'8\001'
   _globals['_BENCHRUNREQUEST']._serialized_start=67
-  _globals['_BENCHRUNREQUEST']._serialized_end=331
-  _globals['_BENCHRUNRESPONSE']._serialized_start=333
-  _globals['_BENCHRUNRESPONSE']._serialized_end=424
-  _globals['_BENCHSWEEPREQUEST']._serialized_start=427
-  _globals['_BENCHSWEEPREQUEST']._serialized_end=650
-  _globals['_BENCHSWEEPUPDATE']._serialized_start=653
-  _globals['_BENCHSWEEPUPDATE']._serialized_end=783
-  _globals['_LISTPROFILESREQUEST']._serialized_start=785
-  _globals['_LISTPROFILESREQUEST']._serialized_end=806
-  _globals['_LISTPROFILESRESPONSE']._serialized_start=809
-  _globals['_LISTPROFILESRESPONSE']._serialized_end=947
-  _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._serialized_start=900
-  _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._serialized_end=947
-  _globals['_ROOFLINEREQUEST']._serialized_start=950
-  _globals['_ROOFLINEREQUEST']._serialized_end=1087
-  _globals['_ROOFLINERESPONSE']._serialized_start=1090
-  _globals['_ROOFLINERESPONSE']._serialized_end=1230
-  _globals['_BENCHSERVICE']._serialized_start=1233
-  _globals['_BENCHSERVICE']._serialized_end=1616
+  _globals['_BENCHRUNREQUEST']._serialized_end=379
+  _globals['_BENCHRUNRESPONSE']._serialized_start=381
+  _globals['_BENCHRUNRESPONSE']._serialized_end=472
+  _globals['_BENCHSWEEPREQUEST']._serialized_start=475
+  _globals['_BENCHSWEEPREQUEST']._serialized_end=767
+  _globals['_BENCHSWEEPUPDATE']._serialized_start=770
+  _globals['_BENCHSWEEPUPDATE']._serialized_end=900
+  _globals['_LISTPROFILESREQUEST']._serialized_start=902
+  _globals['_LISTPROFILESREQUEST']._serialized_end=923
+  _globals['_LISTPROFILESRESPONSE']._serialized_start=926
+  _globals['_LISTPROFILESRESPONSE']._serialized_end=1064
+  _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._serialized_start=1017
+  _globals['_LISTPROFILESRESPONSE_PROFILESENTRY']._serialized_end=1064
+  _globals['_ROOFLINEREQUEST']._serialized_start=1067
+  _globals['_ROOFLINEREQUEST']._serialized_end=1204
+  _globals['_ROOFLINERESPONSE']._serialized_start=1207
+  _globals['_ROOFLINERESPONSE']._serialized_end=1347
+  _globals['_BENCHSERVICE']._serialized_start=1350
+  _globals['_BENCHSERVICE']._serialized_end=1733
 # @@protoc_insertion_point(module_scope)

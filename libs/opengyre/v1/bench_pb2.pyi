@@ -36,6 +36,7 @@ class BenchRunRequest(_message.Message):
     LENGTH_SCALE_FIELD_NUMBER: _builtins.int
     TURN_SCALE_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    TOOL_LATENCY_S_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     """the server's base URL, without /v1 (required)"""
     model: _builtins.str
@@ -63,6 +64,10 @@ class BenchRunRequest(_message.Message):
     turn_scale: _builtins.float
     """a profile's turn count scaled by this; 0 = 1"""
     seed: _builtins.int
+    tool_latency_s: _builtins.float
+    """seconds between a reply and the session's next request (tool and think time), constant; replaces the
+    profile's (0: none; unset: the profile's), as `--tool-latency`. A profile only; negative: INVALID_ARGUMENT
+    """
     def __init__(
         self,
         *,
@@ -80,12 +85,15 @@ class BenchRunRequest(_message.Message):
         length_scale: _builtins.float = ...,
         turn_scale: _builtins.float = ...,
         seed: _builtins.int = ...,
+        tool_latency_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s", "tool_latency_s", b"tool_latency_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "form", b"form", "length_scale", b"length_scale", "model", b"model", "profile", b"profile", "rate", b"rate", "seed", b"seed", "sessions", b"sessions", "trace_format", b"trace_format", "trace_json", b"trace_json", "trace_name", b"trace_name", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s", "concurrency", b"concurrency", "form", b"form", "length_scale", b"length_scale", "model", b"model", "profile", b"profile", "rate", b"rate", "seed", b"seed", "sessions", b"sessions", "tool_latency_s", b"tool_latency_s", "trace_format", b"trace_format", "trace_json", b"trace_json", "trace_name", b"trace_name", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__tool_latency_s: _TypeAlias = _typing.Literal["tool_latency_s"]  # noqa: Y015
+    _WhichOneofArgType__tool_latency_s: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tool_latency_s) -> _WhichOneofReturnType__tool_latency_s | None: ...
 
 Global___BenchRunRequest: _TypeAlias = BenchRunRequest  # noqa: Y015
 
@@ -136,6 +144,8 @@ class BenchSweepRequest(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     LENGTH_SCALE_FIELD_NUMBER: _builtins.int
     TURN_SCALE_FIELD_NUMBER: _builtins.int
+    MAX_REPEATS_FIELD_NUMBER: _builtins.int
+    TOOL_LATENCY_S_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     model: _builtins.str
     profile: _builtins.str
@@ -154,6 +164,12 @@ class BenchSweepRequest(_message.Message):
     """0 = 1"""
     turn_scale: _builtins.float
     """0 = 1"""
+    max_repeats: _builtins.int
+    """runs per point at most (a step whose gain's interval straddles the tolerance gets more), as `--max-repeats`;
+    0 = 8, or repeats if larger; below repeats: INVALID_ARGUMENT
+    """
+    tool_latency_s: _builtins.float
+    """as in BenchRunRequest: seconds of tool and think time between turns, constant (0: none; unset: the profile's)"""
     @_builtins.property
     def concurrency(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """strictly increasing (required)"""
@@ -172,12 +188,16 @@ class BenchSweepRequest(_message.Message):
         workers: _builtins.int = ...,
         length_scale: _builtins.float = ...,
         turn_scale: _builtins.float = ...,
+        max_repeats: _builtins.int = ...,
+        tool_latency_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s", "tool_latency_s", b"tool_latency_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beyond", b"beyond", "concurrency", b"concurrency", "length_scale", b"length_scale", "model", b"model", "profile", b"profile", "repeats", b"repeats", "sessions_per_slot", b"sessions_per_slot", "tolerance", b"tolerance", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s", "beyond", b"beyond", "concurrency", b"concurrency", "length_scale", b"length_scale", "max_repeats", b"max_repeats", "model", b"model", "profile", b"profile", "repeats", b"repeats", "sessions_per_slot", b"sessions_per_slot", "tolerance", b"tolerance", "tool_latency_s", b"tool_latency_s", "turn_scale", b"turn_scale", "url", b"url", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__tool_latency_s: _TypeAlias = _typing.Literal["tool_latency_s"]  # noqa: Y015
+    _WhichOneofArgType__tool_latency_s: _TypeAlias = _typing.Literal["_tool_latency_s", b"_tool_latency_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tool_latency_s) -> _WhichOneofReturnType__tool_latency_s | None: ...
 
 Global___BenchSweepRequest: _TypeAlias = BenchSweepRequest  # noqa: Y015
 

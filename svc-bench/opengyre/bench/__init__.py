@@ -13,6 +13,7 @@ from ._profiles import (
     TraceSession,
     TraceTurn,
     fit_profile,
+    fit_replies,
     paper_profile,
 )
 from ._report import (
@@ -80,6 +81,7 @@ __all__ = [
     "execute_run",
     "find_saturation",
     "fit_profile",
+    "fit_replies",
     "hardware",
     "mape_spread",
     "paper_profile",

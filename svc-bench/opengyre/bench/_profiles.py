@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "TraceSession",
     "TraceTurn",
     "fit_profile",
+    "fit_replies",
     "paper_profile",
 ]
 
@@ -226,12 +227,17 @@ class Profile:
     # between a reply and the session's next request (tool calls, think time); None: sent at once. Not scaled
     # by ``length_scale`` (it is time, not tokens)
     tool_latency: DelayDist | None = None
+    # sessions that start with one first prompt: an RL loop samples each task group_size times (GRPO groups), so
+    # a server's prefix cache serves all but the first of a group's first prompts; 1: every session its own
+    group_size: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or self.shared_prefix < 0:
             raise ProfileError(
                 f"shared_prefix must be a non-negative whole number of tokens, got {self.shared_prefix!r}"
             )
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ProfileError(f"group_size must be a whole number of sessions >= 1, got {self.group_size!r}")
         for name in ("length_scale", "turn_scale"):
             v = getattr(self, name)
             if not (isinstance(v, float | int) and math.isfinite(v) and v > 0):
@@ -246,6 +252,15 @@ class Profile:
         """The reply length of 1-based ``turn``."""
         i = turn - 1
         return self.output_by_turn[i] if 0 <= i < len(self.output_by_turn) else self.output
+
+    def with_tool_latency(self, seconds: float | None) -> Profile:
+        """The profile with a stated constant tool latency (``--tool-latency``, the gRPC ``tool_latency_s``): it
+        replaces the profile's and is recorded in it; ``0`` takes it away; ``None`` keeps the profile's."""
+        if seconds is None:
+            return self
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (0 <= seconds < math.inf):
+            raise ProfileError(f"tool_latency must be a number of seconds >= 0, got {seconds!r}")
+        return replace(self, tool_latency=DelayDist("constant", float(seconds)) if seconds > 0 else None)
 
     def scaled(self, length: float = 1.0, turns: float = 1.0) -> Profile:
         """The profile shrunk for a small server by explicit factors (kept on the profile, reported)."""
@@ -286,6 +301,7 @@ class Profile:
             "observation_by_turn": [d.to_dict() for d in self.observation_by_turn],
             "output_by_turn": [d.to_dict() for d in self.output_by_turn],
             "tool_latency": self.tool_latency.to_dict() if self.tool_latency else None,
+            "group_size": self.group_size,
         }
 
     @classmethod
@@ -314,6 +330,7 @@ class Profile:
                 observation_by_turn=_dists(d.get("observation_by_turn", []), "observation_by_turn"),
                 output_by_turn=_dists(d.get("output_by_turn", []), "output_by_turn"),
                 tool_latency=None if d.get("tool_latency") is None else DelayDist.from_dict(d["tool_latency"]),
+                group_size=_whole(d.get("group_size", 1), "group_size"),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
@@ -421,13 +438,38 @@ class TraceSession:
 MIN_PER_TURN_FIT = 8
 
 
-def _per_turn(by_turn: list[list[int]]) -> tuple[LengthDist, ...]:
+def _per_turn(by_turn: list[list[int]], fit: Callable[[Sequence[int]], LengthDist]) -> tuple[LengthDist, ...]:
     out: list[LengthDist] = []
     for vals in by_turn:
         if len(vals) < MIN_PER_TURN_FIT:
             break
-        out.append(LengthDist.fit(vals))
+        out.append(fit(vals))
     return tuple(out)
+
+
+def fit_replies(values: Sequence[int]) -> LengthDist:
+    """Reply lengths: ``LengthDist.fit``, unless they were cut at a limit.
+
+    Where the largest recorded length recurs, requests stopped there: the recorder's ``max_tokens`` (an agent
+    harness caps every call). Such lengths are censored: a lognormal fitted to them puts mass beyond the cap
+    that no recorded request could have had (the loop's ATIF trace, capped at 48 with 9 of 12 first replies at
+    the cap, drew first replies up to 116) and too little at the cap itself. The recorded lengths are kept
+    instead (``empirical``): every draw is a length the recorder's requests could produce, the mass at the cap
+    and the mean are the trace's."""
+    vals = [int(v) for v in values if v > 0]
+    if len(set(vals)) > 1 and vals.count(max(vals)) >= 2:
+        return LengthDist("empirical", sum(vals) / len(vals), values=tuple(sorted(vals)))
+    return LengthDist.fit(vals)
+
+
+def _group_size(sessions: Sequence[TraceSession]) -> int:
+    """Sessions per distinct first request (its messages), on average: the trace's groups of sessions that start
+    alike (an RL loop's group of rollouts of one task). 1 where every session starts its own way, or where the
+    trace has token counts only (no messages to compare)."""
+    if any(not s.turns[0].messages for s in sessions):
+        return 1
+    firsts = {repr([(m.get("role"), m.get("content")) for m in s.turns[0].messages]) for s in sessions}
+    return max(1, round(len(sessions) / len(firsts)))
 
 
 def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Profile:
@@ -441,6 +483,7 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     delays: list[float] = []
     obs_by: list[list[int]] = []  # index 0: turn 2
     outs_by: list[list[int]] = []  # index 0: turn 1
+    sessions = list(sessions)
     for s in sessions:
         if not s.turns:
             raise ProfileError(f"trace session {s.session_id!r} has no turns")
@@ -463,15 +506,16 @@ def fit_profile(name: str, sessions: Iterable[TraceSession], source: str) -> Pro
     if not turns:
         raise ProfileError("the trace has no sessions")
     return Profile(
+        group_size=_group_size(sessions),
         name=name,
         first_prompt=LengthDist.fit(firsts),
         observation=LengthDist.fit(obs) if obs else LengthDist("constant", 1.0),
-        output=LengthDist.fit(outs),
+        output=fit_replies(outs),
         turns=LengthDist.fit(turns),
         shared_prefix=min(prefixes),
         description=f"fitted to {len(turns)} sessions, {len(outs)} requests",
         source=source,
-        observation_by_turn=_per_turn(obs_by),
-        output_by_turn=_per_turn(outs_by),
+        observation_by_turn=_per_turn(obs_by, LengthDist.fit),
+        output_by_turn=_per_turn(outs_by, fit_replies),
         tool_latency=DelayDist.fit(delays) if delays else None,
     )

@@ -117,8 +117,11 @@ async def execute_run(spec: RunSpec, tok: Any) -> tuple[RunResult, dict[str, Any
     return result, doc
 
 
-def profile_from(spec: str, length_scale: float = 1.0, turn_scale: float = 1.0) -> Profile:
-    """A built-in profile by name, or a profile JSON document, scaled by the given factors."""
+def profile_from(
+    spec: str, length_scale: float = 1.0, turn_scale: float = 1.0, tool_latency: float | None = None
+) -> Profile:
+    """A built-in profile by name, or a profile JSON document, scaled by the given factors, with a stated
+    constant tool latency when one is given (``Profile.with_tool_latency``)."""
     if spec in PAPER_PROFILES:
         prof = PAPER_PROFILES[spec]
     else:
@@ -129,7 +132,7 @@ def profile_from(spec: str, length_scale: float = 1.0, turn_scale: float = 1.0) 
                 f"profile {spec[:60]!r} is neither a built-in ({', '.join(PAPER_PROFILES)}) nor a JSON document"
             ) from None
         prof = Profile.from_dict(doc)
-    return prof.scaled(length_scale, turn_scale)
+    return prof.with_tool_latency(tool_latency).scaled(length_scale, turn_scale)
 
 
 async def sweep_profile(

@@ -80,14 +80,17 @@ def synthesise_sessions(profile: Profile, n: int, fill: TokenFill, seed: int = 0
     if profile.shared_prefix > 0:
         shared = ({"role": "system", "content": fill.text(profile.shared_prefix, random.Random(f"{seed}-prefix"))},)
     out: list[SessionPlan] = []
+    g = profile.group_size
     for i in range(n):
         rng = random.Random(f"{seed}-{i}")
         # its own stream: a profile with tool latency sends the same sessions as the same profile without
         tool_rng = random.Random(f"{seed}-{i}-tool")
+        # a group's sessions draw their first prompt from one stream: the same text (tagged by the group)
+        first_rng, tag = (rng, i) if g == 1 else (random.Random(f"{seed}-group-{i // g}"), i // g)
         turns: list[TurnPlan] = []
         for k in range(profile.turns.sample(rng)):
             if k == 0:
-                msg = {"role": "user", "content": fill.text(profile.first_prompt.sample(rng), rng, tag=i)}
+                msg = {"role": "user", "content": fill.text(profile.first_prompt.sample(first_rng), first_rng, tag=tag)}
                 msgs = (*shared, msg)
             else:
                 msgs = ({"role": "user", "content": fill.text(profile.observation_at(k + 1).sample(rng), rng)},)
@@ -120,6 +123,8 @@ def shadow_sessions(sessions: Sequence[TraceSession], fill: TokenFill, seed: int
     other content; a shared prefix stays one text common to all sessions): with ``replay_sessions`` it isolates
     whether token content changes the server's timing."""
     prefixes: dict[int, tuple[Mapping[str, Any], ...]] = {}
+    # sessions whose first request is the same (a group of rollouts of one task) get the same random text for it
+    firsts: dict[str, tuple[Mapping[str, Any], ...]] = {}
     out: list[SessionPlan] = []
     for i, s in enumerate(sessions):
         rng = random.Random(f"shadow-{seed}-{i}")
@@ -127,16 +132,17 @@ def shadow_sessions(sessions: Sequence[TraceSession], fill: TokenFill, seed: int
             text = fill.text(s.shared_prefix, random.Random(f"shadow-{seed}-prefix"))
             prefixes[s.shared_prefix] = ({"role": "system", "content": text},)
         shared = prefixes.get(s.shared_prefix, ())
-        turns = tuple(
-            TurnPlan(
-                (
-                    *(shared if k == 0 else ()),
-                    {"role": "user", "content": fill.text(t.new_tokens, rng, tag=i if k == 0 else None)},
-                ),
-                t.output_tokens,
-                _recorded_delay(t),
-            )
-            for k, t in enumerate(s.turns)
-        )
-        out.append(SessionPlan(f"shadow-{s.session_id}", turns))
+        key = repr([(m.get("role"), m.get("content")) for m in s.turns[0].messages]) if s.turns[0].messages else ""
+        turns: list[TurnPlan] = []
+        for k, t in enumerate(s.turns):
+            if k == 0 and key in firsts:
+                msgs = firsts[key]
+            elif k == 0:
+                msgs = (*shared, {"role": "user", "content": fill.text(t.new_tokens, rng, tag=i)})
+                if key:
+                    firsts[key] = msgs
+            else:
+                msgs = ({"role": "user", "content": fill.text(t.new_tokens, rng)},)
+            turns.append(TurnPlan(msgs, t.output_tokens, _recorded_delay(t)))
+        out.append(SessionPlan(f"shadow-{s.session_id}", tuple(turns)))
     return out

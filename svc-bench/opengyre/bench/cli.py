@@ -40,17 +40,14 @@ def _load_json(path: Path, what: str) -> Any:
 
 
 def _profile(spec: str, length_scale: float, turn_scale: float, tool_latency: float | None = None) -> Any:
-    from dataclasses import replace
-
-    from opengyre.bench import PAPER_PROFILES, DelayDist, Profile, ProfileError
+    from opengyre.bench import PAPER_PROFILES, Profile, ProfileError
 
     if spec not in PAPER_PROFILES and not Path(spec).exists():
         raise fail(f"unknown profile {spec!r}: neither a built-in ({', '.join(PAPER_PROFILES)}) nor a profile file")
     try:
         prof = PAPER_PROFILES.get(spec) or Profile.from_dict(_load_json(Path(spec), "profile"))
-        if tool_latency is not None:  # stated by the user: constant, and recorded in the profile it reports
-            prof = replace(prof, tool_latency=DelayDist("constant", tool_latency) if tool_latency > 0 else None)
-        return prof.scaled(length_scale, turn_scale)
+        # stated by the user: constant, and recorded in the profile it reports (as the gRPC tool_latency_s)
+        return prof.with_tool_latency(tool_latency).scaled(length_scale, turn_scale)
     except ProfileError as e:
         raise fail(f"profile {spec}: {e}") from e
 

@@ -26,6 +26,11 @@ def _or(value: float, default: float) -> float:
     return value if value else default
 
 
+def _tool_latency(req: bench_pb2.BenchRunRequest | bench_pb2.BenchSweepRequest) -> float | None:
+    """The stated tool latency (seconds), or None when the field is unset: the profile's own is kept."""
+    return req.tool_latency_s if req.HasField("tool_latency_s") else None
+
+
 def _run_spec(req: bench_pb2.BenchRunRequest) -> RunSpec:
     """The request in the CLI's terms; a clear ``ProfileError``/``ValueError`` for what cannot be run."""
     if not req.url or not req.model:
@@ -35,10 +40,13 @@ def _run_spec(req: bench_pb2.BenchRunRequest) -> RunSpec:
     if bool(req.trace_json) == bool(req.profile):
         raise ValueError("give a profile or a trace_json (one of them)")
     scales = (_or(req.length_scale, 1.0), _or(req.turn_scale, 1.0))
+    tool_latency = _tool_latency(req)
     trace: Any = None
     if req.trace_json:
-        if scales != (1.0, 1.0):
-            raise ValueError("length_scale and turn_scale scale a profile; a trace is sent as recorded")
+        if scales != (1.0, 1.0) or tool_latency is not None:
+            raise ValueError(
+                "length_scale, turn_scale and tool_latency_s change a profile; a trace is sent as recorded"
+            )
         try:
             trace = json.loads(req.trace_json)
         except ValueError as e:
@@ -47,7 +55,7 @@ def _run_spec(req: bench_pb2.BenchRunRequest) -> RunSpec:
         req.url,
         req.model,
         form=(req.form or "replay") if trace is not None else (req.form or "synthetic"),
-        profile=profile_from(req.profile, *scales) if req.profile else None,
+        profile=profile_from(req.profile, *scales, tool_latency) if req.profile else None,
         trace=trace,
         trace_format=req.trace_format or "sharegpt",
         trace_name=req.trace_name or "trace",
@@ -95,7 +103,13 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
         try:
             if not request.url or not request.model or not request.profile:
                 raise ValueError("url, model and profile are required")
-            prof = profile_from(request.profile, _or(request.length_scale, 1.0), _or(request.turn_scale, 1.0))
+            prof = profile_from(
+                request.profile,
+                _or(request.length_scale, 1.0),
+                _or(request.turn_scale, 1.0),
+                _tool_latency(request),
+            )
+            repeats = request.repeats or 2
             task = asyncio.ensure_future(
                 sweep_profile(
                     request.url,
@@ -104,9 +118,10 @@ class _Servicer(bench_pb2_grpc.BenchServiceServicer):
                     list(request.concurrency),
                     self._tokenizer(),
                     sessions_per_slot=request.sessions_per_slot or 3,
-                    repeats=request.repeats or 2,
-                    # no field for it in BenchSweepRequest: the CLI's default cap on repeats for power
-                    max_repeats=max(request.repeats or 2, SWEEP_MAX_REPEATS),
+                    repeats=repeats,
+                    # unset: the CLI's default cap (or repeats if larger); one below repeats is refused by the
+                    # sweep before it sends anything, as the CLI refuses --max-repeats below --repeats
+                    max_repeats=request.max_repeats or max(repeats, SWEEP_MAX_REPEATS),
                     tolerance=_or(request.tolerance, 0.05),
                     beyond=request.beyond or 2,
                     workers=request.workers or 1,
