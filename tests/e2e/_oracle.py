@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opengyre.harness import HarnessSpec
@@ -26,6 +26,8 @@ INSIDE = "/opt/oracle"
 class OracleKit:
     root: Path  # the test-owned directory mounted at INSIDE
     probes: tuple[Path, ...]  # the run's reference solutions in the data dir: the oracle must not read them
+    # Each task's instruction -> its reference solution's files (solve.sh and what it runs), by path under solution/.
+    solutions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def argv(self, solved: int, faults: dict[int, str] | None = None) -> list[str]:
         extra = [a for i, kind in (faults or {}).items() for a in ("--fault", f"{i}:{kind}")]
@@ -58,6 +60,7 @@ def oracle_kit(
     chosen = [s for s in report.accepted if s.name in skill_names]
     assert {s.name for s in chosen} == set(skill_names), report
     probes = []
+    solutions: dict[str, dict[str, str]] = {}
     for skill in chosen:
         for i in range(tasks_per_skill):
             bp = draft_blueprint(
@@ -73,4 +76,9 @@ def oracle_kit(
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_bytes(body)
             probes.append(store.task_dir(bp.task_id, bp.version) / "solution" / "solve.sh")
-    return OracleKit(root, tuple(probes))
+            solutions[built.files["instruction.md"].decode()] = {
+                rel.removeprefix("solution/"): body.decode()
+                for rel, body in built.files.items()
+                if rel.startswith("solution/")
+            }
+    return OracleKit(root, tuple(probes), solutions)

@@ -200,6 +200,16 @@ async def test_a_prompt_past_the_served_context_gets_the_vendors_error(
         assert err["error"]["message"].startswith("prompt is too long: ")
         assert err["error"]["message"].endswith(" tokens > 4095 maximum")
         assert st.gateway.stats.rejected == {"400": 1}  # counted, and logged with its reason:
+        # ...and said by `opengyre status` (the proxy's notes): the context served, where it comes from, the refusal.
+        served = st.gateway.served_context()
+        assert served.tokens == 4096
+        assert served.source.startswith(
+            "the context_length setting (OPENGYRE_PROXY_CONTEXT_LENGTH); the engines report 262144"
+            if setting
+            else "engine small's own (its /model_info context_length; the least of 1 active)"
+        ), served
+        assert st.gateway.stats.over_context == 1
+        assert st.gateway.stats.last_over_context == f"anthropic: {err['error']['message']}"
         [refusal] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused a ")]
         assert refusal.startswith("refused a anthropic call: 400 invalid_request: prompt is too long: ")
         assert await st.recorded() == []

@@ -8,6 +8,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -16,8 +17,12 @@ from pathlib import Path
 import pytest
 
 from opengyre.eventlog import EventLog
-from opengyre.harness import harness_preset
+from opengyre.harness import HarnessTarget, harness_preset, run_harness
+from opengyre.models import ModelSource
 from opengyre.proxy._http import HttpServer
+from opengyre.proxy.engine import EngineConfig, EngineServer
+from opengyre.sandbox import SandboxLimits
+from tests.apps.cli._cli import og
 
 from ._scripted_sglang import scripted_sglang
 from .conftest import make_stack
@@ -114,3 +119,47 @@ async def test_the_real_harness_runs_its_shell_tool_through_the_proxy(
     finally:
         await st.gateway.stop()
         await engine.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a 135M-parameter model tokenizing Claude Code's prompt on 2 shared cores
+async def test_claude_code_behind_the_real_smollm2_is_told_its_prompt_is_too_long_and_status_says_why(
+    smollm2: ModelSource, tmp_path: Path
+) -> None:
+    """Claude Code's system prompt and tools alone are longer than SmolLM2's 8,192-token context: the proxy
+    answers Anthropic's own error, which Claude Code shows as it would the vendor's, and ``opengyre status`` says
+    what context the proxy serves and where that figure comes from, and that the call was refused for it."""
+    if not _installed("claude-code"):
+        pytest.skip("claude-code is not installed here (make harnesses installs the pinned version)")
+    assert smollm2.checkpoint is not None
+    data = tmp_path / "og"
+    cfg = EngineConfig(preset="smollm2-135m", model_cache=smollm2.checkpoint.parent, port=0)
+    async with EngineServer(cfg) as srv:
+        env = {
+            "OPENGYRE_PROXY_MODELS": cfg.model_name,
+            "OPENGYRE_PROXY_TOKENIZER": str(smollm2.tokenizer_dir),
+        }
+        up = await asyncio.to_thread(
+            og, "up", "--detach", "--data-dir", str(data), "--services", "proxy", "--engine", srv.url, env=env
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            got = await asyncio.to_thread(og, "proxy", "key", "ex-cc-smol", "--data-dir", str(data))
+            access = json.loads(got.stdout)
+            work = tmp_path / "work"
+            work.mkdir()
+            target = HarnessTarget(access["base_url"], access["api_key"], cfg.model_name, work, "Say hi.")
+            out = await asyncio.to_thread(
+                run_harness, harness_preset("claude-code"), target, SandboxLimits(timeout_s=600, memory_mb=8192)
+            )
+            shown = out.stdout + out.stderr
+            assert out.exit_code != 0 and "prompt is too long" in shown.lower(), shown[-3000:]
+            status = await asyncio.to_thread(og, "status", "--data-dir", str(data), env={"COLUMNS": "4000"})
+            said = status.stdout
+            served = "proxy: serves a context of 8192 tokens, from engine "
+            assert served in said and "'s own (its /model_info context_length" in said, said
+            refused = re.search(r"(\d+) call\(s\) refused as longer than the served context; the last: anthropic: "
+                                r"prompt is too long: (\d+) tokens > 8191 maximum", said)  # fmt: skip
+            assert refused is not None and int(refused.group(1)) >= 1 and int(refused.group(2)) > 8191, said
+        finally:
+            await asyncio.to_thread(og, "down", "--data-dir", str(data))

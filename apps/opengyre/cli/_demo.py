@@ -67,12 +67,15 @@ class DemoSize:
 DEMO = DemoSize()
 
 
-def demo_config(run: str, model: str, seed: int, size: DemoSize, sandbox: str = "") -> RunConfig:
-    """The demo's run: its skills at level 0, one task each, every task a group per step (dispatched together)."""
+def demo_config(
+    run: str, model: str, seed: int, size: DemoSize, sandbox: str = "", harness: str = "builtin"
+) -> RunConfig:
+    """The demo's run: its skills at level 0, one task each, every task a group per step (dispatched together).
+    ``harness``: the built-in agent with the demo's flags, or a preset's real harness as pinned (it takes none)."""
     from ..loop import RunConfig
 
     capacity = -(-size.group_size * len(DEMO_SKILLS) // size.cells)  # a step's groups are dispatched together
-    harness = ["--max-turns", str(size.max_turns), "--max-tokens", str(size.max_tokens), "--command-timeout", "20"]
+    flags = ["--max-turns", str(size.max_turns), "--max-tokens", str(size.max_tokens), "--command-timeout", "20"]
     return RunConfig(
         run_id=run,
         seed=seed,
@@ -92,7 +95,8 @@ def demo_config(run: str, model: str, seed: int, size: DemoSize, sandbox: str = 
         lr=size.lr,
         sft_epochs=size.sft_epochs,
         sft_lr=size.sft_lr,
-        harness_args=[*harness, "--temperature", str(size.temperature)],
+        harness=harness,
+        harness_args=[*flags, "--temperature", str(size.temperature)] if harness == "builtin" else None,
         sandbox=sandbox,
     ).check()  # fmt: skip: a bad --model is one line, before anything starts
 
@@ -177,6 +181,13 @@ def demo(
         str,
         typer.Option(help="Sandbox backend: namespace, none (no isolation); default $OPENGYRE_SANDBOX or namespace"),
     ] = "",
+    harness: Annotated[
+        str,
+        typer.Option(
+            help="The harness: builtin (the reference agent), or a real one, unmodified, where installed (make "
+            "harnesses): claude-code, codex, opencode, mini-swe-agent, openai-agents"
+        ),
+    ] = "builtin",
 ) -> None:
     """The main job on the embedded stack: synthesize, warm-start, roll out, train, harden, replay."""
     from ..loop import RunConfigError, run_loop, sft_warm_start
@@ -185,8 +196,15 @@ def demo(
     base = settings_from(data_dir)
     settings = settings_from(base.data_dir / "runs" / run)
     size = DemoSize(steps, cells, group_size, sft_epochs, sft_lr, lr, max_turns, max_tokens, temperature)
+    if harness != "builtin" and (max_turns, max_tokens, temperature) != (
+        DEMO.max_turns,
+        DEMO.max_tokens,
+        DEMO.temperature,
+    ):
+        # A real harness runs as pinned: it decides its own turns, output length and sampling.
+        raise fail(f"--max-turns, --max-tokens and --temperature are the built-in harness's; {harness} takes none")
     try:
-        cfg = demo_config(run, model, seed, size, sandbox)
+        cfg = demo_config(run, model, seed, size, sandbox, harness)
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     warm = (
@@ -219,7 +237,7 @@ def demo(
         finally:
             await view.stop()
 
-    console.rule(f"[bold]opengyre demo: run {run} ({model}) in {settings.data_dir}[/]")
+    console.rule(f"[bold]opengyre demo: run {run} ({model}, harness {harness}) in {settings.data_dir}[/]")
     started, cpu0 = time.monotonic(), os.times()
     try:
         result = asyncio.run(main())

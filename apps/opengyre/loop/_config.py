@@ -10,14 +10,20 @@ import math
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import msgspec
 
-__all__ = ["RunConfig", "RunConfigError"]
+if TYPE_CHECKING:
+    from opengyre.harness import HarnessSpec
+
+__all__ = ["BUILTIN_ARGS", "RunConfig", "RunConfigError"]
 
 _ROOT = Path(__file__).resolve().parents[3]
 
 
+BUILTIN_ARGS = ("--max-turns", "6")  # the built-in harness's flags where the run gives none
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,24}")
 # The trainer's settings the run passes on as they are (the driver's trainer.toml): checked by its own config.
 _TRAINER_KEYS = (
@@ -56,8 +62,14 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     policy: str = "colocate"  # a scheduler policy (opengyre.scheduler POLICIES)
     max_lag: int = 0  # phi: rollouts of step s start once step s-1-max_lag is trained (0: on-policy)
     timeout_s: float = 300.0  # each execution's time limit (the harness is killed past it)
-    harness: str = "builtin"  # "builtin" (the reference agent) or a HarnessSpec TOML file
-    harness_args: list[str] = msgspec.field(default_factory=lambda: ["--max-turns", "6"])  # the builtin's flags
+    # "builtin" (the reference agent), a preset's name (a real harness, unmodified: claude-code, codex, opencode,
+    # mini-swe-agent, openai-agents; opengyre.harness.preset_names), or a HarnessSpec TOML file. A preset's name
+    # wins over a file of the same name.
+    harness: str = "builtin"
+    harness_args: list[str] | None = None  # the built-in harness's flags (None: BUILTIN_ARGS); only for builtin
+    # SGLang-protocol engines already serving the run's model (GPU servers started elsewhere), one per cell: the run
+    # uses them instead of starting CPU engines (``cells`` must match); the trainer reloads them after each step.
+    engines: list[str] = msgspec.field(default_factory=list)
     # The sandbox backend of the run's harnesses (opengyre.sandbox: namespace, none, ...); "": $OPENGYRE_SANDBOX,
     # else namespace. ``none`` isolates nothing: an explicit opt-out. Not the graders' and gates' (the services'
     # own $OPENGYRE_SANDBOX, else namespace): grading needs /app, /tests, /logs mounted, which ``none`` cannot give.
@@ -106,15 +118,50 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
             if self.sandbox not in backend_names():
                 raise bad(f"sandbox must be one of {', '.join(backend_names())}, got {self.sandbox!r}")
-        if self.harness != "builtin" and not Path(self.harness).is_file():
-            raise bad(f"harness must be 'builtin' or a HarnessSpec TOML file; {self.harness!r} is neither")
+        if self.harness_kind == "file" and not Path(self.harness).is_file():
+            from opengyre.harness import preset_names
+
+            raise bad(
+                f"harness must be 'builtin', a preset ({', '.join(preset_names())}) or a HarnessSpec TOML file; "
+                f"{self.harness!r} is none of them"
+            )
+        if self.harness_args is not None and self.harness_kind != "builtin":
+            # A preset runs its harness as pinned, a spec file carries its own argv: the flags would go nowhere.
+            raise bad(f"harness_args are the built-in harness's flags; harness {self.harness!r} takes none")
+        if self.engines:
+            if len(self.engines) != self.cells:
+                raise bad(f"engines: {len(self.engines)} given for {self.cells} cell(s): one engine per cell")
+            for url in self.engines:
+                parts = urlsplit(url)
+                if parts.scheme not in ("http", "https") or not parts.hostname:
+                    raise bad(f"engines: {url!r} is not an http(s) URL")
+            if self.sft_epochs:
+                raise bad("engines: a warm start's weights load into engines the run starts; set sft_epochs = 0")
         return self
+
+    @property
+    def harness_kind(self) -> str:
+        """``builtin``, ``preset`` or ``file``: what ``harness`` names."""
+        from opengyre.harness import preset_names
+
+        if self.harness == "builtin":
+            return "builtin"
+        return "preset" if self.harness in preset_names() else "file"
+
+    def harness_spec(self) -> HarnessSpec:
+        """The spec the run's executions run: the built-in agent with its flags, a preset, or the TOML file's."""
+        from opengyre.harness import HarnessSpec, builtin_spec, harness_preset
+
+        kind = self.harness_kind
+        if kind == "builtin":
+            return builtin_spec(*(BUILTIN_ARGS if self.harness_args is None else self.harness_args))
+        return harness_preset(self.harness) if kind == "preset" else HarnessSpec.from_toml(Path(self.harness))
 
     def check(self) -> RunConfig:
         """``validate`` and, before any service starts, what the services would refuse later (the model, the
         policy, the trainer's settings, the harness spec, the skills): each asked of its own registry or parser."""
         self.validate()
-        from opengyre.harness import HarnessSpec
+        from opengyre.harness import HarnessNotInstalled, HarnessSpec, check_installed
         from opengyre.models import check_model
         from opengyre.scheduler.policies import make_policy
         from opengyre.trainer import TrainerConfig
@@ -146,7 +193,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                     "needs over-sampled groups the loop does not dispatch: use gspo or grpo"
                 ),
             )
-        if self.harness != "builtin":
+        if self.harness_kind == "preset":
+            try:
+                check_installed(self.harness)  # the harness the executions would start is there, as pinned
+            except HarnessNotInstalled as exc:
+                raise RunConfigError(f"run config: harness: {exc}") from None
+        elif self.harness_kind == "file":
             try:
                 HarnessSpec.from_toml(Path(self.harness))
             except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
@@ -181,6 +233,6 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise RunConfigError(f"{path}: {exc}") from None
         except OSError as exc:
             raise RunConfigError(f"{path}: {exc.strerror}") from None
-        if cfg.harness != "builtin" and not Path(cfg.harness).is_absolute():
+        if cfg.harness_kind == "file" and not Path(cfg.harness).is_absolute():
             cfg = msgspec.structs.replace(cfg, harness=str(Path(path).parent / cfg.harness))
         return cfg.validate()

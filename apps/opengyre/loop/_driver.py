@@ -31,7 +31,7 @@ import grpc
 from opengyre.config import Settings
 from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished
-from opengyre.harness import HarnessSpec, builtin_spec
+from opengyre.harness import HarnessSpec
 from opengyre.retry import backoff
 from opengyre.runtime import Stack, grpc_channel
 from opengyre.v1 import (
@@ -101,11 +101,17 @@ class _Loop:
         return ch
 
     async def start_engines(self, init: Path | None) -> list[EngineProcess]:
-        """One CPU engine per cell, on ``init`` (else the model's own weights); an earlier driver's are stopped."""
+        """One CPU engine per cell, on ``init`` (else the model's own weights); an earlier driver's are stopped.
+        With the run's ``engines`` (serving already, elsewhere) none is started: they are the cells' engines."""
         from opengyre.models import checkpoint_info
         from opengyre.proxy.engine import EngineConfig, EngineProcess
 
         cfg = self.cfg
+        if cfg.engines:
+            await asyncio.gather(*(_serving(url) for url in cfg.engines))
+            self.engine_urls = list(cfg.engines)
+            self.say(f"engines: {len(cfg.engines)} given, serving at {', '.join(self.engine_urls)}")
+            return []
         engines = [
             EngineProcess(EngineConfig(preset=cfg.model, checkpoint=init, seed=cfg.seed, threads=cfg.engine_threads))
             for _ in range(cfg.cells)
@@ -171,7 +177,10 @@ class _Loop:
                 await until_accepted(
                     functools.partial(sched.SetCellEngine, moved, timeout=60), NOT_NOW, f"moving {req.cell_id}"
                 )
-        self.say(f"cells: {len(self.engine_urls)} CPU cells of {self.cfg.cell_capacity} registered ({self.cfg.policy})")
+        kind = "" if self.cfg.engines else "CPU "
+        self.say(
+            f"cells: {len(self.engine_urls)} {kind}cells of {self.cfg.cell_capacity} registered ({self.cfg.policy})"
+        )
 
     async def build_tasks(self, synth: synth_pb2_grpc.SynthServiceAsyncStub) -> list[TaskRef]:
         cfg = self.cfg
@@ -440,6 +449,19 @@ class _Loop:
             raise TimeoutError(f"the trainer did not complete {self.cfg.steps} step(s) within {bound_s:.0f} s")
 
 
+async def _serving(url: str) -> None:
+    """An engine the run was given answers SGLang's ``GET /model_info`` (it is up, and speaks the protocol)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.get(url.rstrip("/") + "/model_info")
+        r.raise_for_status()
+        r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise RuntimeError(f"engine {url} does not answer GET /model_info: {exc}") from exc
+
+
 def _task_ref(task_id: str, version: int, task_dir: Path) -> TaskRef:
     return TaskRef(task_id, version, task_dir, (task_dir / "instruction.md").read_text())
 
@@ -476,8 +498,10 @@ async def run_loop(
     this run's service settings, ``opengyre train env``) instead: nothing is started but the engines, and the
     services keep running after the run. A warm start and the stack hooks need the embedded stack."""
     cfg.check()
+    if cfg.engines and warm_start is not None:
+        raise ValueError("a warm start's weights load into engines the run starts; the run was given its engines")
     if spec is None:
-        spec = builtin_spec(*cfg.harness_args) if cfg.harness == "builtin" else HarnessSpec.from_toml(Path(cfg.harness))
+        spec = cfg.harness_spec()
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(cfg.cells * cfg.cell_capacity + 8))
     loop = _Loop(cfg, settings, say, spec)
     if attach:

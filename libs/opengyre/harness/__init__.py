@@ -6,7 +6,8 @@
 - ``HarnessSpec`` (argv/env templates with ``{base_url}``, ``{api_key}``, ``{workdir}``, ...), ``builtin_spec()``,
   ``run_harness(spec, HarnessTarget(...))``: start any harness in the sandbox. See docs/harness.md.
 - ``harness_preset(name)``: Claude Code, Codex, OpenCode, mini-swe-agent, the OpenAI Agents SDK as specs, at the
-  versions in ``harnesses.toml`` (``HARNESS_VERSIONS``; ``make harnesses`` installs them).
+  versions in ``harnesses.toml`` (``HARNESS_VERSIONS``; ``make harnesses`` installs them); ``check_installed(name)``
+  raises ``HarnessNotInstalled`` (saying how to install it) where one is not installed at its pinned version.
 
 Names load on first use: the CLI imports this package on every command and must not pay for the openai SDK.
 """
@@ -20,7 +21,14 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, agent_tools, run_agent
     from ._launch import HarnessOutcome, HarnessTarget, run_harness
-    from ._presets import HARNESS_VERSIONS, harness_preset, preset_names
+    from ._presets import (
+        HARNESS_VERSIONS,
+        HarnessNotInstalled,
+        check_installed,
+        harness_preset,
+        install_command,
+        preset_names,
+    )
     from ._spec import PLACEHOLDERS, HarnessSpec, builtin_spec
     from ._tools import Toolbox, ToolError
 
@@ -36,6 +44,9 @@ _WHERE = {
     "run_harness": "_launch",
     "HARNESS_VERSIONS": "_presets",
     "harness_preset": "_presets",
+    "HarnessNotInstalled": "_presets",
+    "check_installed": "_presets",
+    "install_command": "_presets",
     "preset_names": "_presets",
     "PLACEHOLDERS": "_spec",
     "HarnessSpec": "_spec",
@@ -53,6 +64,7 @@ __all__ = [
     "AgentConfig",
     "AgentSummary",
     "FinishReason",
+    "HarnessNotInstalled",
     "HarnessOutcome",
     "HarnessSpec",
     "HarnessTarget",
@@ -60,7 +72,9 @@ __all__ = [
     "Toolbox",
     "agent_tools",
     "builtin_spec",
+    "check_installed",
     "harness_preset",
+    "install_command",
     "preset_names",
     "run_agent",
     "run_harness",

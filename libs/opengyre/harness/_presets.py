@@ -6,14 +6,26 @@ and other traffic off (a sandbox's only network is the proxy). ``make harnesses`
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
+import os
+import shutil
 import tomllib
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from ._spec import HarnessSpec
 
-__all__ = ["HARNESS_VERSIONS", "harness_preset", "preset_names"]
+__all__ = [
+    "HARNESS_VERSIONS",
+    "HarnessNotInstalled",
+    "check_installed",
+    "harness_preset",
+    "install_command",
+    "preset_names",
+]
 
 
 def _versions() -> dict[str, dict[str, str]]:
@@ -163,3 +175,58 @@ def harness_preset(name: str) -> HarnessSpec:
     if name not in presets:
         raise ValueError(f"no harness preset {name!r}; known: {', '.join(sorted(presets))}")
     return presets[name]
+
+
+class HarnessNotInstalled(ValueError):
+    """A preset's harness is not installed here, or not at its pinned version; the message says how to install it."""
+
+
+def install_command(name: str) -> str:
+    """The command that installs the pinned version of preset ``name``'s harness."""
+    pin = HARNESS_VERSIONS[name]
+    if "npm" in pin:
+        return f"npm install -g {pin['npm']}@{pin['version']}"
+    return f"pip install {pin['pip']}=={pin['version']}"
+
+
+def _npm_version(executable: str, package: str) -> str | None:
+    """The version of the npm package an executable on PATH belongs to (its ``package.json``, up from the
+    script the link points at); None where none is found."""
+    script = Path(os.path.realpath(executable))
+    for folder in list(script.parents)[:6]:
+        manifest = folder / "package.json"
+        if manifest.is_file():
+            try:
+                data = json.loads(manifest.read_text())
+            except (OSError, ValueError):
+                return None
+            if isinstance(data, dict) and data.get("name") == package:
+                return str(data.get("version"))
+    return None
+
+
+def _installed_version(pin: dict[str, str]) -> str | None:
+    """The installed version ("" where it is there but its version cannot be told), None where it is not."""
+    if "npm" in pin:
+        found = shutil.which(pin["bin"])
+        return None if found is None else (_npm_version(found, pin["npm"]) or "")
+    if importlib.util.find_spec(pin["module"]) is None:
+        return None
+    try:
+        return importlib.metadata.version(pin["pip"])
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def check_installed(name: str) -> None:
+    """Preset ``name``'s harness is installed at its pinned version (npm CLIs on PATH, Python ones importable by
+    this interpreter, which runs them), else ``HarnessNotInstalled`` saying how to install it."""
+    if name not in HARNESS_VERSIONS:
+        raise ValueError(f"no harness preset {name!r}; known: {', '.join(preset_names())}")
+    pin = HARNESS_VERSIONS[name]
+    found = _installed_version(pin)
+    how = f"`{install_command(name)}` (`make harnesses` installs every pinned harness)"
+    if found is None:
+        raise HarnessNotInstalled(f"harness {name} is not installed: {how}")
+    if found and found != pin["version"]:
+        raise HarnessNotInstalled(f"harness {name}: {found} is installed, {pin['version']} is pinned: {how}")

@@ -65,7 +65,7 @@ from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, Record
 if TYPE_CHECKING:
     from .recording._store import SealedFinishes
 
-__all__ = ["Gateway", "GatewayConfig"]
+__all__ = ["Gateway", "GatewayConfig", "ServedContext"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,16 @@ class GatewayStats:
     rejected: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
     drift: int = 0
     rerouted: int = 0
+    over_context: int = 0  # calls refused as longer than the served context (counted in ``rejected`` too)
+    last_over_context: str = ""  # the last of them: its dialect and its error's message
+
+
+@dataclass(frozen=True)
+class ServedContext:
+    """The context a call can count on, and where that figure comes from (``opengyre status`` says both)."""
+
+    tokens: int
+    source: str
 
 
 class Gateway:
@@ -401,19 +411,44 @@ class Gateway:
         """The context a call can count on: the engines' own (the least any active engine reports), capped by
         the ``context_length`` setting when one is given; the tokenizer's ``model_max_length`` only when neither
         is known (a tokenizer's limit is often its library's default, not the model's window)."""
-        known = [h.context_length for h in self.pool.engines() if h.state == "active" and h.context_length]
-        if self.config.context_length:
-            return min([self.config.context_length, *known])
-        return min(known) if known else self.context_length
+        return self.served_context().tokens
+
+    def served_context(self) -> ServedContext:
+        """``effective_context`` with where it comes from: the setting, the engine reporting the least, or the
+        tokenizer's ``model_max_length`` (no active engine has reported one)."""
+        known = sorted(
+            (h.context_length, h.engine_id) for h in self.pool.engines() if h.state == "active" and h.context_length
+        )
+        engine = (
+            f"engine {known[0][1]}'s own (its /model_info context_length; the least of {len(known)} active)"
+            if known
+            else ""
+        )
+        setting = self.config.context_length
+        if setting and (not known or setting <= known[0][0]):
+            reported = f"; the engines report {known[0][0]}" if known else ""
+            return ServedContext(setting, f"the context_length setting (OPENGYRE_PROXY_CONTEXT_LENGTH){reported}")
+        if known:
+            return ServedContext(known[0][0], engine)
+        return ServedContext(
+            self.context_length,
+            f"the tokenizer's model_max_length ({self.config.tokenizer_path or 'the shipped tokenizer'}): no active "
+            "engine has reported its context yet",
+        )
 
     def _check_context(self, plan: Plan, req: GenRequest, dialect: Dialect) -> int:
         """Room left for output; a call that can never fit is refused before anything is sent (400)."""
         n = len(plan.prompt_ids)
         context = self.effective_context()
+        err: ApiError | None = None
         if n >= context:
-            raise dialect.context_error(n, context, None)
-        if req.max_tokens is not None and req.max_tokens_explicit and n + req.max_tokens > context:
-            raise dialect.context_error(n, context, req.max_tokens)
+            err = dialect.context_error(n, context, None)
+        elif req.max_tokens is not None and req.max_tokens_explicit and n + req.max_tokens > context:
+            err = dialect.context_error(n, context, req.max_tokens)
+        if err is not None:
+            self.stats.over_context += 1
+            self.stats.last_over_context = f"{dialect.name}: {err.message}"
+            raise err
         return context - n
 
     def _sampling(self, req: GenRequest, room: int) -> dict[str, Any]:

@@ -64,6 +64,24 @@ class ProxyService(Service):
     def projections(self) -> Sequence[Projection]:
         return (TrajectoryProjection(),)
 
+    async def notes(self, ctx: ServiceContext) -> Sequence[str]:
+        """The served context and where it comes from, and the calls refused as longer: a harness whose prompt
+        does not fit (Claude Code's system prompt and tools alone pass a small model's window) shows its vendor's
+        error, and this says why."""
+        if self.gateway is None:
+            return ()
+        served, stats = self.gateway.served_context(), self.gateway.stats
+        out = [
+            f"serves a context of {served.tokens} tokens, from {served.source}; a longer prompt gets its dialect's "
+            "context error (Anthropic: 'prompt is too long', OpenAI: context_length_exceeded)"
+        ]
+        if stats.over_context:
+            out.append(
+                f"{stats.over_context} call(s) refused as longer than the served context; the last: "
+                f"{stats.last_over_context}"
+            )
+        return out
+
     def _gateway_config(self, ctx: ServiceContext) -> GatewayConfig:
         from ._gateway import GatewayConfig
         from ._keys import load_or_create_secret

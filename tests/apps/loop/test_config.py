@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.harness import HARNESS_VERSIONS, builtin_spec, harness_preset
 from opengyre.loop import RunConfig, RunConfigError, deployment_env, scheduler_env
 
 
@@ -39,6 +40,11 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("lr = nan\n", "lr must be a finite number"),
         ("sft_lr = -inf\n", "sft_lr must be a finite number"),
         ('sandbox = "chroot"\n', "sandbox must be one of namespace, none"),
+        ('harness = "claude-cod"\n', r"harness must be 'builtin', a preset \(claude-code, codex, .*none of them"),
+        ('harness = "codex"\nharness_args = ["--max-turns", "3"]\n', "harness_args are the built-in harness's"),
+        ('cells = 2\nengines = ["http://127.0.0.1:1"]\n', r"engines: 1 given for 2 cell\(s\)"),
+        ('cells = 1\nengines = ["127.0.0.1:1"]\n', r"engines: '127.0.0.1:1' is not an http\(s\) URL"),
+        ('cells = 1\nengines = ["http://127.0.0.1:1"]\nsft_epochs = 1\n', "engines: a warm start's weights"),
     ],
 )
 def test_a_bad_run_file_is_refused_saying_why(tmp_path: Path, text: str, says: str) -> None:
@@ -71,6 +77,28 @@ def test_what_a_service_would_refuse_is_refused_before_any_starts(tmp_path: Path
     cfg = RunConfig.from_toml(write(tmp_path, text))  # each part alone is well-formed
     with pytest.raises(RunConfigError, match=says):
         cfg.check()
+
+
+def test_a_preset_names_a_real_harness_run_as_pinned(tmp_path: Path) -> None:
+    (tmp_path / "codex").write_text("not a spec\n")  # a file of a preset's name: the preset wins
+    cfg = RunConfig.from_toml(write(tmp_path, 'harness = "codex"\n'))
+    assert (cfg.harness, cfg.harness_kind) == ("codex", "preset")
+    assert cfg.harness_spec() == harness_preset("codex")
+    builtin = RunConfig().validate()
+    assert builtin.harness_spec() == builtin_spec("--max-turns", "6")
+
+
+def test_a_preset_whose_harness_is_not_installed_is_refused_saying_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no claude on it
+    cfg = RunConfig.from_toml(write(tmp_path, 'harness = "claude-code"\nskill_names = ["csv-report"]\n'))
+    with pytest.raises(RunConfigError) as err:
+        cfg.check()
+    assert str(err.value) == (
+        "run config: harness: harness claude-code is not installed: `npm install -g @anthropic-ai/claude-code@"
+        f"{HARNESS_VERSIONS['claude-code']['version']}` (`make harnesses` installs every pinned harness)"
+    )
 
 
 def test_a_good_run_file_passes_the_check(tmp_path: Path) -> None:

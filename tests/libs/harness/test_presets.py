@@ -4,10 +4,19 @@ environment (argv is visible to every process) and turns the harness's own outsi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from opengyre.harness import HARNESS_VERSIONS, PLACEHOLDERS, harness_preset, preset_names
+from opengyre.harness import (
+    HARNESS_VERSIONS,
+    PLACEHOLDERS,
+    HarnessNotInstalled,
+    check_installed,
+    harness_preset,
+    install_command,
+    preset_names,
+)
 
 VALUES = {k: f"<{k}>" for k in PLACEHOLDERS}
 
@@ -34,3 +43,43 @@ def test_the_presets_say_what_each_harness_needs() -> None:
     assert config["provider"]["opengyre"]["options"] == {"baseURL": "<base_url>", "apiKey": "<api_key>"}
     with pytest.raises(ValueError, match="no harness preset 'aider'"):
         harness_preset("aider")
+
+
+def _npm_install(prefix: Path, package: str, version: str, executable: str) -> None:
+    """An npm -g layout: the package under lib/node_modules, its executable in bin/ a link to its script."""
+    pkg = prefix / "lib" / "node_modules" / package
+    (pkg / "bin").mkdir(parents=True)
+    (pkg / "package.json").write_text(json.dumps({"name": package, "version": version}))
+    (pkg / "bin" / "cli.js").write_text("#!/usr/bin/env node\n")
+    (pkg / "bin" / "cli.js").chmod(0o755)
+    (prefix / "bin").mkdir()
+    (prefix / "bin" / executable).symlink_to(pkg / "bin" / "cli.js")
+
+
+def test_an_npm_harness_is_installed_only_at_its_pinned_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pin = HARNESS_VERSIONS["codex"]
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(HarnessNotInstalled) as err:
+        check_installed("codex")
+    assert str(err.value) == (
+        f"harness codex is not installed: `npm install -g @openai/codex@{pin['version']}` (`make harnesses` installs "
+        "every pinned harness)"
+    )
+    _npm_install(tmp_path, pin["npm"], "0.1.0", "codex")
+    with pytest.raises(HarnessNotInstalled, match=rf"harness codex: 0\.1\.0 is installed, {pin['version']} is pinned"):
+        check_installed("codex")
+    (tmp_path / "lib" / "node_modules" / pin["npm"] / "package.json").write_text(
+        json.dumps({"name": pin["npm"], "version": pin["version"]})
+    )
+    check_installed("codex")
+    assert install_command("codex") == f"npm install -g @openai/codex@{pin['version']}"
+
+
+def test_a_python_harness_is_importable_at_its_pinned_version() -> None:
+    # mini-swe-agent and the Agents SDK are dev dependencies, pinned to the presets' versions.
+    for name in ("mini-swe-agent", "openai-agents"):
+        check_installed(name)
+    with pytest.raises(ValueError, match="no harness preset 'aider'"):
+        check_installed("aider")
