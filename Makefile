@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses sandbox-image docker-check
+.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses harness-check sandbox-image docker-check
 
 setup: $(STAMP)
 
@@ -80,3 +80,8 @@ clean:
 harnesses: $(STAMP)
 	$(PY) -c "from opengyre.harness import HARNESS_VERSIONS as V; print(' '.join(f\"{v['npm']}@{v['version']}\" for v in V.values() if 'npm' in v))" | xargs npm install -g
 	$(PY) -c "from opengyre.harness import HARNESS_VERSIONS as V; print(' '.join(f\"{v['pip']}=={v['version']}\" for v in V.values() if 'pip' in v))" | xargs $(PY) -m pip install -c constraints.txt
+
+# Opt-in: every installed real harness through the gateway (the suite runs them too where installed), and each in the
+# closed loop, Claude Code's ~15-minute step included (the suite skips that one, saying so). After `make harnesses`.
+harness-check: $(STAMP)
+	OPENGYRE_HARNESS_CHECK=1 $(PY) -m pytest -q -n 0 tests/proxy/test_real_harnesses.py tests/e2e/test_real_harness_loop.py

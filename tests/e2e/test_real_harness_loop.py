@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,11 @@ from tests.proxy._scripted_sglang import scripted_sglang
 
 from ._oracle import oracle_kit
 from .test_closed_loop import ROOT, own_settings, read_all
+
+# Claude Code's step trains on its ~50k-token prompts (the tiny model's byte-level tokenizer): ~15 minutes of two
+# cores, so it is an opt-in check (`make harness-check` sets this), not the suite's; the suite says it skipped it.
+OPT_IN = "OPENGYRE_HARNESS_CHECK"
+OPT_IN_ONLY = {"claude-code"}
 
 RAN = "og-ran-42"  # in a prompt only once a command ran: the command itself says og-ran-$((6*7))
 
@@ -82,6 +88,8 @@ def policy(harness: str, solutions: dict[str, dict[str, str]]) -> Callable[[str]
 async def test_a_step_trains_on_the_calls_a_real_harness_made(
     harness: str, nats_server: EmbeddedNats, log_config: LogConfig, tmp_path: Path
 ) -> None:
+    if harness in OPT_IN_ONLY and not os.environ.get(OPT_IN):
+        pytest.skip(f"{harness} in the loop is an opt-in check (~15 min on 2 cores): make harness-check")
     try:
         check_installed(harness)
     except HarnessNotInstalled as exc:
