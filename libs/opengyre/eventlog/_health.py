@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import httpx
 
-__all__ = ["FULL_MARGIN_BYTES", "ConnectionWatch", "LogHealth", "StreamUsage", "server_health"]
+__all__ = ["FULL_MARGIN_BYTES", "ConnectionWatch", "HealthProbe", "LogHealth", "StreamUsage", "server_health"]
 
 log = logging.getLogger("opengyre.eventlog")
 
@@ -82,11 +82,18 @@ class ConnectionWatch:
         self.changed.clear()
 
 
-async def server_health(monitor_url: str, timeout: float = 2.0) -> LogHealth:
-    """nats-server's ``/healthz``: every stream and consumer of JetStream able to work."""
+async def server_health(
+    monitor_url: str, timeout: float = 2.0, *, client: httpx.AsyncClient | None = None
+) -> LogHealth:
+    """nats-server's ``/healthz``: every stream and consumer of JetStream able to work. ``client``: one to
+    reuse (a check that makes its own pays for an SSL context, see ``HealthProbe``)."""
+    url = f"{monitor_url.rstrip('/')}/healthz"
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            resp = await client.get(f"{monitor_url.rstrip('/')}/healthz")
+        if client is not None:
+            resp = await client.get(url, timeout=timeout)
+        else:
+            async with httpx.AsyncClient(timeout=timeout) as own:
+                resp = await own.get(url)
     except httpx.HTTPError as exc:
         return LogHealth(False, f"nats-server monitoring at {monitor_url} does not answer ({type(exc).__name__})")
     if resp.status_code == 200:
@@ -99,3 +106,24 @@ async def server_health(monitor_url: str, timeout: float = 2.0) -> LogHealth:
     if "no space left" in detail or "write error" in detail:
         return LogHealth(False, f"the log's storage failed a write (disk full?): {detail}")
     return LogHealth(False, f"nats-server reports JetStream unhealthy: {detail}")
+
+
+class HealthProbe:
+    """``server_health`` over one HTTP client for the log's life. A client made per check builds an SSL context
+    (httpx loads the CA bundle: milliseconds of CPU) though the monitor speaks plain HTTP, and every service's
+    health watch checks once a second: most of an idle service's CPU. No kept-alive connection: a nats-server
+    restarted meanwhile is asked on a new one, never on a connection it closed."""
+
+    def __init__(self, monitor_url: str) -> None:
+        self.monitor_url = monitor_url
+        self._client: httpx.AsyncClient | None = None
+
+    async def check(self, timeout: float = 2.0) -> LogHealth:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0))
+        return await server_health(self.monitor_url, timeout, client=self._client)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -30,7 +30,7 @@ from ._blobs import BlobStore
 from ._config import LogConfig
 from ._connect import open_connection
 from ._errors import LogUnavailable
-from ._health import ConnectionWatch, LogHealth, StreamUsage, server_health
+from ._health import ConnectionWatch, HealthProbe, LogHealth, StreamUsage
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
 from ._reads import Reader
@@ -64,6 +64,7 @@ class EventLog(TypedReads):
         self.watch = watch or ConnectionWatch("")
         # nats-server's monitoring URL, when known: it tells a full disk from a slow server.
         self.health_url = health_url
+        self._probe = HealthProbe(health_url) if health_url else None
         self._acks = AckPipeline(nc)
         self.admin = StreamAdmin(self.js, config)
         self.blobs = BlobStore(self.js, config.blob_bucket)
@@ -129,6 +130,8 @@ class EventLog(TypedReads):
     async def close(self) -> None:
         self.watch.closing = True
         await self._acks.stop()
+        if self._probe is not None:
+            await self._probe.aclose()
         with contextlib.suppress(Exception):
             await self.nc.drain()
         with contextlib.suppress(Exception):
@@ -164,8 +167,8 @@ class EventLog(TypedReads):
         """Whether appends can succeed now: connected, and (with ``health_url``) the server's store healthy."""
         if not self.connected:
             return LogHealth(False, f"the event log at {self.watch.url} is unreachable (reconnecting)")
-        if self.health_url:
-            return await server_health(self.health_url, timeout)
+        if self._probe is not None:
+            return await self._probe.check(timeout)
         return LogHealth(True, "")
 
     async def _unacknowledged(self, subject: str, waited: float) -> LogUnavailable:

@@ -20,7 +20,7 @@ from ..eventlog import TRANSIENT_ERRORS, EventLog, StoredEvent
 from ..retry import backoff
 from ._apply import BatchOutcome, FoldTransaction, TransientError, is_transient
 from ._base import Projection
-from ._stream import StreamMismatch, check_stream
+from ._stream import StreamMismatch, StreamNow, check_stream
 
 __all__ = ["ProjectionRunner", "ProjectionStatus", "RunnerStopped", "consumer_name"]
 
@@ -143,41 +143,56 @@ class ProjectionRunner:
         with contextlib.suppress(NotFoundError):
             await self.log.js.delete_consumer(self.log.config.stream, self.consumer)
 
-    async def status(self) -> ProjectionStatus:
+    async def _progress(self) -> tuple[StreamNow, str | None, int, int]:
+        """(the stream now, why it must not be folded or None, the committed position, messages pending)."""
         now, why = await check_stream(self.fold, self.log, bind=False)
         position = await asyncio.to_thread(self.fold.position)
-        tracked, dead = await asyncio.to_thread(self.fold.counts)
-        last = now.last_seq
         try:
             info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
             pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
         except NotFoundError:
-            pending = max(0, last - position)  # no consumer (being re-created): count conservatively
+            pending = max(0, now.last_seq - position)  # no consumer (being re-created): count conservatively
+        return now, why or self.error, position, pending
+
+    async def status(self) -> ProjectionStatus:
+        now, why, position, pending = await self._progress()
+        tracked, dead = await asyncio.to_thread(self.fold.counts)  # counts every tracking row: status only
         return ProjectionStatus(
             name=self.projection.name,
             position=position,
-            stream_last_seq=last,
+            stream_last_seq=now.last_seq,
             pending=pending,
             tracked=tracked,
             dead_letters=dead,
-            error=why or self.error,
+            error=why,
         )
 
     async def wait_caught_up(self, timeout: float = 30.0) -> None:
-        """Wait until the consumer has nothing pending (everything published so far is applied)."""
+        """Wait until the consumer has nothing pending (everything published so far is applied). Between two
+        looks it waits for the next commit, not a period; each look costs the same whatever the history (the
+        status's counts, which scan every tracking row, are not asked for)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         # No consumer creation here: ``run`` owns the consumer (it deletes and re-creates it on start), and a
         # second creator racing that delete can leave nats-server refusing the name (10012) for a while.
         while True:
-            st = await self.status()
-            if st.error is not None:
-                raise StreamMismatch(st.error)
-            if st.caught_up:
+            _, why, position, pending = await self._progress()
+            if why is not None:
+                raise StreamMismatch(why)
+            if pending == 0:
                 return
-            if loop.time() > deadline:
-                raise TimeoutError(f"projection {self.projection.name} still has {st.pending} pending")
-            await asyncio.sleep(0.05)
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"projection {self.projection.name} still has {pending} pending")
+            # The next commit; or, as the runner may not be folding yet (or its consumer is being re-created),
+            # another look after a short while.
+            await self._moved_past(position, min(left, 0.5))
+
+    async def _moved_past(self, position: int, timeout: float) -> None:
+        """Return once a commit passes ``position``, or after ``timeout``."""
+        async with self._moved:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait_for(lambda: self._position > position), timeout)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Fold the log until ``stop``. Refusing the log's stream (see ``_stream``) does not end it: it logs

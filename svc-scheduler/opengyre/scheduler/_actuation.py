@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opengyre.events import CellRole, CellRoleChanged
 
@@ -112,7 +112,10 @@ class RoleChanger:
             if cell.role == "training-core":
                 heir = core_heir(st)
                 if heir is not None:  # the authoritative weights and optimizer state move before the core leaves
-                    await self._step(heir, "training-satellite", "training-core", f"core hand-over from {cell.cell_id}")
+                    # A copy: ``_step`` records the role on the cell it is given, and the state is shared.
+                    await self._step(
+                        replace(heir), "training-satellite", "training-core", f"core hand-over from {cell.cell_id}"
+                    )
             await self._step(cell, cell.role, "switching", reason)
 
     async def to_idle(self, cell: CellState, reason: str) -> None:

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Engine, func, select
 
@@ -71,6 +71,7 @@ class SchedulerController:
         caught_up: Callable[[], Awaitable[None]] | None = None,
         applied: Callable[[int], Awaitable[None]] | None = None,
         positions: Callable[[], AsyncIterator[int]] | None = None,
+        committed: Callable[[], int] | None = None,
     ) -> None:
         self.engine = engine
         self.log = log
@@ -83,6 +84,12 @@ class SchedulerController:
         self._caught_up = caught_up
         self._applied = applied  # the live runner's ``applied``: awaited, not polled
         self._positions = positions  # the live runner's ``positions``: a tick on each fold, not only each poll_s
+        # The live runner's committed position (-1 before it has read it): the loaded state is kept until the
+        # projection moves past it, so an idle scheduler loads nothing (a load is O(history), see ``state``).
+        self._committed = committed
+        self._cache: tuple[int, SchedulerState] | None = None
+        self.ticks = 0
+        self._wake = asyncio.Event()  # the policy loop's: a fold, or a role change ending, may change its advice
         self.packer = policy.packing_buffer(loop)
         self.advice = Decision()
         self._lock = asyncio.Lock()
@@ -99,7 +106,30 @@ class SchedulerController:
             return load_state(conn, self.projection, full=False)
 
     async def state(self) -> SchedulerState:
-        return await asyncio.to_thread(self._load)
+        """The projection's state. With a live runner in this process it is loaded once per committed position
+        and shared until the projection moves (the load reads every group and scans the executions ledger, so
+        a loop, a watcher and the commands re-reading it while nothing happens cost O(history) each time).
+        Readers must not modify it. Without a live runner (another process folds) every call loads."""
+        at = self._committed() if self._committed is not None else -1
+        cached = self._cache
+        if at >= 0 and cached is not None and cached[0] == at:
+            return cached[1]
+        # Read ``at`` before the load: the rows hold at least that position, and a fold committed during the
+        # load moves the position, so the next call loads again.
+        st = await asyncio.to_thread(self._load)
+        if at >= 0 and (self._cache is None or self._cache[0] <= at):
+            self._cache = (at, st)
+        return st
+
+    async def states(self) -> AsyncIterator[SchedulerState]:
+        """The state now, then again each time the projection commits (a watcher reads nothing while the log is
+        still); without a live runner, or once it ended, every ``poll_s``."""
+        if self._positions is not None:
+            async for _ in self._positions():
+                yield await self.state()
+        while True:
+            yield await self.state()
+            await asyncio.sleep(self.poll_s)
 
     async def fresh_state(self) -> SchedulerState:
         """The state once the projection has folded everything on the log so far: commands are judged on it,
@@ -187,18 +217,18 @@ class SchedulerController:
             if req.cell_id in self._busy:
                 raise CommandRefused("failed-precondition", f"a role change of cell {req.cell_id} is in progress")
             check_role_request(st, req)
-            cell = st.cells[req.cell_id]
+            cell = replace(st.cells[req.cell_id])  # the changer's own copy: the state is shared (see ``state``)
             self._busy.add(req.cell_id)
             try:
                 if req.target == "training" and cell.role == "rollout":
                     await changer.begin_drain(cell, req.reason)
             except BaseException:
-                self._busy.discard(req.cell_id)
+                self._done_with(req.cell_id)
                 raise
         try:
             await changer.run(cell, req.target, req.reason)
         finally:
-            self._busy.discard(req.cell_id)
+            self._done_with(req.cell_id)
         return RoleChangeOutcome((await self.state()).cells[req.cell_id], changer.steps)
 
     async def drain_cell(self, cell_id: str, reason: str) -> RoleChangeOutcome:
@@ -209,18 +239,23 @@ class SchedulerController:
             if cell_id in self._busy:
                 raise CommandRefused("failed-precondition", f"a role change of cell {cell_id} is in progress")
             check_drain(st, cell_id)
-            cell = st.cells[cell_id]
+            cell = replace(st.cells[cell_id])  # the changer's own copy: the state is shared (see ``state``)
             self._busy.add(cell_id)
             try:
                 await changer.begin_drain(cell, reason)
             except BaseException:
-                self._busy.discard(cell_id)
+                self._done_with(cell_id)
                 raise
         try:
             await changer.to_idle(cell, reason)
         finally:
-            self._busy.discard(cell_id)
+            self._done_with(cell_id)
         return RoleChangeOutcome((await self.state()).cells[cell_id], changer.steps)
+
+    def _done_with(self, cell_id: str) -> None:
+        """The cell's role change ended: the policy loop looks again (a tick while it was busy skipped it)."""
+        self._busy.discard(cell_id)
+        self._wake.set()
 
     # --- dispatch ------------------------------------------------------------------------------------
 
@@ -322,6 +357,7 @@ class SchedulerController:
     # --- the policy loop -----------------------------------------------------------------------------
 
     async def tick(self) -> Decision:
+        self.ticks += 1
         st = await self.state()
         decision = self.policy.decide(View(st, time.time(), self.loop))
         self.advice = decision
@@ -342,9 +378,11 @@ class SchedulerController:
             log.exception("role change %s -> %s failed", req.cell_id, req.target)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick at once whenever the projection commits (a group ready, a cell moved), and every ``poll_s``
-        besides. Ticking only every ``poll_s`` let a trainer train a ready step before the policy saw it."""
-        wake = asyncio.Event()
+        """Tick at once whenever the projection commits (a group ready, a cell moved) or a role change ends:
+        the advice is a function of the state and of the cells busy changing, so nothing else changes it.
+        ``poll_s`` is the fallback (a failed tick, a controller without a live runner): ticking only every
+        ``poll_s`` let a trainer train a ready step before the policy saw it, and an idle loop has no work."""
+        wake = self._wake
 
         async def follow(positions: AsyncIterator[int]) -> None:
             async for _ in positions:

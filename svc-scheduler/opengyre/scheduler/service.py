@@ -34,6 +34,7 @@ from ._dispatch import GroupAsk
 from ._grpc import STATUS, cell_pb, state_pb
 from ._policy import LoopConfig, Policy, RoleRequest, Target, View
 from ._projection import SchedulerProjection
+from ._state import SchedulerState
 from .actuators import (
     Actuator,
     ActuatorError,
@@ -99,8 +100,10 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return await self._view()
 
     async def _view(self) -> scheduler_pb2.SchedulerStateView:
+        return self._view_of(await self._c.state())
+
+    def _view_of(self, st: SchedulerState) -> scheduler_pb2.SchedulerStateView:
         c = self._c
-        st = await c.state()
         # The advice of this very state (not the last tick's), so a reader never sees advice already acted on.
         advice = c.policy.decide(View(st, time.time(), c.loop))
         return state_pb(st, advice, policy=c.policy.name, auto=c.auto)
@@ -108,16 +111,24 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def WatchState(  # noqa: N802
         self, request: scheduler_pb2.WatchStateRequest, context: Ctx
     ) -> AsyncIterator[scheduler_pb2.SchedulerStateView]:
+        # A view per committed position, sent when it differs from the last one sent: the view (and its
+        # advice) is a function of the state alone, so a still log costs a watcher nothing.
         last: bytes | None = None
+        seen: SchedulerState | None = None
         sent = 0
-        while request.max_updates == 0 or sent < request.max_updates:
-            view = await self._view()
+        async for st in self._c.states():
+            if st is seen:
+                continue
+            seen = st
+            view = self._view_of(st)
             blob = view.SerializeToString(deterministic=True)
-            if blob != last:
-                last = blob
-                sent += 1
-                yield view
-            await asyncio.sleep(self._c.poll_s)
+            if blob == last:
+                continue
+            last = blob
+            sent += 1
+            yield view
+            if sent == request.max_updates:
+                return
 
     async def _carry_out(
         self, context: Ctx, cell_id: str, change: Awaitable[RoleChangeOutcome]
@@ -260,8 +271,10 @@ class SchedulerService(Service):
         loop: LoopConfig | None = None,
         actuator: Actuator | None = None,
         auto: bool | None = None,
-        poll_s: float = 1.0,
+        poll_s: float = 30.0,
     ) -> None:
+        """``poll_s``: the controller's fallback period; its loop ticks on each fold and each role change's end
+        (what can change its advice), so this only retries a tick that failed."""
         self._policy = policy
         self._loop = loop
         self._actuator = actuator
@@ -293,6 +306,7 @@ class SchedulerService(Service):
             poll_s=self._poll_s, caught_up=runner.wait_caught_up if runner is not None else None,
             applied=runner.applied if runner is not None else None,
             positions=runner.positions if runner is not None else None,
+            committed=(lambda: runner.position) if runner is not None else None,
         )  # fmt: skip
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self.controller.run(self._stop), name="scheduler-controller")
