@@ -289,6 +289,7 @@ async def test_anthropic_stream_error_event_when_nothing_can_continue(
             raise AssertionError("the stream ended without an error")
         except anthropic.APIStatusError as exc:
             assert exc.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert st.gateway.failed_calls("ex-alone-a") == 1  # the in-stream error is the engines' failure
     finally:
         await st.gateway.stop()
 
@@ -396,3 +397,28 @@ async def test_a_dead_engine_is_probed_out_of_and_back_into_routing(
     finally:
         await st.gateway.stop()
         reserve.close()
+
+
+async def test_the_calls_the_gateway_failed_are_counted_per_execution_and_a_callers_error_is_not(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    """What a harness's "the model failed" is checked by (the seal's ``failed_calls``): a call no engine could finish
+    (no capacity: 429) counts for its execution, streamed or not; a request the caller got wrong (400) does not."""
+    st = await make_stack(event_log, {"e0": engine_a}, queue_timeout_s=0.2)
+    try:
+        client = st.openai("ex-count")
+        msgs: Any = [{"role": "user", "content": "x"}]
+        await client.chat.completions.create(model=M, max_tokens=2, messages=msgs)
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model=M, max_tokens=2, messages=msgs, temperature=-1)
+        assert st.gateway.failed_calls("ex-count") == 0
+        await st.gateway.pool.drain("e0")  # no engine left: calls wait out the queue, then 429
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model=M, max_tokens=2, messages=msgs)
+        with pytest.raises(openai.RateLimitError):
+            async for _ in await client.chat.completions.create(model=M, max_tokens=2, messages=msgs, stream=True):
+                pass
+        assert st.gateway.failed_calls("ex-count") == 2
+        assert st.gateway.failed_calls("ex-other") == 0
+    finally:
+        await st.gateway.stop()

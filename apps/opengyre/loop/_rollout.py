@@ -26,8 +26,9 @@ __all__ = ["ABANDONED", "Assignment", "Finished", "end_abandoned", "end_executio
 
 # How the harness ended -> the failure the runtime observed itself (ScoreExecution's ``failure_class``). A harness
 # that could not reach the model (the endpoint unreachable or failing after its retries) is an infrastructure
-# failure, masked downstream; every other ending is graded on the workspace it left.
-_FAILURES = {"model-error": "engine"}
+# failure, masked downstream, when that is shown by more than its word (``harness_failure``); every other ending is
+# graded on the workspace it left.
+_MODEL_FAILED = "model-error"
 log = logging.getLogger(__name__)
 ABANDONED = "sandbox"  # the failure class of an execution whose harness was lost with the driver (``end_abandoned``)
 
@@ -62,7 +63,7 @@ def _seal_retryable(exc: BaseException) -> bool:
     )
 
 
-def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None) -> str:
+def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None, failed_calls: int = 0) -> str:
     """The failure class the runtime observed in how the harness ended ("" for none: graded as it stands).
 
     The harness is the runtime's program, not the policy's output; but once the policy made a model call its
@@ -73,9 +74,14 @@ def harness_failure(outcome: HarnessOutcome, recorded_calls: int | None = None) 
     - a SIGKILL while the kernel counted an OOM kill (or cannot say) is the OOM killer's: ``oom``, masked;
     - a harness that ended by any other signal, or exited non-zero without a summary, having made no model call
       at all ran nothing of the policy's: the sandbox's failure (infrastructure, masked);
-    - after a model call, every ending (a signal included) is graded on the workspace it left."""
-    if outcome.finish_reason in _FAILURES:
-        return _FAILURES[outcome.finish_reason]
+    - after a model call, every ending (a signal included) is graded on the workspace it left.
+
+    The built-in harness's summary saying the model failed (``model-error``) is written where the policy's commands
+    can write too: it masks the execution (``engine``) only when nothing of the policy's ran (no recorded call), or
+    the proxy answered some of its calls with a failure (``failed_calls``, from the seal); otherwise the claim is
+    not believed and the workspace is graded — a forged summary must not hide a failing attempt from training."""
+    if outcome.finish_reason == _MODEL_FAILED and (recorded_calls == 0 or failed_calls > 0):
+        return "engine"
     if outcome.signal == signal.SIGKILL and outcome.oom_kills != 0:
         return "oom"
     if outcome.timed_out or recorded_calls != 0:  # None: not known, so not masked
@@ -103,11 +109,11 @@ async def end_execution(
     """The execution is over: the proxy seals it (no further calls; every recorded call flushed to the log) and
     the trainer grades the preserved workspace and records ``execution-finished`` with the proxy's call count,
     so no step samples the execution before all its calls are in (docs/proxy.md, "Ending an execution")."""
-    calls = await _seal(proxy, a.execution_id)
+    calls, failed = await _seal(proxy, a.execution_id)
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), timed_out=outcome.timed_out,
         has_exit_code=True, exit_code=outcome.exit_code, output=(outcome.stdout + outcome.stderr)[-2000:],
-        failure_class=harness_failure(outcome, calls), has_recorded_calls=True, recorded_calls=calls,
+        failure_class=harness_failure(outcome, calls, failed), has_recorded_calls=True, recorded_calls=calls,
         sandbox=outcome.isolation,
     )  # fmt: skip
     return await _score(trainer, req)
@@ -126,18 +132,19 @@ async def end_abandoned(
     trajectory is cut off by the crash, not by the policy."""
     req = trainer_pb2.ScoreExecutionRequest(
         execution_id=a.execution_id, task_dir=str(a.task_dir), workspace=str(workspace), output=why,
-        failure_class=ABANDONED, has_recorded_calls=True, recorded_calls=await _seal(proxy, a.execution_id),
+        failure_class=ABANDONED, has_recorded_calls=True, recorded_calls=(await _seal(proxy, a.execution_id))[0],
     )  # fmt: skip
     return await _score(trainer, req)
 
 
-async def _seal(proxy: proxy_pb2_grpc.ProxyServiceAsyncStub, eid: str) -> int:
-    """The proxy seals the execution: no further calls; the count of those it recorded, all flushed to the log."""
+async def _seal(proxy: proxy_pb2_grpc.ProxyServiceAsyncStub, eid: str) -> tuple[int, int]:
+    """The proxy seals the execution: no further calls; the count of those it recorded, all flushed to the log,
+    and of those it answered with a failure."""
     sealed = proxy_pb2.SealExecutionRequest(execution_id=eid)
     async for attempt in backoff(f"sealing {eid}", first_s=0.1, max_s=2.0, retry_if=_seal_retryable, attempts=60):
         with attempt:
             seal = await proxy.SealExecution(sealed, timeout=60)
-    return int(seal.recorded_calls)
+    return int(seal.recorded_calls), int(seal.failed_calls)
 
 
 async def _score(

@@ -546,18 +546,24 @@ class SealExecutionResponse(_message.Message):
 
     EXECUTION_ID_FIELD_NUMBER: _builtins.int
     RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    FAILED_CALLS_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     recorded_calls: _builtins.int
     """the execution's model calls now in the event log (every proxy run together)"""
+    failed_calls: _builtins.int
+    """Its calls this proxy process answered with a failure of its own or its engines' (5xx or 429, in-stream too):
+    a harness that says the model failed is believed only when this is not 0 (its summary is not proof).
+    """
     def __init__(
         self,
         *,
         execution_id: _builtins.str = ...,
         recorded_calls: _builtins.int = ...,
+        failed_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "recorded_calls", b"recorded_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "failed_calls", b"failed_calls", "recorded_calls", b"recorded_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -176,6 +176,9 @@ class Gateway:
         )
         self.stats = GatewayStats()
         self._executions: collections.OrderedDict[str, ExecutionTrajectory] = collections.OrderedDict()
+        # Per execution, its calls this process answered with a server-side failure (5xx: no engine could finish, an
+        # engine's bad reply, a call that could not be recorded): what a harness's "the model failed" is checked by.
+        self._failed: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._http: HttpServer | None = None
         self.app = self._build_app()
 
@@ -229,6 +232,21 @@ class Gateway:
         await self.recorder.seal(execution_id)
         self._executions.pop(execution_id, None)  # its live state is no longer needed
         return await self.recorder.sealed_calls(execution_id)
+
+    def failed_calls(self, execution_id: str) -> int:
+        """How many of the execution's calls this process answered with a failure of its own or its engines' (a
+        5xx or 429, in-stream errors included). A harness that ends saying the model failed is believed only when this
+        says so: its summary is written where the policy's commands can write too (docs/sandbox.md)."""
+        return self._failed.get(execution_id, 0)
+
+    def _count_failure(self, execution_id: str | None, status: int) -> None:
+        # 4xx is the caller's request, but 429: no rollout capacity (the engines', like a 503).
+        if execution_id is None or (status < 500 and status != 429):
+            return
+        self._failed[execution_id] = self._failed.get(execution_id, 0) + 1
+        self._failed.move_to_end(execution_id)
+        while len(self._failed) > 4 * self.config.max_executions:
+            self._failed.popitem(last=False)
 
     def issue_key(self, execution_id: str, role: TrajectoryRole = "main") -> str:
         return self.keys.issue(execution_id, role)
@@ -386,8 +404,9 @@ class Gateway:
         except msgspec.DecodeError as exc:
             raise ApiError.invalid(f"malformed JSON body: {exc}") from None
 
-    def _error(self, err: ApiError, dialect: Dialect) -> Response:
+    def _error(self, err: ApiError, dialect: Dialect, execution_id: str | None = None) -> Response:
         self.stats.rejected[f"{err.status}"] += 1
+        self._count_failure(execution_id, err.status)
         # Every refusal is in the log with its reason: a harness that fails on its first call is diagnosed here.
         log.warning("refused a %s call: %d %s: %s", dialect.name, err.status, err.kind, err.message)
         body = dialect.error_body(err)
@@ -534,6 +553,7 @@ class Gateway:
         await asyncio.shield(written)  # shielded: a caller that leaves does not cancel what the others share
 
     async def _call(self, request: Request, dialect: Dialect) -> Response:
+        eid: str | None = None
         try:
             eid, role, claimed = self._authorize(request)
             try:
@@ -587,7 +607,7 @@ class Gateway:
             except NoCapacity as exc:
                 raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
         except ApiError as err:
-            return self._error(err, dialect)
+            return self._error(err, dialect, eid)
 
         async def on_turn(turn: Turn) -> None:
             await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
@@ -597,7 +617,7 @@ class Gateway:
             source = _guard(dispatch.deltas(), dispatch.outcome)
             stream = dialect.stream(req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn)
             return _CallStream(
-                _stream_errors(stream, dispatch.outcome, dialect),
+                _stream_errors(stream, dispatch.outcome, dialect, lambda status: self._count_failure(eid, status)),
                 dispatch,
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
@@ -606,11 +626,11 @@ class Gateway:
             async for _ in dispatch.deltas():
                 pass
         except ApiError as err:
-            return self._error(err, dialect)
+            return self._error(err, dialect, eid)
         out = dispatch.outcome
         if out.kind == "abort":
             msg = str((out.finish or {}).get("message", "the generation was aborted"))
-            return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect)
+            return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect, eid)
         turn = assemble(
             self.codec,
             out,
@@ -621,7 +641,7 @@ class Gateway:
         try:
             await on_turn(turn)
         except RecordFailed as exc:
-            return self._error(_record_error(exc), dialect)
+            return self._error(_record_error(exc), dialect, eid)
         return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
 
     async def _samples(
@@ -674,6 +694,7 @@ class Gateway:
                     ),
                     d.outcome,
                     dialect,
+                    lambda status: self._count_failure(eid, status),
                 )
                 for d in dispatches
             ]
@@ -691,11 +712,11 @@ class Gateway:
         try:
             await asyncio.gather(*(drain(d) for d in dispatches))
         except ApiError as err:
-            return self._error(err, dialect)
+            return self._error(err, dialect, eid)
         for d in dispatches:
             if d.outcome.kind == "abort":
                 msg = str((d.outcome.finish or {}).get("message", "the generation was aborted"))
-                return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect)
+                return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect, eid)
         bodies = []
         for d in dispatches:
             turn = assemble(
@@ -708,7 +729,7 @@ class Gateway:
             try:
                 await on_turn(d)(turn)
             except RecordFailed as exc:
-                return self._error(_record_error(exc), dialect)
+                return self._error(_record_error(exc), dialect, eid)
             bodies.append(dialect.respond(req, self.codec, d.outcome, turn, prompt, d.rid))
         merged = bodies[0]
         merged["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
@@ -923,7 +944,9 @@ def _record_error(exc: RecordFailed) -> ApiError:
     return ApiError(500, "api_error", _not_recorded(exc))
 
 
-async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect) -> AsyncIterator[bytes]:
+async def _stream_errors(
+    stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect, failed_with: Callable[[int], None]
+) -> AsyncIterator[bytes]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
     The dialect streams stop before their final frames when the outcome is an abort, so no client
@@ -947,4 +970,5 @@ async def _stream_errors(stream: AsyncIterator[bytes], outcome: Outcome, dialect
         else:
             failed = ApiError(502, "api_error", msg, code="engine_error")
     if failed is not None:
+        failed_with(failed.status)
         yield dialect.stream_error(failed)

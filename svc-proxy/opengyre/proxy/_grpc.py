@@ -222,4 +222,8 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         except SealUnavailable as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             raise
-        return proxy_pb2.SealExecutionResponse(execution_id=request.execution_id, recorded_calls=calls)
+        return proxy_pb2.SealExecutionResponse(
+            execution_id=request.execution_id,
+            recorded_calls=calls,
+            failed_calls=self._gw.failed_calls(request.execution_id),
+        )

@@ -130,6 +130,8 @@ async def test_an_engine_that_breaks_mid_episode_is_a_model_error(make_stack: Ma
     assert (tmp_path / "a.txt").read_text() == "a" and summary.turns == 1
     assert len(stack.engine.prompts) == 3  # the call and the SDK's one retry
     assert [e.branch for e in await stack.recorded("ex-502")] == ["root"]  # the failed call recorded nothing
+    # What the rollout driver believes the harness's "model-error" by (the seal's failed_calls): both attempts.
+    assert stack.gateway.failed_calls("ex-502") == 2
 
 
 def test_an_unreachable_endpoint_is_a_model_error(tmp_path: Path) -> None:
