@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog, LogConfig
@@ -32,7 +31,7 @@ from opengyre.proxy.recording._store import SealedFinishes
 
 from .._polling import await_until
 from .test_recorder import Nats, assert_exactly_once_in_order
-from .test_recorder_crash import Proxy
+from .test_recorder_crash import Proxy, narrowed_stream
 
 M = "opengyre-tiny"
 LIMIT = 4  # the stream takes this many events, then refuses: the rest stay in the outbox file
@@ -79,14 +78,7 @@ async def test_forged_rows_are_quarantined_after_a_restart_and_every_real_row_is
     nats = Nats(tmp_path / "nats")
     cfg = LogConfig(stream="FORGE", prefix="forge.ev", blob_bucket="FORGEB")
     log = await EventLog.connect(nats.url, cfg)
-    stream = StreamConfig(
-        name=cfg.stream,
-        subjects=[cfg.all_subjects],
-        storage=StorageType.FILE,
-        max_msgs=LIMIT,
-        discard=DiscardPolicy.NEW,
-    )
-    await log.js.update_stream(stream)
+    stream = await narrowed_stream(log, cfg, LIMIT)
     outbox = tmp_path / "outbox.sqlite3"
     proxy = Proxy(nats, cfg, engine_a.url, outbox)
     try:
@@ -115,14 +107,7 @@ async def test_forged_rows_are_quarantined_after_a_restart_and_every_real_row_is
         _insert(outbox, last + 1, bad_tag, os.urandom(32))
         _insert(outbox, last + 2, ghost, _valid_tag(outbox, last + 2, ghost))
 
-        stream.max_msgs = -1
-        await log.js.update_stream(stream)
-        await proxy.start()
-
-        async def drained() -> bool:
-            return await proxy.metric("opengyre_proxy_outbox_events") == 0
-
-        await await_until(drained, "the restarted proxy drained the real rows")
+        await proxy.restart_drained(log, stream)
         events = [e async for _, e in log.events(ModelCallRecorded)]
         assert_exactly_once_in_order(events, answered)  # none of the forged calls, every real one once
         assert _quarantine(outbox) == sorted(

@@ -57,6 +57,30 @@ class Proxy:
         [value] = [line.split()[1] for line in text.splitlines() if line.startswith(name + " ")]
         return float(value)
 
+    async def restart_drained(self, log: EventLog, stream: StreamConfig) -> None:
+        """Lift the stream's limit, start the (killed) proxy again and wait until its outbox is empty."""
+        stream.max_msgs = -1
+        await log.js.update_stream(stream)
+        await self.start()
+
+        async def drained() -> bool:
+            return await self.metric("opengyre_proxy_outbox_events") == 0
+
+        await await_until(drained, "the restarted proxy drained its outbox")
+
+
+async def narrowed_stream(log: EventLog, cfg: LogConfig, limit: int) -> StreamConfig:
+    """The log's stream made to take ``limit`` events and refuse the rest: a drain stops there, deterministically."""
+    stream = StreamConfig(
+        name=cfg.stream,
+        subjects=[cfg.all_subjects],
+        storage=StorageType.FILE,
+        max_msgs=limit,
+        discard=DiscardPolicy.NEW,
+    )
+    await log.js.update_stream(stream)
+    return stream
+
 
 @pytest.mark.slow
 async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
@@ -65,14 +89,7 @@ async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
     nats = Nats(tmp_path / "nats")
     cfg = LogConfig(stream="CRASH", prefix="crash.ev", blob_bucket="CRASHB")
     log = await EventLog.connect(nats.url, cfg)  # made with no limit: narrowed below
-    stream = StreamConfig(
-        name=cfg.stream,
-        subjects=[cfg.all_subjects],
-        storage=StorageType.FILE,
-        max_msgs=LIMIT,
-        discard=DiscardPolicy.NEW,
-    )
-    await log.js.update_stream(stream)
+    stream = await narrowed_stream(log, cfg, LIMIT)
     proxy = Proxy(nats, cfg, engine_a.url, tmp_path / "outbox.sqlite3")
     try:
         await proxy.start()
@@ -97,14 +114,7 @@ async def test_a_sigkilled_proxy_drains_its_outbox_after_restart_exactly_once(
         assert await proxy.metric("opengyre_proxy_outbox_events") == 20 - LIMIT
         proxy.sigkill()  # mid-drain: 10 answered calls are only in the outbox file
 
-        stream.max_msgs = -1
-        await log.js.update_stream(stream)
-        await proxy.start()
-
-        async def drained() -> bool:
-            return await proxy.metric("opengyre_proxy_outbox_events") == 0
-
-        await await_until(drained, "the restarted proxy drained the rest")
+        await proxy.restart_drained(log, stream)
         events = [e async for _, e in log.events(ModelCallRecorded)]
         assert len(answered) == 20
         assert_exactly_once_in_order(events, answered)

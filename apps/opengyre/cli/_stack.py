@@ -541,9 +541,11 @@ def service_run(
                 supervisor_pid=int(supervisor) if supervisor else None,
             )
         finally:
-            # The loop's own teardown (cancelled tasks, the default executor's threads) is covered too.
-            watchdog.cancel()
-            exit_after(grace_s, f"svc-{name}")
+            # The loop's own teardown (cancelled tasks, the default executor's threads) is covered too: the
+            # deadline is armed here unless the watchdog already armed it (once; a second timer would only race).
+            if not watchdog.done():
+                watchdog.cancel()
+                exit_after(grace_s, f"svc-{name}")
 
     try:
         asyncio.run(main())
