@@ -42,7 +42,9 @@ def parse_endpoint(spec: str) -> Endpoint:
     return str(addr), port
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: asyncio.StreamWriter) -> None:
+    """``reader`` to ``writer``; its end is passed on, and a reset (either side) ends both connections at once —
+    otherwise the other direction would wait on a peer that will never send (``source`` is ``reader``'s own)."""
     try:
         while chunk := await reader.read(_CHUNK):
             writer.write(chunk)
@@ -50,7 +52,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         if writer.can_write_eof():
             writer.write_eof()
     except (ConnectionError, OSError):
-        pass
+        writer.transport.abort()
+        source.transport.abort()
 
 
 class _Loop:
@@ -114,7 +117,7 @@ class EgressRelay:
             w.close()  # the endpoint is down: the sandbox's side sees a closed connection, as a refused one
             return
         try:
-            await asyncio.gather(_pump(r, uw), _pump(ur, w))
+            await asyncio.gather(_pump(r, uw, w), _pump(ur, w, uw))
         finally:
             for writer in (w, uw):
                 writer.close()

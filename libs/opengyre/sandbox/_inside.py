@@ -20,14 +20,17 @@ _CHUNK = 1 << 16
 
 
 def _pump(src: socket.socket, dst: socket.socket, done: threading.Semaphore) -> None:
-    # Bytes go on as they come (a streamed response is not held back); the end of one direction is passed on.
+    # Bytes go on as they come (a streamed response is not held back); the end of one direction is passed on, and
+    # a reset ends both (the other direction's recv would otherwise wait on a peer that is gone).
     try:
         while chunk := src.recv(_CHUNK):
             dst.sendall(chunk)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
     except OSError:
-        pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
     finally:
         done.release()
 

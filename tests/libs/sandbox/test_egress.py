@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -141,21 +142,52 @@ def test_a_large_body_goes_both_ways_with_its_end_passed_on() -> None:
     assert int(n) == 5 << 20 and got == sent
 
 
+SEND_ONE = (
+    "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30); "
+    "s.sendall(b'x'); print(repr(s.recv(10)))"
+)
+
+
+def _send_one(port: int) -> tuple[bool, str, str]:
+    """Inside a sandbox with ``port`` as its egress: connect, send a byte, print what comes back (timed out?, out, err)."""
+    with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{port}"]) as sb:
+        r = sb.run([sys.executable, "-c", SEND_ONE, str(port)])
+    return r.timed_out, r.stdout.strip(), r.stderr
+
+
 def test_an_endpoint_that_is_down_is_a_closed_connection_not_a_hang() -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]  # bound, never listening: connecting is refused
-    code = (
-        "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30); "
-        "s.sendall(b'x'); print(repr(s.recv(10)))"
-    )
-    try:
-        with LocalSandbox(SandboxLimits(timeout_s=60), egress=[f"127.0.0.1:{port}"]) as sb:
-            r = sb.run([sys.executable, "-c", code, str(port)])
+    try:  # bound, never listening: connecting is refused
+        timed_out, out, err = _send_one(probe.getsockname()[1])
     finally:
         probe.close()
-    assert not r.timed_out
-    assert r.stdout.strip() == "b''" or "ConnectionResetError" in r.stderr
+    assert not timed_out
+    assert out == "b''" or "ConnectionResetError" in err, err
+
+
+def test_an_endpoint_that_resets_the_connection_ends_it_inside_too() -> None:
+    """A reset on the endpoint's side ends the command's connection as well (the relay passed neither the reset
+    nor an end on before: the command's read waited for its own 30 s timeout)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def reset() -> None:
+        conn, _ = server.accept()
+        conn.recv(1)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends an RST
+        conn.close()
+
+    t = threading.Thread(target=reset, daemon=True)
+    t.start()
+    try:
+        timed_out, out, err = _send_one(server.getsockname()[1])
+    finally:
+        server.close()
+    assert not timed_out
+    assert "TimeoutError" not in err and "timed out" not in err, err
+    assert out == "b''" or "ConnectionResetError" in err, (out, err)
 
 
 def test_egress_is_loopback_and_unprivileged_ports_only_and_the_process_backend_needs_the_host_network() -> None:
