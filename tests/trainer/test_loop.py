@@ -133,8 +133,9 @@ async def test_staleness_from_version_stamps_and_corrupt_trajectories(
     assert report.completed.staleness_max == 2 and report.completed.staleness_mean == 2.0
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["thread-satellite", "process-satellite"])
 async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
-    event_log: EventLog, engine: Engine, tmp_path: Path
+    event_log: EventLog, engine: Engine, tmp_path: Path, processes: bool
 ) -> None:
     import asyncio
 
@@ -144,10 +145,19 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     runner = ProjectionRunner(TrainerProjection(), event_log, engine)
     stop = asyncio.Event()
     fold = asyncio.create_task(runner.run(stop))
+    trainer: OnlineTrainer | None = None
     try:
         await event_log.append_many(group("g1", [("completed", 1.0, None), ("completed", 0.0, None)]))
         await runner.wait_caught_up(60)
-        cfg = config(tmp_path, group_size=2, groups_per_step=2, streaming=True, satellites=1, mini_batches=1)
+        cfg = config(
+            tmp_path,
+            group_size=2,
+            groups_per_step=2,
+            streaming=True,
+            satellites=1,
+            satellite_processes=processes,
+            mini_batches=1,
+        )
         trainer = OnlineTrainer(cfg, TrainerStore(engine), event_log)
         initial = trainer.backend.hf_state_dict()
         step = asyncio.create_task(trainer.step_once(poll_s=0.05))
@@ -163,6 +173,8 @@ async def test_streaming_step_trains_while_groups_arrive_with_a_satellite(
     finally:
         stop.set()
         await fold
+        if trainer is not None:
+            trainer.close()  # a satellite process leaves
     assert report is not None and report.result is not None
     assert sorted(report.completed.execution_ids) == ["g1-e0", "g1-e1", "g2-e0", "g2-e1"]
     # each execution weighs the same, whatever its number of paths (the batch step's rule): 1 each, over 4

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
         StepAdmission,
         classify_outcome,
     )
+    from ._cell_process import (
+        CellHub,
+        ProcessSatellite,
+    )
     from ._config import (
         TrainerConfig,
     )
@@ -120,6 +124,7 @@ if TYPE_CHECKING:
         TrainerStore,
     )
     from ._streaming import (
+        Cell,
         MicroStepBuffer,
         Satellite,
         StreamingStep,
@@ -160,6 +165,9 @@ _WHERE: dict[str, str] = {
     "MicroBatch": "._packing",
     "MicroResult": "._step",
     "MicroStepBuffer": "._streaming",
+    "Cell": "._streaming",
+    "CellHub": "._cell_process",
+    "ProcessSatellite": "._cell_process",
     "OnlineTrainer": "._loop",
     "PAD_ID": "._packing",
     "PathSampler": "._sampling",
@@ -223,6 +231,8 @@ __all__ = [
     "TRANSIENT_CLASSES",
     "Admission",
     "AdmissionPolicy",
+    "Cell",
+    "CellHub",
     "Compactable",
     "Conversation",
     "EngineReload",
@@ -237,6 +247,7 @@ __all__ = [
     "OnlineTrainer",
     "PathSampler",
     "PreparedStep",
+    "ProcessSatellite",
     "Proximal",
     "PublishedCheckpoint",
     "ReadyGroup",

@@ -70,9 +70,11 @@ class TrainerConfig:
     engine_reload_attempts: int = 3  # a failed reload is retried this many times (with backoff) right away
     metrics_port: int | None = None  # serve Prometheus /metrics of the steps on this port (0: any free port)
     # Streaming: start a step as soon as one group is ready and feed micro-batches while the others arrive;
-    # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads.
+    # each group then carries 1/groups_per_step of the step's loss. Satellites join each step on threads, or
+    # (``satellite_processes``) each in its own process over a two-rank gloo group with the core.
     streaming: bool = False
     satellites: int = 0
+    satellite_processes: bool = False
     # Model parallelism (megatron): the run is launched on tp * pp ranks (torchrun); rank 0 leads.
     tp: int = 1
     pp: int = 1
@@ -137,6 +139,8 @@ class TrainerConfig:
             raise ValueError("tp and pp must be >= 1, and above 1 only with the megatron backend")
         if self.satellites < 0 or (self.satellites and not self.streaming):
             raise ValueError("satellites must be >= 0 and need streaming = true")
+        if self.satellite_processes and not self.satellites:
+            raise ValueError("satellite_processes = true needs satellites >= 1")
         if not 0 < self.breaker_ratio <= 1:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:

@@ -25,6 +25,7 @@ from opengyre.events import TrainingStepCompleted, WeightsPublished
 from opengyre.models import checkpoint_info, load_checkpoint, model_config, model_state, resolve_model
 
 from ._admission import AdmissionPolicy
+from ._cell_process import CellHub
 from ._config import TrainerConfig
 from ._fault import fault
 from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
@@ -46,7 +47,7 @@ from ._sampling import PathSampler
 from ._schedule import lr_at
 from ._step import Learner, MiniBatch, StepResult
 from ._store import ReadyGroup, TrainerStore
-from ._streaming import MicroStepBuffer, Satellite, streaming_step
+from ._streaming import Cell, MicroStepBuffer, Satellite, streaming_step
 from .algorithms import Algorithm, get_algorithm
 from .backends import Backend, build_backend
 
@@ -201,10 +202,23 @@ class OnlineTrainer:
             overlong_buffer_tokens=config.overlong_buffer_tokens,
         )
         self.sampler = PathSampler(config.max_paths)
-        self.satellites = [
-            Satellite(f"satellite-{i}", make_backend(config), self.learner.algorithm, reference)
-            for i in range(config.satellites)
-        ]
+        self.satellites: list[Cell] = []
+        self._hub = CellHub() if config.satellite_processes else None
+        for i in range(config.satellites):
+            name = f"satellite-{i}"
+            if self._hub is None:
+                self.satellites.append(Satellite(name, make_backend(config), self.learner.algorithm, reference))
+                continue
+            self.satellites.append(
+                self._hub.start(
+                    name,
+                    config.backend,
+                    self.backend.config,
+                    config.algorithm,
+                    config.algorithm_params,
+                    reference=reference.hf_state_dict() if reference is not None else None,
+                )
+            )
         self.stop = asyncio.Event()  # set by ``run``'s caller: a streaming step then ends with what it has
         self.streaming_buffer: MicroStepBuffer | None = None  # the running streaming step's (its progress)
         self.step_no = store.last_step(config.run_id)
@@ -486,6 +500,8 @@ class OnlineTrainer:
     def close(self) -> None:
         """Release the followers of a model-parallel run (they return from ``follow``) and the metrics server."""
         self.metrics.close()
+        for sat in self.satellites:
+            sat.close()
         if self.world > 1:
             tell("stop")
             self.world = 1

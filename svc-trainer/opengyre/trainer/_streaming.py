@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -26,7 +27,7 @@ from ._step import Learner, MicroResult, Proximal, StepResult, accumulate, proxi
 from .algorithms import Algorithm
 from .backends import Backend
 
-__all__ = ["MicroStepBuffer", "Satellite", "StreamingStep", "snapshot_digest", "streaming_step"]
+__all__ = ["Cell", "MicroStepBuffer", "Satellite", "StreamingStep", "snapshot_digest", "streaming_step"]
 
 
 class MicroStepBuffer:
@@ -76,9 +77,23 @@ def snapshot_digest(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+class Cell(Protocol):
+    """A satellite as a step sees it: in this process (``Satellite``) or in its own (``ProcessSatellite``)."""
+
+    name: str
+    joined_digest: str
+    results: list[tuple[MicroBatch, Proximal, MicroResult]]
+
+    def join(self, snapshot: Mapping[str, torch.Tensor]) -> None: ...
+    def work(self, buffer: MicroStepBuffer) -> None: ...
+    def leave(self) -> None: ...
+    def grads(self) -> Mapping[str, torch.Tensor]: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class Satellite:
-    """A worker cell with its own backend (any backend: weights travel in Hugging Face naming)."""
+    """A worker cell in this process with its own backend (any backend: weights travel in Hugging Face naming)."""
 
     name: str
     backend: Backend
@@ -87,7 +102,10 @@ class Satellite:
     joined_digest: str = ""
     results: list[tuple[MicroBatch, Proximal, MicroResult]] = field(default_factory=list)
 
+    _leave: threading.Event = field(default_factory=threading.Event, repr=False)
+
     def join(self, snapshot: Mapping[str, torch.Tensor]) -> None:
+        self._leave.clear()
         self.backend.load_hf_state_dict(snapshot)
         self.backend.zero_grad()
         self.joined_digest = snapshot_digest(self.backend.hf_state_dict())
@@ -95,9 +113,19 @@ class Satellite:
 
     def work(self, buffer: MicroStepBuffer) -> None:
         # No optimizer of its own: the core applies the update with everyone's gradients.
-        while (mb := buffer.claim(self.name)) is not None:
+        while not self._leave.is_set() and (mb := buffer.claim(self.name)) is not None:
             prox = proximal(self.backend, mb)
             self.results.append((mb, prox, accumulate(self.backend, self.algorithm, mb, prox, self.reference)))
+
+    def leave(self) -> None:
+        """Take no more micro-batches in this step (the one in hand is finished; its gradients still count)."""
+        self._leave.set()
+
+    def grads(self) -> Mapping[str, torch.Tensor]:
+        return self.backend.hf_grads()
+
+    def close(self) -> None:
+        """Nothing to release: the backend is this process's."""
 
 
 class StreamingStep:
@@ -121,11 +149,11 @@ class StreamingStep:
         core.backend.zero_grad()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._satellites: list[Satellite] = []
+        self._satellites: list[Cell] = []
         self._errors: list[BaseException] = []
         self._finished = False
 
-    def join(self, sat: Satellite) -> None:
+    def join(self, sat: Cell) -> None:
         """Bring a satellite into the running step (it claims micro-batches as soon as it has the weights)."""
 
         def run() -> None:
@@ -165,7 +193,7 @@ class StreamingStep:
             if sat.joined_digest != self.digest:
                 raise RuntimeError(f"satellite {sat.name} joined with different weights")
             if sat.results:
-                self.core.backend.add_hf_grads(sat.backend.hf_grads())
+                self.core.backend.add_hf_grads(sat.grads())
             for mb, prox, r in sat.results:
                 result.add_proximal(prox)
                 result.add(r)
@@ -189,7 +217,7 @@ class StreamingStep:
 def streaming_step(
     core: Learner,
     buffer: MicroStepBuffer,
-    satellites: Sequence[Satellite] = (),
+    satellites: Sequence[Cell] = (),
     *,
     core_name: str = "core",
     epochs: int = 1,
