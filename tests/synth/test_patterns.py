@@ -2,7 +2,7 @@
 measurably changes the workspace; same seed, same task byte for byte.
 
 To stay cheap, one task per level holds every pattern as a challenge (each at that level of each knob): the
-per-item scores in reward.json still tell every pattern apart.
+per-item scores in diagnostics.json still tell every pattern apart.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def _easy_challenges(bp: Blueprint, noop: Outcome) -> list[str]:
     for c in bp.challenges:
         items = [i for i in bp.acceptance if i.challenge == c.cid and i.kind != "judge"]
         total = sum(i.weight for i in items)
-        got = sum(i.weight * noop.metrics.get(f"item.{i.id}", 0.0) for i in items)
+        got = sum(i.weight * noop.diagnostics.get(f"item.{i.id}", 0.0) for i in items)
         if total and got / total >= bp.pass_threshold:
             easy.append(f"{c.cid} ({c.pattern_id})")
     return easy

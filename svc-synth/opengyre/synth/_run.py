@@ -45,6 +45,7 @@ class Outcome:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     solve_exit: int | None = None
     workspace: dict[str, bytes] | None = None  # the graded workspace, when asked for
+    diagnostics: dict[str, float] = dataclasses.field(default_factory=dict)  # diagnostics.json: item.<id>, ...
 
     @property
     def valid(self) -> bool:
@@ -72,7 +73,9 @@ def run_solution(
         # workspace is graded as it is, without a solve sandbox around it (one copy and one tree removal fewer).
         ev = HarborVerifier(limits.grade).evaluate(task_dir, ws)
         kept = (_snapshot(ws) if ws.is_dir() else {}) if keep_workspace else None
-        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept)
+        return Outcome(
+            ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept, dict(ev.diagnostics or {})
+        )
     try:
         stage = Path(tempfile.mkdtemp(prefix="og-synth-ws-"))
     except OSError as exc:
@@ -102,7 +105,9 @@ def run_solution(
             return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", wreck, code)
         ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
         kept = _snapshot(app) if keep_workspace else None
-        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept)
+        return Outcome(
+            ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept, dict(ev.diagnostics or {})
+        )
     except SandboxError as exc:
         return Outcome(None, "sandbox", str(exc))
     finally:
