@@ -190,9 +190,15 @@ def import_command(
     console.print(
         escape(
             f"{t.name} -> task {t.task_id} v{t.version} at {t.path}"
-            f" ({'with' if t.has_solution else 'without'} a reference solution)"
+            f" ({'with' if t.has_solution else 'without'} a reference solution"
+            + (f", {len(t.steps)} steps: {', '.join(t.steps)}" if t.steps else "")
+            + ")"
         )
     )
+    if t.container_needs:  # a valid Harbor task, but the host sandbox would run it wrongly: it refuses to
+        console.print("[yellow]needs its container; the host sandbox refuses to run it:[/]")
+        for need in t.container_needs:
+            console.print(f"  - {escape(need)}")
 
 
 @synth_app.command("list")
