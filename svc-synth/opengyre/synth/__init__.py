@@ -1,6 +1,6 @@
 """Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop."""
 
-from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
+from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, load_blueprint, materials
 from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._grade import GRADER_SOURCE, TEST_SH
@@ -58,6 +58,7 @@ __all__ = [
     "get_pattern",
     "import_task",
     "ingest",
+    "load_blueprint",
     "materials",
     "parse_knobs",
     "pattern_ids",

@@ -16,7 +16,7 @@ import msgspec
 
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
-from ._blueprint import Blueprint, fill_contract, materials
+from ._blueprint import Blueprint, fill_contract, load_blueprint, materials
 from ._build import build_task
 from ._run import Outcome, RunLimits, run_solution
 
@@ -129,7 +129,7 @@ def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verd
     limits = limits or GateLimits()
     task_dir = Path(task_dir)
     try:  # a tampered blueprint fails the gates: it must not crash the one that reads it first
-        bp = msgspec.json.decode((task_dir / "tests" / "blueprint.json").read_bytes(), type=Blueprint)
+        bp = load_blueprint((task_dir / "tests" / "blueprint.json").read_bytes())
         bp.validate()
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
         said = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # not the KeyError's quoted repr

@@ -10,9 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
-from ._blueprint import Blueprint
+from ._blueprint import Blueprint, load_blueprint
 from ._build import BuiltTask, write_task
 from ._harbor_rules import container_needs, task_problems
 
@@ -74,7 +72,7 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
     except (TypeError, ValueError):
         raise ValueError(f"{src}: [metadata] task_version {meta.get('task_version')!r} is not an integer") from None
     bp_path = src / "tests" / "blueprint.json"
-    bp = msgspec.json.decode(bp_path.read_bytes(), type=Blueprint) if bp_path.is_file() else None
+    bp = load_blueprint(bp_path.read_bytes()) if bp_path.is_file() else None
     task_id = bp.task_id if bp else re.sub(r"[^A-Za-z0-9_-]", "-", name.replace("/", "--"))[:120]
     where = src
     if dest is not None:

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, select
 
 from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
 
-from ._blueprint import Blueprint
+from ._blueprint import Blueprint, load_blueprint
 from ._build import build_task, write_task
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
@@ -131,7 +131,7 @@ class Synthesizer:
             src = d / "tests" / "blueprint.json"
             if d.name[1:].isdigit() and src.is_file():
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # a tampered one is skipped
-                    found.append(msgspec.json.decode(src.read_bytes(), type=Blueprint))
+                    found.append(load_blueprint(src.read_bytes()))
         return sorted(found, key=lambda bp: bp.version)
 
     def ingest(self, source: Path) -> tuple[IngestReport, list[SkillIngested]]:
@@ -302,7 +302,7 @@ class Synthesizer:
                 )
             )
         src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
-        bp = msgspec.json.decode(src.read_bytes(), type=Blueprint)
+        bp = load_blueprint(src.read_bytes())
         d = diagnose(bp, trajs)
         for _ in range(3):  # a proposal that fails the gates is raised once more
             nxt, reason = propose(bp, d)
