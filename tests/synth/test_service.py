@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -90,9 +91,16 @@ async def test_the_cli_lists_exports_and_hardens_over_grpc_and_a_re_ingested_ski
     shutil.copytree(EXAMPLES / "csv-report", skills / "csv-report")
     got = await stub.IngestSkills(synth_pb2.IngestSkillsRequest(source=str(skills)))
     await _folded(stub, 1)
-    (t,) = (await stub.BuildTasks(synth_pb2.BuildTasksRequest(tasks_per_skill=1, seed=3))).tasks
+    for bad, why in (({"patterns": ["nope"]}, "unknown pattern 'nope'"), ({"knobs": {"rows": 40}}, "knobs need")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.BuildTasks(synth_pb2.BuildTasksRequest(**bad))  # type: ignore[arg-type]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in (err.value.details() or "")
+    req = synth_pb2.BuildTasksRequest(tasks_per_skill=1, seed=3, patterns=["csv-aggregate"], knobs={"rows": 40})
+    (t,) = (await stub.BuildTasks(req)).tasks
     assert t.ok, t
     await _folded(stub, 3)
+    (v,) = (await stub.GetLineage(synth_pb2.GetLineageRequest(task_id=t.task_id))).versions
+    assert json.loads(v.patterns_json) == [{"pattern_id": "csv-aggregate", "knobs": {"rows": 40.0}}]
     cli = ("--addr", addr, "--data-dir", str(tmp_path))
     res = await asyncio.to_thread(og, "synth", "list", *cli)
     assert res.returncode == 0 and t.task_id in res.stdout and "1 task(s)" in res.stdout, res.stdout + res.stderr

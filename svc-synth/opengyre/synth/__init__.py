@@ -12,7 +12,7 @@ from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
 from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
 from ._solver import ShortcutSolver, SolverRun
-from ._synth import draft_blueprint, parse_knobs, task_id_for
+from ._synth import check_choice, draft_blueprint, parse_knobs, task_id_for
 from ._tasks import TasksProjection, task_lineage
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "TasksProjection",
     "Verdict",
     "build_task",
+    "check_choice",
     "derive_capabilities",
     "diagnose",
     "draft_blueprint",

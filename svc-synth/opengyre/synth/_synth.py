@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from ._blueprint import Blueprint, Challenge, fill_contract
 from ._pattern import DIMENSIONS, get_pattern, pattern_ids
 
-__all__ = ["draft_blueprint", "parse_knobs", "task_id_for"]
+__all__ = ["check_choice", "draft_blueprint", "parse_knobs", "task_id_for"]
 
 
 def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "") -> str:
@@ -33,6 +33,29 @@ def parse_knobs(specs: Sequence[str]) -> dict[str, int]:
         except ValueError:
             raise ValueError(f"knob {spec!r} is not KNOB=LEVEL or PATTERN.KNOB=LEVEL (LEVEL an integer)") from None
     return out
+
+
+def check_choice(patterns: Sequence[str], knobs: Mapping[str, int]) -> None:
+    """A fixed choice of patterns and knob levels, checked before anything is built: a ``ValueError`` names an
+    unknown or repeated pattern, knobs without patterns (drawn patterns differ per task), a knob no chosen
+    pattern has, or a level that is not one of the knob's."""
+    for pid in patterns:
+        try:
+            get_pattern(pid)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+    if len(set(patterns)) != len(patterns):
+        raise ValueError(f"a pattern is chosen twice: {list(patterns)}")
+    if knobs and not patterns:
+        raise ValueError("knobs need patterns chosen with them: drawn patterns differ from task to task")
+    for name, value in knobs.items():
+        owner, _, knob = name.rpartition(".")
+        having = [get_pattern(pid) for pid in patterns if (owner or pid) == pid and knob in get_pattern(pid).knobs]
+        if not having:
+            raise ValueError(f"knob {name!r}: no chosen pattern ({', '.join(patterns)}) has it")
+        for p in having:
+            if value not in p.knobs[knob]:
+                raise ValueError(f"knob {name}={value}: {p.id}'s {knob} levels are {list(p.knobs[knob])}")
 
 
 def _knobs_for(
@@ -65,10 +88,7 @@ def draft_blueprint(
     rng = random.Random(f"{skill_id}/{seed}")
     chosen: list[str] = list(patterns or ())
     overrides = dict(knobs or {})
-    for pid in chosen:
-        get_pattern(pid)  # an unknown pattern is refused by name before anything is drawn
-    if len(set(chosen)) != len(chosen):
-        raise ValueError(f"a pattern is chosen twice: {chosen}")
+    check_choice(chosen, overrides)
     if not chosen:
         weights = [max(capabilities.get(d, 0.1), 0.01) for d in DIMENSIONS]
         while len(chosen) < n_challenges:
@@ -80,10 +100,6 @@ def draft_blueprint(
     for i, pid in enumerate(chosen):
         p = get_pattern(pid)
         challenges.append(Challenge(cid=f"c{i}", pattern_id=pid, knobs=_knobs_for(pid, p.knobs, level, overrides)))
-    for name in overrides:
-        owner, _, knob = name.rpartition(".")
-        if not any((owner or c.pattern_id) == c.pattern_id and knob in c.knobs for c in challenges):
-            raise ValueError(f"knob {name!r}: no chosen pattern ({', '.join(chosen)}) has it")
     choice = ""
     if patterns or overrides:
         choice = ",".join(chosen) + "|" + ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))

@@ -116,13 +116,12 @@ def build_command(
     ] = None,
 ) -> None:
     """Synthesize tasks from every accepted skill (procedural mode) and run every gate, with a progress bar."""
-    from opengyre.synth import Synthesizer, get_pattern, parse_knobs
+    from opengyre.synth import Synthesizer, check_choice, parse_knobs
 
     try:
         knobs = parse_knobs(knob or [])
-        for pid in pattern or []:
-            get_pattern(pid)
-    except (ValueError, KeyError) as exc:
+        check_choice(pattern or [], knobs)
+    except ValueError as exc:
         raise fail(_said(exc)) from exc
     synth = Synthesizer(out, workers=workers)
     report, _ = synth.ingest(source)

@@ -27,6 +27,7 @@ from ._hardening import HardeningProjection
 from ._llm import LlmConfig
 from ._pipeline import Synthesizer, TaskBuild
 from ._skills import Skill
+from ._synth import check_choice
 from ._tasks import SkillRow, TaskRow, TasksProjection, current_tasks, task_lineage
 
 __all__ = ["SynthService"]
@@ -88,6 +89,11 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "level <= 3, challenges <= 8, tasks_per_skill <= 1000"
             )
+        patterns, knobs = list(request.patterns), dict(request.knobs)
+        try:
+            check_choice(patterns, knobs)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with self._ctx.engine.connect() as conn:
             q = select(_S).where(_S.c.accepted.is_(True))
             if request.skill_ids:
@@ -117,7 +123,12 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
         n = request.tasks_per_skill or 1
         jobs = [(s, int(request.seed) + i) for s in skills for i in range(n)]
         builds = await asyncio.to_thread(
-            self._synth.synthesize_many, jobs, n_challenges=request.challenges or 2, level=request.level
+            self._synth.synthesize_many,
+            jobs,
+            n_challenges=len(patterns) or request.challenges or 2,
+            level=request.level,
+            patterns=patterns or None,
+            knobs=knobs,
         )
         with self._ctx.engine.connect() as conn:
             known = {r.task_id for r in conn.execute(select(_T.c.task_id))}
