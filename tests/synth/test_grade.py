@@ -107,3 +107,28 @@ def test_a_reward_planted_in_the_workspace_before_grading_is_not_the_verdict(tmp
     ws.mkdir()
     (ws / "service.py").write_text(program)
     assert HarborVerifier(SandboxLimits(timeout_s=120)).evaluate(task, ws).score == 0.0
+
+
+def test_reward_json_holds_the_reward_only_and_the_items_go_to_diagnostics(tmp_path: Path) -> None:
+    # Harbor's job mean averages every key of reward.json as a reward: per-item scores and counts there would be
+    # averaged with it. A judge item (no judge configured) is counted as unjudged, in the diagnostics too.
+    task = _task(tmp_path)
+    judge = {"id": "c0.style", "challenge": "c0", "weight": 1.0, "kind": "judge", "criterion": "tidy"}
+    (task / "tests" / "rubric.json").write_text(json.dumps({**RUBRIC, "items": [*RUBRIC["items"], judge]}))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "service.py").write_text("print(42)\n")
+    ev = HarborVerifier(SandboxLimits(timeout_s=120)).evaluate(task, ws)
+    assert ev.score == 1.0 and ev.metrics == {"reward": 1.0}, ev
+    assert ev.diagnostics == {"item.c0.runs": 1.0, "unjudged_items": 1.0}, ev
+
+
+def test_a_bad_diagnostics_file_is_left_out_and_the_reward_stands(tmp_path: Path) -> None:
+    from opengyre.grading import read_diagnostics
+
+    (tmp_path / "diagnostics.json").write_text('{"item.x": "not a number"}')
+    assert read_diagnostics(tmp_path) == (None, "diagnostics.json left out: not an object of numbers")
+    (tmp_path / "diagnostics.json").write_text('{"item.x": 0.5}')
+    assert read_diagnostics(tmp_path) == ({"item.x": 0.5}, "")
+    (tmp_path / "diagnostics.json").unlink()
+    assert read_diagnostics(tmp_path) == (None, "")

@@ -121,3 +121,74 @@ def test_a_kept_workspace_holds_only_bounded_regular_files(tmp_path: Path) -> No
     script = "echo hello > out.txt; mkfifo pipe; ln -s /etc/hostname host; head -c 2000000 /dev/zero > big\n"
     out = run_solution(t.path, script, keep_workspace=True)
     assert out.score == 1.0 and out.workspace == {"out.txt": b"hello\n"}
+
+
+def _multi_step(root: Path) -> Path:
+    root = _foreign(root)
+    (root / "instruction.md").unlink()
+    (root / "task.toml").write_text(
+        'schema_version = "1.3"\n[task]\nname = "acme/steps"\n[environment]\nworkdir = "/app"\n'
+        '[[steps]]\nname = "scaffold"\nmin_reward = 1.0\n[steps.agent]\ntimeout_sec = 60.0\n'
+        '[[steps]]\nname = "implement"\n[steps.verifier]\ntimeout_sec = "30"\n'  # Harbor coerces a numeric string
+    )
+    for step in ("scaffold", "implement"):
+        (root / "steps" / step / "tests").mkdir(parents=True)
+        (root / "steps" / step / "instruction.md").write_text(f"Do the {step} step\n")
+    (root / "steps" / "implement" / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    return root
+
+
+def test_a_multi_step_harbor_task_is_accepted_and_refused_on_the_host_with_why(tmp_path: Path) -> None:
+    t = import_task(_multi_step(tmp_path / "steps"))
+    assert t.steps == ("scaffold", "implement") and t.instruction == "Do the scaffold step\n"
+    assert any("2 steps share one container" in n for n in t.container_needs), t.container_needs
+    out = run_solution(t.path, "echo hello > out.txt\n")
+    assert (out.score, out.failure_class) == (None, "needs-container") and "2 steps" in out.detail, out
+
+
+@pytest.mark.parametrize(
+    ("toml", "why"),
+    [
+        ('[task]\nname = "acme/x"\n[environment]\nnetwork_mode = "offline"\n', "network_mode = 'offline' is not one"),
+        ('[task]\ndescription = "no name"\n', r"\[task\] has no name"),
+        ('[task]\nname = "acme/x"\n[verifier]\ntimeout_sec = "soon"\n', "verifier.timeout_sec = 'soon' is not a number"),
+        ('[task]\nname = "acme/x"\n[agent]\ntimeout_sec = -5\n', "is not a positive number"),
+        ('[task]\nname = "acme/x"\n[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 2\n',
+         "'shared' with a verifier.environment"),
+        ('[task]\nname = "acme/x"\n[verifier]\nenvironment_mode = "elsewhere"\n', "is not shared or separate"),
+        ('[task]\nname = "acme/x"\n[[steps]]\nmin_reward = 1.0\n', r"steps\[0\] has no valid name"),
+        ('[task]\nname = "acme/x"\n[[steps]]\nname = "missing"\n', "no steps/missing/instruction.md"),
+    ],
+)  # fmt: skip
+def test_a_task_harbor_rejects_is_refused_with_why(tmp_path: Path, toml: str, why: str) -> None:
+    root = _foreign(tmp_path / "t")
+    (root / "task.toml").write_text(toml)
+    with pytest.raises(ValueError, match="Harbor refuses this task: .*" + why):
+        import_task(root)
+
+
+@pytest.mark.parametrize(
+    ("change", "need"),
+    [
+        (lambda r: (r / "environment" / "Dockerfile").write_text(
+            "FROM python:3.12-slim\nWORKDIR /app\nRUN echo hello > /app/seed.txt\n"), "Dockerfile line 3"),
+        (lambda r: (r / "environment" / "Dockerfile").write_text(
+            "FROM python:3.12-slim\nRUN apt-get update && apt-get install -y no-such-tool-here\n"),
+         "installs no-such-tool-here, which the host lacks"),
+        (lambda r: (r / "task.toml").write_text(
+            '[task]\nname = "acme/hello"\n[verifier]\nenvironment_mode = "separate"\n'), "separate environment"),
+        (lambda r: (r / "task.toml").write_text(
+            '[task]\nname = "acme/hello"\n[environment]\ndocker_image = "acme/img:1"\n'), "docker_image"),
+    ],
+)  # fmt: skip
+def test_a_task_that_needs_its_container_is_refused_on_the_host_not_scored(
+    tmp_path: Path, change: object, need: str
+) -> None:
+    # Issue 28: run on the host without what its Dockerfile or separate verifier gives it, a valid task's own
+    # reference scored 0.0, reported as a valid score. Refused, with why, it is no score at all.
+    root = _foreign(tmp_path / "hello")
+    change(root)  # type: ignore[operator]
+    t = import_task(root)
+    assert any(need in n for n in t.container_needs), t.container_needs
+    ref = run_solution(t.path, 'bash "$SOLUTION_DIR/solve.sh"\n')
+    assert (ref.score, ref.failure_class) == (None, "needs-container") and need in ref.detail, ref

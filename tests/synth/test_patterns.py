@@ -2,13 +2,14 @@
 measurably changes the workspace; same seed, same task byte for byte.
 
 To stay cheap, one task per level holds every pattern as a challenge (each at that level of each knob): the
-per-item scores in reward.json still tell every pattern apart.
+per-item scores in diagnostics.json still tell every pattern apart.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from opengyre.synth import (
@@ -20,6 +21,7 @@ from opengyre.synth import (
     get_pattern,
     materials,
     pattern_ids,
+    run_solution,
     validate_task,
     write_task,
 )
@@ -81,7 +83,7 @@ def test_a_higher_level_measurably_changes_the_workspace() -> None:
                 task_id="m", version=1, skill_id="s", skill_name="s", goal="g", seed=3, capabilities={}, challenges=[c]
             )
             ((_, m),) = materials(bp)
-            seen.append(p.measure(m.files, m.facts, f"c0-{pid}"))
+            seen.append(p.measure(m.files, m.facts, bp.folder(c)))
         assert seen == sorted(seen) and len(set(seen)) == len(seen), (pid, p.primary, seen)
 
 
@@ -111,3 +113,79 @@ def test_the_gates_catch_a_broken_task(tmp_path: Path) -> None:
     assert not verdicts["consistency"].ok  # the directory is not what the blueprint builds
     assert not verdicts["crash"].ok and "valid low score on the wreck" in verdicts["crash"].reason
     assert verdicts["noop"].ok and verdicts["hang"].ok and verdicts["oom"].ok
+
+
+def _one(pid: str, knobs: dict[str, int], layout: str = "cid") -> Blueprint:
+    c = Challenge(cid="c0", pattern_id=pid, knobs=knobs)
+    bp = Blueprint(
+        task_id="one", version=1, skill_id="s", skill_name="s", goal="g", seed=5, capabilities={}, challenges=[c]
+    )
+    return fill_contract(msgspec.structs.replace(bp, layout=layout))  # type: ignore[arg-type]
+
+
+def test_challenge_folders_do_not_name_their_pattern() -> None:
+    # Issue 28: `c0-coupled-constraints/` told a solver what trap the folder holds. Guessing the pattern from the
+    # folder names is the shortcut; it finds nothing now, and found every pattern in the old layout.
+    def guessed(bp: Blueprint) -> set[str]:
+        folders = {rel.split("/")[0] for rel in build_task(bp).workspace}
+        return {pid for pid in pattern_ids() for f in folders if pid in f}
+
+    bp = _blueprint(0)
+    assert bp.layout == "cid" and guessed(bp) == set()
+    assert {rel.split("/")[0] for rel in build_task(bp).workspace} == {c.cid for c in bp.challenges}
+    assert guessed(msgspec.structs.replace(bp, layout="cid-pattern")) == set(pattern_ids())
+
+
+def test_broken_configuration_notes_do_not_name_the_faulty_keys(tmp_path: Path) -> None:
+    p = get_pattern("broken-configuration")
+    for faults in p.knobs["faults"]:
+        ((_, m),) = materials(_one(p.id, {"faults": faults}))
+        spec = {ln.split(":")[0] for ln in m.files["c0/SPEC.txt"].decode().splitlines()}
+        notes = {ln.split()[1] for ln in m.files["c0/NOTES.txt"].decode().splitlines()}
+        assert notes == spec, (faults, notes)  # every key documented: the faulty ones are not singled out
+        defaults = dict(ln.split()[1::2] for ln in m.files["c0/NOTES.txt"].decode().splitlines())
+        from_notes = "OK " + ",".join(f"{k}={defaults[k]}" for k in sorted(defaults))
+        assert from_notes != m.facts["output"]  # the config's valid settings are not the defaults
+    # The shortcut: take NOTES as the fix (what it was when it listed only the faulty keys' values). Graded for real.
+    task = write_task(build_task(_one(p.id, {"faults": 2})), tmp_path / "task")
+    shortcut = "sed -E 's/^default (\\S+) is (\\S+)$/\\1 = \\2/' c0/NOTES.txt > c0/service.conf\n"
+    out = run_solution(task, shortcut)
+    assert (out.score, out.failure_class) == (0.0, None), out
+    assert run_solution(task, 'bash "$SOLUTION_DIR/solve.sh"\n').score == 1.0
+
+
+def test_sparse_signal_is_not_beaten_by_one_grep(tmp_path: Path) -> None:
+    p = get_pattern("sparse-signal")
+    for distractors in p.knobs["distractors"]:
+        ((_, m),) = materials(_one(p.id, {"distractors": distractors}))
+        order = m.instruction.split()[1]
+        log = m.files["c0/payments.log"].decode().splitlines()
+        assert not [ln for ln in log if f"order={order} event=refund completed" in ln]  # the old exact grep
+        hits = [ln for ln in log if f"order={order}" in ln and "refund.completed" in ln]
+        amounts = [int(ln.split("amount=")[1].split()[0]) for ln in hits]
+        assert len(hits) >= 3 and m.facts["amount"] not in (amounts[0], amounts[-1]), (distractors, amounts)
+    bp = _one(p.id, {"distractors": p.knobs["distractors"][2]})
+    order = materials(bp)[0][1].instruction.split()[1]
+    task = write_task(build_task(bp), tmp_path / "task")
+    for pick in ("head -1", "tail -1"):  # the grep the instruction suggests, first or last match
+        shortcut = (
+            f"mkdir -p answers; a=$(grep 'order={order}' c0/payments.log | grep refund.completed | {pick} "
+            "| grep -oE 'amount=[0-9]+' | cut -d= -f2)\n"
+            '[ -n "$a" ] || exit 9\necho "{\\"amount\\": $a}" > answers/c0.json\n'
+        )
+        out = run_solution(task, shortcut)
+        assert (out.score, out.failure_class, out.solve_exit) == (0.0, None, 0), (pick, out)
+    assert run_solution(task, 'bash "$SOLUTION_DIR/solve.sh"\n').score == 1.0
+
+
+def test_a_blueprint_written_before_layout_existed_still_rebuilds_to_its_bytes(tmp_path: Path) -> None:
+    import json
+
+    from opengyre.synth import load_blueprint
+
+    old = _one("sparse-signal", {"distractors": 4}, layout="cid-pattern")
+    raw = json.loads(msgspec.json.encode(old))
+    del raw["layout"]  # what a blueprint.json written before held
+    bp = load_blueprint(json.dumps(raw).encode())
+    assert bp.layout == "cid-pattern" and build_task(bp).files == build_task(old).files
+    assert load_blueprint(msgspec.json.encode(_one("sparse-signal", {"distractors": 4}))).layout == "cid"

@@ -175,3 +175,28 @@ def test_skills_from_zip_and_tar_gz_archives(tmp_path: Path) -> None:
     assert {s.skill_id for s in ingest(z, tmp_path / "z").accepted} == from_dir
     assert {s.skill_id for s in ingest(t, tmp_path / "t").accepted} == from_dir
     assert all(p.resolve().is_relative_to((tmp_path / "z").resolve()) for p in (tmp_path / "z").rglob("*"))
+
+
+def test_re_ingesting_an_archive_drops_skills_no_longer_in_it_and_a_rejected_skill_is_not_extracted(
+    tmp_path: Path,
+) -> None:
+    def bundle(names: list[str], bad: bool = False) -> Path:
+        z = tmp_path / "bundle.zip"
+        with zipfile.ZipFile(z, "w") as zf:
+            for n in names:
+                zf.writestr(f"skills/{n}/SKILL.md", GOOD.format(name=n, meta="  domain: test"))
+            if bad:  # the name is not its folder's: rejected
+                zf.writestr("skills/refused/SKILL.md", GOOD.format(name="other", meta="  domain: test"))
+                zf.writestr("skills/refused/data.txt", "kept?")
+        return z
+
+    out = tmp_path / "out"
+    first = ingest(bundle(["alpha-sums", "beta-sums"], bad=True), out)
+    assert {s.name for s in first.accepted} == {"alpha-sums", "beta-sums"} and len(first.rejected) == 1
+    assert not (out / "bundle" / "skills" / "refused").exists()  # the refused skill's files are not in the store
+    assert (out / "bundle" / "skills" / "beta-sums" / "SKILL.md").is_file()
+    (tmp_path / "bundle.zip").unlink()
+    second = ingest(bundle(["alpha-sums"]), out)
+    assert [s.name for s in second.accepted] == ["alpha-sums"]
+    assert not (out / "bundle" / "skills" / "beta-sums").exists()  # gone with the archive that had it
+    assert [p.name for p in out.iterdir()] == ["bundle"]  # no staging folder left

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..config import Settings, SettingsError
 from ..eventlog import EventLog, LogUnavailable
@@ -65,7 +66,8 @@ def settings_from(
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
+    """The message printed as text, never as Rich markup: ``[task] name`` in a task's error must stay visible."""
+    console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 

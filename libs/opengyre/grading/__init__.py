@@ -13,6 +13,7 @@ from ._evaluator import (
     RewardFileEmptyError,
     RewardFileError,
     RewardFileNotFoundError,
+    read_diagnostics,
     read_reward,
 )
 from ._workspace import CopyBounds, CopyReport, UnsafeFileError, WorkspaceTooLarge, copy_workspace, read_bounded
@@ -31,5 +32,6 @@ __all__ = [
     "WorkspaceTooLarge",
     "copy_workspace",
     "read_bounded",
+    "read_diagnostics",
     "read_reward",
 ]

@@ -53,6 +53,7 @@ __all__ = [
     "RewardFileEmptyError",
     "RewardFileError",
     "RewardFileNotFoundError",
+    "read_diagnostics",
     "read_reward",
 ]
 
@@ -81,7 +82,9 @@ class Evaluation:
     failure_class: FailureClass | None = None
     exit_code: int | None = None
     detail: str = ""
-    metrics: dict[str, float] | None = None
+    metrics: dict[str, float] | None = None  # reward.json: rewards only (Harbor averages each key as a reward)
+    # diagnostics.json beside it, when the grader wrote one (per-item scores, counts): never a reward
+    diagnostics: dict[str, float] | None = None
 
     @property
     def valid(self) -> bool:
@@ -121,6 +124,23 @@ def read_reward(verifier_dir: Path) -> dict[str, float]:
             raise RewardFileEmptyError(f"{txt} is empty")
         return {"reward": float(raw)}
     raise RewardFileNotFoundError(f"no reward.json or reward.txt in {verifier_dir}")
+
+
+def read_diagnostics(verifier_dir: Path) -> tuple[dict[str, float] | None, str]:
+    """``diagnostics.json`` (an object of numbers) when the grader wrote one, else None; a bad one is None with
+    why (it is no part of the score: a grade stands without it)."""
+    try:
+        raw = _read(Path(verifier_dir), "diagnostics.json")
+        if raw is None:
+            return None, ""
+        data = json.loads(raw)
+    except (RewardFileError, ValueError) as exc:
+        return None, f"diagnostics.json left out: {exc}"
+    if not isinstance(data, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in data.values()
+    ):
+        return None, "diagnostics.json left out: not an object of numbers"
+    return {str(k): float(v) for k, v in data.items()}, ""
 
 
 class Evaluator(ABC):
@@ -230,7 +250,9 @@ class HarborVerifier(Evaluator):
         reward = metrics.get("reward")
         if reward is None or not math.isfinite(reward):
             return Evaluation(None, "evaluator", result.exit_code, f"no finite 'reward' in {sorted(metrics)}")
-        return Evaluation(reward, None, result.exit_code, skipped.removeprefix("; "), metrics)
+        diagnostics, why = read_diagnostics(logs / "verifier")
+        detail = "; ".join(x for x in (skipped.removeprefix("; "), why) if x)
+        return Evaluation(reward, None, result.exit_code, detail, metrics, diagnostics)
 
 
 def _killed(sig: int, oom_kills: int | None, exit_code: int, output: str) -> Evaluation:

@@ -113,11 +113,33 @@ Global___IngestSkillsReply: _TypeAlias = IngestSkillsReply  # noqa: Y015
 class BuildTasksRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class KnobsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SKILL_IDS_FIELD_NUMBER: _builtins.int
     TASKS_PER_SKILL_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     CHALLENGES_FIELD_NUMBER: _builtins.int
     LEVEL_FIELD_NUMBER: _builtins.int
+    PATTERNS_FIELD_NUMBER: _builtins.int
+    KNOBS_FIELD_NUMBER: _builtins.int
     tasks_per_skill: _builtins.int
     """Tasks per skill, seeds seed, seed+1, ..."""
     seed: _builtins.int
@@ -127,6 +149,14 @@ class BuildTasksRequest(_message.Message):
     def skill_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Skills to build from (empty: every accepted skill)."""
 
+    @_builtins.property
+    def patterns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Use these patterns (empty: drawn by the skill's demand); challenges is then their number."""
+
+    @_builtins.property
+    def knobs(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """"KNOB" or "PATTERN.KNOB" to one of the knob's levels."""
+
     def __init__(
         self,
         *,
@@ -135,10 +165,12 @@ class BuildTasksRequest(_message.Message):
         seed: _builtins.int = ...,
         challenges: _builtins.int = ...,
         level: _builtins.int = ...,
+        patterns: _abc.Iterable[_builtins.str] | None = ...,
+        knobs: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenges", b"challenges", "level", b"level", "seed", b"seed", "skill_ids", b"skill_ids", "tasks_per_skill", b"tasks_per_skill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenges", b"challenges", "knobs", b"knobs", "level", b"level", "patterns", b"patterns", "seed", b"seed", "skill_ids", b"skill_ids", "tasks_per_skill", b"tasks_per_skill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

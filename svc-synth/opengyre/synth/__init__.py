@@ -1,6 +1,6 @@
 """Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop."""
 
-from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, materials
+from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, load_blueprint, materials
 from ._build import BuiltTask, build_task, write_task
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._grade import GRADER_SOURCE, TEST_SH
@@ -12,7 +12,7 @@ from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
 from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
 from ._solver import ShortcutSolver, SolverRun
-from ._synth import draft_blueprint, task_id_for
+from ._synth import check_choice, draft_blueprint, parse_knobs, task_id_for
 from ._tasks import TasksProjection, task_lineage
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "TasksProjection",
     "Verdict",
     "build_task",
+    "check_choice",
     "derive_capabilities",
     "diagnose",
     "draft_blueprint",
@@ -58,7 +59,9 @@ __all__ = [
     "get_pattern",
     "import_task",
     "ingest",
+    "load_blueprint",
     "materials",
+    "parse_knobs",
     "pattern_ids",
     "propose",
     "run_solution",

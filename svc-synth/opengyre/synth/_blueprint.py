@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ._pattern import DIMENSIONS, Material, RubricItem, get_pattern
 
-__all__ = ["Blueprint", "Boundary", "Challenge", "materials", "seeded_rng"]
+__all__ = ["Blueprint", "Boundary", "Challenge", "load_blueprint", "materials", "seeded_rng"]
 
 
 class Challenge(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +42,12 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
     pass_threshold: float = 0.5
     parent_version: int | None = None
     origin: str = "procedural"  # or "llm": both pass the same gates
+    # Each challenge's workspace folder: "cid" is ``c0/``; "cid-pattern" (``c0-coupled-constraints/``, what tasks
+    # were built with before) names the pattern, which tells a solver what kind of trap the folder holds.
+    layout: Literal["cid", "cid-pattern"] = "cid"
+
+    def folder(self, c: Challenge) -> str:
+        return c.cid if self.layout == "cid" else f"{c.cid}-{c.pattern_id}"
 
     def validate(self) -> None:
         if not self.challenges:
@@ -59,6 +65,16 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
         return hashlib.sha256(msgspec.json.encode(self)).hexdigest()
 
 
+def load_blueprint(data: bytes) -> Blueprint:
+    """A ``tests/blueprint.json``. One written before ``layout`` existed was built in the layout that names
+    patterns, and is read as such, so it still rebuilds to the bytes it was built as. Raises msgspec's
+    ``DecodeError`` / ``ValidationError`` for what is not a blueprint."""
+    raw = msgspec.json.decode(data)
+    if isinstance(raw, dict) and "layout" not in raw:
+        raw["layout"] = "cid-pattern"
+    return msgspec.convert(raw, Blueprint)
+
+
 def seeded_rng(seed: int, c: Challenge) -> random.Random:
     knobs = ",".join(f"{k}={v}" for k, v in sorted(c.knobs.items()))
     return random.Random(f"{seed}/{c.cid}/{c.pattern_id}/{knobs}")
@@ -69,7 +85,7 @@ def materials(bp: Blueprint) -> list[tuple[Challenge, Material]]:
     out = []
     for c in bp.challenges:
         p = get_pattern(c.pattern_id)
-        out.append((c, p.build(p.make_config(c.knobs), seeded_rng(bp.seed, c), f"{c.cid}-{p.id}", c.cid)))
+        out.append((c, p.build(p.make_config(c.knobs), seeded_rng(bp.seed, c), bp.folder(c), c.cid)))
     return out
 
 

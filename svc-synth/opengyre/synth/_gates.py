@@ -16,7 +16,7 @@ import msgspec
 
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
-from ._blueprint import Blueprint, fill_contract, materials
+from ._blueprint import Blueprint, fill_contract, load_blueprint, materials
 from ._build import build_task
 from ._run import Outcome, RunLimits, run_solution
 
@@ -118,7 +118,7 @@ def _easy_challenges(bp: Blueprint, noop: Outcome) -> list[str]:
     for c in bp.challenges:
         items = [i for i in bp.acceptance if i.challenge == c.cid and i.kind != "judge"]
         total = sum(i.weight for i in items)
-        got = sum(i.weight * noop.metrics.get(f"item.{i.id}", 0.0) for i in items)
+        got = sum(i.weight * noop.diagnostics.get(f"item.{i.id}", 0.0) for i in items)
         if total and got / total >= bp.pass_threshold:
             easy.append(f"{c.cid} ({c.pattern_id})")
     return easy
@@ -128,8 +128,20 @@ def validate_task(task_dir: Path, limits: GateLimits | None = None) -> list[Verd
     """Every gate's verdict, in ``GATES`` order (later gates still run when one fails: each reason is reported)."""
     limits = limits or GateLimits()
     task_dir = Path(task_dir)
-    bp = msgspec.json.decode((task_dir / "tests" / "blueprint.json").read_bytes(), type=Blueprint)
-    out = [_consistency(task_dir, bp), _preconditions(task_dir, bp)]
+    try:  # a tampered blueprint fails the gates: it must not crash the one that reads it first
+        bp = load_blueprint((task_dir / "tests" / "blueprint.json").read_bytes())
+        bp.validate()
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
+        said = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # not the KeyError's quoted repr
+        why = f"tests/blueprint.json is not a valid blueprint: {said}"
+        return [Verdict("consistency", False, why)] + [
+            Verdict(g, False, "not run: the blueprint is invalid") for g in GATES[1:]
+        ]
+    try:
+        consistency = _consistency(task_dir, bp)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # rubric.json unreadable or not the shape we write
+        consistency = Verdict("consistency", False, f"the task's files do not parse: {exc}")
+    out = [consistency, _preconditions(task_dir, bp)]
     ref = run_solution(task_dir, 'bash "$SOLUTION_DIR/solve.sh"\n', limits.run)
     out.append(
         Verdict("reference", True, "reference scores 1.0")

@@ -1,9 +1,11 @@
 """The task's grader, shipped as ``tests/grade.py`` (stdlib only: it runs in the task's substrate).
 
-Usage: ``python3 grade.py RUBRIC.json WORKSPACE REWARD.json``. Writes Harbor's ``reward.json``: ``reward`` (the
-weighted mean over judged items) and ``item.<id>`` per item; ``unjudged_items`` counts LLM-judged items left out
-because no judge is configured. Reads only regular files of bounded size: a symlink planted by the solver
-(to /dev/zero, outside the workspace) scores the item 0 instead of hanging or exhausting the grader.
+Usage: ``python3 grade.py RUBRIC.json WORKSPACE REWARD.json``. Writes Harbor's ``reward.json`` with the reward
+only (``{"reward": x}``, the weighted mean over judged items: Harbor averages every key of it as a reward), and
+beside it ``diagnostics.json``: ``item.<id>`` per item and ``unjudged_items``, the LLM-judged items left out
+because no judge is configured (``Evaluation.diagnostics``). Reads only regular files of bounded size: a symlink
+planted by the solver (to /dev/zero, outside the workspace) scores the item 0 instead of hanging or exhausting the
+grader.
 
 A ``command`` item runs the solution's own code, as the grader's user, in the grader's sandbox: that code must not
 be able to write the reward. So the grader (``exec``'d by ``test.sh``: its death is the grading's, which the
@@ -90,7 +92,7 @@ def clear_rewards(out):
     if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
         remove(folder)
     os.makedirs(folder, exist_ok=True)
-    for name in ("reward.json", "reward.txt"):
+    for name in ("reward.json", "reward.txt", "diagnostics.json"):
         remove(os.path.join(folder, name))
 
 def run(argv, ws, strays):
@@ -183,13 +185,15 @@ def main():
         scores["item." + item["id"]] = s
         total += item["weight"]
         got += item["weight"] * s
-    result = {"reward": round(got / total, 6) if total else 0.0, "unjudged_items": unjudged}
-    result.update(scores)
+    diagnostics = dict(scores, unjudged_items=unjudged)
     strays()
     clear_rewards(out)  # what the commands put there (a symlink, a directory, a FIFO) is not written through
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, sort_keys=True)
+    # The diagnostics first, the reward last: Harbor's reward.json holds rewards only, which its job mean averages.
+    for path, data in ((os.path.join(os.path.dirname(out), "diagnostics.json"), diagnostics),
+                       (out, {"reward": round(got / total, 6) if total else 0.0})):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True)
 
 main()
 """

@@ -1,5 +1,6 @@
 """Harbor task directories: export a built task, import one from elsewhere (ours round-trip to the same blueprint;
-a foreign one becomes a runnable task with what its task.toml and files say)."""
+a foreign one is checked against Harbor's own rules, multi-step tasks included, and says what it needs of a
+container that the host sandbox cannot give: ``_harbor_rules``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
-from ._blueprint import Blueprint
+from ._blueprint import Blueprint, load_blueprint
 from ._build import BuiltTask, write_task
+from ._harbor_rules import container_needs, task_problems
 
 __all__ = ["HarborTask", "export_task", "import_task"]
 
@@ -28,6 +28,9 @@ class HarborTask:
     path: Path
     blueprint: Blueprint | None  # ours carry it under tests/; a foreign task has none
     has_solution: bool
+    steps: tuple[str, ...] = ()  # a multi-step task's steps, in order (instruction: the first step's)
+    # Why the host sandbox cannot run it (empty: it can); run_solution refuses it with these
+    container_needs: tuple[str, ...] = ()
 
 
 def export_task(task: BuiltTask, out_dir: Path) -> Path:
@@ -44,10 +47,9 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
         conf = tomllib.loads(toml_path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{src}: task.toml does not parse: {exc}") from None
-    if not (src / "instruction.md").is_file():
-        raise ValueError(f"{src}: no instruction.md")
-    if not (src / "tests" / "test.sh").is_file():
-        raise ValueError(f"{src}: no tests/test.sh (the verifier)")
+    problems = task_problems(src, conf)
+    if problems:
+        raise ValueError(f"{src}: Harbor refuses this task: {'; '.join(problems)}")
     env = conf.get("environment", {})
     if (
         not (src / "environment" / "Dockerfile").is_file()
@@ -63,9 +65,14 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
     if not _TASK_NAME.match(name) or ".." in name:
         raise ValueError(f"{src}: [task] name {name!r} is not org/name")
     meta = conf.get("metadata", {})
-    version = int(meta.get("task_version", 1))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{src}: [metadata] is not a table")
+    try:
+        version = int(meta.get("task_version", 1))
+    except (TypeError, ValueError):
+        raise ValueError(f"{src}: [metadata] task_version {meta.get('task_version')!r} is not an integer") from None
     bp_path = src / "tests" / "blueprint.json"
-    bp = msgspec.json.decode(bp_path.read_bytes(), type=Blueprint) if bp_path.is_file() else None
+    bp = load_blueprint(bp_path.read_bytes()) if bp_path.is_file() else None
     task_id = bp.task_id if bp else re.sub(r"[^A-Za-z0-9_-]", "-", name.replace("/", "--"))[:120]
     where = src
     if dest is not None:
@@ -73,12 +80,9 @@ def import_task(src: Path, dest: Path | None = None) -> HarborTask:
             raise FileExistsError(f"{dest} exists")
         shutil.copytree(src, dest, symlinks=True)
         where = Path(dest)
-    return HarborTask(
-        task_id,
-        name,
-        version,
-        (src / "instruction.md").read_text(),
-        where,
-        bp,
-        (src / "solution" / "solve.sh").is_file(),
+    steps = tuple(str(st["name"]) for st in conf.get("steps") or ())
+    first = src / "steps" / steps[0] / "instruction.md" if steps else src / "instruction.md"
+    solved = (src / "solution" / "solve.sh").is_file() or any(
+        (src / "steps" / st / "solution" / "solve.sh").is_file() for st in steps
     )
+    return HarborTask(task_id, name, version, first.read_text(), where, bp, solved, steps, container_needs(src, conf))

@@ -233,5 +233,8 @@ def propose(bp: Blueprint, d: Diagnosis) -> tuple[Blueprint, str]:
         cid = f"c{len(challenges)}"
         challenges.append(Challenge(cid=cid, pattern_id=new.id, knobs={k: v[0] for k, v in new.knobs.items()}))
         reason = f"add {cid} ({new.id}, {new.dimension}): {c.cid} ({c.pattern_id}) is at its top level; {d.reason}"
-    nxt = msgspec.structs.replace(bp, version=bp.version + 1, parent_version=bp.version, challenges=challenges)
+    # A version built before in the layout that names patterns in folder names is rebuilt without it.
+    nxt = msgspec.structs.replace(
+        bp, version=bp.version + 1, parent_version=bp.version, challenges=challenges, layout="cid"
+    )
     return fill_contract(nxt), reason

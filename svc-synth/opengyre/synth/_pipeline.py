@@ -7,13 +7,15 @@ de-duplicates by event id).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from sqlalchemy import Engine, select
 
 from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
 
-from ._blueprint import Blueprint
+from ._blueprint import Blueprint, load_blueprint
 from ._build import build_task, write_task
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
@@ -33,6 +35,7 @@ from ._synth import draft_blueprint
 
 __all__ = ["Synthesizer", "TaskBuild"]
 
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _E = ExecutionRow.__table__
 _W = WindowRow.__table__
 
@@ -58,10 +61,14 @@ class TaskBuild:
 
 
 def validated_event(bp: Blueprint, verdicts: Sequence[Verdict]) -> TaskValidated:
+    return _validated(bp.task_id, bp.version, verdicts)
+
+
+def _validated(task_id: str, version: int, verdicts: Sequence[Verdict]) -> TaskValidated:
     failed = [v for v in verdicts if not v.ok]
     return TaskValidated(
-        task_id=bp.task_id,
-        task_version=bp.version,
+        task_id=task_id,
+        task_version=version,
         ok=not failed,
         checks={v.gate: v.ok for v in verdicts},
         reasons={v.gate: v.reason for v in verdicts},
@@ -114,6 +121,19 @@ class Synthesizer:
     def task_dir(self, task_id: str, version: int) -> Path:
         return self.store / "tasks" / task_id / f"v{version}"
 
+    def versions(self, task_id: str) -> list[Blueprint]:
+        """Every version of a task this store built, oldest first, read from the blueprints it wrote: the lineage
+        without the catalogue (no stack needed). An id that is not a task id finds nothing."""
+        if not _TASK_ID.match(task_id):
+            return []
+        found = []
+        for d in (self.store / "tasks" / task_id).glob("v*"):
+            src = d / "tests" / "blueprint.json"
+            if d.name[1:].isdigit() and src.is_file():
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # a tampered one is skipped
+                    found.append(load_blueprint(src.read_bytes()))
+        return sorted(found, key=lambda bp: bp.version)
+
     def ingest(self, source: Path) -> tuple[IngestReport, list[SkillIngested]]:
         report = ingest(source, self.store / "skills")
         events = [
@@ -159,10 +179,19 @@ class Synthesizer:
         return out
 
     def synthesize(
-        self, skill: Skill, seed: int, *, n_challenges: int = 2, level: int = 0, patterns: Sequence[str] | None = None
+        self,
+        skill: Skill,
+        seed: int,
+        *,
+        n_challenges: int = 2,
+        level: int = 0,
+        patterns: Sequence[str] | None = None,
+        knobs: Mapping[str, int] | None = None,
     ) -> TaskBuild:
+        """One task built and validated. ``patterns`` and ``knobs`` fix the choice (see ``draft_blueprint``; the
+        procedural mode then, even with a synthesis model configured)."""
         seed = self.task_seed(skill.skill_id, seed)
-        if self.llm is not None and patterns is None:
+        if self.llm is not None and not patterns and not knobs:
             bp = draft_blueprint_llm(
                 self.llm,
                 skill_id=skill.skill_id,
@@ -183,8 +212,14 @@ class Synthesizer:
                 n_challenges=n_challenges,
                 level=level,
                 patterns=patterns,
+                knobs=knobs,
             )
         return self.build_and_validate(bp)
+
+    def revalidate(self, task_id: str, version: int, task_dir: Path) -> tuple[list[Verdict], TaskValidated]:
+        """Every gate on the directory as it is now (not rebuilt: a blueprint tampered with there fails them)."""
+        verdicts = validate_task(task_dir, self.gates)
+        return verdicts, _validated(task_id, version, verdicts)
 
     def build_and_validate(self, bp: Blueprint) -> TaskBuild:
         out = self._materialize(bp)
@@ -201,11 +236,23 @@ class Synthesizer:
         return TaskBuild(bp, out, verdicts, [synthesized, validated_event(bp, verdicts)])
 
     def synthesize_many(
-        self, jobs: Sequence[tuple[Skill, int]], *, n_challenges: int = 2, level: int = 0, progress: object = None
+        self,
+        jobs: Sequence[tuple[Skill, int]],
+        *,
+        n_challenges: int = 2,
+        level: int = 0,
+        patterns: Sequence[str] | None = None,
+        knobs: Mapping[str, int] | None = None,
+        progress: object = None,
     ) -> list[TaskBuild]:
         """Tasks built and validated concurrently (the sandboxes are processes; threads wait on them)."""
         with ThreadPoolExecutor(self.workers) as pool:
-            futs = [pool.submit(self.synthesize, s, seed, n_challenges=n_challenges, level=level) for s, seed in jobs]
+            futs = [
+                pool.submit(
+                    self.synthesize, s, seed, n_challenges=n_challenges, level=level, patterns=patterns, knobs=knobs
+                )
+                for s, seed in jobs
+            ]
             out = []
             for f in futs:
                 out.append(f.result())
@@ -255,7 +302,7 @@ class Synthesizer:
                 )
             )
         src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
-        bp = msgspec.json.decode(src.read_bytes(), type=Blueprint)
+        bp = load_blueprint(src.read_bytes())
         d = diagnose(bp, trajs)
         for _ in range(3):  # a proposal that fails the gates is raised once more
             nxt, reason = propose(bp, d)

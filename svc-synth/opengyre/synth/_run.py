@@ -5,6 +5,10 @@ initial workspace (writable, its working directory), ``/solution`` the task's so
 ``$APP_DIR`` and ``$SOLUTION_DIR`` are those paths, never the host's. The grader then runs apart, in the
 verifier's own fresh sandbox, on what the solution left in ``/app``; ``/tests`` is never visible to the solution.
 
+A task that needs a container the host sandbox cannot give (``_harbor_rules.container_needs``: a Dockerfile that
+builds something, a separate verifier, several steps) is refused with the reasons (``needs-container``, no
+score), never run without it and scored.
+
 A solution that hangs, exhausts memory or crashes (killed by a signal) scores 0 and the outcome names it as the
 solver's fault (``agent-timeout``, ``agent-oom``, ``agent-crash``): neither an evaluator nor an infrastructure
 failure. Otherwise the preserved workspace is graded whatever the solution's exit status was.
@@ -18,11 +22,14 @@ import os
 import shutil
 import stat
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from opengyre.grading import HarborVerifier
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
+
+from ._harbor_rules import container_needs
 
 __all__ = ["Outcome", "RunLimits", "run_solution"]
 
@@ -45,6 +52,7 @@ class Outcome:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     solve_exit: int | None = None
     workspace: dict[str, bytes] | None = None  # the graded workspace, when asked for
+    diagnostics: dict[str, float] = dataclasses.field(default_factory=dict)  # diagnostics.json: item.<id>, ...
 
     @property
     def valid(self) -> bool:
@@ -66,13 +74,18 @@ def run_solution(
     behind."""
     limits = limits or RunLimits()
     task_dir = Path(task_dir)
+    needs = _needs(task_dir)
+    if needs:  # run here it would be run wrongly (without its image, its verifier, its steps): refused, unscored
+        return Outcome(None, "needs-container", f"the host sandbox cannot run this task: {'; '.join(needs)}")
     ws = task_dir / "environment" / "workspace"
     if solve_sh is None:
         # Nothing runs before the grader, and the verifier grades a copy in its own sandbox: the initial
         # workspace is graded as it is, without a solve sandbox around it (one copy and one tree removal fewer).
         ev = HarborVerifier(limits.grade).evaluate(task_dir, ws)
         kept = (_snapshot(ws) if ws.is_dir() else {}) if keep_workspace else None
-        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept)
+        return Outcome(
+            ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), None, kept, dict(ev.diagnostics or {})
+        )
     try:
         stage = Path(tempfile.mkdtemp(prefix="og-synth-ws-"))
     except OSError as exc:
@@ -102,11 +115,21 @@ def run_solution(
             return Outcome(0.0, "agent-crash", f"the solution died by signal ({code})", wreck, code)
         ev = HarborVerifier(limits.grade).evaluate(task_dir, app)
         kept = _snapshot(app) if keep_workspace else None
-        return Outcome(ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept)
+        return Outcome(
+            ev.score, ev.failure_class, ev.detail, dict(ev.metrics or {}), code, kept, dict(ev.diagnostics or {})
+        )
     except SandboxError as exc:
         return Outcome(None, "sandbox", str(exc))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _needs(task_dir: Path) -> tuple[str, ...]:
+    try:
+        conf = tomllib.loads((task_dir / "task.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return ()  # no or a bad task.toml: the verifier says so, as an evaluator failure
+    return container_needs(task_dir, conf)
 
 
 _SNAPSHOT_FILE_LIMIT = 1 << 20

@@ -9,7 +9,10 @@ under the output folder only (never ``extractall``). Every rejection carries its
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import secrets
+import shutil
 import stat
 import tarfile
 import zipfile
@@ -130,18 +133,43 @@ def ingest(source: Path, out_dir: Path, limits: SkillLimits | None = None) -> In
         except (_Unsafe, tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as exc:
             report.rejected.append(Rejection(str(source), stem, f"unsafe or unreadable archive: {exc}"))
             return report
-        _write_entries(entries, target)
+        # Written whole beside the last extraction, then swapped in: a skill no longer in the archive does not
+        # linger from the last ingest of it.
+        stage = out_dir / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            _write_entries(entries, stage)
+            shutil.rmtree(target, ignore_errors=True)
+            stage.rename(target)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
         root = target
     elif source.is_dir():
         root = source
     else:
         raise FileNotFoundError(f"no skill folder or archive at {source}")
+    refused = []
     for skill_dir in _skill_dirs(root):
         result = _load_skill(skill_dir, limits)
         (report.rejected if isinstance(result, Rejection) else report.accepted).append(result)  # type: ignore[arg-type]
+        if isinstance(result, Rejection):
+            refused.append(skill_dir)
+    if root is not source:
+        # What we extracted of a rejected skill goes (a user's own folder is never touched): a refused skill's
+        # files must not sit in the store as if they were usable.
+        for d in refused:
+            _remove_rejected(d, report.accepted)
     if not report.accepted and not report.rejected:
         report.rejected.append(Rejection(str(source), source.name, "no SKILL.md found"))
     return report
+
+
+def _remove_rejected(skill_dir: Path, accepted: list[Skill]) -> None:
+    if any(s.path.is_relative_to(skill_dir) for s in accepted):  # an accepted skill nested inside stays whole
+        for p in skill_dir.iterdir():
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+        return
+    shutil.rmtree(skill_dir, ignore_errors=True)
 
 
 def _check_name(name: str, limits: SkillLimits) -> PurePosixPath:

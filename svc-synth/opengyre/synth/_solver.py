@@ -14,9 +14,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
-from ._blueprint import Blueprint, materials
+from ._blueprint import load_blueprint, materials
 from ._pattern import get_pattern
 from ._run import Outcome, RunLimits, run_solution
 
@@ -50,7 +48,7 @@ class ShortcutSolver:
 
     def solve(self, task_dir: Path, seed: str) -> SolverRun:
         task_dir = Path(task_dir)
-        bp = msgspec.json.decode((task_dir / "tests" / "blueprint.json").read_bytes(), type=Blueprint)
+        bp = load_blueprint((task_dir / "tests" / "blueprint.json").read_bytes())
         rng = random.Random(seed)
         actions: list[str] = [json.dumps({"command": "ls -R"})]
         solved: list[str] = []

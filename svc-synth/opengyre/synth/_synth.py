@@ -10,11 +10,63 @@ from collections.abc import Mapping, Sequence
 from ._blueprint import Blueprint, Challenge, fill_contract
 from ._pattern import DIMENSIONS, get_pattern, pattern_ids
 
-__all__ = ["draft_blueprint", "task_id_for"]
+__all__ = ["check_choice", "draft_blueprint", "parse_knobs", "task_id_for"]
 
 
-def task_id_for(skill_name: str, seed: int) -> str:
-    return f"{skill_name}-{hashlib.sha256(f'{skill_name}/{seed}'.encode()).hexdigest()[:8]}"
+def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "") -> str:
+    """``<skill>-l<level>-<hash>``: the level is part of the id (and ``choice``, the fixed patterns and knobs, of
+    the hash), so one store holds a task per seed, level and choice instead of refusing the second build."""
+    key = f"{skill_name}/{seed}" + (f"/l{level}" if level else "") + (f"/{choice}" if choice else "")
+    return f"{skill_name}-l{level}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def parse_knobs(specs: Sequence[str]) -> dict[str, int]:
+    """``PATTERN.KNOB=LEVEL`` or ``KNOB=LEVEL`` (every chosen pattern with that knob) into a mapping; a malformed
+    spec is a ``ValueError`` saying which."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        name, eq, value = spec.partition("=")
+        try:
+            if not eq or not name.strip():
+                raise ValueError
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"knob {spec!r} is not KNOB=LEVEL or PATTERN.KNOB=LEVEL (LEVEL an integer)") from None
+    return out
+
+
+def check_choice(patterns: Sequence[str], knobs: Mapping[str, int]) -> None:
+    """A fixed choice of patterns and knob levels, checked before anything is built: a ``ValueError`` names an
+    unknown or repeated pattern, knobs without patterns (drawn patterns differ per task), a knob no chosen
+    pattern has, or a level that is not one of the knob's."""
+    for pid in patterns:
+        try:
+            get_pattern(pid)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+    if len(set(patterns)) != len(patterns):
+        raise ValueError(f"a pattern is chosen twice: {list(patterns)}")
+    if knobs and not patterns:
+        raise ValueError("knobs need patterns chosen with them: drawn patterns differ from task to task")
+    for name, value in knobs.items():
+        owner, _, knob = name.rpartition(".")
+        having = [get_pattern(pid) for pid in patterns if (owner or pid) == pid and knob in get_pattern(pid).knobs]
+        if not having:
+            raise ValueError(f"knob {name!r}: no chosen pattern ({', '.join(patterns)}) has it")
+        for p in having:
+            if value not in p.knobs[knob]:
+                raise ValueError(f"knob {name}={value}: {p.id}'s {knob} levels are {list(p.knobs[knob])}")
+
+
+def _knobs_for(
+    pid: str, levels: Mapping[str, tuple[int, ...]], level: int, overrides: Mapping[str, int]
+) -> dict[str, int]:
+    knobs = {k: v[min(level, len(v) - 1)] for k, v in levels.items()}
+    for name, value in overrides.items():
+        owner, _, knob = name.rpartition(".")
+        if (owner or pid) == pid and knob in knobs:
+            knobs[knob] = value
+    return knobs
 
 
 def draft_blueprint(
@@ -27,11 +79,16 @@ def draft_blueprint(
     n_challenges: int = 2,
     level: int = 0,
     patterns: Sequence[str] | None = None,
+    knobs: Mapping[str, int] | None = None,
 ) -> Blueprint:
     """Challenges drawn by the skill's demand per dimension (one pattern at most once), knobs at ``level``
-    (clamped to each knob's levels); ``patterns`` fixes the choice instead."""
+    (clamped to each knob's levels); ``patterns`` fixes the choice instead, ``knobs`` sets single knobs
+    (``KNOB`` or ``PATTERN.KNOB`` to a level of that knob). A pattern, knob or level that does not exist, or a knob
+    no chosen pattern has, is a ``ValueError`` naming it."""
     rng = random.Random(f"{skill_id}/{seed}")
     chosen: list[str] = list(patterns or ())
+    overrides = dict(knobs or {})
+    check_choice(chosen, overrides)
     if not chosen:
         weights = [max(capabilities.get(d, 0.1), 0.01) for d in DIMENSIONS]
         while len(chosen) < n_challenges:
@@ -42,11 +99,13 @@ def draft_blueprint(
     challenges = []
     for i, pid in enumerate(chosen):
         p = get_pattern(pid)
-        knobs = {k: levels[min(level, len(levels) - 1)] for k, levels in p.knobs.items()}
-        challenges.append(Challenge(cid=f"c{i}", pattern_id=pid, knobs=knobs))
+        challenges.append(Challenge(cid=f"c{i}", pattern_id=pid, knobs=_knobs_for(pid, p.knobs, level, overrides)))
+    choice = ""
+    if patterns or overrides:
+        choice = ",".join(chosen) + "|" + ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     first = description.split(". ")[0].rstrip(".")
     bp = Blueprint(
-        task_id=task_id_for(skill_name, seed),
+        task_id=task_id_for(skill_name, seed, level, choice),
         version=1,
         skill_id=skill_id,
         skill_name=skill_name,

@@ -15,7 +15,7 @@ from opengyre.events import PatternUse, SkillIngested, TaskHardened, TaskSynthes
 from opengyre.projection import Projection, folds
 from opengyre.store import STREAM_SEQ, Base
 
-__all__ = ["SkillRow", "TaskRow", "TaskVersionRow", "TasksProjection", "task_lineage"]
+__all__ = ["SkillRow", "TaskRow", "TaskVersionRow", "TasksProjection", "current_tasks", "task_lineage"]
 
 
 class SkillRow(Base):
@@ -86,6 +86,13 @@ class TasksProjection(Projection):
             tx.execute(update(_S).where(_S.c.skill_id == e.skill_id).values(**row))
         else:
             tx.execute(insert(_S).values(skill_id=e.skill_id, **row))
+        # The same skill re-ingested, changed (another digest, so another id) or now rejected: its earlier versions
+        # are stale, and neither they nor their tasks are offered any more (BuildTasks, ListTasks).
+        tx.execute(
+            update(_S)
+            .where(_S.c.name == e.name, _S.c.skill_id != e.skill_id, _S.c.accepted.is_(True))
+            .values(accepted=False, reason=f"superseded by {e.skill_id}", ingested_seq=seq)
+        )
 
     @folds(TaskSynthesized)
     def _synthesized(self, tx: Connection, e: TaskSynthesized, seq: int) -> None:
@@ -172,6 +179,12 @@ class TasksProjection(Projection):
 
     def _update(self, tx: Connection, task_id: str, seq: int, **values: object) -> None:
         tx.execute(update(_T).where(_T.c.task_id == task_id).values(updated_seq=seq, **values))
+
+
+def current_tasks(conn: Connection) -> list[TaskRow]:
+    """The catalogue's tasks whose skill is accepted now: a skill re-ingested changed or rejected drops its tasks."""
+    q = select(_T).join(_S, _S.c.skill_id == _T.c.skill_id).where(_S.c.accepted.is_(True)).order_by(_T.c.task_id)
+    return list(conn.execute(q))  # type: ignore[arg-type]
 
 
 def task_lineage(conn: Connection, task_id: str) -> list[TaskVersionRow]:

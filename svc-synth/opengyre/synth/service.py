@@ -17,19 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import msgspec
 from sqlalchemy import select
 
 from opengyre.projection import Projection
 from opengyre.runtime import Service, ServiceContext
 from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 
-from ._blueprint import Blueprint
 from ._hardening import HardeningProjection
 from ._llm import LlmConfig
 from ._pipeline import Synthesizer, TaskBuild
 from ._skills import Skill
-from ._tasks import SkillRow, TaskRow, TasksProjection, task_lineage
+from ._synth import check_choice
+from ._tasks import SkillRow, TaskRow, TasksProjection, current_tasks, task_lineage
 
 __all__ = ["SynthService"]
 
@@ -90,6 +89,11 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "level <= 3, challenges <= 8, tasks_per_skill <= 1000"
             )
+        patterns, knobs = list(request.patterns), dict(request.knobs)
+        try:
+            check_choice(patterns, knobs)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with self._ctx.engine.connect() as conn:
             q = select(_S).where(_S.c.accepted.is_(True))
             if request.skill_ids:
@@ -119,7 +123,12 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
         n = request.tasks_per_skill or 1
         jobs = [(s, int(request.seed) + i) for s in skills for i in range(n)]
         builds = await asyncio.to_thread(
-            self._synth.synthesize_many, jobs, n_challenges=request.challenges or 2, level=request.level
+            self._synth.synthesize_many,
+            jobs,
+            n_challenges=len(patterns) or request.challenges or 2,
+            level=request.level,
+            patterns=patterns or None,
+            knobs=knobs,
         )
         with self._ctx.engine.connect() as conn:
             known = {r.task_id for r in conn.execute(select(_T.c.task_id))}
@@ -130,7 +139,7 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
         self, request: synth_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> synth_pb2.ListTasksReply:
         with self._ctx.engine.connect() as conn:
-            rows = list(conn.execute(select(_T).order_by(_T.c.task_id)))
+            rows = current_tasks(conn)
         return synth_pb2.ListTasksReply(
             tasks=[
                 synth_pb2.TaskSummary(
@@ -145,7 +154,9 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
             ]
         )
 
-    async def _task_dir(self, task_id: str, version: int, context: grpc.aio.ServicerContext[Any, Any]) -> Path:
+    async def _task_dir(
+        self, task_id: str, version: int, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[int, Path]:
         if not task_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id is required")
         with self._ctx.engine.connect() as conn:
@@ -155,21 +166,26 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
         v = versions.get(version or max(versions))
         if v is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"task {task_id} has no version {version}")
-        return Path(v.task_dir)
+        return v.version, Path(v.task_dir)
 
     async def ValidateTask(  # noqa: N802
         self, request: synth_pb2.ValidateTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> synth_pb2.TaskVerdicts:
-        d = await self._task_dir(request.task_id, request.version, context)
-        bp = msgspec.json.decode((d / "tests" / "blueprint.json").read_bytes(), type=Blueprint)
-        b = await asyncio.to_thread(self._synth.build_and_validate, bp)
-        await self._ctx.log.append_many(b.events[1:])  # the task exists: only the new verdicts
-        return _verdicts(b)
+        version, d = await self._task_dir(request.task_id, request.version, context)
+        verdicts, event = await asyncio.to_thread(self._synth.revalidate, request.task_id, version, d)
+        await self._ctx.log.append_many([event])  # the task exists: only the new verdicts
+        return synth_pb2.TaskVerdicts(
+            task_id=request.task_id,
+            version=version,
+            ok=event.ok,
+            gates=[synth_pb2.GateVerdict(gate=v.gate, ok=v.ok, reason=v.reason) for v in verdicts],
+            task_dir=str(d),
+        )
 
     async def ExportTask(  # noqa: N802
         self, request: synth_pb2.ExportTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> synth_pb2.ExportTaskReply:
-        d = await self._task_dir(request.task_id, request.version, context)
+        _, d = await self._task_dir(request.task_id, request.version, context)
         dest = Path(request.dest)
         if not request.dest or await asyncio.to_thread(dest.exists):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"dest {request.dest!r} is empty or exists")

@@ -56,23 +56,41 @@ class BrokenConfiguration(Pattern):
             if k not in keys:
                 keys.append(k)
         kinds = {k: ("bool" if k.endswith(("enabled", "debug")) else "int") for k in keys}
-        good = {k: (rng.choice(("true", "false")) if kinds[k] == "bool" else str(rng.randrange(1, 9000))) for k in keys}
-        broken = dict(good)
-        lines_extra: list[str] = []
+
+        def value(k: str) -> str:
+            return rng.choice(("true", "false")) if kinds[k] == "bool" else str(rng.randrange(1, 9000))
+
+        # NOTES documents a default for every key, not only the broken ones (listing those would name the faults):
+        # a key the config sets validly keeps its own value, which differs from the default, so rewriting the
+        # config from NOTES is wrong too; only a key whose setting is unusable takes its default.
+        defaults = {k: value(k) for k in keys}
+        setting = {}
+        for k in keys:
+            if kinds[k] == "bool":
+                setting[k] = "false" if defaults[k] == "true" else "true"
+            else:
+                setting[k] = value(k)
+                while setting[k] == defaults[k]:
+                    setting[k] = value(k)
         faulty = rng.sample(keys, cfg.faults)
+        good = {k: (defaults[k] if k in faulty else setting[k]) for k in keys}
+        broken = dict(setting)
+        lines_extra: list[str] = []
         for i, k in enumerate(faulty):
             mode = i % 3
             if mode == 0:
-                broken.pop(k)  # missing key; its value is documented in NOTES
-            elif mode == 1:
-                broken[k] = good[k] + ("x" if kinds[k] == "int" else "_maybe")  # wrong type
-            else:
+                broken.pop(k)  # missing key: its default is in NOTES
+            elif mode == 1:  # wrong type; the default is what the broken value meant
+                broken[k] = defaults[k] + ("x" if kinds[k] == "int" else "_maybe")
+            else:  # malformed: no '='; the default is what it meant
                 broken.pop(k)
-                lines_extra.append(f"{k} {good[k]}")  # malformed: no '='
+                lines_extra.append(f"{k} {defaults[k]}")
         conf = "".join(f"{k} = {v}\n" for k, v in broken.items()) + "".join(x + "\n" for x in lines_extra)
+        notes = [f"default {k} is {defaults[k]}\n" for k in keys]
+        rng.shuffle(notes)
         files = {
             f"{ns}/SPEC.txt": "".join(f"{k}: {kinds[k]}\n" for k in keys).encode(),
-            f"{ns}/NOTES.txt": "".join(f"intended {k} is {good[k]}\n" for k in faulty).encode(),
+            f"{ns}/NOTES.txt": "".join(notes).encode(),
             f"{ns}/service.conf": conf.encode(),
             f"{ns}/service.py": _SERVICE.encode(),
         }
@@ -83,7 +101,8 @@ class BrokenConfiguration(Pattern):
             files=files,
             instruction=(
                 f"`python3 {ns}/service.py {ns}` refuses `{ns}/service.conf`. Repair the configuration so the service "
-                f"starts and prints OK, keeping the intended values in `{ns}/NOTES.txt` (do not edit service.py)."
+                f"starts and prints OK: keep every setting the service accepts as it is, and give each key whose "
+                f"setting is missing or unusable its default from `{ns}/NOTES.txt` (do not edit service.py)."
             ),
             facts={"output": expect},
             rubric=[
@@ -93,7 +112,8 @@ class BrokenConfiguration(Pattern):
             ],
             solution=f"open({ns + '/service.conf'!r}, 'w').write({fixed!r})\n",
             given=["the failing command"],
-            discover=[f"{cfg.faults} faults against SPEC.txt and the intended values"],
+            discover=[f"{cfg.faults} faults against SPEC.txt and their keys' defaults"],
+            infer=["which keys are faulty: NOTES documents every key"],
             evidence=sorted(files),
             preconditions=[
                 Precondition(what="the service refuses the initial config", argv=argv, expect_exit="nonzero")
