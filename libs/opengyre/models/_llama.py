@@ -25,7 +25,6 @@ __all__ = [
     "model_config",
     "model_state",
     "save_checkpoint",
-    "token_logprobs",
     "weights_digest",
 ]
 
@@ -226,39 +225,3 @@ def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
     model = build_model(config)
     version = load_weights(model, directory)
     return model, version
-
-
-def target_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: torch.Tensor | None = None,
-    *,
-    entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(target) under ``softmax(logits / temperature)`` per position, and the distribution's entropy.
-
-    ``logits`` [B, T, V] (any float type; computed in float32), ``targets`` [B, T], ``temperature`` [B, T] (None:
-    1). The division is the engine's (``sample_next``: logits / temperature, then log_softmax), so the trainer's
-    logprobs are the behaviour logprobs the engine records for the same weights and temperature."""
-    x = logits.float()
-    if temperature is not None:
-        x = x / temperature.to(x.dtype).unsqueeze(-1)
-    lsm = torch.log_softmax(x, dim=-1)
-    lp = lsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return lp, (-(lsm.exp() * lsm).sum(-1) if entropy else None)
-
-
-def token_logprobs(
-    model: LlamaForCausalLM,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    temperature: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32), at ``temperature`` [B, T-1] (None: 1).
-
-    ``position_ids`` restarting at 0 inside a row mark packed sequences: attention stays within each one."""
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits[:, :-1]
-    return target_logprobs(logits, input_ids[:, 1:], temperature)[0]

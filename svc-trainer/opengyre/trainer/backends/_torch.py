@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from opengyre.models import build_model, load_state, model_state, target_logprobs, token_logprobs
+from opengyre.models import build_model, load_state, model_state, token_logprobs, token_stats
 
 from .._packing import MicroBatch
 from ._base import Backend, TokenStats
@@ -34,11 +34,8 @@ class TorchBackend(Backend):
         return token_logprobs(self.model, mb.input_ids, position_ids=mb.position_ids, temperature=mb.temperatures)
 
     def forward_stats(self, mb: MicroBatch) -> TokenStats:
-        with torch.no_grad():
-            logits = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
-            lp, ent = target_logprobs(logits[:, :-1], mb.input_ids[:, 1:], mb.temperatures, entropy=True)
-        assert ent is not None
-        return TokenStats(lp, ent)
+        with torch.no_grad():  # the LM head a chunk at a time too: the whole [tokens, vocab] logits never exist
+            return TokenStats(*token_stats(self.model, mb.input_ids, mb.position_ids, mb.temperatures))
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
