@@ -208,7 +208,15 @@ def demo(
     except RunConfigError as exc:
         raise fail(str(exc)) from exc
     warm = (
-        sft_warm_start(model, epochs=sft_epochs, lr=sft_lr, seed=seed, max_tokens=max_tokens, say=console.print)
+        sft_warm_start(
+            model,
+            epochs=sft_epochs,
+            lr=sft_lr,
+            seed=seed,
+            max_tokens=max_tokens,
+            say=console.print,
+            cache=base.data_dir / "cache" / "warm-start",  # across runs: each demo run has its own data dir
+        )
         if sft_epochs
         else None
     )

@@ -56,7 +56,14 @@ def loop_command(
             "weights); set it to 0 with --attach"
         )
     warm = (
-        sft_warm_start(cfg.model, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, say=console.print)
+        sft_warm_start(
+            cfg.model,
+            epochs=cfg.sft_epochs,
+            lr=cfg.sft_lr,
+            seed=cfg.seed,
+            say=console.print,
+            cache=settings.data_dir / "cache" / "warm-start",
+        )
         if cfg.sft_epochs
         else None
     )  # the run configuration's warm start: SFT on the built tasks' reference solutions first

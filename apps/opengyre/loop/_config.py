@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -38,11 +39,16 @@ _TRAINER_KEYS = (
 )
 
 
+# The configs ``check()`` passed, by identity: the CLI checks before anything starts (a bad config is one line)
+# and ``run_loop`` checks what it is given, so the same object is checked once (frozen: it cannot change since).
+_CHECKED: dict[int, weakref.ref[RunConfig]] = {}
+
+
 class RunConfigError(ValueError):
     """The run configuration is invalid; the message says which setting and why."""
 
 
-class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, weakref=True):
     run_id: str = "loop"  # weight versions are <run_id>-s<step>
     seed: int = 0
     # --- synthesis (svc-synth): skills in, validated tasks out ---
@@ -159,7 +165,17 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     def check(self) -> RunConfig:
         """``validate`` and, before any service starts, what the services would refuse later (the model, the
-        policy, the trainer's settings, the harness spec, the skills): each asked of its own registry or parser."""
+        policy, the trainer's settings, the harness spec, the skills): each asked of its own registry or parser.
+        Once per config object: checking it again (``run_loop`` after the CLI) returns at once."""
+        seen = _CHECKED.get(id(self))
+        if seen is not None and seen() is self:
+            return self
+        self._check()
+        key = id(self)
+        _CHECKED[key] = weakref.ref(self, lambda _: _CHECKED.pop(key, None))
+        return self
+
+    def _check(self) -> None:
         self.validate()
         from opengyre.harness import HarnessNotInstalled, HarnessSpec, check_installed
         from opengyre.models import check_model
@@ -204,7 +220,6 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
                 raise bad(f"harness {self.harness}", exc) from None
         self._check_skills()
-        return self
 
     def _check_skills(self) -> None:
         """The skills source reads, and each of ``skill_names`` is among its accepted skills (synth's own reader)."""

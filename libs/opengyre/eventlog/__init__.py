@@ -9,7 +9,7 @@ from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
 from ._errors import ConcurrencyError, EventLogError, LogUnavailable
-from ._health import FULL_MARGIN_BYTES, LogHealth, StreamUsage, server_health
+from ._health import FULL_MARGIN_BYTES, HealthProbe, LogHealth, StreamUsage, server_health
 from ._log import EventLog
 from ._memory import MemoryEventLog
 from ._payloads import PayloadFetch, PayloadStore, PayloadStoreError
@@ -33,6 +33,7 @@ __all__ = [
     "EventLogError",
     "EventLogProtocol",
     "FastHeaderClient",
+    "HealthProbe",
     "LogConfig",
     "LogHealth",
     "LogUnavailable",

@@ -13,15 +13,15 @@ from ._llama import (
     model_config,
     model_state,
     save_checkpoint,
-    target_logprobs,
-    token_logprobs,
     weights_digest,
 )
+from ._logprobs import LOGITS_CHUNK_BYTES, logits_chunk_tokens, target_logprobs, token_logprobs, token_stats
 from ._registry import PRETRAINED, ModelSource, Pretrained, check_model, default_model_cache, resolve_model
 from ._tokenizer import TOKENIZER_DIR, load_tokenizer
 
 __all__ = [
     "CHATML_TOOLS_TEMPLATE",
+    "LOGITS_CHUNK_BYTES",
     "MODEL_PRESETS",
     "PRETRAINED",
     "TOKENIZER_DIR",
@@ -38,11 +38,13 @@ __all__ = [
     "load_state",
     "load_tokenizer",
     "load_weights",
+    "logits_chunk_tokens",
     "model_config",
     "model_state",
     "resolve_model",
     "save_checkpoint",
     "target_logprobs",
     "token_logprobs",
+    "token_stats",
     "weights_digest",
 ]

@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.initialization import no_init_weights
+
+from ._aligned import map_state, save_aligned
 
 __all__ = [
     "MODEL_PRESETS",
@@ -25,7 +28,6 @@ __all__ = [
     "model_config",
     "model_state",
     "save_checkpoint",
-    "token_logprobs",
     "weights_digest",
 ]
 
@@ -122,7 +124,8 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
-        h.update(state[k].detach().contiguous().cpu().numpy().tobytes())
+        t = state[k].detach().contiguous().cpu()
+        h.update(t.view(torch.uint8).reshape(-1).numpy().data)  # the bytes in place: no copy of the weights
     return h.hexdigest()
 
 
@@ -145,9 +148,8 @@ def save_checkpoint(model: LlamaForCausalLM, directory: Path, weight_version: st
     fresh = not directory.exists()
     target = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}") if fresh else directory
     target.mkdir(parents=True, exist_ok=True)
-    _write_atomic(
-        target / CHECKPOINT_FILE, lambda p: save_file(state, str(p), metadata={"weight_version": weight_version})
-    )
+    # 64-byte-aligned tensors, so engines map the file and share its pages (``load_checkpoint(share=True)``).
+    _write_atomic(target / CHECKPOINT_FILE, lambda p: save_aligned(state, p, {"weight_version": weight_version}))
     _write_atomic(target / "config.json", lambda p: model.config.to_json_file(str(p)))
     meta = json.dumps({"weight_version": weight_version, "sha256": digest}) + "\n"
     _write_atomic(target / META_FILE, lambda p: p.write_text(meta))
@@ -181,16 +183,19 @@ class CheckpointError(ValueError):
     a digest where one is required, or not the model's shape. The model is left as it was."""
 
 
-def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | None = None) -> str:
+def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | None = None, share: bool = False) -> str:
     """Load a checkpoint's weights into ``model`` in place; returns its weight version.
 
     ``verify``: check the weights against the sha256 in the checkpoint's metadata before touching the model
     (True: a digest is required; None: when the metadata has one, as a Hugging Face folder has none; False:
     never). Nothing is copied into the model unless every tensor is there, of the right shape, and verified:
-    a refused checkpoint leaves the model serving what it served."""
+    a refused checkpoint leaves the model serving what it served.
+
+    ``share``: the model's weights become views of a copy-on-write mapping of the file (no copy; processes
+    loading the same checkpoint share its pages) instead of copies in the model's own tensors."""
     directory = Path(directory)
     try:
-        state = load_file(str(directory / CHECKPOINT_FILE))
+        state = map_state(directory / CHECKPOINT_FILE)[0] if share else load_file(str(directory / CHECKPOINT_FILE))
         meta = json.loads((directory / META_FILE).read_text()) if (directory / META_FILE).exists() else {}
     except (OSError, ValueError, SafetensorError) as exc:  # a missing or truncated file, a header that does not parse
         raise CheckpointError(f"checkpoint {directory} cannot be read: {exc}") from exc
@@ -212,53 +217,25 @@ def load_weights(model: LlamaForCausalLM, directory: Path, *, verify: bool | Non
         raise CheckpointError(
             f"checkpoint {directory} does not fit the model: missing={missing} unexpected={unexpected} shape={wrong}"
         )
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(state, strict=False, assign=share)
+    if share and _tied(model.config):
+        model.tie_weights()  # assigning replaced the embedding: the output layer must be it again, not the old one
     return str(meta.get("weight_version", directory.name)) if isinstance(meta, dict) else directory.name
 
 
-def load_checkpoint(directory: Path) -> tuple[LlamaForCausalLM, str]:
+def load_checkpoint(directory: Path, *, share: bool = False) -> tuple[LlamaForCausalLM, str]:
+    """The model of a checkpoint folder and its weight version. ``share``: weights mapped from the file, not
+    copied (``load_weights``), and the model built without initialising the weights the file replaces."""
     directory = Path(directory)
     try:
         config = LlamaConfig.from_json_file(str(directory / "config.json"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {directory} has no readable config.json: {exc}") from exc
     config._attn_implementation = "sdpa"
-    model = build_model(config)
-    version = load_weights(model, directory)
+    if share:
+        with no_init_weights():  # torch.empty: pages never touched, never resident, replaced by the mapping
+            model = build_model(config)
+    else:
+        model = build_model(config)
+    version = load_weights(model, directory, share=share)
     return model, version
-
-
-def target_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: torch.Tensor | None = None,
-    *,
-    entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(target) under ``softmax(logits / temperature)`` per position, and the distribution's entropy.
-
-    ``logits`` [B, T, V] (any float type; computed in float32), ``targets`` [B, T], ``temperature`` [B, T] (None:
-    1). The division is the engine's (``sample_next``: logits / temperature, then log_softmax), so the trainer's
-    logprobs are the behaviour logprobs the engine records for the same weights and temperature."""
-    x = logits.float()
-    if temperature is not None:
-        x = x / temperature.to(x.dtype).unsqueeze(-1)
-    lsm = torch.log_softmax(x, dim=-1)
-    lp = lsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return lp, (-(lsm.exp() * lsm).sum(-1) if entropy else None)
-
-
-def token_logprobs(
-    model: LlamaForCausalLM,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    temperature: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log p(x_t | x_<t) for t = 1..T-1, shape [B, T-1] (float32), at ``temperature`` [B, T-1] (None: 1).
-
-    ``position_ids`` restarting at 0 inside a row mark packed sequences: attention stays within each one."""
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits[:, :-1]
-    return target_logprobs(logits, input_ids[:, 1:], temperature)[0]

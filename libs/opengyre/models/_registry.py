@@ -104,12 +104,15 @@ class ModelSource:
     def tokenizer(self) -> PreTrainedTokenizerFast:
         return load_tokenizer(str(self.tokenizer_dir))
 
-    def load(self, seed: int = 0, weight_version: str = "default") -> tuple[LlamaForCausalLM, str]:
-        """The model and its weight version (a preset's: ``weight_version``; a checkpoint's: its own)."""
+    def load(
+        self, seed: int = 0, weight_version: str = "default", *, share: bool = False
+    ) -> tuple[LlamaForCausalLM, str]:
+        """The model and its weight version (a preset's: ``weight_version``; a checkpoint's: its own).
+        ``share``: a checkpoint's weights mapped from its file, shared with other processes (``load_checkpoint``)."""
         if self.preset is not None:
             return build_model(model_config(self.preset), seed=seed), weight_version
         assert self.checkpoint is not None
-        return load_checkpoint(self.checkpoint)
+        return load_checkpoint(self.checkpoint, share=share)
 
 
 def check_model(name: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 
 from ..config import PROXY_HTTP, Settings, ensure_grpc_token
-from ..eventlog import EventLog, LogHealth, NatsCredentials, server_health
+from ..eventlog import EventLog, HealthProbe, LogHealth, NatsCredentials
 from ..retry import backoff
 from ..store import create_db_engine, migrate
 from ._lock import DataDirLock
@@ -224,6 +224,8 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
     _log: _LogWatch = field(default_factory=_LogWatch)
+    # One client for every /healthz check: a client per check built an SSL context each second (HealthProbe).
+    _probe: HealthProbe | None = None
     # Writing stack.json again after a full disk refused it (see ``_write_stack_file``).
     _rewrite: asyncio.Task[None] | None = None
     stack_file_failures: int = 0  # writes of stack.json the disk refused (each retried until one goes through)
@@ -599,7 +601,9 @@ class Stack:
         the disk has room again (``log_min_free_mb``)."""
         assert self.nats is not None
         w = self._log
-        health = await server_health(self.nats.monitor_url, timeout=2.0)
+        if self._probe is None:
+            self._probe = HealthProbe(self.nats.monitor_url)  # a restarted nats-server keeps its ports
+        health = await self._probe.check(timeout=2.0)
         changed = health != w.health
         w.health = health
         w.failed_checks = 0 if health.ok else w.failed_checks + 1
@@ -641,6 +645,9 @@ class Stack:
                 await asyncio.to_thread(stop_group, child.proc.pid, 1.0)
                 await asyncio.to_thread(child.proc.wait)
         self._stop_nats()
+        if self._probe is not None:
+            await self._probe.aclose()
+            self._probe = None
         for engine in self.engines.values():
             engine.dispose()
         self.engines.clear()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from opengyre.harness import HARNESS_VERSIONS, builtin_spec, harness_preset
 from opengyre.loop import RunConfig, RunConfigError, deployment_env, scheduler_env
+
+SKILLS = Path(__file__).resolve().parents[3] / "svc-synth" / "skills"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -118,3 +122,15 @@ def test_a_runs_sandbox_backend_is_its_harnesses_not_its_graders() -> None:
     /app, /tests and /logs (with ``none`` every grading would be a sandbox failure)."""
     assert "OPENGYRE_SANDBOX" not in deployment_env(RunConfig(sandbox="none").validate())
     assert "OPENGYRE_SANDBOX" not in deployment_env(RunConfig().validate())
+
+
+def test_a_config_is_checked_once_and_an_equal_new_one_again(tmp_path: Path) -> None:
+    """The CLI checks before anything starts and ``run_loop`` checks what it is given: the same object once."""
+    skills = tmp_path / "skills"
+    shutil.copytree(SKILLS / "csv-report", skills / "csv-report")
+    cfg = RunConfig.from_toml(write(tmp_path, f'skills = "{skills}"\nskill_names = ["csv-report"]\n'))
+    assert cfg.check() is cfg
+    shutil.rmtree(skills)  # a second check that read the skills again would refuse now
+    assert cfg.check() is cfg
+    with pytest.raises(RunConfigError, match=r"skills: .* does not exist"):
+        msgspec.structs.replace(cfg).check()  # an equal config, another object: checked in full

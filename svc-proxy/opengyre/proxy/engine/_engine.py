@@ -96,10 +96,11 @@ class CpuEngine:
         if config.threads:
             torch.set_num_threads(config.threads)
         source = resolve_model(config.preset, config.model_cache)
+        # The weights mapped from the checkpoint file, not copied: the engines of a run share its pages.
         if config.checkpoint is not None:
-            model, version = load_checkpoint(Path(config.checkpoint))
+            model, version = load_checkpoint(Path(config.checkpoint), share=True)
         else:
-            model, version = source.load(seed=config.seed, weight_version=config.weight_version)
+            model, version = source.load(seed=config.seed, weight_version=config.weight_version, share=True)
         self.model = model
         self.model_path = str(config.checkpoint or source.checkpoint or f"preset:{config.preset}")
         self.tokenizer_path = str(source.tokenizer_dir)
@@ -213,7 +214,8 @@ class CpuEngine:
         refused (``CheckpointError``) and the engine keeps serving what it served, under the same version."""
 
         def load() -> str:
-            version = load_weights(self.model, Path(model_path), verify=True)
+            # mapped, not copied in place: engines reloading the same published checkpoint share it again
+            version = load_weights(self.model, Path(model_path), verify=True, share=True)
             self.runner.weights_changed()  # the packed projections are copies of the old weights
             self._digest = None
             self.scheduler.weight_version = weight_version or version

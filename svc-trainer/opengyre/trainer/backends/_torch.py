@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from opengyre.models import build_model, load_state, model_state, target_logprobs, token_logprobs
+from opengyre.models import build_model, load_state, model_state, token_logprobs, token_stats
 
 from .._packing import MicroBatch
 from ._base import Backend, TokenStats
@@ -23,6 +23,9 @@ class TorchBackend(Backend):
         self.model = model
         self.config: LlamaConfig = model.config
         self.model.train()
+        # LM-head positions per chunk (opengyre.models.token_logprobs): None by the logits budget, 0 the whole
+        # micro-batch at once (the unchunked baseline svc-trainer/bench/logits_memory_bench.py measures).
+        self.chunk_tokens: int | None = None
 
     @classmethod
     def from_config(cls, config: LlamaConfig, seed: int = 0) -> TorchBackend:
@@ -31,14 +34,17 @@ class TorchBackend(Backend):
     def token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         # No attention mask: padded rows need only causal attention (padding comes last); for packed rows the
         # restarting position ids make the model build a block-diagonal causal mask (one block per sample).
-        return token_logprobs(self.model, mb.input_ids, position_ids=mb.position_ids, temperature=mb.temperatures)
+        return token_logprobs(
+            self.model, mb.input_ids, position_ids=mb.position_ids, temperature=mb.temperatures,
+            chunk_tokens=self.chunk_tokens,
+        )  # fmt: skip
 
     def forward_stats(self, mb: MicroBatch) -> TokenStats:
-        with torch.no_grad():
-            logits = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
-            lp, ent = target_logprobs(logits[:, :-1], mb.input_ids[:, 1:], mb.temperatures, entropy=True)
-        assert ent is not None
-        return TokenStats(lp, ent)
+        with torch.no_grad():  # the LM head a chunk at a time too: the whole [tokens, vocab] logits never exist
+            stats = token_stats(
+                self.model, mb.input_ids, mb.position_ids, mb.temperatures, chunk_tokens=self.chunk_tokens
+            )
+            return TokenStats(*stats)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
