@@ -66,13 +66,19 @@ class Mount:
 @dataclass
 class Wrapped:
     """How a backend starts one command: the argv, the host cwd, the fds it inherits, the status pipe's read end
-    (the launcher writes the command's raw wait status there; None: the exit code alone says it)."""
+    (the launcher writes the command's raw wait status there; None: the exit code alone says it), or instead
+    ``status_reader``, called once the launcher has ended, which returns the status its own channel brought."""
 
     argv: list[str]
     cwd: Path
     pass_fds: tuple[int, ...] = ()
     status_read: int | None = None
     close_after_start: list[int] = field(default_factory=list)
+    status_reader: Callable[[], int | None] | None = None
+
+    @property
+    def reports_status(self) -> bool:
+        return self.status_read is not None or self.status_reader is not None
 
 
 def limit_prefix(limits: SandboxLimits, *, nproc: bool) -> list[str]:
@@ -496,7 +502,7 @@ class BaseSandbox:
             finally:
                 if proc.poll() is None:  # _collect was interrupted
                     self._end(proc, cgroup)
-            status = _read_status(wrapped.status_read)
+            status = wrapped.status_reader() if wrapped.status_reader else _read_status(wrapped.status_read)
         finally:
             if wrapped.status_read is not None:
                 os.close(wrapped.status_read)
@@ -506,7 +512,7 @@ class BaseSandbox:
         if status is not None and not reason:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             code = 128 + sig if sig is not None else os.waitstatus_to_exitcode(status)
-        elif wrapped.status_read is not None and not reason and proc.returncode in (137, -9):
+        elif wrapped.reports_status and not reason and proc.returncode in (137, -9):
             # The launcher reports before it ends, and only a SIGKILL ends it early (its init then exits 137):
             # killed, by the command's own processes (which share its user) or from outside, so whatever the
             # command left is no command's verdict. Said as a SIGKILL, never as a plain exit code 137.
