@@ -403,6 +403,8 @@ class Gateway:
             return _dec.decode(raw)
         except msgspec.DecodeError as exc:
             raise ApiError.invalid(f"malformed JSON body: {exc}") from None
+        except RecursionError:  # msgspec's own bound on nesting (~1,000 levels): a body no API takes
+            raise ApiError.invalid("the JSON body is nested too deeply") from None
 
     def _error(self, err: ApiError, dialect: Dialect, execution_id: str | None = None) -> Response:
         self.stats.rejected[f"{err.status}"] += 1
@@ -608,6 +610,8 @@ class Gateway:
                 raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
         except ApiError as err:
             return self._error(err, dialect, eid)
+        except RecursionError:  # within the decoder's bound, deeper than the checks walk (a tool's schema)
+            return self._error(ApiError.invalid("the request is nested too deeply"), dialect, eid)
 
         async def on_turn(turn: Turn) -> None:
             await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
