@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 _dec = msgspec.json.Decoder()
 
 ROLE_HEADER = "x-opengyre-role"
+_CAPACITY = (429, 503, 529)  # no capacity: the pool's queue, an engine's overload, Anthropic's overloaded
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class GatewayConfig:
     engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
     max_inflight_per_engine: int = 256
+    # Requests one execution may hold at a time (in flight or queued); one past it gets 429 at once, and an
+    # execution that went past it has no capacity failure (429, 503, 529) counted in ``failed_calls``: it could
+    # flood the engines, then say "the model failed". 16: one call of the most samples (n) fits. None: no bound.
+    own_excess_inflight: int | None = 16
     max_queue: int = 1024
     queue_timeout_s: float = 30.0
     retry_after_s: float = 2.0
@@ -157,6 +162,7 @@ class Gateway:
             max_queue=c.max_queue,
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
+            own_excess_inflight=c.own_excess_inflight,
             engine_options=EngineOptions(
                 api_key=c.engine_api_key,
                 idle_timeout_s=c.engine_idle_timeout_s,
@@ -243,6 +249,8 @@ class Gateway:
         # 4xx is the caller's request, but 429: no rollout capacity (the engines', like a 503).
         if execution_id is None or (status < 500 and status != 429):
             return
+        if status in _CAPACITY and self.pool.exceeded_own(execution_id):
+            return  # past its own bound: the capacity it lacked may be what its own flood took
         self._failed[execution_id] = self._failed.get(execution_id, 0) + 1
         self._failed.move_to_end(execution_id)
         while len(self._failed) > 4 * self.config.max_executions:
