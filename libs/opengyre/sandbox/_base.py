@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from ._cgroup import PidsCgroup, pids_cgroup_parent
+from ._cgroup import PidsCgroup, memory_cgroup_parent, pids_cgroup_parent
 from ._egress import parse_endpoint
 from ._limits import SandboxLimits, SandboxResult
 
@@ -433,7 +433,8 @@ class BaseSandbox:
         parent = pids_cgroup_parent()
         if limits.max_processes is None or parent is None:
             return None
-        cg = PidsCgroup(parent, limits.max_processes)
+        mb = limits.group_memory_mb
+        cg = PidsCgroup(parent, limits.max_processes, memory_cgroup_parent(), None if mb is None else mb << 20)
         try:
             cg.make()
         except OSError as exc:
@@ -506,8 +507,11 @@ class BaseSandbox:
         finally:
             if wrapped.status_read is not None:
                 os.close(wrapped.status_read)
+        # The command's own memory cgroup's count where it has one; else the machine's meanwhile (any process's).
+        own = cgroup.oom_kills() if cgroup is not None else None
         after = oom_kill_count()
-        oom_kills = after - ooms if after is not None and ooms is not None else None
+        oom_kills = own if own is not None else after - ooms if after is not None and ooms is not None else None
+        scope = "cgroup" if own is not None else "machine" if oom_kills is not None else ""
         timed_out, mem, disk = reason == "timeout", reason == "memory", reason == "disk"
         if status is not None and not reason:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
@@ -521,6 +525,8 @@ class BaseSandbox:
         else:
             sig = -proc.returncode if proc.returncode < 0 and not reason else None
             code = _exit_code(proc.returncode)
+        if sig == signal.SIGKILL and own and lim.group_memory_mb is not None and cgroup and cgroup.memory_max:
+            mem, sig = True, None  # the kernel's limit on its memory cgroup (group_memory_mb) killed it
         code = 124 if timed_out else 137 if (mem or disk) else code
         if disk:
             err += f"\nsandbox: killed: the writable directories exceeded the disk quota of {lim.disk_mb} MB\n".encode()
@@ -536,6 +542,7 @@ class BaseSandbox:
             disk_exceeded=disk,
             isolation=self.isolation,
             oom_kills=oom_kills,
+            oom_kills_scope=scope,
         )
 
     def _network_isolated(self, limits: SandboxLimits) -> bool:

@@ -73,10 +73,15 @@ class SandboxResult:
     # Which isolation ran the command: the backend's name ("namespace", "none", ...), or "nested" for a command
     # run inside another of our namespace sandboxes (the outer one's isolation holds; limits and reaper apply).
     isolation: str = ""
-    # OOM kills the kernel counted on the whole machine while the command ran (``oom_kill`` in /proc/vmstat; None
-    # where it cannot be read): 0 says a ``signal`` 9 was not the OOM killer's, so something else sent it, such as
-    # the command's own processes, which may kill each other (same user, same sandbox).
+    # OOM kills the kernel counted while the command ran, of its own processes where it has a memory cgroup, else
+    # on the whole machine (``oom_kill`` in /proc/vmstat; None where neither can be read): 0 says a ``signal`` 9
+    # was not the OOM killer's, so something else sent it, such as the command's own processes, which may kill
+    # each other (same user, same sandbox).
     oom_kills: int | None = None
+    # What ``oom_kills`` counted: "cgroup" (the command's own memory cgroup: its processes' OOM kills alone),
+    # "machine" (``/proc/vmstat``: any process's, the Docker backend's and wherever no memory cgroup can be made),
+    # "" (not counted).
+    oom_kills_scope: str = ""
 
     @property
     def ok(self) -> bool:
