@@ -431,14 +431,25 @@ class BaseSandbox:
 
     def _cgroup(self, limits: SandboxLimits) -> PidsCgroup | None:
         parent = pids_cgroup_parent()
-        if limits.max_processes is None or parent is None:
+        group = limits.memory_group
+        if group is not None and (parent is None or memory_cgroup_parent() is None):
+            raise SandboxError(
+                f"sandbox unavailable: the memory budget shared by group {group!r} (memory_group, "
+                f"group_memory_mb={limits.group_memory_mb}) is a cgroup limit, and this process cannot make "
+                f"{'pids' if parent is None else 'memory'} cgroups here (cgroups are not delegated to it: run it "
+                "where /sys/fs/cgroup is writable, a delegated systemd scope, or turn the shared budget off, as "
+                "the run config's group_memory_mb = 0 does for rollouts)"
+            )
+        if (limits.max_processes is None and group is None) or parent is None:
             return None
         mb = limits.group_memory_mb
-        cg = PidsCgroup(parent, limits.max_processes, memory_cgroup_parent(), None if mb is None else mb << 20)
         try:
+            cg = PidsCgroup(
+                parent, limits.max_processes, memory_cgroup_parent(), None if mb is None else mb << 20, group
+            )
             cg.make()
         except OSError as exc:
-            raise SandboxError(f"sandbox unavailable: cannot make the pids cgroup {cg.path}: {exc}") from exc
+            raise SandboxError(f"sandbox unavailable: cannot make the command's cgroups under {parent}: {exc}") from exc
         return cg
 
     def run(
@@ -525,8 +536,8 @@ class BaseSandbox:
         else:
             sig = -proc.returncode if proc.returncode < 0 and not reason else None
             code = _exit_code(proc.returncode)
-        if sig == signal.SIGKILL and own and lim.group_memory_mb is not None and cgroup and cgroup.memory_max:
-            mem, sig = True, None  # the kernel's limit on its memory cgroup (group_memory_mb) killed it
+        if sig == signal.SIGKILL and own and cgroup and (cgroup.memory_max or cgroup.group):
+            mem, sig = True, None  # the kernel's limit on its memory cgroup or its group's (group_memory_mb)
         code = 124 if timed_out else 137 if (mem or disk) else code
         if disk:
             err += f"\nsandbox: killed: the writable directories exceeded the disk quota of {lim.disk_mb} MB\n".encode()

@@ -17,9 +17,12 @@ is the OOM kills of the command's processes alone (``SandboxResult.oom_kills``),
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import itertools
 import os
 import signal
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -95,13 +98,69 @@ def memory_cgroup_parent() -> Path | None:
     return None
 
 
+class _Groups:
+    """The shared memory cgroups of this process (``SandboxLimits.memory_group``), made with their first member
+    and removed with their last: name -> (cgroup, members)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, tuple[Path, int]] = {}
+
+    def join(self, parent: Path, name: str, limit: int, v2: bool) -> Path:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]  # any name: a group id, a path, spaces
+        with self._lock:
+            path, members = self._groups.get(name, (parent / f"opengyre-group-{os.getpid()}-{digest}", 0))
+            if members == 0:
+                path.mkdir(exist_ok=True)
+                try:
+                    if v2:  # its children get both controllers: they are the members' pids and memory cgroups
+                        (path / "cgroup.subtree_control").write_text("+pids +memory")
+                    PidsCgroup._limit_memory(path, limit)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+                    raise
+            self._groups[name] = (path, members + 1)
+            return path
+
+    def leave(self, name: str) -> None:
+        with self._lock:
+            path, members = self._groups[name]
+            if members > 1:
+                self._groups[name] = (path, members - 1)
+                return
+            del self._groups[name]
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+_groups = _Groups()
+
+
 class PidsCgroup:
     """One command's cgroup: ``make()``, the argv prefix that enters it, its processes, ``remove()``."""
 
     def __init__(
-        self, parent: Path, max_processes: int, memory_parent: Path | None = None, memory_max: int | None = None
+        self,
+        parent: Path,
+        max_processes: int | None,
+        memory_parent: Path | None = None,
+        memory_max: int | None = None,
+        group: str | None = None,
     ) -> None:
+        """``group``: the shared memory cgroup's name (``memory_group``), whose limit is ``memory_max``: the
+        command's memory cgroup (and, on v2, its pids cgroup, the same) nests in it, with no limit of its own."""
         self.name = f"opengyre-{os.getpid()}-{next(_counter)}"
+        self.group = group
+        self._joined = False
+        if group is not None:
+            if memory_parent is None:
+                raise OSError(errno.ENOTSUP, "no memory cgroup can be made here")
+            v2 = memory_parent == parent
+            memory_parent = _groups.join(memory_parent, group, memory_max or 0, v2)
+            self._joined = True
+            parent = memory_parent if v2 else parent
+            memory_max = None
         self.path = parent / self.name
         self.max_processes = max_processes
         # The command's memory cgroup: its own in v1's memory hierarchy, or this one (v2, both controllers).
@@ -111,7 +170,7 @@ class PidsCgroup:
     def make(self) -> None:
         self.path.mkdir()
         try:
-            (self.path / "pids.max").write_text(str(self.max_processes))
+            (self.path / "pids.max").write_text("max" if self.max_processes is None else str(self.max_processes))
             if self.memory is not None and self.memory != self.path:
                 self.memory.mkdir()
             if self.memory is not None and self.memory_max is not None:
@@ -180,3 +239,6 @@ class PidsCgroup:
                     break
                 except OSError:
                     time.sleep(0.002)
+        if self._joined and self.group is not None:
+            self._joined = False
+            _groups.leave(self.group)

@@ -234,6 +234,11 @@ class DockerSandbox(BaseSandbox):
     # -- running ----------------------------------------------------------------------------------------------
 
     def _check(self, limits: SandboxLimits) -> None:
+        if limits.memory_group is not None:  # its memory cgroup is the daemon's: no nesting in one of ours
+            raise SandboxError(
+                f"the docker sandbox cannot share a memory budget (memory_group {limits.memory_group!r}): each "
+                "container has its own --memory; turn the shared budget off (the run config's group_memory_mb = 0)"
+            )
         if limits.network:
             raise SandboxError(
                 "the docker sandbox gives no network (--network none): give it egress endpoints (loopback "

@@ -27,6 +27,10 @@ class SandboxLimits:
     # /proc; None: no such limit (each process is still bound by ``memory_mb``).
     group_memory_mb: int | None = None
     memory_poll_s: float = 0.05
+    # A name the commands of several sandboxes share (the rollouts of one group): their memory cgroups nest in one
+    # cgroup of that name limited to ``group_memory_mb`` (the kernel's limit: a budget they share, not one each).
+    # Refused (SandboxError) where this process cannot make memory cgroups. None: each command its own budget.
+    memory_group: str | None = None
     # Disk the command may fill: RLIMIT_FSIZE bounds each file it writes, and the blocks allocated under the
     # sandbox's writable directories (its root and writable mounts) are summed every ``disk_poll_s``: past the
     # quota every process is killed and the result says so (``disk_exceeded``). None: no quota.
@@ -45,6 +49,8 @@ class SandboxLimits:
             raise ValueError("limiter must be auto, prlimit or ulimit")
         if self.group_memory_mb is not None and (self.group_memory_mb < 16 or not self.memory_poll_s > 0):
             raise ValueError("group_memory_mb must be >= 16 and memory_poll_s > 0")
+        if self.memory_group is not None and (self.group_memory_mb is None or not self.memory_group):
+            raise ValueError("memory_group needs group_memory_mb (the budget its commands share) and a name")
         if self.max_processes is not None and self.max_processes < 1:
             raise ValueError("max_processes must be >= 1")
         if self.disk_mb is not None and (self.disk_mb < 1 or not self.disk_poll_s > 0):

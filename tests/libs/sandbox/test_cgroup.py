@@ -6,6 +6,7 @@ Skipped, with the reason, where this process cannot make memory cgroups (then ``
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -82,3 +83,70 @@ def test_group_memory_mb_is_the_kernels_limit_on_the_commands_cgroup(tmp_path: P
     assert r.memory_exceeded and r.exit_code == 137 and "held" not in r.stdout, r
     assert r.oom_kills is not None and r.oom_kills >= 1 and r.oom_kills_scope == "cgroup"
     assert ok.ok and ok.stdout.strip() == "held" and ok.oom_kills == 0
+
+
+def _hold(ws: Path, name: str, mb: int) -> str:
+    """A command that holds ``mb`` MiB (touched), says so in ``ws``, and lets go once ``ws/go`` exists."""
+    return (
+        f"import os, pathlib, time\nx = b'x' * ({mb} << 20)\npathlib.Path('/app/{name}').touch()\n"
+        "while not os.path.exists('/app/go'):\n    time.sleep(0.02)\nprint('held')\n"
+    )
+
+
+def _two_holding(tmp_path: Path, groups: tuple[str | None, str | None], mb: int = 64) -> list[SandboxResult]:
+    """Two sandboxes, each a command holding ``mb`` MiB at once, under a 96 MiB ``group_memory_mb`` each."""
+    ws = tmp_path / "ws"
+    ws.mkdir(parents=True)
+    got: dict[str, SandboxResult] = {}
+    threads = []
+    for name, group in zip(("a", "b"), groups, strict=True):
+        lim = SandboxLimits(timeout_s=120, memory_mb=None, group_memory_mb=96, memory_poll_s=3600, memory_group=group)
+
+        def run(name: str = name, lim: SandboxLimits = lim) -> None:
+            with LocalSandbox(lim, mounts=[Mount(ws, "/app", writable=True)]) as sb:
+                got[name] = sb.run([sys.executable, "-c", _hold(ws, name, mb)])
+
+        threads.append(threading.Thread(target=run))
+    try:
+        threads[0].start()
+        wait_until(lambda: (ws / "a").exists() or "a" in got, "the first command holds its memory")
+        threads[1].start()
+        wait_until(lambda: (ws / "b").exists() or "b" in got or "a" in got, "the second command holds or ended")
+    finally:
+        (ws / "go").touch()
+        for t in threads:
+            t.join()
+    return [got["a"], got["b"]]
+
+
+def test_the_rollouts_of_one_group_share_one_memory_budget(tmp_path: Path) -> None:
+    """Two commands of 64 MiB each: apart (each its own 96 MiB budget) both hold; in one group (a 96 MiB budget
+    they share, the kernel's limit on their group's cgroup) one of them is OOM-killed, and said so."""
+    apart = _two_holding(tmp_path / "apart", (None, None))
+    shared = _two_holding(tmp_path / "shared", ("group-1", "group-1"))
+    assert all(r.ok and r.stdout.strip() == "held" for r in apart), apart
+    killed = [r for r in shared if r.memory_exceeded]
+    assert len(killed) >= 1 and all(r.exit_code == 137 and r.oom_kills_scope == "cgroup" for r in killed), shared
+    parent = memory_cgroup_parent()
+    assert parent is not None and not list(parent.glob(f"opengyre-group-{os.getpid()}-*"))  # removed with the last
+
+
+_NESTED = """
+from opengyre.sandbox import LocalSandbox, SandboxError, SandboxLimits
+lim = SandboxLimits(timeout_s=30, group_memory_mb=64, memory_group="group-1")
+try:
+    with LocalSandbox(lim) as sb:
+        sb.run(["true"])
+    print("ran")
+except SandboxError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_shared_budget_is_refused_where_no_cgroup_can_be_made() -> None:
+    """Inside the namespace sandbox no cgroup can be made (no /sys): a sandbox opened there with a shared budget
+    refuses to run, naming why and how to turn the budget off, instead of running without it."""
+    with LocalSandbox(SandboxLimits(timeout_s=120)) as outer:
+        r = outer.run([sys.executable, "-c", _NESTED])
+    assert r.ok, r.stderr
+    assert r.stdout.startswith("refused:") and "memory_group" in r.stdout and "group_memory_mb = 0" in r.stdout

@@ -315,3 +315,10 @@ def test_a_command_cannot_forge_its_exit_status(egress: bool) -> None:
     assert not forged.ok and forged.exit_code == 137 and forged.signal == 9, (forged, forged.stdout)
     assert "launcher was killed" in forged.stderr
     assert honest.exit_code == 3 and signalled.exit_code == 143 and signalled.signal == 15
+
+
+def test_a_shared_memory_budget_is_refused_not_ignored() -> None:
+    """A container's memory cgroup is the daemon's: a ``memory_group`` (rollouts sharing a budget) cannot nest it."""
+    lim = SandboxLimits(group_memory_mb=64, memory_group="group-1")
+    with DockerSandbox() as sb, pytest.raises(SandboxError, match="cannot share a memory budget"):
+        sb.run(["true"], limits=lim)
