@@ -7,6 +7,7 @@ token for token what the engine consumed and produced (plain, streamed, tool cal
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import anthropic
@@ -464,3 +465,53 @@ async def test_sub_agents_behind_one_key_are_told_apart(stack: Stack) -> None:
     events = await stack.assert_recorded_matches_engines()
     assert [e.role for e in events] == ["main", "sub-agent", "sub-agent", "main", "main"]
     assert [e.branch for e in events] == ["root", "root", "extension", "extension", "root"]
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+async def test_hostile_bodies_get_the_dialects_400_and_record_nothing(stack: Stack, dialect: str) -> None:
+    """A body nested 10,000 arrays deep (the JSON decoder's recursion) and token ids no vocabulary has (2**31 and
+    past: an engine's int32) are the caller's errors, in the dialect's shape, never a 500 or a crash."""
+    gw = stack.gateway
+    key = gw.issue_key("ex-hostile")
+    if dialect == "openai":
+        url, headers = f"{gw.base_url('ex-hostile')}/chat/completions", {"authorization": f"Bearer {key}"}
+    else:
+        url, headers = f"{gw.url}/x/ex-hostile/v1/messages", {"x-api-key": key, "anthropic-version": "2023-06-01"}
+    headers["content-type"] = "application/json"
+    deep = b"[" * 10_000 + b"]" * 10_000
+    nested_field = b'{"model": "%s", "max_tokens": 2, "messages": %s}' % (M.encode(), deep)
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(300):  # 600 levels of JSON: within the decoder's bound, past what a recursive check walks
+        schema = {"type": "object", "properties": {"a": schema}}
+    tool = (
+        {"type": "function", "function": {"name": "f", "parameters": schema}}
+        if dialect == "openai"
+        else {"name": "f", "input_schema": schema}
+    )
+    msgs = [{"role": "user", "content": "x"}]
+    deep_tool = json.dumps({"model": M, "max_tokens": 2, "messages": msgs, "tools": [tool]}).encode()
+    async with httpx.AsyncClient(timeout=60) as c:
+        for body in (deep, nested_field, deep_tool):
+            r = await c.post(url, content=body, headers=headers)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["type"] == "invalid_request_error"
+            if dialect == "anthropic":
+                assert r.json()["type"] == "error"
+        if dialect == "openai":
+            completions = f"{gw.base_url('ex-hostile')}/completions"
+            for ids in ([2**31], [1, 2**31 + 7], [2**63], [2**64 + 1], [-1]):
+                r = await c.post(completions, json={"model": M, "prompt": ids, "max_tokens": 2}, headers=headers)
+                assert r.status_code == 400, (ids, r.text)
+                assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["param"] == "prompt"
+            for field, value in (
+                ("stop_token_ids", [2**31]),
+                ("logit_bias", {str(2**31): 1}),
+                ("logit_bias", {"x": 1}),
+            ):
+                chat = {"model": M, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, field: value}
+                r = await c.post(url, json=chat, headers=headers)
+                assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+        # The gateway still answers, and nothing was recorded or sent to an engine.
+        assert (await c.get(f"{gw.url}/health")).status_code == 200
+    assert await stack.recorded() == []
+    assert stack.engines["e0"].engine.request_log() == []

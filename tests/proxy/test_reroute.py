@@ -422,3 +422,34 @@ async def test_the_calls_the_gateway_failed_are_counted_per_execution_and_a_call
         assert st.gateway.failed_calls("ex-other") == 0
     finally:
         await st.gateway.stop()
+
+
+async def test_an_execution_that_floods_past_its_own_bound_cannot_blame_the_model(
+    event_log: EventLog, engine_a: EngineServer
+) -> None:
+    """Flood-then-forge: an execution that floods the gateway until its calls get capacity errors could then say
+    "the model failed" and be masked. Its requests past ``own_excess_inflight`` (held or waiting) are refused at
+    once (429), and none of its capacity failures count into ``failed_calls`` once it went past its bound; an
+    execution within its bound still has its capacity failures counted."""
+    st = await make_stack(event_log, {"e0": engine_a}, queue_timeout_s=2.0, own_excess_inflight=2)
+    try:
+        msgs: Any = [{"role": "user", "content": "x"}]
+        flood, honest = st.openai("ex-flood"), st.openai("ex-honest")
+        await st.gateway.pool.drain("e0")  # no engine: calls wait in the queue, then 429
+        held = [
+            asyncio.create_task(flood.chat.completions.create(model=M, max_tokens=2, messages=msgs)) for _ in range(2)
+        ]
+        await await_until(lambda: st.gateway.pool.held("ex-flood") == 2, "the flood's first two calls wait")
+        for _ in range(3):  # past the bound: refused at once, not queued
+            with pytest.raises(openai.RateLimitError, match="own_excess_inflight"):
+                await flood.chat.completions.create(model=M, max_tokens=2, messages=msgs)
+        with pytest.raises(openai.RateLimitError):  # within its bound: the queue's timeout
+            await honest.chat.completions.create(model=M, max_tokens=2, messages=msgs)
+        for t in held:
+            with pytest.raises(openai.RateLimitError):
+                await t
+        assert st.gateway.failed_calls("ex-flood") == 0  # five capacity failures, all of its own making
+        assert st.gateway.failed_calls("ex-honest") == 1
+        assert st.gateway.pool.held("ex-flood") == 0 and st.gateway.pool.held("ex-honest") == 0
+    finally:
+        await st.gateway.stop()

@@ -80,6 +80,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # else namespace. ``none`` isolates nothing: an explicit opt-out. Not the graders' and gates' (the services'
     # own $OPENGYRE_SANDBOX, else namespace): grading needs /app, /tests, /logs mounted, which ``none`` cannot give.
     sandbox: str = ""
+    # The memory the rollouts of one group share (MiB): the kernel's limit on one cgroup their harnesses' commands
+    # nest in (SandboxLimits.memory_group); a run refuses to roll out where no cgroup can be made. 0: no shared
+    # budget (each harness keeps its per-process memory_mb only).
+    group_memory_mb: int = 8192
     # --- training (svc-trainer) ---
     algorithm: str = "gspo"
     lr: float = 1e-4
@@ -117,6 +121,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise bad("level must be in 0..3 and challenges in 1..8")
         if self.group_size > self.cells * self.cell_capacity:  # groups go out one by one, each needs room at once
             raise bad(f"a group of {self.group_size} does not fit on {self.cells} cell(s) of {self.cell_capacity}")
+        if self.group_memory_mb != 0 and self.group_memory_mb < 16:
+            raise bad("group_memory_mb must be 0 (no shared budget) or >= 16")
         if self.timeout_s <= 0 or self.lr <= 0 or self.sft_lr <= 0:
             raise bad("timeout_s, lr and sft_lr must be > 0")
         if self.sandbox:

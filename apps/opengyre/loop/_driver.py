@@ -385,7 +385,8 @@ class _Loop:
                     )  # fmt: skip
                     job = asyncio.create_task(
                         roll_out(a, proxy=proxy, trainer=trainer, spec=self.spec, model=model, workdir=workdir,
-                                 timeout_s=cfg.timeout_s, sandbox=cfg.sandbox or None)
+                                 timeout_s=cfg.timeout_s, sandbox=cfg.sandbox or None,
+                                 group_memory_mb=cfg.group_memory_mb)
                     )  # fmt: skip
                     running.add(job)
                     job.add_done_callback(lambda j: self._done(j, running))

@@ -188,14 +188,23 @@ async def roll_out(
     workdir: Path,
     timeout_s: float,
     sandbox: str | None = None,
+    group_memory_mb: int = 0,
 ) -> Finished:
+    """``group_memory_mb``: the memory the rollouts of ``a``'s group share (a cgroup limit; 0: none)."""
     ws = await asyncio.to_thread(_fresh_workspace, a.task_dir, workdir / a.execution_id)
     req = proxy_pb2.OpenExecutionRequest(execution_id=a.execution_id)
     async for attempt in backoff(f"opening {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
         with attempt:
             access = await proxy.OpenExecution(req, timeout=30)
     target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction)
-    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=8192)  # the proxy is its way out: the sandbox's egress
+    # The proxy is its way out: the sandbox's egress. Its group's rollouts share one memory budget.
+    limits = SandboxLimits(
+        timeout_s=timeout_s,
+        memory_mb=8192,
+        group_memory_mb=group_memory_mb or None,
+        memory_group=a.group_id if group_memory_mb else None,
+        memory_poll_s=1.0,  # the kernel holds the budget; the poller only backs it (a command over it alone)
+    )
     outcome = await asyncio.to_thread(run_harness, spec, target, limits, backend=sandbox)
     if outcome.isolation == "none":  # chosen explicitly, and said of each execution (its event says so too)
         log.warning("execution %s: its harness ran without isolation (sandbox 'none')", a.execution_id)

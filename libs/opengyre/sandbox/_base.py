@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from ._cgroup import PidsCgroup, pids_cgroup_parent
+from ._cgroup import PidsCgroup, memory_cgroup_parent, pids_cgroup_parent
 from ._egress import parse_endpoint
 from ._limits import SandboxLimits, SandboxResult
 
@@ -66,13 +66,19 @@ class Mount:
 @dataclass
 class Wrapped:
     """How a backend starts one command: the argv, the host cwd, the fds it inherits, the status pipe's read end
-    (the launcher writes the command's raw wait status there; None: the exit code alone says it)."""
+    (the launcher writes the command's raw wait status there; None: the exit code alone says it), or instead
+    ``status_reader``, called once the launcher has ended, which returns the status its own channel brought."""
 
     argv: list[str]
     cwd: Path
     pass_fds: tuple[int, ...] = ()
     status_read: int | None = None
     close_after_start: list[int] = field(default_factory=list)
+    status_reader: Callable[[], int | None] | None = None
+
+    @property
+    def reports_status(self) -> bool:
+        return self.status_read is not None or self.status_reader is not None
 
 
 def limit_prefix(limits: SandboxLimits, *, nproc: bool) -> list[str]:
@@ -425,13 +431,25 @@ class BaseSandbox:
 
     def _cgroup(self, limits: SandboxLimits) -> PidsCgroup | None:
         parent = pids_cgroup_parent()
-        if limits.max_processes is None or parent is None:
+        group = limits.memory_group
+        if group is not None and (parent is None or memory_cgroup_parent() is None):
+            raise SandboxError(
+                f"sandbox unavailable: the memory budget shared by group {group!r} (memory_group, "
+                f"group_memory_mb={limits.group_memory_mb}) is a cgroup limit, and this process cannot make "
+                f"{'pids' if parent is None else 'memory'} cgroups here (cgroups are not delegated to it: run it "
+                "where /sys/fs/cgroup is writable, a delegated systemd scope, or turn the shared budget off, as "
+                "the run config's group_memory_mb = 0 does for rollouts)"
+            )
+        if (limits.max_processes is None and group is None) or parent is None:
             return None
-        cg = PidsCgroup(parent, limits.max_processes)
+        mb = limits.group_memory_mb
         try:
+            cg = PidsCgroup(
+                parent, limits.max_processes, memory_cgroup_parent(), None if mb is None else mb << 20, group
+            )
             cg.make()
         except OSError as exc:
-            raise SandboxError(f"sandbox unavailable: cannot make the pids cgroup {cg.path}: {exc}") from exc
+            raise SandboxError(f"sandbox unavailable: cannot make the command's cgroups under {parent}: {exc}") from exc
         return cg
 
     def run(
@@ -496,17 +514,20 @@ class BaseSandbox:
             finally:
                 if proc.poll() is None:  # _collect was interrupted
                     self._end(proc, cgroup)
-            status = _read_status(wrapped.status_read)
+            status = wrapped.status_reader() if wrapped.status_reader else _read_status(wrapped.status_read)
         finally:
             if wrapped.status_read is not None:
                 os.close(wrapped.status_read)
+        # The command's own memory cgroup's count where it has one; else the machine's meanwhile (any process's).
+        own = cgroup.oom_kills() if cgroup is not None else None
         after = oom_kill_count()
-        oom_kills = after - ooms if after is not None and ooms is not None else None
+        oom_kills = own if own is not None else after - ooms if after is not None and ooms is not None else None
+        scope = "cgroup" if own is not None else "machine" if oom_kills is not None else ""
         timed_out, mem, disk = reason == "timeout", reason == "memory", reason == "disk"
         if status is not None and not reason:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
             code = 128 + sig if sig is not None else os.waitstatus_to_exitcode(status)
-        elif wrapped.status_read is not None and not reason and proc.returncode in (137, -9):
+        elif wrapped.reports_status and not reason and proc.returncode in (137, -9):
             # The launcher reports before it ends, and only a SIGKILL ends it early (its init then exits 137):
             # killed, by the command's own processes (which share its user) or from outside, so whatever the
             # command left is no command's verdict. Said as a SIGKILL, never as a plain exit code 137.
@@ -515,6 +536,8 @@ class BaseSandbox:
         else:
             sig = -proc.returncode if proc.returncode < 0 and not reason else None
             code = _exit_code(proc.returncode)
+        if sig == signal.SIGKILL and own and cgroup and (cgroup.memory_max or cgroup.group):
+            mem, sig = True, None  # the kernel's limit on its memory cgroup or its group's (group_memory_mb)
         code = 124 if timed_out else 137 if (mem or disk) else code
         if disk:
             err += f"\nsandbox: killed: the writable directories exceeded the disk quota of {lim.disk_mb} MB\n".encode()
@@ -530,6 +553,7 @@ class BaseSandbox:
             disk_exceeded=disk,
             isolation=self.isolation,
             oom_kills=oom_kills,
+            oom_kills_scope=scope,
         )
 
     def _network_isolated(self, limits: SandboxLimits) -> bool:

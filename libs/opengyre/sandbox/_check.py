@@ -8,13 +8,13 @@ import sys
 import threading
 
 from ._base import SandboxError
-from ._cgroup import pids_cgroup_parent
+from ._cgroup import memory_cgroup_parent, pids_cgroup_parent
 from ._isolation import network_isolation_available
 from ._limits import SandboxLimits
 from ._local import ProcessSandbox, in_namespace_sandbox
 from ._namespace import NamespaceSandbox, namespace_probe
 
-__all__ = ["check_namespace", "check_none", "process_limit_mechanism"]
+__all__ = ["check_namespace", "check_none", "memory_mechanism", "process_limit_mechanism"]
 
 _PROBE = (
     "import os; print(os.getuid()); print(len([p for p in os.listdir('/proc') if p.isdigit()])); "
@@ -32,6 +32,14 @@ def process_limit_mechanism(namespace: bool) -> str:
     if os.geteuid() != 0:
         return "RLIMIT_NPROC" + (" inside the sandbox's user namespace" if namespace else " (counts the user's)")
     return "NONE: no pids cgroup can be made and the host's root is exempt from RLIMIT_NPROC"
+
+
+def memory_mechanism() -> str:
+    """Where the command's OOM kills are counted and whether a group's shared budget can be held here."""
+    parent, pids = memory_cgroup_parent(), pids_cgroup_parent()
+    if parent is not None and pids is not None:
+        return f"a memory cgroup per command under {parent} (oom_kills counted there; memory_group budgets held)"
+    return "NONE: no memory cgroup can be made (oom_kills are the machine's; a memory_group budget is refused)"
 
 
 def _echo_server() -> tuple[socket.socket, int]:
@@ -77,6 +85,7 @@ def check_namespace() -> tuple[bool, list[str]]:
         f"uid inside: {uid} (the host's uid {host_uid}); capabilities: {caps}; processes visible: {nprocs}",
         f"kernel knobs (/proc/sys): {knobs}; /proc/kcore, keys, kallsyms, ... hidden",
         f"process limit: {process_limit_mechanism(True)}",
+        f"memory: {memory_mechanism()}",
         "disk quota: RLIMIT_FSIZE per file + a watcher of the writable mounts' allocated blocks; /tmp a sized tmpfs",
         f"network: interfaces {interfaces} (loopback only); egress bridge: "
         + ("works" if bridge.ok and bridge.stdout.strip() == "PING" else f"FAILED ({bridge.stderr.strip()[-200:]})"),
@@ -99,6 +108,7 @@ def check_none() -> tuple[bool, list[str]]:
         "namespaces: none (the host's files and processes are visible; for trusted use or explicit opt-out)",
         f"uid: {uid} (the host user); processes visible: {nprocs}",
         f"process limit: {process_limit_mechanism(False)}",
+        f"memory: {memory_mechanism()}",
         "disk quota: RLIMIT_FSIZE per file + a watcher of the writable directories' allocated blocks",
         f"network: {net} when network=False (interfaces {interfaces}); the host's with network=True",
     ]

@@ -36,6 +36,7 @@ from ._cgroup import PidsCgroup
 from ._egress import EgressRelay
 from ._limits import SandboxLimits, SandboxResult
 from ._namespace import perl_shim
+from ._status import StatusChannel
 
 __all__ = ["BASE_IMAGE", "IMAGE_ENV", "DockerSandbox", "check_docker", "docker_executable", "docker_unavailable"]
 
@@ -233,6 +234,11 @@ class DockerSandbox(BaseSandbox):
     # -- running ----------------------------------------------------------------------------------------------
 
     def _check(self, limits: SandboxLimits) -> None:
+        if limits.memory_group is not None:  # its memory cgroup is the daemon's: no nesting in one of ours
+            raise SandboxError(
+                f"the docker sandbox cannot share a memory budget (memory_group {limits.memory_group!r}): each "
+                "container has its own --memory; turn the shared budget off (the run config's group_memory_mb = 0)"
+            )
         if limits.network:
             raise SandboxError(
                 "the docker sandbox gives no network (--network none): give it egress endpoints (loopback "
@@ -260,13 +266,15 @@ class DockerSandbox(BaseSandbox):
     ) -> Wrapped:
         assert self._base is not None
         name = self._current.name
-        status = self._base / "status" / name
-        status.touch()
-        if os.getuid() == 0:
-            status.chmod(0o600)
+        root_caller = os.getuid() == 0
+        if root_caller:
             for top in [self.root, *(m.source for m in self.mounts if m.writable)]:
                 _hand_over(top, self._uid, self._gid)
-            os.lchown(status, self._uid, self._gid)
+        # The status comes over a socket accepted once, from the launcher (``_status.py``): never a file, which
+        # the command's user could write before killing the launcher.
+        channel = StatusChannel(self._base / "status" / f"{name}.sock", (self._uid, self._gid) if root_caller else None)
+        self._current.channel = channel
+        status = channel.path
         root = str(self.root)
         # Neither a command nor the user may be an option to docker, and docker's init (tini) must be PID 1.
         argv = [
@@ -301,24 +309,23 @@ class DockerSandbox(BaseSandbox):
         for k, v in env.items():
             argv += ["--env", f"{k}={v}"]
         argv.append(self.image)
-        # Docker has no RLIMIT_AS ulimit: the image's shell sets it. Its fd 3 is the status file, where the
-        # launcher writes the command's raw wait status (docker's init folds a signal into 128 + n).
+        # Docker has no RLIMIT_AS ulimit: the image's shell sets it. The launcher reports the command's raw wait
+        # status on the status socket (docker's init folds a signal into 128 + n).
         script = "" if limits.memory_mb is None else f"ulimit -v {limits.memory_mb * 1024}; "
-        script += f'exec 3>{_STATUS}; exec "$@"'
+        script += 'exec "$@"'
         backstop = math.ceil(limits.timeout_s) + _BACKSTOP_GRACE_S
         argv += ["/bin/sh", "-c", script, "sandbox", "/usr/bin/timeout", "--signal", "KILL", str(backstop)]
         if self.egress:
             specs = [f"{h}:{p}={_EGRESS_DIR}/{p}.sock" for h, p in self.egress]
             # The forwarder spawns an absolute path: env finds the program on PATH and execs it in its place.
-            argv += ["python3", "-I", "-S", _LAUNCHER, "3", *specs, "--", "/usr/bin/env", "--"]
+            argv += ["python3", "-I", "-S", _LAUNCHER, f"unix:{_STATUS}", *specs, "--", "/usr/bin/env", "--"]
         else:
-            shim = perl_shim()
+            shim = perl_shim(status_socket=True)
             if shim is None:
                 raise SandboxError(f"docker sandbox unavailable: no status shim for {platform.machine()}")
-            argv += ["/usr/bin/perl", "-e", shim, "3"]
+            argv += ["/usr/bin/perl", "-e", shim, _STATUS]
         argv += command
-        fd = os.open(status, os.O_RDONLY)
-        return Wrapped(argv, self.root, status_read=fd)
+        return Wrapped(argv, self.root, status_reader=channel.status)
 
     def _end(self, proc: subprocess.Popen[bytes], cgroup: PidsCgroup | None) -> None:
         # Killing the container kills its init and with it every process of its pid namespace; the CLI then ends.
@@ -374,14 +381,14 @@ class DockerSandbox(BaseSandbox):
     ) -> SandboxResult:
         name = f"og-sb-{os.urandom(8).hex()}"
         self._current.name = name
+        self._current.channel = None
         try:
             result = super()._run(exe, args, lim, workdir, run_env, stdin, cgroup)
             state = self._state(name) if result.exit_code in (125, 137) and not result.timed_out else None
         finally:
             self._remove_later(name)
-            assert self._base is not None
-            with contextlib.suppress(OSError):
-                (self._base / "status" / name).unlink()
+            if self._current.channel is not None:
+                self._current.channel.close()
         if result.exit_code == 125 and (state is None or not str(state.get("StartedAt", "")).startswith("2")):
             raise SandboxError(f"docker sandbox could not start a container: {result.stderr.strip()[-2000:]}")
         if result.exit_code == 127 and _not_started(result.stderr, exe):

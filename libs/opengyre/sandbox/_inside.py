@@ -1,10 +1,13 @@
-"""The namespace sandbox's launcher for a command given egress: ``python -I -S _inside.py FD SPEC... -- ARGV``.
+"""The namespace sandbox's launcher for a command given egress: ``python -I -S _inside.py STATUS SPEC... -- ARGV``.
 
 Inside the sandbox's network namespace (only a loopback) it listens on each ``127.0.0.1:PORT`` of the SPECs
 (``127.0.0.1:PORT=/path/to/unix.sock``) and forwards every connection to the Unix socket that the host side of
 the sandbox relays to the same address on the host (``_egress.py``); then it starts ARGV, writes ARGV's raw wait
 status to FD (how the sandbox tells a signal from an exit code: the namespace's init flattens both) and ends as
-ARGV ended. Standard library only, no site packages; started only for commands given egress.
+ARGV ended. STATUS is a file descriptor the sandbox passed in (the namespace backend), or ``unix:PATH``, a Unix
+socket the sandbox listens on and accepts once (the Docker backend, which cannot pass a descriptor into a
+container): it is connected before ARGV starts, so the runner's one accepted connection is this launcher's, never
+the command's. Standard library only, no site packages; started only for commands given egress.
 """
 
 from __future__ import annotations
@@ -75,13 +78,27 @@ def _guard() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _status_channel(arg: str) -> int:
+    """The descriptor the command's status goes to; never inherited by the command's processes."""
+    if arg.startswith("unix:"):
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inheritable (PEP 446)
+        try:
+            channel.connect(arg[len("unix:") :])
+        except OSError:
+            channel.close()
+            raise
+        return channel.detach()
+    fd = int(arg)
+    os.set_inheritable(fd, False)
+    return fd
+
+
 def main(argv: list[str]) -> int:
-    status_fd = int(argv[0])
-    os.set_inheritable(status_fd, False)  # the command's processes must not hold it
     try:
         _guard()
+        status_fd = _status_channel(argv[0])
     except OSError as exc:
-        print(f"sandbox: {exc}", file=sys.stderr)
+        print(f"sandbox: status channel: {exc}", file=sys.stderr)
         return 125
     split = argv.index("--")
     specs, command = argv[1:split], argv[split + 1 :]

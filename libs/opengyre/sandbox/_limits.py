@@ -27,6 +27,10 @@ class SandboxLimits:
     # /proc; None: no such limit (each process is still bound by ``memory_mb``).
     group_memory_mb: int | None = None
     memory_poll_s: float = 0.05
+    # A name the commands of several sandboxes share (the rollouts of one group): their memory cgroups nest in one
+    # cgroup of that name limited to ``group_memory_mb`` (the kernel's limit: a budget they share, not one each).
+    # Refused (SandboxError) where this process cannot make memory cgroups. None: each command its own budget.
+    memory_group: str | None = None
     # Disk the command may fill: RLIMIT_FSIZE bounds each file it writes, and the blocks allocated under the
     # sandbox's writable directories (its root and writable mounts) are summed every ``disk_poll_s``: past the
     # quota every process is killed and the result says so (``disk_exceeded``). None: no quota.
@@ -45,6 +49,8 @@ class SandboxLimits:
             raise ValueError("limiter must be auto, prlimit or ulimit")
         if self.group_memory_mb is not None and (self.group_memory_mb < 16 or not self.memory_poll_s > 0):
             raise ValueError("group_memory_mb must be >= 16 and memory_poll_s > 0")
+        if self.memory_group is not None and (self.group_memory_mb is None or not self.memory_group):
+            raise ValueError("memory_group needs group_memory_mb (the budget its commands share) and a name")
         if self.max_processes is not None and self.max_processes < 1:
             raise ValueError("max_processes must be >= 1")
         if self.disk_mb is not None and (self.disk_mb < 1 or not self.disk_poll_s > 0):
@@ -73,10 +79,15 @@ class SandboxResult:
     # Which isolation ran the command: the backend's name ("namespace", "none", ...), or "nested" for a command
     # run inside another of our namespace sandboxes (the outer one's isolation holds; limits and reaper apply).
     isolation: str = ""
-    # OOM kills the kernel counted on the whole machine while the command ran (``oom_kill`` in /proc/vmstat; None
-    # where it cannot be read): 0 says a ``signal`` 9 was not the OOM killer's, so something else sent it, such as
-    # the command's own processes, which may kill each other (same user, same sandbox).
+    # OOM kills the kernel counted while the command ran, of its own processes where it has a memory cgroup, else
+    # on the whole machine (``oom_kill`` in /proc/vmstat; None where neither can be read): 0 says a ``signal`` 9
+    # was not the OOM killer's, so something else sent it, such as the command's own processes, which may kill
+    # each other (same user, same sandbox).
     oom_kills: int | None = None
+    # What ``oom_kills`` counted: "cgroup" (the command's own memory cgroup: its processes' OOM kills alone),
+    # "machine" (``/proc/vmstat``: any process's, the Docker backend's and wherever no memory cgroup can be made),
+    # "" (not counted).
+    oom_kills_scope: str = ""
 
     @property
     def ok(self) -> bool:

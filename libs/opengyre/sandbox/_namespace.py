@@ -68,10 +68,28 @@ _PERL_SHIM_TEMPLATE = (
 _PRCTL_NR = {"x86_64": 157, "amd64": 157, "aarch64": 167, "arm64": 167, "riscv64": 167, "ppc64le": 171}
 
 
-def perl_shim() -> str | None:
-    """The Perl status shim for this machine's architecture, or None where prctl's number is not known here."""
+# The Docker backend's variant: the status goes to a Unix socket (its path the first argument) that the runner
+# accepts once; the shim connects before it forks, so that one connection is the shim's, never the command's.
+_PERL_SOCKET_SHIM_TEMPLATE = (
+    "use Socket; my $path = shift @ARGV; "
+    "syscall(%(prctl)d, 4, 0) == 0 or do { print STDERR qq(sandbox: prctl: $!\\n); exit 125 }; "
+    "my $f; socket($f, PF_UNIX, SOCK_STREAM, 0) && connect($f, pack_sockaddr_un($path)) "
+    "or do { print STDERR qq(sandbox: status channel: $path: $!\\n); exit 125 }; "
+    "my @sigs = qw(%(signals)s); $SIG{$_} = 'IGNORE' for @sigs; "
+    "my $p = fork(); if (!defined $p) { print STDERR qq(sandbox: fork: $!\\n); exit 125 } "
+    "if ($p == 0) { $SIG{$_} = 'DEFAULT' for @sigs; close($f); setpgrp(0, 0); "
+    "exec { $ARGV[0] } @ARGV or do { print STDERR qq(sandbox: cannot start $ARGV[0]: $!\\n); exit 127 } } "
+    "waitpid($p, 0); my $s = $?; syswrite($f, qq($s\\n)); close($f); "
+    "exit($s & 127 ? 128 + ($s & 127) : $s >> 8)"
+)
+
+
+def perl_shim(*, status_socket: bool = False) -> str | None:
+    """The Perl status shim for this machine's architecture, or None where prctl's number is not known here.
+    ``status_socket``: its first argument is a Unix socket's path to report to, not an inherited descriptor."""
     nr = _PRCTL_NR.get(platform.machine().lower())
-    return None if nr is None else _PERL_SHIM_TEMPLATE % {"prctl": nr, "signals": " ".join(_SHIM_SIGNALS)}
+    template = _PERL_SOCKET_SHIM_TEMPLATE if status_socket else _PERL_SHIM_TEMPLATE
+    return None if nr is None else template % {"prctl": nr, "signals": " ".join(_SHIM_SIGNALS)}
 
 
 def bwrap_executable() -> str:

@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 _dec = msgspec.json.Decoder()
 
 ROLE_HEADER = "x-opengyre-role"
+_CAPACITY = (429, 503, 529)  # no capacity: the pool's queue, an engine's overload, Anthropic's overloaded
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class GatewayConfig:
     engine_streaming: bool = False  # stream from engines even for non-streamed calls (a drain works either way)
     max_attempts: int = 8
     max_inflight_per_engine: int = 256
+    # Requests one execution may hold at a time (in flight or queued); one past it gets 429 at once, and an
+    # execution that went past it has no capacity failure (429, 503, 529) counted in ``failed_calls``: it could
+    # flood the engines, then say "the model failed". 16: one call of the most samples (n) fits. None: no bound.
+    own_excess_inflight: int | None = 16
     max_queue: int = 1024
     queue_timeout_s: float = 30.0
     retry_after_s: float = 2.0
@@ -157,6 +162,7 @@ class Gateway:
             max_queue=c.max_queue,
             queue_timeout_s=c.queue_timeout_s,
             retry_after_s=c.retry_after_s,
+            own_excess_inflight=c.own_excess_inflight,
             engine_options=EngineOptions(
                 api_key=c.engine_api_key,
                 idle_timeout_s=c.engine_idle_timeout_s,
@@ -243,6 +249,8 @@ class Gateway:
         # 4xx is the caller's request, but 429: no rollout capacity (the engines', like a 503).
         if execution_id is None or (status < 500 and status != 429):
             return
+        if status in _CAPACITY and self.pool.exceeded_own(execution_id):
+            return  # past its own bound: the capacity it lacked may be what its own flood took
         self._failed[execution_id] = self._failed.get(execution_id, 0) + 1
         self._failed.move_to_end(execution_id)
         while len(self._failed) > 4 * self.config.max_executions:
@@ -403,6 +411,8 @@ class Gateway:
             return _dec.decode(raw)
         except msgspec.DecodeError as exc:
             raise ApiError.invalid(f"malformed JSON body: {exc}") from None
+        except RecursionError:  # msgspec's own bound on nesting (~1,000 levels): a body no API takes
+            raise ApiError.invalid("the JSON body is nested too deeply") from None
 
     def _error(self, err: ApiError, dialect: Dialect, execution_id: str | None = None) -> Response:
         self.stats.rejected[f"{err.status}"] += 1
@@ -608,6 +618,8 @@ class Gateway:
                 raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
         except ApiError as err:
             return self._error(err, dialect, eid)
+        except RecursionError:  # within the decoder's bound, deeper than the checks walk (a tool's schema)
+            return self._error(ApiError.invalid("the request is nested too deeply"), dialect, eid)
 
         async def on_turn(turn: Turn) -> None:
             await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)

@@ -44,6 +44,7 @@ def test_a_run_file_is_read_with_its_paths_relative_to_it(tmp_path: Path) -> Non
         ("lr = nan\n", "lr must be a finite number"),
         ("sft_lr = -inf\n", "sft_lr must be a finite number"),
         ('sandbox = "chroot"\n', "sandbox must be one of namespace, none"),
+        ("group_memory_mb = 8\n", r"group_memory_mb must be 0 \(no shared budget\) or >= 16"),
         ('harness = "claude-cod"\n', r"harness must be 'builtin', a preset \(claude-code, codex, .*none of them"),
         ('harness = "codex"\nharness_args = ["--max-turns", "3"]\n', "harness_args are the built-in harness's"),
         ('cells = 2\nengines = ["http://127.0.0.1:1"]\n', r"engines: 1 given for 2 cell\(s\)"),

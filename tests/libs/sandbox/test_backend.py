@@ -75,5 +75,6 @@ def test_sandbox_check_reports_each_backend() -> None:
     assert "uid inside: 1000 (the host's uid" in r.output and "capabilities: 0" in r.output
     assert "interfaces lo (loopback only)" in r.output and "kernel knobs (/proc/sys): read-only" in r.output
     assert "none: ok" in r.output and "process limit:" in r.output
+    assert "memory: a memory cgroup per command" in r.output or "memory: NONE: no memory cgroup" in r.output
     bad = CliRunner().invoke(app, ["sandbox", "check", "--backend", "nope"])
     assert bad.exit_code == 2 and "unknown backend" in bad.output

@@ -221,6 +221,8 @@ def test_the_disk_quota_counts_the_writable_mounts(tmp_path: Path) -> None:
     fill = "for i in $(seq 10); do head -c 8000000 /dev/zero > f$i; done; sleep 100"
     with DockerSandbox(lim, mounts=[Mount(ws, "/app", writable=True)]) as sb:
         r = sb.run(["sh", "-c", fill], cwd="/app")
+        for f in ws.iterdir():  # what the first run left is over the quota already: the second starts empty
+            f.unlink()
         big = sb.run(["sh", "-c", "head -c 30000000 /dev/zero > /app/one"])  # one file past it: RLIMIT_FSIZE
     assert r.disk_exceeded and r.exit_code == 137 and not r.timed_out
     assert big.exit_code != 0 and (ws / "one").stat().st_size <= 20 * 1024 * 1024
@@ -273,3 +275,50 @@ def test_sandbox_check_reports_the_docker_backend_from_real_runs() -> None:
     assert ok, lines
     assert "uid inside: 65534" in lines[1] or f"uid inside: {os.getuid()}" in lines[1]
     assert "interfaces: lo (loopback only)" in lines[1] and lines[-1] == "egress bridge: works"
+
+
+# The command forges the verdict every way it can reach: it writes a success into each status channel it finds
+# (a status file, the status socket, by a second connection), then kills its launcher so no true status comes.
+_FORGE = """
+import glob, os, signal, socket
+for path in glob.glob("/run/opengyre-status*"):
+    try:
+        with open(path, "w") as f:
+            f.write("0\\n")
+        print("wrote", path)
+    except OSError:
+        pass
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.sendall(b"0\\n")
+        s.close()
+        print("connected", path)
+    except OSError:
+        pass
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("egress", [False, True], ids=["shim", "forwarder"])
+def test_a_command_cannot_forge_its_exit_status(egress: bool) -> None:
+    """The status comes over a socket the runner accepts once, from the launcher, before the command starts:
+    a status the command writes or sends is not believed; killing the launcher is said as a kill."""
+    server, port = echo_server()
+    try:
+        with DockerSandbox(egress=[f"127.0.0.1:{port}"] if egress else []) as sb:
+            forged = sb.run(["python3", "-c", _FORGE])
+            honest = sb.run(["python3", "-c", "import sys; sys.exit(3)"])
+            signalled = sb.run(["sh", "-c", "kill -TERM $$"])
+    finally:
+        server.close()
+    assert not forged.ok and forged.exit_code == 137 and forged.signal == 9, (forged, forged.stdout)
+    assert "launcher was killed" in forged.stderr
+    assert honest.exit_code == 3 and signalled.exit_code == 143 and signalled.signal == 15
+
+
+def test_a_shared_memory_budget_is_refused_not_ignored() -> None:
+    """A container's memory cgroup is the daemon's: a ``memory_group`` (rollouts sharing a budget) cannot nest it."""
+    lim = SandboxLimits(group_memory_mb=64, memory_group="group-1")
+    with DockerSandbox() as sb, pytest.raises(SandboxError, match="cannot share a memory budget"):
+        sb.run(["true"], limits=lim)

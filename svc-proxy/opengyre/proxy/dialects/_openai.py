@@ -32,6 +32,12 @@ __all__ = [
 
 
 MAX_N = 16  # samples per call (each is a call of its own on the engines and in the record)
+MAX_TOKEN_ID = 2**31  # past every vocabulary; engines hold token ids as int32, where a larger one is a crash
+
+
+def _token_id(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID
+
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -115,6 +121,11 @@ def _common_sampling(body: dict[str, Any], req: GenRequest) -> None:
     if bias is not None:
         if not isinstance(bias, dict):
             raise ApiError.invalid("'logit_bias' must be an object", param="logit_bias")
+        for k, v in bias.items():
+            if not (k.isdigit() and _token_id(int(k))) or isinstance(v, bool) or not isinstance(v, int | float):
+                raise ApiError.invalid(
+                    f"'logit_bias' maps token ids in [0, {MAX_TOKEN_ID}) to numbers; got {k[:40]!r}", param="logit_bias"
+                )
         s["logit_bias"] = bias
     for key in ("ignore_eos", "skip_special_tokens"):
         if body.get(key) is not None:
@@ -128,8 +139,10 @@ def _common_sampling(body: dict[str, Any], req: GenRequest) -> None:
         s["min_new_tokens"] = mt
     if body.get("stop_token_ids") is not None:
         ids = body["stop_token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise ApiError.invalid("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+        if not isinstance(ids, list) or not all(_token_id(i) for i in ids):
+            raise ApiError.invalid(
+                f"'stop_token_ids' must be a list of token ids in [0, {MAX_TOKEN_ID})", param="stop_token_ids"
+            )
         s["stop_token_ids"] = ids
     stop = body.get("stop")
     if stop is not None:
@@ -298,6 +311,8 @@ def parse_completion(raw: object) -> GenRequest:
     if isinstance(prompt, str):
         req.prompt_text = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(_token_id(t) for t in prompt):
+            raise ApiError.invalid(f"'prompt' token ids must be integers in [0, {MAX_TOKEN_ID})", param="prompt")
         req.prompt_ids = list(prompt)
     elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         req.prompt_text = prompt[0]

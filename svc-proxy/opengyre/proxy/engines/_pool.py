@@ -8,6 +8,7 @@ in-flight requests are aborted, and each request's dispatcher re-issues the rest
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -33,6 +34,9 @@ class NoCapacity(Exception):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+_EXCEEDED_KEPT = 40_000  # executions remembered as having gone past their own bound (least recent forgotten)
 
 
 @dataclass(eq=False)
@@ -84,12 +88,22 @@ class EnginePool:
         retry_after_s: float = 2.0,
         migrator: KVMigrator | None = None,
         engine_options: EngineOptions | None = None,
+        own_excess_inflight: int | None = None,
     ) -> None:
+        """``own_excess_inflight``: the requests one execution (the affinity key) may hold at a time, in flight or
+        waiting; one past it is refused at once (NoCapacity) and the execution is remembered as having gone past
+        its own bound (``exceeded_own``). None: no bound."""
+        if own_excess_inflight is not None and own_excess_inflight < 1:
+            raise ValueError("own_excess_inflight must be >= 1 (or None)")
         self.engine_options = engine_options or EngineOptions()  # how every engine's connection is made
         self.max_inflight = max_inflight_per_engine
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
+        self.own_excess_inflight = own_excess_inflight
+        self._held: collections.Counter[str] = collections.Counter()  # per execution: held or waiting
+        self._holder: dict[str, str] = {}  # request id -> its execution
+        self._exceeded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.migrator: KVMigrator = migrator or RePrefill()
         self._engines: dict[str, EngineHandle] = {}
         self._affinity: dict[str, str] = {}
@@ -196,8 +210,45 @@ class EnginePool:
             self._affinity[affinity] = best.engine_id
         return best
 
+    def held(self, affinity: str) -> int:
+        """The requests the execution holds now: in flight on an engine, or waiting for one."""
+        return self._held.get(affinity, 0)
+
+    def exceeded_own(self, affinity: str) -> bool:
+        """Whether the execution ever asked for more than ``own_excess_inflight`` requests at a time: its capacity
+        failures may then be of its own making (a flood), not the fleet's."""
+        return affinity in self._exceeded
+
     async def acquire(self, affinity: str, rid: str, *, exclude: frozenset[str] = frozenset()) -> EngineHandle:
         """An engine for request ``rid`` (tracked as in flight there until ``release``)."""
+        bound = self.own_excess_inflight
+        if bound is not None and self._held[affinity] >= bound:
+            self.rejected += 1
+            self._exceeded[affinity] = None
+            self._exceeded.move_to_end(affinity)
+            while len(self._exceeded) > _EXCEEDED_KEPT:
+                self._exceeded.popitem(last=False)
+            raise NoCapacity(
+                f"this execution holds {self._held[affinity]} requests already (own_excess_inflight={bound})",
+                self.retry_after_s,
+            )
+        self._held[affinity] += 1
+        try:
+            h = await self._acquire(affinity, exclude)
+        except BaseException:
+            self._unhold(affinity)
+            raise
+        h.inflight.add(rid)
+        h.served += 1
+        self._holder[rid] = affinity
+        return h
+
+    def _unhold(self, affinity: str) -> None:
+        self._held[affinity] -= 1
+        if self._held[affinity] <= 0:
+            del self._held[affinity]
+
+    async def _acquire(self, affinity: str, exclude: frozenset[str]) -> EngineHandle:
         h = self._pick(affinity, exclude)
         if h is None:
             if self.waiting >= self.max_queue:
@@ -217,12 +268,13 @@ class EnginePool:
                         ) from None
             finally:
                 self.waiting -= 1
-        h.inflight.add(rid)
-        h.served += 1
         return h
 
     async def release(self, h: EngineHandle, rid: str) -> None:
         h.inflight.discard(rid)
+        affinity = self._holder.pop(rid, None)
+        if affinity is not None:
+            self._unhold(affinity)
         if self.waiting:
             async with self._cond:
                 self._cond.notify_all()
