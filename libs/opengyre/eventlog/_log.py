@@ -68,7 +68,7 @@ class EventLog(TypedReads):
         self._probe = HealthProbe(health_url) if health_url else None
         self._acks = AckPipeline(nc)
         self.admin = StreamAdmin(self.js, config)
-        self.blobs = BlobStore(self.js, config.blob_bucket)
+        self.blobs = BlobStore(self.js, config.blob_bucket, config.replicas)
         self.reader = Reader(nc, self.js, config, self.admin, self.blobs)
         self.appender = Appender(nc, self._acks, config, registry, self.blobs, self._unacknowledged)
         self.payloads = PayloadStore(nc, self.js, config, self._acks)

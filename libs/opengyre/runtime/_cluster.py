@@ -93,9 +93,25 @@ class NatsCluster:
         node.wait_ready(timeout)
         self._wait_healthy(node, deadline)
 
-    def start(self, timeout: float = 30.0) -> str:
-        self.launch()
-        return self.wait_ready(timeout)
+    def start(self, timeout: float = 30.0, *, attempts: int = 3) -> str:
+        """``launch`` and ``wait_ready``. A route port picked free may be taken before its server binds it (another
+        process between the pick and the bind): then the members exit, and the cluster starts again on new ones."""
+        for attempt in range(attempts):
+            self.launch()
+            try:
+                return self.wait_ready(timeout)
+            except RuntimeError:
+                if attempt + 1 == attempts:
+                    raise
+                self._new_route_ports()
+        raise AssertionError("unreachable")
+
+    def _new_route_ports(self) -> None:
+        host = self.nodes[0].host
+        routes = tuple(free_port(host) for _ in self.nodes)
+        for node, port in zip(self.nodes, routes, strict=True):
+            node.cluster = ClusterMember(node.store_dir.name, self.name, port, routes)
+            node.port = node.monitor_port = 0  # bound afresh too
 
     def stop(self, timeout: float = 10.0) -> None:
         for node in self.nodes:

@@ -15,7 +15,7 @@ import pytest
 from opengyre.eventlog import EventLog, LogConfig, NoQuorum
 from opengyre.eventlog._acks import AckError
 from opengyre.eventlog._retrying import append_retryable, deadline_s
-from opengyre.events import ExecutionDispatched
+from opengyre.events import ExecutionDispatched, SkillIngested
 from opengyre.runtime import EmbeddedNats, NatsCluster
 from tests._polling import await_until
 
@@ -55,13 +55,18 @@ async def _stored_ids(log: EventLog) -> list[str]:
     return [s.event_id async for s in log.read()]
 
 
-async def test_the_stream_is_replicated_on_all_three_servers(cluster: NatsCluster) -> None:
+async def test_the_stream_and_the_blob_bucket_are_replicated_on_all_three_servers(cluster: NatsCluster) -> None:
     async with await EventLog.connect(cluster.url, _config(), configure=True) as log:
         info = await log.js.stream_info(log.config.stream)
         assert info.config.num_replicas == 3
         assert info.cluster is not None
         names = {info.cluster.leader, *(r.name for r in info.cluster.replicas or [])}
         assert names == {"n0", "n1", "n2"}
+        # A body out of band (the object store's bucket) is replicated as its event is.
+        big = SkillIngested(skill_id="big", name="b", description="x" * (log.config.inline_limit + 1))
+        await log.append(big)
+        bucket = await log.js.stream_info(f"OBJ_{log.config.blob_bucket}")
+        assert bucket.config.num_replicas == 3
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["awaited", "pipelined"])
