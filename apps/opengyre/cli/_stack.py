@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, StreamOpt, console, fail, settings_from
 
-from ..config import HttpLimits, Settings
+from ..config import HttpLimits, Settings, SettingsError
 from ..eventlog import EventLog, LogUnavailable, NatsCredentials, StreamUsage
 from ..runtime import (
     SERVICE_CLASSES,
@@ -74,7 +74,7 @@ async def _up(settings: Settings, services: list[str]) -> None:
         console.print(_reaped_text([str(x) for x in stack.reaped]))
     _print_stack(stack)
     auth = settings.data_dir / "auth"
-    nats = f"NATS users in {auth / 'nats'}" if stack.nats is not None else "NATS: the credentials of your --nats-url"
+    nats = f"NATS users in {auth / 'nats'}" if stack.embedded else "NATS: the credentials of your --nats-url"
     console.print(f"[dim]gRPC requires the token in {auth / 'grpc.token'}; {nats} (docs/security.md)[/]")
     console.print(_exposure_text(settings.host))
     console.print(_http_limits_text(settings.http))
@@ -102,11 +102,21 @@ def _print_stack(stack: Stack) -> None:
     t.add_column("component")
     t.add_column("address")
     t.add_column("pid", justify="right")
-    t.add_row(
-        f"event log (NATS JetStream, stream {stack.settings.log.stream})",
-        stack.nats_url,
-        str(stack.nats.proc.pid if stack.nats and stack.nats.proc else "-"),
-    )
+    if stack.cluster is not None:
+        replicas = stack.settings.log.replicas
+        for server in stack.cluster.nodes:
+            t.add_row(
+                f"event log: NATS {server.store_dir.name} of {stack.cluster.size} (stream {stack.settings.log.stream}, "
+                f"{replicas} replicas)",
+                server.url,
+                str(server.proc.pid if server.proc else "-"),
+            )
+    else:
+        t.add_row(
+            f"event log (NATS JetStream, stream {stack.settings.log.stream})",
+            stack.nats_url,
+            str(stack.nats.proc.pid if stack.nats and stack.nats.proc else "-"),
+        )
     t.add_row("projection store", _store_text(stack.settings), "-")
     for c in stack.children.values():
         t.add_row(f"svc-{c.name} (gRPC)", f"{stack.settings.host}:{c.port}", str(c.proc.pid if c.proc else "-"))
@@ -147,13 +157,29 @@ def up(
             "gRPC still requires the stack's token) [default: OPENGYRE_HOST, else what was recorded, else 127.0.0.1]",
         ),
     ] = None,
+    nats_cluster: Annotated[
+        int | None,
+        typer.Option(
+            "--nats-cluster",
+            help="Run the embedded log as a JetStream cluster of 3 or 5 nats-servers on loopback, the stream "
+            "replicated 3 times (OPENGYRE_LOG_REPLICAS): it survives losing 1 (or 2) of them "
+            "[default: OPENGYRE_NATS_CLUSTER, else one server]",
+        ),
+    ] = None,
 ) -> None:
     """Start the stack: the embedded nats-server (or join --nats-url), migrations, every service.
 
     One stack per data dir. The options are recorded in the data dir (settings.json): later commands, and the
     next `up`, use them without being told again.
     """
-    settings = settings_from(data_dir, nats_url, db_url, stream, host)
+    try:  # settings_from's order (options, environment, recorded), with the cluster's size among the options
+        settings = Settings.from_env(
+            data_dir=data_dir, nats_url=nats_url, db_url=db_url, stream=stream, host=host, nats_cluster=nats_cluster
+        )
+    except SettingsError as exc:
+        raise fail(str(exc)) from exc
+    if settings.nats_cluster and settings.nats_url:
+        raise fail("--nats-cluster runs the embedded log as a cluster, --nats-url joins one elsewhere: not both")
     if engine is not None:
         settings = dataclasses.replace(settings, proxy_engines=tuple(engine))
     names = _parse_services(services)
@@ -191,6 +217,7 @@ def _detach(settings: Settings, names: list[str]) -> None:
     ]
     for url in settings.proxy_engines:
         args += ["--engine", url]
+    args += ["--nats-cluster", str(settings.nats_cluster)]
     # Given even when empty: '' sets a recorded URL back to the default.
     if settings.nats_url is not None:
         args += ["--nats-url", settings.nats_url]
@@ -320,7 +347,12 @@ async def _nats_open(url: str) -> bool | None:
 
     nc = Client()
     connecting = asyncio.ensure_future(
-        nc.connect(url, connect_timeout=int(STATUS_DEADLINE_S), allow_reconnect=False, error_cb=on_error)
+        nc.connect(
+            [u.strip() for u in url.split(",") if u.strip()],  # a cluster's seeds
+            connect_timeout=int(STATUS_DEADLINE_S),
+            allow_reconnect=False,
+            error_cb=on_error,
+        )
     )
     waiting = asyncio.ensure_future(refused.wait())
     await asyncio.wait({connecting, waiting}, timeout=STATUS_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)
@@ -364,6 +396,21 @@ async def _log_status(
         return f"stream {settings.log.stream}: {type(exc).__name__}: {exc}", None
     finally:
         await log.close()
+
+
+def _print_nats_nodes(nodes: list[dict[str, Any]]) -> bool:
+    """The cluster's members as the supervisor last saw them; whether a majority of them is up."""
+    t = Table(title=f"NATS cluster ({len(nodes)} servers)")
+    for col in ("server", "address", "pid", "state", "restarts"):
+        t.add_column(col)
+    up = 0
+    for node in nodes:
+        ok, pid = bool(node.get("ok")), int(node.get("pid") or 0)
+        up += ok and pid > 0
+        state = "[green]ok[/]" if ok and pid else f"[red]DOWN[/]: {escape(str(node.get('reason') or 'not running'))}"
+        t.add_row(str(node.get("name")), str(node.get("url")), str(pid or "-"), state, str(node.get("restarts", 0)))
+    console.print(t)
+    return up > len(nodes) // 2
 
 
 def status(data_dir: DataDirOpt = None) -> None:
@@ -437,7 +484,10 @@ def status(data_dir: DataDirOpt = None) -> None:
         )
     else:
         console.print(f"NATS requires credentials; this command connects as {creds!r}")
-    if recorded.get("restarts"):
+    nodes = (read_stack_file(settings) or data).get("nats_nodes") or []
+    if nodes:
+        healthy = _print_nats_nodes(nodes) and healthy
+    elif recorded.get("restarts"):
         console.print(f"nats-server restarted {recorded['restarts']} time(s) by the supervisor")
     t = Table(title=f"stack on {settings.data_dir} (supervisor pid {data['pid']})")
     for col in ("service", "address", "auth", "pid", "state", "projections (position/pending/dead)", "not implemented"):

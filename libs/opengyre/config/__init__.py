@@ -21,6 +21,7 @@ from ._secrets import GRPC_TOKEN_ENV, ensure_grpc_token, grpc_token_file, new_se
 
 __all__ = [
     "GRPC_TOKEN_ENV",
+    "NATS_CLUSTER_ENV",
     "PROXY_HTTP",
     "PROXY_HTTP_PORT",
     "SERVICES_GROUP",
@@ -86,6 +87,9 @@ def _env_number(env: Mapping[str, str], name: str, kind: Callable[[str], N], def
 class Settings:
     data_dir: Path = Path(".opengyre")
     nats_url: str | None = None  # None: start the embedded nats-server in data_dir
+    # The embedded log as a JetStream cluster of this many nats-servers (3 or 5; 0: one server).
+    # `opengyre up --nats-cluster`, OPENGYRE_NATS_CLUSTER.
+    nats_cluster: int = 0
     # nats-server's HTTP monitoring (the supervisor passes its embedded server's): health beyond "connected".
     nats_monitor_url: str | None = None
     db_url: str | None = None  # None: one SQLite file per service in data_dir/db
@@ -130,14 +134,17 @@ class Settings:
         http = env.get("OPENGYRE_PROXY_HTTP_PORT")
         if http:
             explicit.add(PROXY_HTTP)
+        cluster = clean.pop("nats_cluster", None)
         try:
+            nats_cluster = _nats_cluster(str(cluster) if cluster is not None else env.get(NATS_CLUSTER_ENV, ""))
             log = LogConfig(
                 stream=pick("stream", "OPENGYRE_STREAM", "OPENGYRE") or "OPENGYRE",
                 prefix=pick("prefix", "OPENGYRE_SUBJECT_PREFIX", "og.ev") or "og.ev",
                 max_bytes=_env_number(env, "OPENGYRE_LOG_MAX_BYTES", int, -1),
                 payload_max_bytes=_env_number(env, "OPENGYRE_PAYLOAD_MAX_BYTES", int, -1),
                 payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
-                replicas=_env_number(env, "OPENGYRE_LOG_REPLICAS", int, 1),
+                # On a cluster the log is replicated 3 times (NATS's recommendation; 5 with OPENGYRE_LOG_REPLICAS)
+                replicas=_env_number(env, "OPENGYRE_LOG_REPLICAS", int, 3 if nats_cluster else 1),
             )
             http_limits = HttpLimits.from_env(env)
         except ValueError as exc:
@@ -152,6 +159,7 @@ class Settings:
             proxy_engines=engines,
             data_dir=data_dir,
             nats_url=pick("nats_url", "OPENGYRE_NATS_URL", None),
+            nats_cluster=nats_cluster,
             nats_monitor_url=env.get("OPENGYRE_NATS_MONITOR_URL") or None,
             db_url=pick("db_url", "OPENGYRE_DB_URL", None),
             log=log,
@@ -219,6 +227,19 @@ class Settings:
         if f.exists():
             return f.read_text().strip() or None
         return None
+
+
+NATS_CLUSTER_ENV = "OPENGYRE_NATS_CLUSTER"
+
+
+def _nats_cluster(value: str) -> int:
+    """The cluster size asked for: 3 or 5 servers (a majority of them must stay up), 0 or empty for one server."""
+    raw = value.strip()
+    if raw in ("", "0"):
+        return 0
+    if raw not in ("3", "5"):
+        raise ValueError(f"{NATS_CLUSTER_ENV} / --nats-cluster is 3 or 5 servers (0: one server), not {raw!r}")
+    return int(raw)
 
 
 def read_recorded(data_dir: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from ._blobs import BLOB_CORRUPT, BLOB_MISSING, BlobUnreadable
 # the connection class with the measured header-parser override (bench/header_parser_bench.py measures it)
 from ._client import FastHeaderClient
 from ._config import BLOB_HEADER, TYPE_HEADER, VERSION_HEADER, LogConfig
-from ._errors import ConcurrencyError, EventLogError, LogUnavailable
+from ._errors import ConcurrencyError, EventLogError, LogUnavailable, NoQuorum
 from ._health import FULL_MARGIN_BYTES, HealthProbe, LogHealth, StreamUsage, server_health
 from ._log import EventLog
 from ._memory import MemoryEventLog
@@ -39,6 +39,7 @@ __all__ = [
     "LogUnavailable",
     "MemoryEventLog",
     "NatsCredentials",
+    "NoQuorum",
     "PayloadFetch",
     "PayloadStore",
     "PayloadStoreError",

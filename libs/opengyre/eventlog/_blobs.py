@@ -44,9 +44,10 @@ class BlobUnreadable(EventLogError):
 class BlobReader:
     """Reads blobs of one object-store bucket; never creates the bucket (a read must not change the log)."""
 
-    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, replicas: int = 1) -> None:
         self._js = js
         self._bucket = bucket
+        self._replicas = replicas  # as the event stream's: a body out of band outlives a server as its event does
         self._store: ObjectStore | None = None
 
     async def _open(self, ref: str) -> ObjectStore:
@@ -90,9 +91,10 @@ class BlobReader:
 class BlobStore:
     """Blobs of the log's bucket: ``put`` creates the bucket on first use, reads never do."""
 
-    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, replicas: int = 1) -> None:
         self._js = js
         self._bucket = bucket
+        self._replicas = replicas  # as the event stream's: a body out of band outlives a server as its event does
         self._store: ObjectStore | None = None
         self._reader = BlobReader(js, bucket)
 
@@ -102,7 +104,7 @@ class BlobStore:
                 self._store = await self._js.object_store(self._bucket)
             except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
                 self._store = await self._js.create_object_store(
-                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE)
+                    self._bucket, config=ObjectStoreConfig(storage=StorageType.FILE, replicas=self._replicas)
                 )
         return self._store
 

@@ -33,6 +33,9 @@ class LogConfig:
     max_bytes: int = -1
     payload_max_bytes: int = -1
     payload_max_age_s: float = 0.0
+    # How long appends and reads wait out a server or stream leader that is away (0: 10 s on one replica, 30 s on
+    # several: a leader election); then an append fails (NoQuorum on a replicated stream).
+    retry_deadline_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.stream):
@@ -48,6 +51,8 @@ class LogConfig:
             raise ValueError(f"replicas must be 1 to 5 (JetStream's limit), not {self.replicas}")
         if not self.payload_max_age_s >= 0:
             raise ValueError(f"payload_max_age_s must be >= 0 seconds (0: no limit), not {self.payload_max_age_s}")
+        if not self.retry_deadline_s >= 0:
+            raise ValueError(f"retry_deadline_s must be >= 0 seconds (0: the default), not {self.retry_deadline_s}")
         if not _NAME.match(self.blob_bucket):
             raise ValueError(f"blob bucket {self.blob_bucket!r} must match {_NAME.pattern}")
         if not _PREFIX.match(self.prefix):

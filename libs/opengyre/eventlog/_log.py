@@ -34,6 +34,7 @@ from ._health import ConnectionWatch, HealthProbe, LogHealth, StreamUsage
 from ._payloads import PayloadStore
 from ._pull import PullBatcher
 from ._reads import Reader
+from ._retrying import waiting_out_election
 from ._stored import TRANSIENT_ERRORS, Appended, StoredEvent, UnreadableBody
 from ._stream import StreamAdmin
 from ._typed import TypedReads, TypeFilter
@@ -67,7 +68,7 @@ class EventLog(TypedReads):
         self._probe = HealthProbe(health_url) if health_url else None
         self._acks = AckPipeline(nc)
         self.admin = StreamAdmin(self.js, config)
-        self.blobs = BlobStore(self.js, config.blob_bucket)
+        self.blobs = BlobStore(self.js, config.blob_bucket, config.replicas)
         self.reader = Reader(nc, self.js, config, self.admin, self.blobs)
         self.appender = Appender(nc, self._acks, config, registry, self.blobs, self._unacknowledged)
         self.payloads = PayloadStore(nc, self.js, config, self._acks)
@@ -106,9 +107,15 @@ class EventLog(TypedReads):
         await log._acks.start()
         if create or configure:
             try:
-                await log.ensure_stream(configure=configure)
+                # A cluster that has just elected its meta leader may not answer at once: waited out (10008).
+                await waiting_out_election(
+                    f"creating stream {log.config.stream}", log.config, lambda: log.ensure_stream(configure=configure)
+                )
                 if configure:
-                    await log.payloads.ensure(configure=True)
+                    payloads = log.payloads
+                    await waiting_out_election(
+                        f"creating stream {log.config.payloads}", log.config, lambda: payloads.ensure(configure=True)
+                    )
             except nats.js.errors.APIError as exc:
                 await log.close()
                 # e.g. replicas > 1 on a server that is not clustered, or more replicas than the cluster has

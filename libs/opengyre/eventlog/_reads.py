@@ -15,6 +15,7 @@ from ._blobs import BlobStore
 from ._config import BLOB_HEADER, TYPE_HEADER, LogConfig
 from ._errors import EventLogError
 from ._pull import PullBatcher
+from ._retrying import waiting_out_election
 from ._stored import StoredEvent, ack_position, bad_version, version_of
 from ._stream import StreamAdmin
 
@@ -86,7 +87,10 @@ class Reader:
             cfg.filter_subject = filters[0]
         else:
             cfg.filter_subjects = filters
-        info = await self._js.add_consumer(self._config.stream, cfg)
+        stream = self._config.stream
+        info = await waiting_out_election(
+            f"a reader of {stream}", self._config, lambda: self._js.add_consumer(stream, cfg, timeout=5.0)
+        )
         puller = self.puller(info.name, batch=batch)
         await puller.start()
         try:
@@ -96,7 +100,11 @@ class Reader:
                     if puller.errors:
                         raise EventLogError(f"reading {self._config.stream}: {puller.errors[-1]}")
                     # A filtered range may end in a gap: stop once the consumer has nothing pending.
-                    ci = await self._js.consumer_info(self._config.stream, info.name)
+                    ci = await waiting_out_election(
+                        f"the position of a reader of {stream}",
+                        self._config,
+                        lambda: self._js.consumer_info(stream, info.name, timeout=5.0),
+                    )
                     if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
                         return
                     continue
@@ -114,7 +122,9 @@ class Reader:
         return PullBatcher(self._nc, self._config.stream, consumer, batch=batch, expires=expires)
 
     async def get(self, seq: int) -> StoredEvent:
-        raw = await self._js.get_msg(self._config.stream, seq)
+        raw = await waiting_out_election(
+            f"event {seq} of {self._config.stream}", self._config, lambda: self._js.get_msg(self._config.stream, seq)
+        )
         headers = dict(raw.headers or {})
         stored = StoredEvent(
             seq=int(raw.seq or seq),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import NotFoundError
 
 from ._config import LogConfig
 from ._health import StreamUsage
+from ._retrying import waiting_out_election
 
 __all__ = ["StreamAdmin"]
 
@@ -47,17 +48,23 @@ class StreamAdmin:
             have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
             await self._js.update_stream(have)
 
+    async def _info(self) -> StreamInfo:
+        """The stream's info, waiting out a leader election (10008) on a cluster."""
+        return await waiting_out_election(
+            f"stream info of {self._config.stream}", self._config, lambda: self._js.stream_info(self._config.stream)
+        )
+
     async def last_seq(self) -> int:
-        info = await self._js.stream_info(self._config.stream)
+        info = await self._info()
         return int(info.state.last_seq)
 
     async def usage(self) -> StreamUsage:
         """The event stream's bytes and messages against its byte limit (``StreamUsage.full``: appends refused)."""
-        info = await self._js.stream_info(self._config.stream)
+        info = await self._info()
         return StreamUsage(
             self._config.stream, int(info.state.bytes), int(info.state.messages), int(info.config.max_bytes or -1)
         )
 
     async def first_seq(self) -> int:
-        info = await self._js.stream_info(self._config.stream)
+        info = await self._info()
         return int(info.state.first_seq)

@@ -1,9 +1,10 @@
 """Process-level plumbing: the embedded nats-server, ports, gRPC servers, services and their supervisor."""
 
 from ._auth import OPEN_METHOD_PREFIXES, TokenAuth, auth_metadata, grpc_channel, token_from_env
+from ._cluster import CLUSTER_SIZES, NatsCluster
 from ._grpc import GrpcServer, abort_invalid, abort_status
 from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
-from ._nats import EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
+from ._nats import ClusterMember, EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
 from ._natsauth import (
     NATS_ADMIN,
     NATS_CREDS_ENV,
@@ -44,6 +45,7 @@ from ._supervisor import (
 )
 
 __all__ = [
+    "CLUSTER_SIZES",
     "EXIT_STOP_HUNG",
     "NATS_ADMIN",
     "NATS_CREDS_ENV",
@@ -52,6 +54,7 @@ __all__ = [
     "OPEN_METHOD_PREFIXES",
     "SERVICE_CLASSES",
     "STOP_GRACE_ENV",
+    "ClusterMember",
     "DataDirBusy",
     "DataDirLock",
     "DataDirUnusable",
@@ -59,6 +62,7 @@ __all__ = [
     "ExitedBeforeReady",
     "GrpcServer",
     "Leftover",
+    "NatsCluster",
     "NatsServerMissing",
     "PortTaken",
     "Service",

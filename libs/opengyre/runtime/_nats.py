@@ -11,12 +11,13 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._ports import wait_for_port
 from ._procs import cmdline, spawn
 
-__all__ = ["EmbeddedNats", "NatsServerMissing", "is_nats_server_of", "nats_server_binary"]
+__all__ = ["ClusterMember", "EmbeddedNats", "NatsServerMissing", "is_nats_server_of", "nats_server_binary"]
 
 
 class NatsServerMissing(RuntimeError):
@@ -44,6 +45,25 @@ def is_nats_server_of(pid: int, store_dir: Path) -> bool:
     return any(a == "-sd" and b == store for a, b in itertools.pairwise(argv))
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterMember:
+    """A server's place in a JetStream cluster: its name, the cluster's, the route port it listens on and the route
+    ports of every member (its own among them: nats-server ignores a route to itself, and a restarted member finds
+    the others whichever of them is up)."""
+
+    name: str
+    cluster_name: str
+    port: int
+    route_ports: tuple[int, ...]
+
+    def args(self, host: str) -> list[str]:
+        routes = ",".join(f"nats://{host}:{p}" for p in self.route_ports)
+        return [
+            *("-n", self.name, "--cluster_name", self.cluster_name),
+            *("--cluster", f"nats://{host}:{self.port}", "--routes", routes),
+        ]
+
+
 class EmbeddedNats:
     """One nats-server process with JetStream storing under ``store_dir``, and HTTP monitoring on
     ``monitor_port`` (its ``/healthz`` reports a stream whose store failed a write, e.g. a full disk).
@@ -59,7 +79,9 @@ class EmbeddedNats:
         monitor_port: int | None = None,
         die_with_parent: bool = True,
         config_file: Path | None = None,
+        cluster: ClusterMember | None = None,
     ) -> None:
+        self.cluster = cluster
         self.store_dir = Path(store_dir).resolve()
         self.config_file = Path(config_file).resolve() if config_file is not None else None
         self.host = host
@@ -108,6 +130,7 @@ class EmbeddedNats:
             "-P",
             str(self.pid_file),
             *(["-c", str(self.config_file)] if self.config_file is not None else []),
+            *(self.cluster.args(self.host) if self.cluster is not None else []),
         ]
         for stale in self.store_dir.glob("*.ports"):  # an earlier server's: not where this one listens
             stale.unlink(missing_ok=True)

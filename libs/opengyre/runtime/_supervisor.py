@@ -4,7 +4,8 @@ One stack per data dir: the supervisor holds the data dir's lock (``_lock``) for
 anything starts. Its children die with it (parent-death signal, ``_procs``); what a stack that died anyway left
 behind (pids in ``stack.json`` and the store's pid file, checked to be ours) is stopped before a new one starts.
 The supervisor restarts a crashed service and a crashed nats-server (same port, same store), and restarts a
-nats-server whose store failed a write (a full disk) once space is free again.
+nats-server whose store failed a write (a full disk) once space is free again. With ``nats_cluster`` the log is a
+JetStream cluster of 3 or 5 nats-servers (``NatsCluster``): each member is kept up the same way, on its own.
 
 A full disk stops nothing: a record the supervisor cannot write (``stack.json``) is written again, with backoff,
 until it goes through, and a service that exits while the data dir's disk is full is restarted, without counting
@@ -35,6 +36,7 @@ from ..config import PROXY_HTTP, Settings, ensure_grpc_token
 from ..eventlog import EventLog, HealthProbe, LogHealth, NatsCredentials
 from ..retry import backoff
 from ..store import create_db_engine, migrate
+from ._cluster import NatsCluster
 from ._lock import DataDirLock
 from ._nats import EmbeddedNats, is_nats_server_of
 from ._natsauth import (
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 STABLE_AFTER_S = 60.0
 NATS_STORE = "nats"
+NATS_CLUSTER_STORE = "nats-cluster"  # n0, n1, ... below it: a cluster's members (not the one server's store)
 
 
 class PortTaken(RuntimeError):
@@ -134,15 +137,19 @@ def find_leftovers(settings: Settings) -> list[Leftover]:
     by a live supervisor): the recorded pids that are still ours, not whatever reuses them now."""
     found: dict[int, Leftover] = {}
     store = settings.data_dir / NATS_STORE
-    pid_file = store / "nats-server.pid"
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pid_file.read_text().strip())
-        if is_nats_server_of(pid, store):
-            found[pid] = Leftover("nats-server", pid)
+    for each in [store, *sorted((settings.data_dir / NATS_CLUSTER_STORE).glob("n*"))]:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((each / "nats-server.pid").read_text().strip())
+            if is_nats_server_of(pid, each):
+                found[pid] = Leftover("nats-server", pid)
     data = read_stack_file(settings) or {}
     pid = int(data.get("nats_pid") or 0)
     if pid and pid not in found and is_nats_server_of(pid, store):
         found[pid] = Leftover("nats-server", pid)
+    for node in data.get("nats_nodes") or []:
+        pid, where = int(node.get("pid") or 0), settings.data_dir / NATS_CLUSTER_STORE / str(node.get("name", ""))
+        if pid and pid not in found and is_nats_server_of(pid, where):
+            found[pid] = Leftover("nats-server", pid)
     for name, info in (data.get("services") or {}).items():
         pid = int(info.get("pid") or 0)
         if pid and is_service_of(pid, name, settings.data_dir):
@@ -213,6 +220,7 @@ class Stack:
     services: list[str] = field(default_factory=lambda: list(SERVICE_CLASSES))
     max_restarts: int = 5
     nats: EmbeddedNats | None = None
+    cluster: NatsCluster | None = None  # the embedded log as a cluster (``Settings.nats_cluster``), else None
     nats_url: str = ""
     children: dict[str, _Child] = field(default_factory=dict)
     engines: dict[str, Engine] = field(default_factory=dict)
@@ -224,8 +232,10 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     _lock: DataDirLock | None = None
     _log: _LogWatch = field(default_factory=_LogWatch)
-    # One client for every /healthz check: a client per check built an SSL context each second (HealthProbe).
-    _probe: HealthProbe | None = None
+    # One client per nats-server for every /healthz check: a client per check built an SSL context each second
+    # (HealthProbe); keyed by monitoring URL (a restarted nats-server keeps its ports).
+    _probes: dict[str, HealthProbe] = field(default_factory=dict)
+    _members: dict[str, _LogWatch] = field(default_factory=dict)  # a cluster's members' watches, by name
     # Writing stack.json again after a full disk refused it (see ``_write_stack_file``).
     _rewrite: asyncio.Task[None] | None = None
     stack_file_failures: int = 0  # writes of stack.json the disk refused (each retried until one goes through)
@@ -234,13 +244,31 @@ class Stack:
     nats_users: dict[str, NatsCredentials] = field(default_factory=dict)
 
     @property
+    def embedded(self) -> bool:
+        """Whether this stack runs its log (one server or a cluster), rather than joining ``--nats-url``."""
+        return self.nats is not None or self.cluster is not None
+
+    @property
+    def servers(self) -> list[EmbeddedNats]:
+        """The nats-servers this stack runs: none, its one, or its cluster's members."""
+        if self.cluster is not None:
+            return self.cluster.nodes
+        return [self.nats] if self.nats is not None else []
+
+    @property
     def admin_credentials(self) -> NatsCredentials | None:
         """What the supervisor and the commands that run beside it (a run's driver) connect to NATS with."""
-        return self.nats_users.get(NATS_ADMIN) if self.nats is not None else env_credentials()
+        return self.nats_users.get(NATS_ADMIN) if self.embedded else env_credentials()
 
     @property
     def monitor_url(self) -> str | None:
+        # A cluster has one per member: clients then judge the log by their connection (and NoQuorum).
         return self.nats.monitor_url if self.nats is not None else None
+
+    def _watch_of(self, server: EmbeddedNats) -> _LogWatch:
+        if self.cluster is None:
+            return self._log
+        return self._members.setdefault(server.store_dir.name, _LogWatch())
 
     async def start(self) -> None:
         s = self.settings
@@ -364,6 +392,14 @@ class Stack:
         self.nats_users = ensure_nats_users(s.data_dir, [NATS_ADMIN, *SERVICE_CLASSES])
         # Loopback whatever --host says: only this machine's services use the embedded log (remote parts of a
         # deployment join an external NATS with --nats-url).
+        if s.nats_cluster:
+            self.cluster = NatsCluster(s.data_dir / NATS_CLUSTER_STORE, s.nats_cluster, config_file=config)
+            self.cluster.launch()  # from the main thread, as below
+            self.nats_url = await asyncio.to_thread(self.cluster.wait_ready)
+            for server in self.cluster.nodes:
+                self._watch_of(server).started_at = time.monotonic()
+            _write_text(s.nats_url_file, self.nats_url + "\n")
+            return
         self.nats = EmbeddedNats(s.data_dir / NATS_STORE, port=port, config_file=config)
         self.nats.launch()  # from this (the main) thread: its parent-death signal must outlive the call
         self.nats_url = await asyncio.to_thread(self.nats.wait_ready)
@@ -384,11 +420,13 @@ class Stack:
             OPENGYRE_NATS_MONITOR_URL=self.monitor_url or "",
             OPENGYRE_DB_URL=s.db_url or "",
             OPENGYRE_STREAM=s.log.stream,
+            # How long the services wait out a lost leader, and whether one lost is NoQuorum (``LogConfig``).
+            OPENGYRE_LOG_REPLICAS=str(s.log.replicas),
             OPENGYRE_SUBJECT_PREFIX=s.log.prefix,
             OPENGYRE_HOST=s.host,
             OPENGYRE_SUPERVISOR_PID=str(os.getpid()),
         )
-        if self.nats is not None:  # the service's own NATS user; with --nats-url, the user's env passes through
+        if self.embedded:  # the service's own NATS user; with --nats-url, the user's env passes through
             creds = self.nats_users[child.name]
             env.pop(NATS_CREDS_ENV, None)
             env.update({NATS_USER_ENV: creds.user, NATS_PASSWORD_ENV: creds.password})
@@ -469,7 +507,18 @@ class Stack:
             "nats_url": self.nats_url,
             "nats_pid": proc.pid if proc is not None else 0,
             "nats_monitor_url": self.monitor_url,
-            "embedded_nats": self.nats is not None,
+            "embedded_nats": self.embedded,
+            "nats_nodes": [
+                {
+                    "name": n.store_dir.name,
+                    "url": n.url,
+                    "pid": n.proc.pid if n.proc is not None and n.proc.poll() is None else 0,
+                    "ok": self._watch_of(n).health.ok,
+                    "reason": self._watch_of(n).health.reason,
+                    "restarts": self._watch_of(n).restarts,
+                }
+                for n in (self.cluster.nodes if self.cluster is not None else [])
+            ],
             "log": {"ok": self._log.health.ok, "reason": self._log.health.reason, "restarts": self._log.restarts},
             "stores": {name: _safe_url(url) for name, url in s.store_urls(self.services).items()},
             "stream": s.log.stream,
@@ -494,12 +543,16 @@ class Stack:
                 await asyncio.wait_for(stop.wait(), 0.5)
             if stop.is_set():
                 break
-            if self.nats is not None:
-                await self._keep_nats()
-                running = self.nats.proc is not None and self.nats.proc.poll() is None
-                if running and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + self.health_every
-                    await self._check_nats_health()
+            check = time.monotonic() >= next_check
+            if check:
+                next_check = time.monotonic() + self.health_every
+            for server in self.servers:
+                await self._keep_nats(server)
+                running = server.proc is not None and server.proc.poll() is None
+                if running and check:
+                    await self._check_nats_health(server)
+            if self.cluster is not None:
+                self._cluster_health()
             for child in self.children.values():
                 if child.proc is None or child.proc.poll() is None:
                     continue
@@ -557,64 +610,65 @@ class Stack:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _keep_nats(self) -> None:
+    async def _keep_nats(self, server: EmbeddedNats) -> None:
         """A nats-server that exited is started again on the same port and store (services reconnect); one
         that keeps dying soon after starting is retried with a backoff (0.5 s doubling to 30 s)."""
-        assert self.nats is not None
-        proc = self.nats.proc
+        proc = server.proc
         if proc is not None and proc.poll() is None:
             return
-        w, now = self._log, time.monotonic()
+        w, now = self._watch_of(server), time.monotonic()
         if w.exited_at == 0.0:
             w.exited_at = now
             w.quick = w.quick + 1 if now - w.started_at < 10.0 else 0
             w.next_try = now + (min(30.0, 0.5 * 2 ** min(w.quick, 6)) if w.quick else 0.0)
             code = proc.returncode if proc is not None else "an error"
-            log.error("nats-server exited with %s; restarting it on %s", code, self.nats.url)
+            log.error("nats-server %s exited with %s; restarting it on %s", self._name(server), code, server.url)
             w.health = LogHealth(False, f"nats-server exited with {code}; restarting it")
             self._write_stack_file()
         if now < w.next_try:
             return
         w.exited_at = 0.0
-        await self._restart_nats("it exited")
+        await self._restart_nats(server, "it exited")
 
-    async def _restart_nats(self, why: str) -> None:
-        assert self.nats is not None
-        w = self._log
+    def _name(self, server: EmbeddedNats) -> str:
+        return server.store_dir.name if self.cluster is not None else ""
+
+    async def _restart_nats(self, server: EmbeddedNats, why: str) -> None:
+        w = self._watch_of(server)
         w.restarts += 1
         w.failed_checks = 0
         w.waiting_for_space = False
         w.health = LogHealth(False, f"restarting nats-server: {why}")
         self._write_stack_file()
-        await asyncio.to_thread(self.nats.stop)
+        await asyncio.to_thread(server.stop)
         w.started_at = time.monotonic()
-        self.nats.launch()
+        server.launch()
         try:
-            await asyncio.to_thread(self.nats.wait_ready)
+            await asyncio.to_thread(server.wait_ready)
         except RuntimeError as exc:
             log.error("%s", exc)  # it exited again: _keep_nats tries again after a backoff
             return
         self._write_stack_file()
 
-    async def _check_nats_health(self) -> None:
+    async def _check_nats_health(self, server: EmbeddedNats) -> None:
         """Poll /healthz; a store that failed a write stays failed until nats-server restarts, which is done once
         the disk has room again (``log_min_free_mb``)."""
-        assert self.nats is not None
-        w = self._log
-        if self._probe is None:
-            self._probe = HealthProbe(self.nats.monitor_url)  # a restarted nats-server keeps its ports
-        health = await self._probe.check(timeout=2.0)
+        w = self._watch_of(server)
+        probe = self._probes.get(server.monitor_url)
+        if probe is None:
+            probe = self._probes[server.monitor_url] = HealthProbe(server.monitor_url)
+        health = await probe.check(timeout=2.0)
         changed = health != w.health
         w.health = health
         w.failed_checks = 0 if health.ok else w.failed_checks + 1
         if health.ok:
             w.waiting_for_space = False
         elif w.failed_checks >= 3:  # not a blip during start-up
-            free = shutil.disk_usage(self.nats.store_dir).free
+            free = shutil.disk_usage(server.store_dir).free
             need = self.settings.log_min_free_mb * 2**20
             if free >= need:
                 log.error("event log unhealthy (%s); %d MiB free: restarting nats-server", health.reason, free >> 20)
-                await self._restart_nats(health.reason)
+                await self._restart_nats(server, health.reason)
                 return
             if not w.waiting_for_space:
                 w.waiting_for_space = True
@@ -622,10 +676,26 @@ class Stack:
                     "event log unhealthy (%s); waiting for %d MiB free in %s (%d MiB now) to restart nats-server",
                     health.reason,
                     need >> 20,
-                    self.nats.store_dir,
+                    server.store_dir,
                     free >> 20,
                 )
         if changed:
+            self._write_stack_file()
+
+    def _cluster_health(self) -> None:
+        """The log as a whole: it takes appends while a majority of the cluster's members is healthy."""
+        assert self.cluster is not None
+        down = [n.store_dir.name for n in self.cluster.nodes if not self._watch_of(n).health.ok]
+        quorum = self.cluster.size // 2 + 1
+        if self.cluster.size - len(down) < quorum:
+            health = LogHealth(
+                False, f"no quorum: {len(down)} of {self.cluster.size} NATS servers down ({', '.join(down)})"
+            )
+        else:
+            health = LogHealth(True, f"{', '.join(down)} down, the others keep a quorum" if down else "")
+        self._log.restarts = sum(self._watch_of(n).restarts for n in self.cluster.nodes)
+        if health != self._log.health:
+            self._log.health = health
             self._write_stack_file()
 
     async def stop(self) -> None:
@@ -645,9 +715,9 @@ class Stack:
                 await asyncio.to_thread(stop_group, child.proc.pid, 1.0)
                 await asyncio.to_thread(child.proc.wait)
         self._stop_nats()
-        if self._probe is not None:
-            await self._probe.aclose()
-            self._probe = None
+        for probe in self._probes.values():
+            await probe.aclose()
+        self._probes.clear()
         for engine in self.engines.values():
             engine.dispose()
         self.engines.clear()
@@ -661,6 +731,9 @@ class Stack:
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
 
 
 def _write_text(path: Path, text: str) -> None:
