@@ -43,15 +43,15 @@ async def test_the_log_health_watch_keeps_one_client_across_a_nats_server_restar
     stop = asyncio.Event()
     supervisor = asyncio.create_task(stack.supervise(stop))
     try:
-        await await_until(lambda: stack._probe is not None and stack._probe._client is not None, "a first check")
-        assert stack._probe is not None
-        probe, client = stack._probe, stack._probe._client
+        await await_until(lambda: any(p._client is not None for p in stack._probes.values()), "a first check")
+        [probe] = stack._probes.values()
+        client = probe._client
         assert stack.nats is not None and stack.nats.proc is not None
         stack.nats.proc.kill()  # restarted on the same ports; health is "restarting" until a check says ok
         await await_until(lambda: stack._log.restarts == 1 and stack._log.health.ok, "healthy after the restart")
-        assert stack._probe is probe and probe._client is client
+        assert list(stack._probes.values()) == [probe] and probe._client is client
     finally:
         stop.set()
         await supervisor
         await stack.stop()
-    assert stack._probe is None and probe._client is None
+    assert not stack._probes and probe._client is None
