@@ -41,7 +41,7 @@ def _secrets() -> dict[str, str]:
 
 
 def _healthy(port: int, *urls: str) -> bool:
-    probe = [sys.executable, "-m", "opengyre.runtime.healthcheck", str(port), *urls]
+    probe = [sys.executable, "-m", "opengyre.healthcheck", str(port), *urls]
     return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
 
 

@@ -79,7 +79,7 @@ def test_services_wait_for_a_healthy_nats_and_the_healthcheck_answers_on_a_real_
     for name in SERVICE_CLASSES:
         assert compose["services"][name]["depends_on"]["nats"]["condition"] == "service_healthy", name
     check = nats["healthcheck"]["test"]
-    assert check[:4] == ["CMD", "python", "-m", "opengyre.runtime.healthcheck"]
+    assert check[:4] == ["CMD", "python", "-m", "opengyre.healthcheck"]
     url = check[-1]
     m = re.fullmatch(r"http://127\.0\.0\.1:(\d+)(/healthz.*)", url)
     assert m is not None, url
@@ -94,7 +94,7 @@ def test_services_wait_for_a_healthy_nats_and_the_healthcheck_answers_on_a_real_
     del args[i : i + 2]  # spawn_nats asks for any free monitoring port
     proc, ports = spawn_nats(nats_server_binary(), args, tmp_path / "ports")
     try:
-        probe = [sys.executable, "-m", "opengyre.runtime.healthcheck", "0"]
+        probe = [sys.executable, "-m", "opengyre.healthcheck", "0"]
         ok = subprocess.run([*probe, f"http://127.0.0.1:{ports.monitor}{m.group(2)}"], capture_output=True, timeout=60)
         assert ok.returncode == 0, ok.stderr
     finally:
