@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.models import ModelSource
-from opengyre.proxy.engine import EngineConfig, EngineServer
 
 from .conftest import make_stack
 from .test_smollm2_tito import TOOLS

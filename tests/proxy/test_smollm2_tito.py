@@ -12,7 +12,7 @@ import pytest
 from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource
 from opengyre.proxy import ExecutionTrajectory
-from opengyre.proxy._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
+from opengyre.wire import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
 
 TOOLS = [
     {

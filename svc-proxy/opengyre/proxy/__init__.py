@@ -1,4 +1,4 @@
-"""QwenGyre token-in/token-out model gateway with trajectory trees, the engine pool, and the CPU engine.
+"""QwenGyre token-in/token-out model gateway with trajectory trees and the engine pool.
 
 - ``Gateway`` / ``GatewayConfig``: the harness-facing HTTP gateway (OpenAI, Anthropic) with TITO recording.
 - ``EnginePool``: rollout engines, drain with transparent re-issue, bounded queue; ``KVMigrator`` hook.
@@ -6,11 +6,11 @@
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
-- ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
 - ``ChatCodec`` (re-exported from ``opengyre.chat``) / ``ExecutionTrajectory`` / ``replay_conversation``: rendering
   and TITO planning, and a whole reference conversation as the proxy would record it (the trainer's SFT samples
   come from there).
-- ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
+
+The built-in CPU engine is ``opengyre.engine``, the wire formats ``opengyre.wire``, the HTTP server ``opengyre.asgi``.
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
 """
@@ -24,9 +24,7 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from opengyre.chat import ChatCodec
 
-    from ._assembly import Outcome, Turn, assemble
     from ._gateway import Gateway, GatewayConfig
-    from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
     from ._replay import replay_conversation
     from .engines._client import EngineClient, EngineConnection, EngineOptions
@@ -46,9 +44,6 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "Outcome": "_assembly",
-    "Turn": "_assembly",
-    "assemble": "_assembly",
     "ATIF_VERSION": "recording._atif",
     "export_execution": "recording._atif",
     "export_path": "recording._atif",
@@ -58,7 +53,6 @@ _WHERE = {
     "EngineOptions": "engines._client",
     "Gateway": "_gateway",
     "GatewayConfig": "_gateway",
-    "HttpServer": "_http",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
     "EngineHandle": "engines._pool",
@@ -94,18 +88,14 @@ __all__ = [
     "ExecutionTrajectory",
     "Gateway",
     "GatewayConfig",
-    "HttpServer",
     "KVMigrator",
     "KeyClaim",
     "NoCapacity",
-    "Outcome",
     "RePrefill",
     "SealedFinishes",
     "StoredCall",
     "TitoNode",
     "TrajectoryProjection",
-    "Turn",
-    "assemble",
     "export_execution",
     "export_path",
     "list_executions",

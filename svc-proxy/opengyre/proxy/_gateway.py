@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from opengyre.asgi import HttpServer, Json, Refusal, RequestHead
 from opengyre.chat import ChatCodec
 from opengyre.config import HttpLimits
 from opengyre.eventlog import EventLog
@@ -41,21 +42,14 @@ from opengyre.events import (
 )
 from opengyre.models import load_tokenizer
 from opengyre.trajectory import PayloadUnavailable
+from opengyre.wire import DONE, ApiError, GenRequest, Outcome, Turn, assemble, sse, structured_sampling
+from opengyre.wire import anthropic as anthropic_api
+from opengyre.wire import openai as openai_api
 
-from ._assembly import Outcome, Turn, assemble
-from ._http import HttpServer
-from ._http_guard import Refusal, RequestHead
-from ._json import Json
 from ._keys import ROLES, ExecutionKeys, KeyClaim
 from ._metrics import counter, gauge, render_metrics
 from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
-from .dialects import _anthropic as anthropic_api
-from .dialects import _openai as openai_api
 from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
-from .dialects._errors import ApiError
-from .dialects._request import GenRequest
-from .dialects._sse import DONE, sse
-from .dialects._structured import structured_sampling
 from .engines._client import EngineOptions
 from .engines._dispatch import Dispatch
 from .engines._pool import EnginePool, NoCapacity

@@ -14,9 +14,9 @@ from typing import Any
 
 from opengyre.chat import ChatCodec
 from opengyre.events import TrajectoryRole
+from opengyre.wire import ApiError
+from opengyre.wire.openai import parse_chat
 
-from .dialects._errors import ApiError
-from .dialects._openai import parse_chat
 from .engines._tito import ExecutionTrajectory, TitoNode
 
 __all__ = ["replay_conversation"]

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.wire import ApiError, GenRequest, Outcome, Turn
+from opengyre.wire import anthropic as anthropic_api
+from opengyre.wire import openai as openai_api
 
-from .._assembly import Outcome, Turn
 from ..engines._tito import ExecutionTrajectory
-from . import _anthropic as anthropic_api
-from . import _openai as openai_api
 from . import _responses as responses_api
-from ._errors import ApiError
-from ._request import GenRequest
 
 __all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "RESPONSES", "Dialect", "StreamFn"]
 

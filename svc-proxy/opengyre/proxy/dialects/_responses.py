@@ -16,16 +16,26 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.wire import (
+    OPENAI_NAME,
+    ApiError,
+    GenRequest,
+    Outcome,
+    StreamAssembler,
+    TextPiece,
+    ToolChoice,
+    ToolPiece,
+    Turn,
+    check_number,
+    check_schema,
+    check_tool_name,
+    response_format_schema,
+    sse,
+)
+from opengyre.wire.openai import chat_logprobs_content, error_body
 
-from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from .._temperature import DEFAULT_TEMPERATURE
 from ..engines._tito import ExecutionTrajectory
-from ._errors import ApiError
-from ._openai import chat_logprobs_content, error_body
-from ._request import GenRequest, check_number
-from ._sse import sse
-from ._structured import ToolChoice, response_format_schema
-from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from opengyre.events import ModelCallRecorded
 from opengyre.trajectory import TrajectoryTree
+from opengyre.wire import arguments_object
 
-from .._assembly import arguments_object
 from ..engines._tito import canon_message
 from ._trees import StoredCall
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from opengyre.proxy.engine import EngineConfig, EngineServer
+from opengyre.engine import EngineConfig, EngineServer
 
 PROMPT = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 115, 115, 10]
 LEAD = 0xC3  # the first byte of a two-byte character (é is C3 A9): never a character alone

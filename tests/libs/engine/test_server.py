@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from opengyre.config import HttpLimits
+from opengyre.engine import EngineConfig, EngineProcess, EngineServer, SamplingParams
 from opengyre.models import build_model, load_checkpoint, model_config, save_checkpoint, token_logprobs
-from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer, SamplingParams
 from opengyre.runtime import cmdline
 
 from ..._polling import await_until
@@ -262,7 +262,7 @@ async def test_a_cancelled_start_leaves_no_child_process() -> None:
 
 _ENGINE_OWNER = """
 import asyncio, sys
-from opengyre.proxy.engine import EngineConfig, EngineProcess
+from opengyre.engine import EngineConfig, EngineProcess
 
 async def main() -> None:
     proc = await EngineProcess(EngineConfig(port=0, threads=1)).start()

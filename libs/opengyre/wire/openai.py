@@ -9,7 +9,7 @@ from typing import Any
 
 from opengyre.chat import ChatCodec
 
-from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
+from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
 from ._sse import DONE, sse

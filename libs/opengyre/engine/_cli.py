@@ -1,4 +1,4 @@
-"""``opengyre engine`` / ``python -m opengyre.proxy.engine``: serve the CPU engine."""
+"""``opengyre engine`` / ``python -m opengyre.engine``: serve the CPU engine."""
 
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from opengyre.asgi import HttpServer
 from opengyre.config import HttpLimits
-from opengyre.proxy._http import HttpServer
 
-from .._polling import await_until
+from ..._polling import await_until
 
 KIB, MIB = 1024, 1024 * 1024
 

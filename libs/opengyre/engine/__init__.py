@@ -1,7 +1,9 @@
-"""The built-in CPU rollout engine: the shared policy model behind SGLang's native API and OpenAI routes.
+"""Shared domain: the built-in CPU rollout engine, the policy model behind SGLang's native API and OpenAI routes.
 
 Start one in this process with ``EngineServer`` or as a child process with ``EngineProcess``; see
-``docs/proxy.md``. Names load on first use (torch is heavy; the CLI imports this package on every command).
+``docs/proxy.md``; ``engine_command`` is ``opengyre engine`` (the proxy registers it). It speaks the wire
+formats of ``opengyre.wire`` and serves through ``opengyre.asgi``: no service is imported. Names load on first
+use (torch is heavy; the CLI imports this package on every command).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._cli import engine_command
     from ._engine import CpuEngine, EngineConfig, Generation
     from ._kv_transfer import KV_FORMAT, KV_MEDIA_TYPE, KVExport
     from ._launch import EngineProcess, EngineServer, serve_forever
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from ._scheduler import RequestRecord
 
 _WHERE = {
+    "engine_command": "_cli",
     "CpuEngine": "_engine",
     "EngineConfig": "_engine",
     "Generation": "_engine",
@@ -50,6 +54,7 @@ __all__ = [
     "RequestRecord",
     "SamplingError",
     "SamplingParams",
+    "engine_command",
     "serve_forever",
 ]
 

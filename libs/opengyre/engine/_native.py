@@ -14,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .._json import Json
-from ..dialects._sse import DONE, sse
+from opengyre.asgi import Json
+from opengyre.wire import DONE, sse
+
 from ._common import gate_error, json_body, native_error
 from ._engine import CpuEngine, Generation
 from ._sampling import SamplingError, SamplingParams

@@ -1,4 +1,4 @@
-"""The one JSON response class every HTTP face of the proxy uses (gateway and CPU engine)."""
+"""The one JSON response class every HTTP face uses (the proxy's gateway and the CPU engine)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from .._json import Json
+from opengyre.asgi import Json
+
 from ._common import json_body, native_error
 from ._engine import CpuEngine
 from ._kv_transfer import KV_MEDIA_TYPE, KVExport, KVTransferError, export_kv, import_kv

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import torch
 
-from opengyre.proxy.engine import KV_FORMAT, KV_MEDIA_TYPE, EngineConfig, EngineServer, KVExport
+from opengyre.engine import KV_FORMAT, KV_MEDIA_TYPE, EngineConfig, EngineServer, KVExport
 
 from ..._polling import await_until
 

@@ -8,7 +8,7 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from .._json import Json
+from opengyre.asgi import Json
 
 __all__ = ["BadBody", "bad_body", "gate_error", "json_body", "native_error"]
 

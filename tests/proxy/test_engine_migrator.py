@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from opengyre.engine import EngineConfig, EngineKVMigrator, EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy.engine import EngineConfig, EngineKVMigrator, EngineServer
 
-from ..conftest import make_stack
+from .conftest import make_stack
 
 LONG = 600
 

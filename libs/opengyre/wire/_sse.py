@@ -1,4 +1,4 @@
-"""Server-sent-event framing, the one place every streamed face of the proxy writes it (the dialects, the merge of
+"""Server-sent-event framing, the one place every streamed face writes it (the dialects, the merge of
 ``n`` streams, the CPU engine): ``data: <json>`` and an optional ``event:`` line, a blank line after."""
 
 from __future__ import annotations

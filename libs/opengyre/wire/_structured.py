@@ -15,7 +15,7 @@ from typing import Any
 from ._errors import ApiError
 from ._tooldefs import check_schema
 
-__all__ = ["ToolChoice", "forced_calls_schema", "parse_forced_calls", "response_format_schema"]
+__all__ = ["ToolChoice", "forced_calls_schema", "parse_forced_calls", "response_format_schema", "structured_sampling"]
 
 _MAX_PARALLEL = 4  # calls in one forced turn when parallel calls are allowed (a bound keeps decoding finite)
 

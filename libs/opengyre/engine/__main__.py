@@ -1,4 +1,4 @@
-"""``python -m opengyre.proxy.engine``: the CPU engine without the rest of the CLI."""
+"""``python -m opengyre.engine``: the CPU engine without the rest of the CLI."""
 
 import typer
 

@@ -15,10 +15,10 @@ from types import TracebackType
 
 import httpx
 
+from opengyre.asgi import HttpServer
 from opengyre.config import HttpLimits
 from opengyre.runtime import ExitedBeforeReady, spawn, wait_ready
 
-from .._http import HttpServer
 from ._engine import CpuEngine, EngineConfig
 from ._server import build_app
 
@@ -76,7 +76,7 @@ def _cli_args(config: EngineConfig, port_file: Path) -> list[str]:
     args = [
         sys.executable,
         "-m",
-        "opengyre.proxy.engine",
+        "opengyre.engine",
         "--preset",
         config.preset,
         "--host",

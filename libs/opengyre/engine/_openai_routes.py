@@ -14,14 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .._assembly import Outcome, assemble
-from .._json import Json
-from ..dialects import _anthropic as anthropic_api
-from ..dialects import _openai as openai_api
-from ..dialects._errors import ApiError
-from ..dialects._request import GenRequest
-from ..dialects._structured import structured_sampling
-from ..engines._client import top_alternatives
+from opengyre.asgi import Json
+from opengyre.wire import ApiError, GenRequest, Outcome, assemble, structured_sampling, top_alternatives
+from opengyre.wire import anthropic as anthropic_api
+from opengyre.wire import openai as openai_api
+
 from ._common import json_body
 from ._engine import CpuEngine
 from ._sampling import SamplingError, SamplingParams

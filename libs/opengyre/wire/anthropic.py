@@ -9,7 +9,7 @@ from typing import Any
 
 from opengyre.chat import ChatCodec
 
-from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
+from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._errors import ApiError
 from ._request import GenRequest, check_number
 from ._sse import sse

@@ -5,7 +5,8 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .._json import Json
+from opengyre.asgi import Json
+
 from ._admin import admin_routes
 from ._common import BadBody, bad_body
 from ._engine import CpuEngine

@@ -14,7 +14,7 @@ from typing import Any
 
 from opengyre.chat import ChatCodec, IncrementalDecoder, parse_tool_call
 
-from .dialects._structured import parse_forced_calls
+from ._structured import parse_forced_calls
 
 __all__ = [
     "Outcome",

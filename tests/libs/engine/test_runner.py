@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from opengyre.engine._prefix_cache import PrefixCache
+from opengyre.engine._runner import ModelRunner
 from opengyre.models import build_model, model_config, token_logprobs
-from opengyre.proxy.engine._prefix_cache import PrefixCache
-from opengyre.proxy.engine._runner import ModelRunner
 
 
 def _ids(n: int, seed: int = 0) -> list[int]:

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from opengyre.chat import ChatCodec
+from opengyre.engine._runner import ModelRunner
 from opengyre.models import ModelSource, export_hf, load_checkpoint
-from opengyre.proxy.engine._runner import ModelRunner
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opengyre.proxy.engine import SamplingError, SamplingParams
-from opengyre.proxy.engine._sampling import sample_next
+from opengyre.engine import SamplingError, SamplingParams
+from opengyre.engine._sampling import sample_next
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 
 from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
+from opengyre.wire import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_split_multibyte_characters_come_out_whole(codec: ChatCodec) -> None:
 
 
 def test_the_fast_codec_paths_equal_the_tokenizers_public_api(codec: ChatCodec) -> None:
-    from ._policy import TOOLS, conversation
+    from ...proxy._policy import TOOLS, conversation
 
     tok = codec.tokenizer
     convs = [conversation(0), conversation(2), [{"role": "user", "content": "héllo <|im_end|> ✓"}]]
