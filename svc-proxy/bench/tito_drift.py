@@ -40,7 +40,7 @@ import torch
 
 from opengyre.chat import ChatCodec
 from opengyre.engine import CpuEngine, EngineConfig, SamplingParams
-from opengyre.proxy import ExecutionTrajectory
+from opengyre.tito import ExecutionTrajectory
 from opengyre.wire import Outcome, assemble
 
 TOOLS: list[dict[str, Any]] = [

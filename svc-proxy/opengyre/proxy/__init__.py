@@ -6,11 +6,10 @@
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
-- ``ChatCodec`` (re-exported from ``opengyre.chat``) / ``ExecutionTrajectory`` / ``replay_conversation``: rendering
-  and TITO planning, and a whole reference conversation as the proxy would record it (the trainer's SFT samples
-  come from there).
+- ``ChatCodec``: re-exported from ``opengyre.chat``.
 
-The built-in CPU engine is ``opengyre.engine``, the wire formats ``opengyre.wire``, the HTTP server ``opengyre.asgi``.
+The built-in CPU engine is ``opengyre.engine``, the wire formats ``opengyre.wire``, TITO planning and
+``replay_conversation`` ``opengyre.tito``, the HTTP server ``opengyre.asgi``.
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
 """
@@ -26,10 +25,8 @@ if TYPE_CHECKING:
 
     from ._gateway import Gateway, GatewayConfig
     from ._keys import ExecutionKeys, KeyClaim
-    from ._replay import replay_conversation
     from .engines._client import EngineClient, EngineConnection, EngineOptions
     from .engines._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
-    from .engines._tito import ExecutionTrajectory, TitoNode
     from .recording._atif import ATIF_VERSION, export_execution, export_path
     from .recording._store import SealedFinishes, TrajectoryProjection
     from .recording._trees import (
@@ -60,11 +57,8 @@ _WHERE = {
     "KVMigrator": "engines._pool",
     "NoCapacity": "engines._pool",
     "RePrefill": "engines._pool",
-    "replay_conversation": "_replay",
     "SealedFinishes": "recording._store",
     "TrajectoryProjection": "recording._store",
-    "ExecutionTrajectory": "engines._tito",
-    "TitoNode": "engines._tito",
     "ExecutionSummary": "recording._trees",
     "StoredCall": "recording._trees",
     "list_executions": "recording._trees",
@@ -85,7 +79,6 @@ __all__ = [
     "EnginePool",
     "ExecutionKeys",
     "ExecutionSummary",
-    "ExecutionTrajectory",
     "Gateway",
     "GatewayConfig",
     "KVMigrator",
@@ -94,7 +87,6 @@ __all__ = [
     "RePrefill",
     "SealedFinishes",
     "StoredCall",
-    "TitoNode",
     "TrajectoryProjection",
     "export_execution",
     "export_path",
@@ -103,7 +95,6 @@ __all__ = [
     "load_execution",
     "load_tree",
     "path_mask",
-    "replay_conversation",
     "resolve_stored",
 ]
 

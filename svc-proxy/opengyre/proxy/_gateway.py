@@ -41,6 +41,7 @@ from opengyre.events import (
     subject_token,
 )
 from opengyre.models import load_tokenizer
+from opengyre.tito import ExecutionTrajectory, Plan
 from opengyre.trajectory import PayloadUnavailable
 from opengyre.wire import DONE, ApiError, GenRequest, Outcome, Turn, assemble, sse, structured_sampling
 from opengyre.wire import anthropic as anthropic_api
@@ -53,7 +54,6 @@ from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
 from .engines._client import EngineOptions
 from .engines._dispatch import Dispatch
 from .engines._pool import EnginePool, NoCapacity
-from .engines._tito import ExecutionTrajectory, Plan
 from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
 
 if TYPE_CHECKING:

@@ -123,10 +123,11 @@ class ProxyService(Service):
         )
 
     async def start(self, ctx: ServiceContext) -> None:
+        from opengyre.tito import ExecutionTrajectory
+
         from ._gateway import Gateway
         from ._grpc import resolve_contexts
         from .engines._cells import CellWatcher
-        from .engines._tito import ExecutionTrajectory
         from .recording._restore import restore_trajectory
         from .recording._trees import load_execution
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.tito import ExecutionTrajectory
 from opengyre.wire import ApiError, GenRequest, Outcome, Turn
 from opengyre.wire import anthropic as anthropic_api
 from opengyre.wire import openai as openai_api
 
-from ..engines._tito import ExecutionTrajectory
 from . import _responses as responses_api
 
 __all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "RESPONSES", "Dialect", "StreamFn"]

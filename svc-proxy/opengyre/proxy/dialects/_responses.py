@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.tito import ExecutionTrajectory
 from opengyre.wire import (
     OPENAI_NAME,
     ApiError,
@@ -35,7 +36,6 @@ from opengyre.wire import (
 from opengyre.wire.openai import chat_logprobs_content, error_body
 
 from .._temperature import DEFAULT_TEMPERATURE
-from ..engines._tito import ExecutionTrajectory
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource
-from opengyre.proxy import ExecutionTrajectory
+from opengyre.tito import ExecutionTrajectory
 from opengyre.wire import Outcome, StreamAssembler, TextPiece, ToolPiece, assemble
 
 TOOLS = [

@@ -17,7 +17,7 @@ from opengyre.events import TrajectoryRole
 from opengyre.wire import ApiError
 from opengyre.wire.openai import parse_chat
 
-from .engines._tito import ExecutionTrajectory, TitoNode
+from ._trajectory import ExecutionTrajectory, TitoNode
 
 __all__ = ["replay_conversation"]
 

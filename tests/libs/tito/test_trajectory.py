@@ -8,7 +8,7 @@ import pytest
 
 from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import ExecutionTrajectory
+from opengyre.tito import ExecutionTrajectory
 from opengyre.trajectory import Node, TrajectoryTree
 
 

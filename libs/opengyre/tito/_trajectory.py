@@ -22,7 +22,7 @@ import numpy as np
 from opengyre.chat import ChatCodec
 from opengyre.events import DriftReport, TrajectoryRole
 
-__all__ = ["ExecutionTrajectory", "Plan", "TitoNode", "canon_message"]
+__all__ = ["ExecutionTrajectory", "Plan", "TitoNode", "canon_message", "tools_key"]
 
 Message = dict[str, Any]
 
@@ -48,7 +48,7 @@ def canon_message(m: Message) -> str:
     )
 
 
-def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
     return json.dumps(list(tools or []), sort_keys=True, separators=(",", ":"))
 
 
@@ -159,7 +159,7 @@ class ExecutionTrajectory:
     # --- planning ---------------------------------------------------------------------------------------
 
     def plan(self, messages: list[Message], tools: Sequence[dict[str, Any]] | None) -> Plan:
-        tk = _tools_key(tools)
+        tk = tools_key(tools)
         hashes = _chain(tk, messages)
         same = self._by_req.get(hashes[-1])
         if same is not None:  # a retry reuses that request's tokens: nothing to render
