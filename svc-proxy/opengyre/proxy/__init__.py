@@ -23,10 +23,10 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from opengyre.chat import ChatCodec
 
-    from ._gateway import Gateway, GatewayConfig
     from ._keys import ExecutionKeys, KeyClaim
     from .engines._client import EngineClient, EngineConnection, EngineOptions
     from .engines._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
+    from .gateway import Gateway, GatewayConfig
     from .recording._atif import ATIF_VERSION, export_execution, export_path
     from .recording._store import SealedFinishes, TrajectoryProjection
     from .recording._trees import (
@@ -48,8 +48,8 @@ _WHERE = {
     "EngineClient": "engines._client",
     "EngineConnection": "engines._client",
     "EngineOptions": "engines._client",
-    "Gateway": "_gateway",
-    "GatewayConfig": "_gateway",
+    "Gateway": "gateway",
+    "GatewayConfig": "gateway",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
     "EngineHandle": "engines._pool",

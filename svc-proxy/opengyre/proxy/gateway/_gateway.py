@@ -12,9 +12,8 @@ import asyncio
 import collections
 import fnmatch
 import logging
-import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +21,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from opengyre.asgi import HttpServer, Json, Refusal, RequestHead
 from opengyre.chat import ChatCodec
@@ -38,34 +34,33 @@ from opengyre.events import (
     ToolCallPayload,
     TrajectoryRole,
     WeightSpan,
-    subject_token,
 )
 from opengyre.models import load_tokenizer
 from opengyre.tito import ExecutionTrajectory, Plan
 from opengyre.trajectory import PayloadUnavailable
-from opengyre.wire import DONE, ApiError, GenRequest, Outcome, Turn, assemble, sse, structured_sampling
+from opengyre.wire import ApiError, GenRequest, Turn, assemble, structured_sampling
 from opengyre.wire import anthropic as anthropic_api
-from opengyre.wire import openai as openai_api
 
-from ._keys import ROLES, ExecutionKeys, KeyClaim
-from ._metrics import counter, gauge, render_metrics
-from ._temperature import DEFAULT_TEMPERATURE, logprob_temperature
-from .dialects._dialects import ANTHROPIC, CHAT, COMPLETIONS, RESPONSES, Dialect
-from .engines._client import EngineOptions
-from .engines._dispatch import Dispatch
-from .engines._pool import EnginePool, NoCapacity
-from .recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
+from .._keys import ExecutionKeys
+from .._metrics import counter, gauge, render_metrics
+from .._temperature import DEFAULT_TEMPERATURE, logprob_temperature
+from ..dialects._dialects import ANTHROPIC, CHAT, Dialect
+from ..engines._client import EngineOptions
+from ..engines._dispatch import Dispatch
+from ..engines._pool import EnginePool, NoCapacity
+from ..recording._recorder import ExecutionSealed, Recorder, RecorderFull, RecordFailed
+from ._auth import authorize, infer_role
+from ._routes import build_app, head_speaks_anthropic, model_body, models_body, speaks_anthropic
+from ._streams import CallStream, guard, merge_choices, outcome_of, record_error, stream_errors
 
 if TYPE_CHECKING:
-    from .recording._store import SealedFinishes
+    from ..recording._store import SealedFinishes
 
 __all__ = ["Gateway", "GatewayConfig", "ServedContext"]
 
 log = logging.getLogger(__name__)
 
 _dec = msgspec.json.Decoder()
-
-ROLE_HEADER = "x-opengyre-role"
 
 
 @dataclass(frozen=True)
@@ -105,7 +100,7 @@ class GatewayConfig:
     outbox_retry_after_s: float = 5.0
     stop_drain_timeout_s: float = 30.0  # how long stop() waits for the log to take the outbox
     port_fallback: bool = False  # if ``port`` is taken, serve on a free one (the embedded stack's behaviour)
-    infer_roles: bool = True  # without a role claim, tell sub-agent conversations apart (see _infer_role)
+    infer_roles: bool = True  # without a role claim, tell sub-agent conversations apart (see _auth.infer_role)
 
 
 @dataclass
@@ -209,7 +204,7 @@ class Gateway:
         request's head was read; before that, Anthropic's (which OpenAI's SDKs read as well: ``error.message``)."""
         err = ApiError(refusal.status, refusal.kind, refusal.message)
         self.stats.rejected[f"{err.status}"] += 1
-        dialect = CHAT if head is not None and not _head_speaks_anthropic(head) else ANTHROPIC
+        dialect = CHAT if head is not None and not head_speaks_anthropic(head) else ANTHROPIC
         return msgspec.json.encode(dialect.error_body(err))
 
     async def stop(self) -> None:
@@ -317,75 +312,6 @@ class Gateway:
 
     def _known_model(self, model: str) -> bool:
         return model in self.config.models or any(fnmatch.fnmatchcase(model, p) for p in self.config.model_patterns)
-
-    @staticmethod
-    def _presented_key(request: Request) -> str | None:
-        auth = request.headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            return auth[7:].strip()
-        return request.headers.get("x-api-key")
-
-    def _authorize(self, request: Request) -> tuple[str, TrajectoryRole, bool]:
-        """The execution, the caller's role, and whether the role was claimed (a header, or a non-main key)."""
-        path_eid = request.path_params.get("execution_id")
-        if path_eid is not None:
-            try:
-                subject_token(path_eid)
-            except ValueError:
-                raise ApiError(404, "not_found", f"no execution {path_eid!r}") from None
-        key = self._presented_key(request)
-        claim: KeyClaim | None = None
-        if key is None:
-            if self.config.require_key:
-                raise ApiError(401, "authentication", "missing API key: send Authorization: Bearer <key> or x-api-key")
-        else:
-            claim = self.keys.verify(key)
-            if claim is None and self.config.require_key:
-                raise ApiError(401, "authentication", "invalid API key")
-        if claim is not None and path_eid is not None and claim.execution_id != path_eid:
-            raise ApiError(403, "permission", "this API key belongs to another execution")
-        eid = path_eid or (claim.execution_id if claim else None)
-        if eid is None:
-            raise ApiError(404, "not_found", "no execution: use /x/{execution_id}/v1 or an execution key")
-        role: TrajectoryRole = claim.role if claim else "main"
-        header = request.headers.get(ROLE_HEADER)
-        if header:
-            if header not in ROLES:
-                raise ApiError.invalid(f"{ROLE_HEADER} must be one of {', '.join(ROLES)}")
-            role = header  # type: ignore[assignment]
-        return eid, role, bool(header) or role != "main"
-
-    @staticmethod
-    def _infer_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
-        """The role of a call whose caller did not say, from what the conversation is, not from which came first.
-
-        A continuation takes its parent's conversation's role. A new conversation is the main agent's when it
-        is under the main system prompt, else a sub-agent's (Claude Code runs its sub-agents with the same key; a
-        compaction keeps the main system prompt). The main system prompt is that of the execution's first main
-        conversation that has tools, else its first main one. Before any main exists, a tool-less one-shot
-        helper call (a title generator: OpenCode sends it before the agent's first call) is not taken for the
-        main agent; and a conversation with tools that arrives when every main so far had none is the main
-        agent (the earlier one was a helper that was not recognised).
-        """
-        if plan.parent_call_id is not None:
-            parent = traj.nodes.get(plan.parent_call_id)
-            if parent is not None and parent.role in ("sub-agent", "sub-agent-summary"):
-                return "sub-agent"
-            return "main"
-        if not plan.messages:
-            return "main"
-        system = _system_of(plan.messages)
-        has_tools = plan.tools_key != "[]"
-        mains = [n for n in traj.nodes.values() if n.parent_node is None and n.role == "main"]
-        if not mains:
-            if not has_tools and system is not None and _HELPER_PROMPT.search(system):
-                return "sub-agent"
-            return "main"
-        tooled = [n for n in mains if n.tools_key != "[]"]
-        if has_tools and not tooled:
-            return "main"
-        ref = (tooled or mains)[0]
-        return "main" if system == _system_of(ref.conv_after) else "sub-agent"
 
     async def _body(self, request: Request) -> Any:
         # Its size is bounded by the HTTP server (HttpLimits.max_body_bytes: 413 before the app sees it).
@@ -547,13 +473,17 @@ class Gateway:
         await asyncio.shield(written)  # shielded: a caller that leaves does not cancel what the others share
 
     async def _call(self, request: Request, dialect: Dialect) -> Response:
+        """One call, ``n`` samples of it included: checked, planned, dispatched ``n`` times, answered and recorded.
+
+        Each of ``n`` samples is a call of its own, planned alike: recorded as its own branch (siblings under the
+        same parent, sharing the prompt's prefix) and answered as choice ``i``."""
         eid: str | None = None
         try:
-            eid, role, claimed = self._authorize(request)
+            eid, role, claimed = authorize(request, self.keys, require_key=self.config.require_key)
             try:
                 self.recorder.check_open(eid)
             except ExecutionSealed as exc:
-                raise _record_error(exc) from exc
+                raise record_error(exc) from exc
             body = await self._body(request)
             req = dialect.parse(body)
             beta = request.headers.get("anthropic-beta")
@@ -579,99 +509,13 @@ class Gateway:
                 dialect.resolve(req, traj)
             plan = self._plan(traj, req)
             if not claimed and self.config.infer_roles:
-                role = self._infer_role(traj, plan)
+                role = infer_role(traj, plan)
             room = self._check_context(plan, req, dialect)
-            if req.n > 1:
-                if not dialect.multi:
-                    raise ApiError.invalid("'n' is not supported by this API", param="n")
-                return await self._samples(dialect, eid, role, req, traj, plan, room)
-            call_id = uuid.uuid4().hex
-            dispatch = Dispatch(
-                self.pool,
-                plan.prompt_ids,
-                self._sampling(req, room),
-                rid=call_id,
-                affinity=eid,
-                stream=req.stream or self.config.engine_streaming,
-                max_attempts=self.config.max_attempts,
-                top_logprobs=req.top_logprobs if req.logprobs else 0,
-            )
-            try:
-                await dispatch.start()
-            except NoCapacity as exc:
-                raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
+            if req.n > 1 and not dialect.multi:
+                raise ApiError.invalid("'n' is not supported by this API", param="n")
+            dispatches = await self._dispatch(eid, req, plan, room)
         except ApiError as err:
             return self._error(err, dialect, eid)
-
-        async def on_turn(turn: Turn) -> None:
-            await self._record(eid, traj, call_id, role, req, plan, dispatch, turn)
-
-        prompt = plan.prompt_ids
-        if req.stream:
-            source = _guard(dispatch.deltas(), dispatch.outcome)
-            stream = dialect.stream(req, self.codec, source, lambda: dispatch.outcome, prompt, call_id, on_turn)
-            return _CallStream(
-                _stream_errors(stream, dispatch.outcome, dialect, lambda status: self._count_failure(eid, status)),
-                dispatch,
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        try:
-            async for _ in dispatch.deltas():
-                pass
-        except ApiError as err:
-            return self._error(err, dialect, eid)
-        out = dispatch.outcome
-        if out.kind == "abort":
-            msg = str((out.finish or {}).get("message", "the generation was aborted"))
-            return self._error(ApiError(dialect.overloaded_status, "overloaded", msg), dialect, eid)
-        turn = assemble(
-            self.codec,
-            out,
-            dialect.tool_prefix,
-            parse_tools=dialect.parse_tools,
-            forced_calls=req.tool_choice.forced,
-        )
-        try:
-            await on_turn(turn)
-        except RecordFailed as exc:
-            return self._error(_record_error(exc), dialect, eid)
-        return Json(dialect.respond(req, self.codec, out, turn, prompt, call_id))
-
-    async def _samples(
-        self,
-        dialect: Dialect,
-        eid: str,
-        role: TrajectoryRole,
-        req: GenRequest,
-        traj: ExecutionTrajectory,
-        plan: Plan,
-        room: int,
-    ) -> Response:
-        """``n`` independent samples of one prompt: ``n`` calls planned alike, so each is recorded as its own
-        branch (siblings under the same parent, sharing the prompt's prefix), answered as ``n`` choices."""
-        dispatches: list[Dispatch] = []
-        for i in range(req.n):
-            sp = self._sampling(req, room)
-            if "sampling_seed" in sp:  # one seed, n different samples (vLLM seeds sample i with seed + i)
-                sp["sampling_seed"] += i
-            d = Dispatch(
-                self.pool,
-                plan.prompt_ids,
-                sp,
-                rid=uuid.uuid4().hex,
-                affinity=eid,
-                stream=req.stream or self.config.engine_streaming,
-                max_attempts=self.config.max_attempts,
-                top_logprobs=req.top_logprobs if req.logprobs else 0,
-            )
-            try:
-                await d.start()
-            except NoCapacity as exc:
-                for started in dispatches:
-                    await started.release_if_unstarted()
-                raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
-            dispatches.append(d)
 
         def on_turn(d: Dispatch) -> Callable[[Turn], Awaitable[None]]:
             async def record(turn: Turn) -> None:
@@ -682,9 +526,9 @@ class Gateway:
         prompt = plan.prompt_ids
         if req.stream:
             streams = [
-                _stream_errors(
+                stream_errors(
                     dialect.stream(
-                        req, self.codec, _guard(d.deltas(), d.outcome), _outcome_of(d), prompt, d.rid, on_turn(d)
+                        req, self.codec, guard(d.deltas(), d.outcome), outcome_of(d), prompt, d.rid, on_turn(d)
                     ),
                     d.outcome,
                     dialect,
@@ -692,8 +536,8 @@ class Gateway:
                 )
                 for d in dispatches
             ]
-            return _CallStream(
-                _merge_choices(streams, req.include_usage),
+            return CallStream(
+                streams[0] if len(streams) == 1 else merge_choices(streams, req.include_usage),
                 *dispatches,
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
@@ -723,8 +567,10 @@ class Gateway:
             try:
                 await on_turn(d)(turn)
             except RecordFailed as exc:
-                return self._error(_record_error(exc), dialect, eid)
+                return self._error(record_error(exc), dialect, eid)
             bodies.append(dialect.respond(req, self.codec, d.outcome, turn, prompt, d.rid))
+        if len(bodies) == 1:
+            return Json(bodies[0])
         merged = bodies[0]
         merged["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
         out_tokens = sum(b["usage"]["completion_tokens"] for b in bodies)
@@ -732,237 +578,82 @@ class Gateway:
         merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"] + out_tokens
         return Json(merged)
 
+    async def _dispatch(self, eid: str, req: GenRequest, plan: Plan, room: int) -> list[Dispatch]:
+        """The call's ``n`` generations, started (engine slots taken); 429 without capacity for all of them."""
+        dispatches: list[Dispatch] = []
+        for i in range(req.n):
+            sp = self._sampling(req, room)
+            if "sampling_seed" in sp:  # one seed, n different samples (vLLM seeds sample i with seed + i)
+                sp["sampling_seed"] += i
+            d = Dispatch(
+                self.pool,
+                plan.prompt_ids,
+                sp,
+                rid=uuid.uuid4().hex,
+                affinity=eid,
+                stream=req.stream or self.config.engine_streaming,
+                max_attempts=self.config.max_attempts,
+                top_logprobs=req.top_logprobs if req.logprobs else 0,
+            )
+            try:
+                await d.start()
+            except NoCapacity as exc:
+                for started in dispatches:
+                    await started.release_if_unstarted()
+                raise ApiError(429, "rate_limit", f"no rollout capacity: {exc}", retry_after=exc.retry_after) from exc
+            dispatches.append(d)
+        return dispatches
+
     # --- routes -------------------------------------------------------------------------------------------
 
-    def _build_app(self) -> Starlette:
-        def call_route(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
-            async def route(request: Request) -> Response:
-                return await self._call(request, dialect)
+    def _authorize(self, request: Request) -> tuple[str, TrajectoryRole, bool]:
+        return authorize(request, self.keys, require_key=self.config.require_key)
 
-            return route
+    async def _count_tokens(self, request: Request) -> Response:
+        try:
+            eid, _, _ = self._authorize(request)
+            req = anthropic_api.count_tokens_request(await self._body(request))
+            if not self._known_model(req.model):
+                raise ApiError(404, "not_found", f"model: {req.model}")
+            plan = (await self.trajectory(eid)).plan(req.messages or [], req.tools)
+        except ApiError as err:
+            return self._error(err, ANTHROPIC)
+        return Json({"input_tokens": len(plan.prompt_ids)})
 
-        chat, completions, messages = call_route(CHAT), call_route(COMPLETIONS), call_route(ANTHROPIC)
-        responses = call_route(RESPONSES)
-
-        async def count_tokens(request: Request) -> Response:
-            try:
-                eid, _, _ = self._authorize(request)
-                req = anthropic_api.count_tokens_request(await self._body(request))
-                if not self._known_model(req.model):
-                    raise ApiError(404, "not_found", f"model: {req.model}")
-                plan = (await self.trajectory(eid)).plan(req.messages or [], req.tools)
-            except ApiError as err:
-                return self._error(err, ANTHROPIC)
-            return Json({"input_tokens": len(plan.prompt_ids)})
-
-        async def models(request: Request) -> Response:
-            anthropic = _speaks_anthropic(request)
-            try:
-                self._authorize(request)
-            except ApiError as err:
-                return self._error(err, ANTHROPIC if anthropic else CHAT)
-            names = self.model_names()
-            if anthropic:
-                data = [
-                    {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in names
-                ]
-                return Json(
-                    {
-                        "data": data,
-                        "has_more": False,
-                        "first_id": names[0] if names else None,
-                        "last_id": names[-1] if names else None,
-                    }
-                )
-            return Json(openai_api.models_body(names))
-
-        async def model(request: Request) -> Response:
-            anthropic = _speaks_anthropic(request)
-            try:
-                self._authorize(request)
-                name = request.path_params["model"]
-                if not self._known_model(name):
-                    raise ApiError(404, "not_found", f"The model `{name}` does not exist", code="model_not_found")
-            except ApiError as err:
-                return self._error(err, ANTHROPIC if anthropic else CHAT)
-            if anthropic:
-                return Json({"type": "model", "id": name, "display_name": name, "created_at": "2026-01-01T00:00:00Z"})
-            return Json({"id": name, "object": "model", "created": 0, "owned_by": "opengyre"})
-
-        async def health(request: Request) -> Response:
-            engines = [h for h in self.pool.engines() if h.state == "active"]
-            return Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
-
-        async def metrics(request: Request) -> Response:
-            sources = (self._call_metrics, self.pool.metrics, self.recorder.metrics, self._execution_metrics)
-            return Response(render_metrics(sources), media_type="text/plain; version=0.0.4")
-
-        routes: list[Route] = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
-        for base in ("/x/{execution_id}/v1", "/v1"):
-            routes += [
-                Route(f"{base}/chat/completions", chat, methods=["POST"]),
-                Route(f"{base}/completions", completions, methods=["POST"]),
-                Route(f"{base}/responses", responses, methods=["POST"]),
-                Route(f"{base}/messages", messages, methods=["POST"]),
-                Route(f"{base}/messages/count_tokens", count_tokens, methods=["POST"]),
-                Route(f"{base}/models", models, methods=["GET"]),
-                Route(f"{base}/models/{{model:path}}", model, methods=["GET"]),
-            ]
-
-        async def unknown(request: Request, exc: Exception) -> Response:
-            """No such route (or method): the dialect's JSON error, never a plain-text page."""
-            status = getattr(exc, "status_code", 404)
-            anthropic = _speaks_anthropic(request) or request.url.path.endswith(("/messages", "/count_tokens"))
-            what = "method" if status == 405 else "route"
-            err = ApiError(
-                status,
-                "not_found" if status == 404 else "invalid_request",
-                f"no {what} {request.method} {request.url.path} on this server",
-                code="unknown_url" if status == 404 else None,
-            )
+    async def _models(self, request: Request) -> Response:
+        anthropic = speaks_anthropic(request)
+        try:
+            self._authorize(request)
+        except ApiError as err:
             return self._error(err, ANTHROPIC if anthropic else CHAT)
+        return Json(models_body(self.model_names(), anthropic=anthropic))
 
-        return Starlette(routes=routes, exception_handlers={HTTPException: unknown})
-
-
-# System prompts of one-shot helper calls harnesses make beside the agent (OpenCode 1.18: "You are a title
-# generator. You output ONLY a thread title."), recognised so that they are not taken for the main agent.
-_HELPER_PROMPT = re.compile(r"\byou are a title generator\b|\bgenerate a (?:brief |short |concise )?title\b", re.I)
-
-
-def _system_of(messages: list[dict[str, Any]]) -> str | None:
-    if messages and messages[0].get("role") == "system":
-        content = messages[0].get("content")
-        return content if isinstance(content, str) else None
-    return None
-
-
-class _CallStream(StreamingResponse):
-    """A streamed call that gives its engine slots back even if the client leaves before the body starts."""
-
-    def __init__(self, content: AsyncIterator[bytes], *dispatches: Dispatch, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._dispatches = dispatches
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _model(self, request: Request) -> Response:
+        anthropic = speaks_anthropic(request)
         try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for d in self._dispatches:
-                await d.release_if_unstarted()
+            self._authorize(request)
+            name = request.path_params["model"]
+            if not self._known_model(name):
+                raise ApiError(404, "not_found", f"The model `{name}` does not exist", code="model_not_found")
+        except ApiError as err:
+            return self._error(err, ANTHROPIC if anthropic else CHAT)
+        return Json(model_body(name, anthropic=anthropic))
 
+    async def _health(self, request: Request) -> Response:
+        engines = [h for h in self.pool.engines() if h.state == "active"]
+        return Json({"status": "ok", "engines": len(engines), "waiting": self.pool.waiting})
 
-def _speaks_anthropic(request: Request) -> bool:
-    """A request from an Anthropic client (the two APIs share ``/v1``): its version header, or its key header
-    (OpenAI clients send ``Authorization: Bearer``)."""
-    return "anthropic-version" in request.headers or "x-api-key" in request.headers
+    async def _metrics(self, request: Request) -> Response:
+        sources = (self._call_metrics, self.pool.metrics, self.recorder.metrics, self._execution_metrics)
+        return Response(render_metrics(sources), media_type="text/plain; version=0.0.4")
 
-
-def _head_speaks_anthropic(head: RequestHead) -> bool:
-    """``_speaks_anthropic`` for a request the HTTP server refused before the app saw it (its path counts too)."""
-    names = {name for name, _ in head.headers}
-    return b"anthropic-version" in names or b"x-api-key" in names or head.path.endswith(("/messages", "/count_tokens"))
-
-
-def _outcome_of(d: Dispatch) -> Callable[[], Outcome]:
-    return lambda: d.outcome
-
-
-async def _merge_choices(streams: list[AsyncIterator[bytes]], include_usage: bool) -> AsyncIterator[bytes]:
-    """n OpenAI SSE streams as one: sample i's chunks carry choice index i, as they come; one usage chunk
-    (completion tokens summed) and one ``[DONE]`` at the end; the first error frame ends the whole stream."""
-    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
-
-    async def pump(i: int, s: AsyncIterator[bytes]) -> None:
-        try:
-            async for frame in s:
-                await queue.put((i, frame))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    usage: dict[str, Any] | None = None
-    head: dict[str, Any] | None = None
-    running = len(tasks)
-    try:
-        while running:
-            i, frame = await queue.get()
-            if frame is None:
-                running -= 1
-                continue
-            for block in frame.split(b"\n\n"):
-                if not block.startswith(b"data: ") or block + b"\n\n" == DONE:
-                    continue
-                obj = _dec.decode(block[6:])
-                if "error" in obj:
-                    yield sse(obj) + DONE
-                    return
-                if not obj.get("choices"):  # a usage chunk: summed into the one at the end
-                    u = obj.get("usage") or {}
-                    if usage is None:
-                        usage, head = dict(u), {k: v for k, v in obj.items() if k not in ("choices", "usage")}
-                    else:
-                        usage["completion_tokens"] += u.get("completion_tokens", 0)
-                        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                    continue
-                for c in obj["choices"]:
-                    c["index"] = i
-                yield sse(obj)
-        if include_usage and usage is not None and head is not None:
-            yield sse({**head, "choices": [], "usage": usage})
-        yield DONE
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-async def _guard(
-    source: AsyncIterator[tuple[list[int], list[float]]], outcome: Outcome
-) -> AsyncIterator[tuple[list[int], list[float]]]:
-    """Turn an engine refusal in mid-stream into an aborted outcome (the stream then ends with an error)."""
-    try:
-        async for item in source:
-            yield item
-    except ApiError as err:
-        outcome.finish = {"type": "abort", "message": err.message, "status_code": err.status}
-
-
-def _not_recorded(exc: RecordFailed) -> str:
-    return f"the call could not be recorded, so it is not answered (nothing was recorded): {exc}"
-
-
-def _record_error(exc: RecordFailed) -> ApiError:
-    """A sealed execution is the caller's error (403: its rollout ended); any other failure to record is ours."""
-    if isinstance(exc, ExecutionSealed):
-        return ApiError(403, "permission", str(exc), code="execution_sealed")
-    return ApiError(500, "api_error", _not_recorded(exc))
-
-
-async def _stream_errors(
-    stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect, failed_with: Callable[[int], None]
-) -> AsyncIterator[bytes]:
-    """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
-
-    The dialect streams stop before their final frames when the outcome is an abort, so no client
-    mistakes a failed generation for a complete answer (and nothing is recorded for it). A call whose event
-    could not be made durable ends the same way, before its final frames.
-    """
-    failed: ApiError | None = None
-    try:
-        async for chunk in stream:
-            yield chunk
-    except RecordFailed as exc:
-        # Refused at recording (a seal landed while it generated: 403 ``execution_sealed``) or not durable (500):
-        # the error the same call gets unstreamed.
-        failed = _record_error(exc)
-        outcome.finish = {"type": "abort", "message": failed.message, "status_code": failed.status}
-    if failed is None and outcome.kind == "abort" and outcome.finish is not None:
-        msg = str(outcome.finish.get("message", "the generation was aborted"))
-        # No engine could finish (503/529) is an overload; anything else (a bad engine reply) is not.
-        if outcome.finish.get("status_code") in (None, 503, 529):
-            failed = ApiError(dialect.overloaded_status, "overloaded", msg, code="engine_unavailable")
-        else:
-            failed = ApiError(502, "api_error", msg, code="engine_error")
-    if failed is not None:
-        failed_with(failed.status)
-        yield dialect.stream_error(failed)
+    def _build_app(self) -> Starlette:
+        return build_app(
+            call=self._call,
+            count_tokens=self._count_tokens,
+            models=self._models,
+            model=self._model,
+            health=self._health,
+            metrics=self._metrics,
+            error=self._error,
+        )
