@@ -20,7 +20,6 @@ from ._assembly import (
     Turn,
     arguments_object,
     assemble,
-    new_tool_id,
 )
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
@@ -28,7 +27,6 @@ from ._sglang import finite_number, top_alternatives
 from ._sse import DONE, sse
 from ._structured import (
     ToolChoice,
-    forced_calls_schema,
     parse_forced_calls,
     response_format_schema,
     structured_sampling,
@@ -56,8 +54,6 @@ __all__ = [
     "check_tool_name",
     "content_text",
     "finite_number",
-    "forced_calls_schema",
-    "new_tool_id",
     "openai",
     "parse_forced_calls",
     "response_format_schema",
