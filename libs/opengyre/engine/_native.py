@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from opengyre.asgi import Json
-from opengyre.wire import DONE, sse
+from opengyre.wire import DONE, Frame
 
 from ._common import gate_error, json_body, native_error
 from ._engine import CpuEngine, Generation
@@ -220,7 +220,7 @@ def native_routes(engine: CpuEngine) -> list[Route]:
                         "code": status,
                         "retryable": False,
                     }
-                    yield sse({"error": err})
+                    yield Frame({"error": err}).encode()
                     break
                 out = _result_of(engine, p, g, start=sent if incremental else 0)
                 if incremental:
@@ -233,8 +233,8 @@ def native_routes(engine: CpuEngine) -> list[Route]:
                     out["text"] = whole[len(shown) :] if whole.startswith(shown) else ""
                     shown += out["text"]
                     sent = len(g.output_ids)
-                yield sse(out)
-        yield DONE
+                yield Frame(out).encode()
+        yield DONE.encode()
 
     async def abort_request(request: Request) -> Response:
         body = await json_body(request)

@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from opengyre.asgi import Json
-from opengyre.wire import ApiError, GenRequest, Outcome, assemble, structured_sampling, top_alternatives
+from opengyre.wire import ApiError, GenRequest, Outcome, assemble, framed, structured_sampling, top_alternatives
 from opengyre.wire import anthropic as anthropic_api
 from opengyre.wire import openai as openai_api
 
@@ -96,7 +96,7 @@ def openai_routes(engine: CpuEngine) -> list[Route]:
         if req.stream:
             fmt = openai_api.chat_stream if chat else openai_api.completion_stream
             return StreamingResponse(
-                fmt(req, engine.codec, source(), lambda: outcome, ids, rid), media_type="text/event-stream"
+                framed(fmt(req, engine.codec, source(), lambda: outcome, ids, rid)), media_type="text/event-stream"
             )
         async for _ in source():
             pass

@@ -6,8 +6,9 @@
 - ``ApiError``: the dialect-neutral HTTP error each dialect formats into its own body.
 - ``assemble`` / ``StreamAssembler`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls, at once or
   as a stream of pieces (what a harness gets back).
-- ``sse`` / ``DONE``: the one server-sent-event framing; ``ToolChoice``, ``structured_sampling``, tool-definition
-  checks; ``top_alternatives``: SGLang's per-token alternatives as ``(id, logprob)`` pairs.
+- ``Frame`` / ``DONE`` / ``framed``: a stream's events as objects, framed into SSE bytes once, at the edge;
+  ``ToolChoice``, ``structured_sampling``, tool-definition checks; ``top_alternatives``: SGLang's per-token
+  alternatives as ``(id, logprob)`` pairs.
 """
 
 from . import anthropic, openai
@@ -24,7 +25,7 @@ from ._assembly import (
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
 from ._sglang import finite_number, top_alternatives
-from ._sse import DONE, sse
+from ._sse import DONE, Frame, framed
 from ._structured import (
     ToolChoice,
     parse_forced_calls,
@@ -38,6 +39,7 @@ __all__ = [
     "DONE",
     "OPENAI_NAME",
     "ApiError",
+    "Frame",
     "GenRequest",
     "Outcome",
     "StreamAssembler",
@@ -54,10 +56,10 @@ __all__ = [
     "check_tool_name",
     "content_text",
     "finite_number",
+    "framed",
     "openai",
     "parse_forced_calls",
     "response_format_schema",
-    "sse",
     "structured_sampling",
     "top_alternatives",
 ]

@@ -12,7 +12,7 @@ from opengyre.chat import ChatCodec
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn, arguments_object
 from ._errors import ApiError
 from ._request import GenRequest, check_number
-from ._sse import sse
+from ._sse import Frame
 from ._structured import ToolChoice
 from ._tooldefs import ANTHROPIC_NAME, check_schema, check_tool_name
 
@@ -47,10 +47,10 @@ def error_body(err: ApiError, request_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def stream_error(err: ApiError) -> bytes:
+def stream_error(err: ApiError) -> list[Frame]:
     """The event that ends a stream whose call failed after the 200 went out (the error a non-streamed call gets)."""
     kind = _ERROR_TYPES.get(err.kind, "api_error")
-    return _event("error", {"type": "error", "error": {"type": kind, "message": err.message}})
+    return [_event("error", {"type": "error", "error": {"type": kind, "message": err.message}})]
 
 
 def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:
@@ -450,8 +450,8 @@ def message_response(
     }
 
 
-def _event(name: str, obj: dict[str, Any]) -> bytes:
-    return sse(obj, name)
+def _event(name: str, obj: dict[str, Any]) -> Frame:
+    return Frame(obj, name)
 
 
 async def message_stream(
@@ -462,7 +462,7 @@ async def message_stream(
     prompt_ids: list[int],
     rid: str,
     on_turn: Callable[[Turn], Any] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[Frame]:
     """message_start, (content_block_start, deltas, content_block_stop)*, message_delta, message_stop."""
     start_msg: dict[str, Any] = {
         "id": f"msg_{rid}",
@@ -480,7 +480,7 @@ async def message_stream(
     index = -1
     text_open = False
 
-    def emit(pieces: list[TextPiece | ToolPiece]) -> list[bytes]:
+    def emit(pieces: list[TextPiece | ToolPiece]) -> list[Frame]:
         nonlocal index, text_open
         out = []
         for p in pieces:

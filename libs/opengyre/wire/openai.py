@@ -12,7 +12,7 @@ from opengyre.chat import ChatCodec
 from ._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from ._errors import ApiError
 from ._request import GenRequest, check_number, content_text
-from ._sse import DONE, sse
+from ._sse import DONE, Frame
 from ._structured import ToolChoice, response_format_schema
 from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
@@ -58,10 +58,10 @@ def error_body(err: ApiError) -> dict[str, Any]:
     }
 
 
-def stream_error(err: ApiError) -> bytes:
+def stream_error(err: ApiError) -> list[Frame]:
     """The frames that end a stream whose call failed after the 200 went out: the error body a non-streamed call
     gets (the SDK raises on a ``data:`` object with an ``error`` key), then ``[DONE]``."""
-    return sse(error_body(err)) + DONE
+    return [Frame(error_body(err)), DONE]
 
 
 def context_error(prompt_tokens: int, context_length: int, max_tokens: int | None) -> ApiError:
@@ -416,7 +416,7 @@ async def chat_stream(
     prompt_ids: list[int],
     rid: str,
     on_turn: Callable[[Turn], Any] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[Frame]:
     """SSE chunks for ``source``'s token deltas; ``outcome()`` is read once the source is exhausted.
 
     ``on_turn`` runs after the last token and before the final chunks (the proxy records the call there).
@@ -425,13 +425,13 @@ async def chat_stream(
     head = {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created, "model": req.model}
     head["system_fingerprint"] = None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> Frame:
         c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return sse({**head, "choices": [c], "usage": None})
+        return Frame({**head, "choices": [c], "usage": None})
 
     first: dict[str, Any] = {"role": "assistant", "content": ""}
     if req.return_token_ids:
-        yield sse(
+        yield Frame(
             {
                 **head,
                 "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None}],
@@ -443,7 +443,7 @@ async def chat_stream(
         yield chunk(first)
     asm = StreamAssembler(codec, req.stop, "call_", forced_calls=req.tool_choice.forced)
 
-    def pieces_out(pieces: list[TextPiece | ToolPiece]) -> list[bytes]:
+    def pieces_out(pieces: list[TextPiece | ToolPiece]) -> list[Frame]:
         out = []
         for p in pieces:
             if isinstance(p, TextPiece):
@@ -486,9 +486,10 @@ async def chat_stream(
     last: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _openai_finish(turn)}
     if req.return_token_ids:
         last["token_ids"] = final.output_ids
-    yield sse({**head, "choices": [last], "usage": None})
+    yield Frame({**head, "choices": [last], "usage": None})
     if req.include_usage:
-        yield sse({**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)})
+        usage = _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)
+        yield Frame({**head, "choices": [], "usage": usage})
     yield DONE
 
 
@@ -558,16 +559,16 @@ async def completion_stream(
     prompt_ids: list[int],
     rid: str,
     on_turn: Callable[[Turn], Any] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[Frame]:
     created = int(time.time())
     head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": req.model}
     asm = StreamAssembler(codec, req.stop, "call_", parse_tools=False)
     first = True
 
-    def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
+    def chunk(text: str, finish: str | None = None, **extra: Any) -> Frame:
         c: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         c.update(extra)
-        return sse({**head, "choices": [c], "usage": None})
+        return Frame({**head, "choices": [c], "usage": None})
 
     if req.echo:
         yield chunk(codec.decode(prompt_ids))
@@ -596,5 +597,6 @@ async def completion_stream(
     last: dict[str, Any] = {"token_ids": []} if req.return_token_ids else {}
     yield chunk(tail, "length" if final.kind == "length" else "stop", stop_reason=final.stop_string, **last)
     if req.include_usage:
-        yield sse({**head, "choices": [], "usage": _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)})
+        usage = _usage(len(prompt_ids), len(final.output_ids), final.cached_tokens)
+        yield Frame({**head, "choices": [], "usage": usage})
     yield DONE

@@ -1,6 +1,7 @@
-"""A call's streamed body: the dialect's SSE stream ended by its error event when the generation or its recording
-failed, ``n`` samples' streams merged into one, and the response that gives engine slots back if the client
-leaves before the body starts. Errors the recorder raises become the caller's (403, sealed) or ours (500)."""
+"""A call's streamed body: the dialect's stream of frames ended by its error event when the generation or its
+recording failed, ``n`` samples' streams merged into one (as objects: nothing is re-parsed), and the response
+that frames it into SSE bytes, once, and gives engine slots back if the client leaves before the body starts.
+Errors the recorder raises become the caller's (403, sealed) or ours (500)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import msgspec
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from opengyre.wire import DONE, ApiError, Outcome, sse
+from opengyre.wire import DONE, ApiError, Frame, Outcome, framed
 
 from ..dialects._dialects import Dialect
 from ..engines._dispatch import Dispatch
@@ -20,14 +20,13 @@ from ..recording._recorder import ExecutionSealed, RecordFailed
 
 __all__ = ["CallStream", "guard", "merge_choices", "outcome_of", "record_error", "stream_errors"]
 
-_dec = msgspec.json.Decoder()
-
 
 class CallStream(StreamingResponse):
-    """A streamed call that gives its engine slots back even if the client leaves before the body starts."""
+    """A streamed call, framed into SSE here (the one place the gateway writes it), that gives its engine slots
+    back even if the client leaves before the body starts."""
 
-    def __init__(self, content: AsyncIterator[bytes], *dispatches: Dispatch, **kw: Any) -> None:
-        super().__init__(content, **kw)
+    def __init__(self, content: AsyncIterator[Frame], *dispatches: Dispatch, **kw: Any) -> None:
+        super().__init__(framed(content), **kw)
         self._dispatches = dispatches
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -42,12 +41,12 @@ def outcome_of(d: Dispatch) -> Callable[[], Outcome]:
     return lambda: d.outcome
 
 
-async def merge_choices(streams: list[AsyncIterator[bytes]], include_usage: bool) -> AsyncIterator[bytes]:
-    """n OpenAI SSE streams as one: sample i's chunks carry choice index i, as they come; one usage chunk
+async def merge_choices(streams: list[AsyncIterator[Frame]], include_usage: bool) -> AsyncIterator[Frame]:
+    """n OpenAI streams as one: sample i's chunks carry choice index i, as they come; one usage chunk
     (completion tokens summed) and one ``[DONE]`` at the end; the first error frame ends the whole stream."""
-    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Frame | None]] = asyncio.Queue()
 
-    async def pump(i: int, s: AsyncIterator[bytes]) -> None:
+    async def pump(i: int, s: AsyncIterator[Frame]) -> None:
         try:
             async for frame in s:
                 await queue.put((i, frame))
@@ -64,26 +63,26 @@ async def merge_choices(streams: list[AsyncIterator[bytes]], include_usage: bool
             if frame is None:
                 running -= 1
                 continue
-            for block in frame.split(b"\n\n"):
-                if not block.startswith(b"data: ") or block + b"\n\n" == DONE:
-                    continue
-                obj = _dec.decode(block[6:])
-                if "error" in obj:
-                    yield sse(obj) + DONE
-                    return
-                if not obj.get("choices"):  # a usage chunk: summed into the one at the end
-                    u = obj.get("usage") or {}
-                    if usage is None:
-                        usage, head = dict(u), {k: v for k, v in obj.items() if k not in ("choices", "usage")}
-                    else:
-                        usage["completion_tokens"] += u.get("completion_tokens", 0)
-                        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                    continue
-                for c in obj["choices"]:
-                    c["index"] = i
-                yield sse(obj)
+            obj = frame.data
+            if obj is None:  # a sample's [DONE]: the merged stream has one, at the end
+                continue
+            if "error" in obj:
+                yield frame
+                yield DONE
+                return
+            if not obj.get("choices"):  # a usage chunk: summed into the one at the end
+                u = obj.get("usage") or {}
+                if usage is None:
+                    usage, head = dict(u), {k: v for k, v in obj.items() if k not in ("choices", "usage")}
+                else:
+                    usage["completion_tokens"] += u.get("completion_tokens", 0)
+                    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                continue
+            for c in obj["choices"]:
+                c["index"] = i  # the chunk is this sample's own object (made per chunk by the dialect)
+            yield frame
         if include_usage and usage is not None and head is not None:
-            yield sse({**head, "choices": [], "usage": usage})
+            yield Frame({**head, "choices": [], "usage": usage})
         yield DONE
     finally:
         for t in tasks:
@@ -113,8 +112,8 @@ def record_error(exc: RecordFailed) -> ApiError:
 
 
 async def stream_errors(
-    stream: AsyncIterator[bytes], outcome: Outcome, dialect: Dialect, failed_with: Callable[[int], None]
-) -> AsyncIterator[bytes]:
+    stream: AsyncIterator[Frame], outcome: Outcome, dialect: Dialect, failed_with: Callable[[int], None]
+) -> AsyncIterator[Frame]:
     """Pass the dialect's stream through, but end it with the dialect's error event if generation aborted.
 
     The dialect streams stop before their final frames when the outcome is an abort, so no client
@@ -139,4 +138,5 @@ async def stream_errors(
             failed = ApiError(502, "api_error", msg, code="engine_error")
     if failed is not None:
         failed_with(failed.status)
-        yield dialect.stream_error(failed)
+        for frame in dialect.stream_error(failed):
+            yield frame
