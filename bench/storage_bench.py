@@ -50,6 +50,7 @@ import openai
 from nats.js.api import Header
 from sqlalchemy import Engine
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import TYPE_HEADER, EventLog, LogConfig
 from opengyre.events import (
     Event,
@@ -60,7 +61,6 @@ from opengyre.events import (
 )
 from opengyre.projection import Projection, replay_into
 from opengyre.proxy import Gateway, GatewayConfig, TrajectoryProjection
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import create_db_engine, migrate
 from opengyre.trainer import RetentionPolicy, TrainerProjection, TrainerStore, compact

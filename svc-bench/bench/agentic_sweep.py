@@ -70,8 +70,8 @@ from opengyre.bench import (
     synthesise_sessions,
     write_json,
 )
+from opengyre.engine import EngineConfig, EngineProcess, EngineServer
 from opengyre.models import load_tokenizer
-from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = EngineConfig().model_name

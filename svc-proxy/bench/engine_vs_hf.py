@@ -28,8 +28,8 @@ from functools import partial
 import torch
 
 from opengyre.chat import ChatCodec
+from opengyre.engine import CpuEngine, EngineConfig, Projections, SamplingParams
 from opengyre.models import resolve_model
-from opengyre.proxy.engine import CpuEngine, EngineConfig, Projections, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

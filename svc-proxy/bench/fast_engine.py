@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from opengyre.asgi import HttpServer
 from opengyre.chat import ChatCodec
 from opengyre.models import load_tokenizer
-from opengyre.proxy import HttpServer
 
 enc = msgspec.json.Encoder()
 dec = msgspec.json.Decoder()

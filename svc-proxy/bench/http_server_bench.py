@@ -1,5 +1,5 @@
 """What the HTTP limits cost the server: CPU per request of uvicorn's httptools protocol as it comes (the baseline,
-no limits), the guarded one the gateway and the engines serve with (``opengyre.proxy.HttpServer``), and h11 with
+no limits), the guarded one the gateway and the engines serve with (``opengyre.asgi.HttpServer``), and h11 with
 its 16 KiB-style head bound (``h11_max_incomplete_event_size``, the other way to bound a head).
 
     .venv/bin/python svc-proxy/bench/http_server_bench.py            # 3 rounds
@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from opengyre.asgi import HttpServer
 from opengyre.config import HttpLimits
-from opengyre.proxy import HttpServer
 
 
 async def _echo(request: Request) -> Response:

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import msgspec
 
+from opengyre.engine import EngineConfig, EngineProcess
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded, default_registry
-from opengyre.proxy.engine import EngineConfig, EngineProcess
 from opengyre.runtime import EmbeddedNats
 from opengyre.trajectory import resolve_calls
 

@@ -39,8 +39,9 @@ from typing import Any
 import torch
 
 from opengyre.chat import ChatCodec
-from opengyre.proxy import ExecutionTrajectory, Outcome, assemble
-from opengyre.proxy.engine import CpuEngine, EngineConfig, SamplingParams
+from opengyre.engine import CpuEngine, EngineConfig, SamplingParams
+from opengyre.tito import ExecutionTrajectory
+from opengyre.wire import Outcome, assemble
 
 TOOLS: list[dict[str, Any]] = [
     {

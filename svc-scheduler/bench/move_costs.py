@@ -37,7 +37,7 @@ import numpy as np
 import tomli_w
 import torch
 
-from opengyre.proxy.engine import KV_MEDIA_TYPE, EngineConfig, EngineServer
+from opengyre.engine import KV_MEDIA_TYPE, EngineConfig, EngineServer
 from opengyre.scheduler import CellState
 from opengyre.scheduler.actuators import LocalActuator
 from opengyre.scheduler.sim import ModelFacts

@@ -34,12 +34,12 @@ from typing import Any
 
 import httpx
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.models import load_tokenizer, model_config
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy import Gateway, GatewayConfig
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
 from opengyre.sandbox import SandboxLimits
 from opengyre.store import create_db_engine, migrate, sqlite_url

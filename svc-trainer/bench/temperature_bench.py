@@ -16,8 +16,8 @@ import random
 import httpx
 import torch
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.models import model_config
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.trainer import PathSampler, execution_samples, pack_samples, write_checkpoint
 from opengyre.trainer.algorithms import mismatch_metrics
 from opengyre.trainer.backends import build_backend

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from opengyre.bench import Profile
 from opengyre.cli import app
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import BenchRunCompleted
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
 
 from ._configs import LLAMA_31_8B

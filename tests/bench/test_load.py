@@ -19,8 +19,8 @@ from opengyre.bench import (
     summarise,
     synthesise_sessions,
 )
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.models import load_tokenizer
-from opengyre.proxy.engine import EngineConfig, EngineServer
 
 from .._polling import await_until
 from ._scripted import ScriptedServer

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from opengyre.config import Settings
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import BenchRunCompleted
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats, grpc_channel, load_service, run_service
 from opengyre.v1 import bench_pb2, bench_pb2_grpc, common_pb2
 

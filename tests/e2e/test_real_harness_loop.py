@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from opengyre.asgi import HttpServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionFinished, ModelCallRecorded, TrainingStepCompleted, WeightsPublished
 from opengyre.harness import HarnessNotInstalled, check_installed
 from opengyre.loop import RunConfig, run_loop
-from opengyre.proxy import HttpServer
 from opengyre.runtime import EmbeddedNats
 from opengyre.trajectory import TrajectoryTree, resolve_calls
 from tests.proxy._scripted_sglang import scripted_sglang

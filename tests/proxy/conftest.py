@@ -2,49 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import anthropic
 import openai
 import pytest
-import torch
 
+from opengyre.engine import EngineConfig, EngineServer, RequestRecord
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded, TrajectoryRole
 from opengyre.proxy import Gateway, GatewayConfig
-from opengyre.proxy.engine import EngineConfig, EngineServer, RequestRecord
 from opengyre.trajectory import TrajectoryTree, resolve_calls
 
+from .._engines import engine_a, engine_b, one_torch_thread
 from ._policy import train_tool_policy
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    # Two cores are shared by several test runs: one intra-op thread avoids oversubscription stalls.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+__all__ = ["Stack", "engine_a", "engine_b", "make_stack", "one_torch_thread"]
 
 
 @pytest.fixture(scope="session")
 def tool_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint of the tiny model trained to call ``bash`` in the scripted conversation (_policy.py)."""
     return train_tool_policy(tmp_path_factory.mktemp("tool-policy"))
-
-
-@pytest.fixture
-async def engine_a() -> AsyncIterator[EngineServer]:
-    async with EngineServer(EngineConfig(port=0)) as srv:
-        yield srv
-
-
-@pytest.fixture
-async def engine_b() -> AsyncIterator[EngineServer]:
-    async with EngineServer(EngineConfig(port=0)) as srv:
-        yield srv
 
 
 @dataclass

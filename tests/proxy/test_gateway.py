@@ -16,10 +16,10 @@ import openai
 import pytest
 
 from opengyre.config import HttpLimits
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy._assembly import Outcome, assemble
-from opengyre.proxy.engine import EngineServer
 from opengyre.trajectory import TrajectoryTree
+from opengyre.wire import Outcome, assemble
 
 from .._polling import await_until
 from ._policy import SYSTEM, TOOL_OUTPUT, TOOLS, USER, conversation
@@ -405,7 +405,7 @@ async def test_stop_sequences_and_logprobs_reach_the_harness_and_the_record(tool
 
 
 def test_an_empty_stop_string_is_no_stop_in_either_form() -> None:
-    from opengyre.proxy.dialects import _openai
+    from opengyre.wire import openai as _openai
 
     chat = {"model": M, "messages": [{"role": "user", "content": "x"}]}
     for stop, expected in (("", []), ([""], []), (["", "x"], ["x"])):

@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy.engine import EngineConfig, EngineServer
 
 from ._policy import TOOLS, conversation
 from .conftest import Stack, make_stack

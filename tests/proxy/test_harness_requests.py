@@ -17,8 +17,8 @@ import openai
 import pydantic
 import pytest
 
+from opengyre.asgi import HttpServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy._http import HttpServer
 
 from ._scripted_sglang import scripted_sglang
 from .conftest import Stack, make_stack

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from opengyre.asgi import HttpServer
 from opengyre.config import HttpLimits
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.http1 import Http1Error, Http1Pool
-from opengyre.proxy._http import HttpServer
-from opengyre.proxy.engine import EngineConfig, EngineServer
 
 from .._polling import await_until
 from ._h11_server import H11Server

@@ -11,8 +11,8 @@ import anthropic
 import openai
 import pytest
 
+from opengyre.asgi import HttpServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy._http import HttpServer
 from opengyre.proxy.engines._client import EngineBadReply, behaviour_logprobs
 
 from ._fake_sglang import LOGPROB, NOISE, fake_sglang

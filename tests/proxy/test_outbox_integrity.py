@@ -19,12 +19,12 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionFinished, ModelCallRecorded, default_registry
 from opengyre.projection import replay_into
 from opengyre.proxy import TrajectoryProjection
 from opengyre.proxy._keys import load_or_create_secret
-from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.recording._outbox import Outbox, outbox_key, row_tag
 from opengyre.proxy.recording._recorder import Recorder
 from opengyre.proxy.recording._store import SealedFinishes

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from opengyre.asgi import HttpServer
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.harness import HarnessTarget, harness_preset, run_harness
 from opengyre.models import ModelSource
-from opengyre.proxy._http import HttpServer
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.sandbox import SandboxLimits
 from tests.apps.cli._cli import og
 

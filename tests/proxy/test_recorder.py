@@ -13,9 +13,9 @@ import anthropic
 import openai
 import pytest
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded
-from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.recording._outbox import Outbox
 from opengyre.proxy.recording._recorder import Recorder
 from opengyre.runtime import EmbeddedNats

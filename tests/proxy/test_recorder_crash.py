@@ -15,9 +15,9 @@ import openai
 import pytest
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded
-from opengyre.proxy.engine import EngineServer
 
 from .._polling import await_until
 from .test_recorder import Nats, assert_exactly_once_in_order

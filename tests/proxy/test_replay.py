@@ -9,7 +9,7 @@ import pytest
 
 from opengyre.chat import ChatCodec
 from opengyre.models import ModelSource, load_tokenizer
-from opengyre.proxy import replay_conversation
+from opengyre.tito import replay_conversation
 from opengyre.trainer import golden_tree, sft_samples, sft_samples_from_messages
 from opengyre.trajectory import TrajectoryTree
 

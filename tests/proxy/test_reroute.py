@@ -12,11 +12,11 @@ import anthropic
 import openai
 import pytest
 
+from opengyre.engine import EngineConfig, EngineProcess, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged
-from opengyre.proxy._assembly import Outcome, assemble
-from opengyre.proxy.engine import EngineConfig, EngineProcess, EngineServer
 from opengyre.proxy.engines._cells import CellWatcher
+from opengyre.wire import Outcome, assemble
 
 from .._polling import await_until
 from .conftest import Stack, make_stack

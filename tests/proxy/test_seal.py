@@ -16,11 +16,11 @@ import pytest
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from sqlalchemy import Engine
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy import Gateway, GatewayConfig, SealedFinishes, TrajectoryProjection
-from opengyre.proxy.engine import EngineServer
 
 from .._polling import await_until
 from .test_recorder import Nats

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from opengyre.config import Settings
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, PayloadsCompacted
-from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.service import ProxyService
 from opengyre.runtime import EmbeddedNats, grpc_channel, run_service
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc

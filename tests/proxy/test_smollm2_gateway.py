@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.models import ModelSource
-from opengyre.proxy.engine import EngineConfig, EngineServer
 
+from ..libs.tito.test_smollm2 import TOOLS
 from .conftest import make_stack
-from .test_smollm2_tito import TOOLS
 
 M = "opengyre-smollm2-135m"  # the engine's default served name
 

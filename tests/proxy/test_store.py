@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded
 from opengyre.projection import ProjectionRunner, dump_rows, rebuild
@@ -22,7 +23,6 @@ from opengyre.proxy import (
     path_mask,
 )
 from opengyre.proxy._grpc import resolve_contexts
-from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.recording._restore import restore_trajectory
 from opengyre.proxy.recording._store import CALLS
 from opengyre.store import DeadLetter

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opengyre.engine import EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.proxy.engine import EngineServer
 from opengyre.proxy.engines._vllm import to_vllm
 
 from .conftest import make_stack

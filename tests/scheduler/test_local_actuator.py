@@ -45,7 +45,7 @@ async def test_engine_and_trainer_processes_follow_the_role(
     svc = SchedulerService(
         policy=make_policy("elastic"), loop=LoopConfig(groups_per_step=2, group_size=2), actuator=actuator, poll_s=0.05
     )
-    assert "opengyre.proxy.engine" in DEFAULT_ENGINE_ARGV
+    assert "opengyre.engine" in DEFAULT_ENGINE_ARGV
     async with running_scheduler(svc, nats_server, log_config, tmp_path) as (stub, port):
         actuator.scheduler_addr = f"127.0.0.1:{port}"
         await stub.RegisterCell(pb.RegisterCellRequest(cell_id="c0", capacity=4, role="idle"))

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.models import model_config
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.trainer import Learner, PathSampler, execution_samples, pack_samples, reload_engines, write_checkpoint
 from opengyre.trainer.algorithms import GRPO
 from opengyre.trainer.backends import build_backend

@@ -11,10 +11,10 @@ import httpx
 import msgspec
 from sqlalchemy import Engine, select
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trainer import (
     OnlineTrainer,

@@ -12,11 +12,11 @@ import openai
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from sqlalchemy import Engine, select
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ExecutionDispatched, ExecutionFinished
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy import Gateway, GatewayConfig
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.runtime import EmbeddedNats
 from opengyre.store import DeadLetter
 from opengyre.trainer import TrainerProjection, TrainerStore

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import torch
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.models import ModelSource, model_state
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.trainer import Learner, PathSampler, execution_samples, pack_samples, reload_engines, write_checkpoint
 from opengyre.trainer.algorithms import GRPO
 from opengyre.trainer.backends import Backend, build_backend

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.models import ModelSource, model_state
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.trainer import (
     Learner,
     pack_samples,

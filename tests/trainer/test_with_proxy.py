@@ -9,11 +9,11 @@ from pathlib import Path
 import openai
 from sqlalchemy import Engine, select, text
 
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import ExecutionDispatched, ExecutionFinished, ModelCallRecorded
 from opengyre.projection import ProjectionRunner
 from opengyre.proxy import Gateway, GatewayConfig
-from opengyre.proxy.engine import EngineConfig, EngineServer
 from opengyre.store import DeadLetter
 from opengyre.trainer import OnlineTrainer, TrainerConfig, TrainerProjection, TrainerStore
 from opengyre.trajectory import TrajectoryTree, resolve_calls

@@ -20,7 +20,7 @@ from opengyre.runtime import Stack, client_credentials, cmdline, stack_alive, st
 from ._config import RunConfig
 
 if TYPE_CHECKING:
-    from opengyre.proxy.engine import EngineProcess
+    from opengyre.engine import EngineProcess
 
 __all__ = [
     "DeploymentMismatch",
@@ -132,7 +132,7 @@ class Services:
 
 
 def served_name(model: str) -> str:
-    from opengyre.proxy.engine import EngineConfig
+    from opengyre.engine import EngineConfig
 
     return EngineConfig(preset=model).model_name
 

@@ -59,7 +59,7 @@ from ._rollout import Assignment, Finished, end_abandoned, roll_out
 from ._waits import AWAY, NOT_NOW, WAITS, NotYet, not_yet_or, until_accepted, until_caught_up, up
 
 if TYPE_CHECKING:
-    from opengyre.proxy.engine import EngineProcess
+    from opengyre.engine import EngineProcess
 
 __all__ = ["AfterStart", "BeforeStop", "LoopResult", "TaskRef", "WarmStart", "run_loop"]
 
@@ -103,8 +103,8 @@ class _Loop:
     async def start_engines(self, init: Path | None) -> list[EngineProcess]:
         """One CPU engine per cell, on ``init`` (else the model's own weights); an earlier driver's are stopped.
         With the run's ``engines`` (serving already, elsewhere) none is started: they are the cells' engines."""
+        from opengyre.engine import EngineConfig, EngineProcess
         from opengyre.models import checkpoint_info
-        from opengyre.proxy.engine import EngineConfig, EngineProcess
 
         cfg = self.cfg
         if cfg.engines:

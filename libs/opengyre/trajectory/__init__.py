@@ -1,6 +1,7 @@
 """Trajectory trees: the shared-prefix structure of one execution's model calls (proxy writes, trainer reads),
 one codec and validator for recorded calls and one row -> node mapping for the stores that fold them,
-and the compact token payload each call stores once, out of its event."""
+the compact token payload each call stores once, out of its event, and each execution's size in the proxy's
+store (``execution_sizes``)."""
 
 from ._calls import (
     ENGINE_ID_LEN,
@@ -19,13 +20,17 @@ from ._calls import (
     unpack_spans,
 )
 from ._payload import PayloadError, PayloadUnavailable, TokenPayload, decode_payload, encode_payload, payload_digest
+from ._sizes import CALLS_TABLE, EXECUTIONS_TABLE, ExecutionSize, execution_sizes
 from ._stored import join_payload, resolve_calls, split_payload
 from ._tree import Node, PathSequence, TrajectoryError, TrajectoryTree
 
 __all__ = [
+    "CALLS_TABLE",
     "ENGINE_ID_LEN",
+    "EXECUTIONS_TABLE",
     "FINISH_REASON_LEN",
     "CallRejected",
+    "ExecutionSize",
     "Node",
     "PathSequence",
     "PayloadError",
@@ -38,6 +43,7 @@ __all__ = [
     "check_payload",
     "decode_payload",
     "encode_payload",
+    "execution_sizes",
     "is_logprob",
     "join_payload",
     "node_from_row",

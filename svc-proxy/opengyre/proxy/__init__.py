@@ -1,4 +1,4 @@
-"""QwenGyre token-in/token-out model gateway with trajectory trees, the engine pool, and the CPU engine.
+"""QwenGyre token-in/token-out model gateway with trajectory trees and the engine pool.
 
 - ``Gateway`` / ``GatewayConfig``: the harness-facing HTTP gateway (OpenAI, Anthropic) with TITO recording.
 - ``EnginePool``: rollout engines, drain with transparent re-issue, bounded queue; ``KVMigrator`` hook.
@@ -6,11 +6,10 @@
   ``list_executions`` / ``path_mask``: the trajectory store (rows refer to token payloads stored once);
   ``SealedFinishes``: the executions whose sealed finish the store folded (the outbox forgets their seals);
   ``export_execution`` / ``export_path``: ATIF.
-- ``assemble`` / ``Outcome`` / ``Turn``: generated ids -> text and tool calls (what a harness gets back).
-- ``ChatCodec`` (re-exported from ``opengyre.chat``) / ``ExecutionTrajectory`` / ``replay_conversation``: rendering
-  and TITO planning, and a whole reference conversation as the proxy would record it (the trainer's SFT samples
-  come from there).
-- ``opengyre.proxy.engine``: the built-in CPU engine (SGLang native API).
+- ``ChatCodec``: re-exported from ``opengyre.chat``.
+
+The built-in CPU engine is ``opengyre.engine``, the wire formats ``opengyre.wire``, TITO planning and
+``replay_conversation`` ``opengyre.tito``, the HTTP server ``opengyre.asgi``.
 
 Names load on first use: the CLI imports this package on every command and must not pay for torch.
 """
@@ -24,14 +23,10 @@ from opengyre._lazy import lazy_exports
 if TYPE_CHECKING:
     from opengyre.chat import ChatCodec
 
-    from ._assembly import Outcome, Turn, assemble
-    from ._gateway import Gateway, GatewayConfig
-    from ._http import HttpServer
     from ._keys import ExecutionKeys, KeyClaim
-    from ._replay import replay_conversation
     from .engines._client import EngineClient, EngineConnection, EngineOptions
     from .engines._pool import EngineHandle, EnginePool, KVMigrator, NoCapacity, RePrefill
-    from .engines._tito import ExecutionTrajectory, TitoNode
+    from .gateway import Gateway, GatewayConfig
     from .recording._atif import ATIF_VERSION, export_execution, export_path
     from .recording._store import SealedFinishes, TrajectoryProjection
     from .recording._trees import (
@@ -46,9 +41,6 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "Outcome": "_assembly",
-    "Turn": "_assembly",
-    "assemble": "_assembly",
     "ATIF_VERSION": "recording._atif",
     "export_execution": "recording._atif",
     "export_path": "recording._atif",
@@ -56,9 +48,8 @@ _WHERE = {
     "EngineClient": "engines._client",
     "EngineConnection": "engines._client",
     "EngineOptions": "engines._client",
-    "Gateway": "_gateway",
-    "GatewayConfig": "_gateway",
-    "HttpServer": "_http",
+    "Gateway": "gateway",
+    "GatewayConfig": "gateway",
     "ExecutionKeys": "_keys",
     "KeyClaim": "_keys",
     "EngineHandle": "engines._pool",
@@ -66,11 +57,8 @@ _WHERE = {
     "KVMigrator": "engines._pool",
     "NoCapacity": "engines._pool",
     "RePrefill": "engines._pool",
-    "replay_conversation": "_replay",
     "SealedFinishes": "recording._store",
     "TrajectoryProjection": "recording._store",
-    "ExecutionTrajectory": "engines._tito",
-    "TitoNode": "engines._tito",
     "ExecutionSummary": "recording._trees",
     "StoredCall": "recording._trees",
     "list_executions": "recording._trees",
@@ -91,21 +79,15 @@ __all__ = [
     "EnginePool",
     "ExecutionKeys",
     "ExecutionSummary",
-    "ExecutionTrajectory",
     "Gateway",
     "GatewayConfig",
-    "HttpServer",
     "KVMigrator",
     "KeyClaim",
     "NoCapacity",
-    "Outcome",
     "RePrefill",
     "SealedFinishes",
     "StoredCall",
-    "TitoNode",
     "TrajectoryProjection",
-    "Turn",
-    "assemble",
     "export_execution",
     "export_path",
     "list_executions",
@@ -113,7 +95,6 @@ __all__ = [
     "load_execution",
     "load_tree",
     "path_mask",
-    "replay_conversation",
     "resolve_stored",
 ]
 

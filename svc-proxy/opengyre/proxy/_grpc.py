@@ -15,8 +15,8 @@ from opengyre.runtime import Service, ServiceContext
 from opengyre.trajectory import PayloadUnavailable, TrajectoryTree
 from opengyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
-from ._gateway import Gateway
 from ._keys import ROLES
+from .gateway import Gateway
 from .recording._atif import export_execution
 from .recording._recorder import ExecutionSealed, SealUnavailable
 from .recording._trees import StoredCall, list_executions, load_calls, resolve_stored

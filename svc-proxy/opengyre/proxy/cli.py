@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from opengyre.console import DataDirOpt, DbUrlOpt, NatsUrlOpt, fail, log_session, settings_from
-
-from .engine._cli import engine_command
+from opengyre.engine import engine_command
 
 if TYPE_CHECKING:
     from opengyre.config import Settings

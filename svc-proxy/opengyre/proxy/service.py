@@ -21,8 +21,8 @@ from opengyre.v1 import proxy_pb2_grpc
 from .recording._store import SealedFinishes, TrajectoryProjection
 
 if TYPE_CHECKING:
-    from ._gateway import Gateway, GatewayConfig
     from .engines._cells import CellWatcher
+    from .gateway import Gateway, GatewayConfig
 
 __all__ = ["ProxyService"]
 
@@ -83,8 +83,8 @@ class ProxyService(Service):
         return out
 
     def _gateway_config(self, ctx: ServiceContext) -> GatewayConfig:
-        from ._gateway import GatewayConfig
         from ._keys import load_or_create_secret
+        from .gateway import GatewayConfig
 
         s = ctx.settings
         cfg = self._config or GatewayConfig()
@@ -123,10 +123,11 @@ class ProxyService(Service):
         )
 
     async def start(self, ctx: ServiceContext) -> None:
-        from ._gateway import Gateway
+        from opengyre.tito import ExecutionTrajectory
+
         from ._grpc import resolve_contexts
         from .engines._cells import CellWatcher
-        from .engines._tito import ExecutionTrajectory
+        from .gateway import Gateway
         from .recording._restore import restore_trajectory
         from .recording._trees import load_execution
 

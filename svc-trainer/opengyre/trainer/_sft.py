@@ -3,7 +3,7 @@
 A golden trajectory is an OpenAI-format conversation (system, user, assistant with ``tool_calls``, ``tool``
 results; with the tools offered) whose assistant turns are the targets: a synthesized task's reference solution,
 or a high-reward execution. It becomes the tree the proxy would have recorded had the policy produced it
-(``opengyre.proxy.replay_conversation``: the gateway's parsing, TITO planning and chat codec), so the trained ids
+(``opengyre.tito.replay_conversation``: the gateway's parsing, TITO planning and chat codec), so the trained ids
 are exactly the ids the policy sees and emits behind the gateway: the same template, the same tool block in the
 system prompt, the same ``<tool_call>{json}</tool_call>`` text, the same tool-result turns, and each turn's
 prompt extending the previous call's ids rather than a re-tokenization of the whole conversation. Only the
@@ -61,7 +61,7 @@ def golden_tree(
 ) -> TrajectoryTree:
     """One node per assistant message, as the proxy would record the conversation (see the module doc)."""
     from opengyre.chat import ChatCodec
-    from opengyre.proxy import replay_conversation
+    from opengyre.tito import replay_conversation
 
     codec = ChatCodec(tokenizer or load_tokenizer())
     tools_list = [dict(t) for t in tools] if tools else None

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from opengyre.asgi import HttpServer
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded
 from opengyre.proxy import Gateway, GatewayConfig
-from opengyre.proxy._http import HttpServer
 from opengyre.trajectory import resolve_calls
 
 from ._scripted_engine import ScriptedEngine

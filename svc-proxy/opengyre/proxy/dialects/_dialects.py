@@ -12,21 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.tito import ExecutionTrajectory
+from opengyre.wire import ApiError, Frame, GenRequest, Outcome, Turn
+from opengyre.wire import anthropic as anthropic_api
+from opengyre.wire import openai as openai_api
 
-from .._assembly import Outcome, Turn
-from ..engines._tito import ExecutionTrajectory
-from . import _anthropic as anthropic_api
-from . import _openai as openai_api
 from . import _responses as responses_api
-from ._errors import ApiError
-from ._request import GenRequest
 
 __all__ = ["ANTHROPIC", "CHAT", "COMPLETIONS", "DIALECTS", "RESPONSES", "Dialect", "StreamFn"]
 
 TokenSource = AsyncIterator[tuple[list[int], list[float]]]
 OnTurn = Callable[[Turn], Any]
 StreamFn = Callable[
-    [GenRequest, ChatCodec, TokenSource, Callable[[], Outcome], list[int], str, OnTurn], AsyncIterator[bytes]
+    [GenRequest, ChatCodec, TokenSource, Callable[[], Outcome], list[int], str, OnTurn], AsyncIterator[Frame]
 ]
 RespondFn = Callable[[GenRequest, ChatCodec, Outcome, Turn, list[int], str], dict[str, Any]]
 
@@ -36,9 +34,9 @@ class Dialect:
     name: str
     parse: Callable[[object], GenRequest]
     respond: RespondFn  # the non-streamed body
-    stream: StreamFn  # the SSE body; ends early (before its final frames) when the outcome is an abort
+    stream: StreamFn  # the SSE body as frames; ends early (before its final frames) when the outcome is an abort
     error_body: Callable[[ApiError], dict[str, Any]]
-    stream_error: Callable[[ApiError], bytes]  # the closing error frames of a stream whose call failed
+    stream_error: Callable[[ApiError], list[Frame]]  # the closing error frames of a stream whose call failed
     # (prompt tokens, context length, max_tokens asked for or None) -> the 400 it answers
     context_error: Callable[[int, int, int | None], ApiError]
     overloaded_status: int = 503  # Anthropic says 529

@@ -16,16 +16,26 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.tito import ExecutionTrajectory
+from opengyre.wire import (
+    OPENAI_NAME,
+    ApiError,
+    Frame,
+    GenRequest,
+    Outcome,
+    StreamAssembler,
+    TextPiece,
+    ToolChoice,
+    ToolPiece,
+    Turn,
+    check_number,
+    check_schema,
+    check_tool_name,
+    response_format_schema,
+)
+from opengyre.wire.openai import chat_logprobs_content, error_body
 
-from .._assembly import Outcome, StreamAssembler, TextPiece, ToolPiece, Turn
 from .._temperature import DEFAULT_TEMPERATURE
-from ..engines._tito import ExecutionTrajectory
-from ._errors import ApiError
-from ._openai import chat_logprobs_content, error_body
-from ._request import GenRequest, check_number
-from ._sse import sse
-from ._structured import ToolChoice, response_format_schema
-from ._tooldefs import OPENAI_NAME, check_schema, check_tool_name
 
 __all__ = ["parse_responses", "resolve_previous", "response_body", "response_stream", "stream_error"]
 
@@ -448,15 +458,15 @@ def response_body(
     return _finished(req, rid, time.time(), outcome, turn, prompt_ids, output)
 
 
-def stream_error(err: ApiError) -> bytes:
+def stream_error(err: ApiError) -> list[Frame]:
     """The event that ends a stream whose call failed after the 200 went out (no response.completed); its
     ``code`` is the one a non-streamed call's error carries, else the error's type."""
     code = err.code or error_body(err)["error"]["type"]
-    return _event({"type": "error", "code": code, "message": err.message, "param": err.param, "sequence_number": -1})
+    return [_event({"type": "error", "code": code, "message": err.message, "param": err.param, "sequence_number": -1})]
 
 
-def _event(obj: dict[str, Any]) -> bytes:
-    return sse(obj, str(obj["type"]))
+def _event(obj: dict[str, Any]) -> Frame:
+    return Frame(obj, str(obj["type"]))
 
 
 async def response_stream(
@@ -467,7 +477,7 @@ async def response_stream(
     prompt_ids: list[int],
     rid: str,
     on_turn: Callable[[Turn], Any] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[Frame]:
     """response.created, in_progress, then per output item: output_item.added, (content_part.added, output_text
     deltas, output_text.done, content_part.done | function_call_arguments delta and done), output_item.done;
     then response.completed (or response.incomplete at the length limit) with the whole response."""
@@ -475,7 +485,7 @@ async def response_stream(
     seq = 0
     output: list[dict[str, Any]] = []
 
-    def ev(obj: dict[str, Any]) -> bytes:
+    def ev(obj: dict[str, Any]) -> Frame:
         nonlocal seq
         obj["sequence_number"] = seq
         seq += 1
@@ -489,7 +499,7 @@ async def response_stream(
     lps: list[dict[str, Any]] = []
     item_id = f"msg_{rid}"
 
-    def close_message(status: str) -> list[bytes]:
+    def close_message(status: str) -> list[Frame]:
         nonlocal msg_index
         if msg_index is None:
             return []
@@ -504,9 +514,9 @@ async def response_stream(
             ev({"type": "response.output_item.done", "output_index": index, "item": item}),
         ]
 
-    def emit(pieces: list[TextPiece | ToolPiece], new_lps: list[dict[str, Any]]) -> list[bytes]:
+    def emit(pieces: list[TextPiece | ToolPiece], new_lps: list[dict[str, Any]]) -> list[Frame]:
         nonlocal msg_index, text
-        out: list[bytes] = []
+        out: list[Frame] = []
         for p in pieces:
             if isinstance(p, TextPiece):
                 if msg_index is None:

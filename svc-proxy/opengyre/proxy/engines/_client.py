@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ import msgspec
 
 from opengyre.http1 import Http1Error, Http1Pool
 from opengyre.trajectory import is_logprob
+from opengyre.wire import finite_number, top_alternatives
 
 __all__ = [
     "EngineBadReply",
@@ -31,7 +31,6 @@ __all__ = [
     "RolloutEngine",
     "behaviour_logprobs",
     "sse_chunks",
-    "top_alternatives",
 ]
 
 _enc = msgspec.json.Encoder()
@@ -55,13 +54,6 @@ class EngineBadReply(Exception):
     """The engine answered, but not what the proxy can record (e.g. a token without its behaviour logprob)."""
 
 
-def _number(x: object) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    v = float(x)
-    return v if math.isfinite(v) else None
-
-
 def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) -> list[float]:
     """The engine's logprob of each of ``n_ids`` new tokens (``offset`` tokens came before them).
 
@@ -79,7 +71,7 @@ def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) ->
         )
     out: list[float] = []
     for i, entry in enumerate(raw):
-        v = _number(entry[0] if isinstance(entry, list | tuple) and entry else entry)
+        v = finite_number(entry[0] if isinstance(entry, list | tuple) and entry else entry)
         if v is None:
             raise EngineBadReply(
                 f"the engine returned no usable behaviour logprob for output token {offset + i} "
@@ -93,15 +85,6 @@ def behaviour_logprobs(raw: object, n_ids: int, offset: int, field_name: str) ->
         out.append(v)
     if len(out) != n_ids:
         raise EngineBadReply(f"the engine returned {n_ids} output tokens but {len(out)} logprobs ({field_name})")
-    return out
-
-
-def top_alternatives(entry: object) -> list[tuple[int, float]]:
-    """SGLang's ``[[logprob, id, text], ...]`` for one token as ``(id, logprob)`` pairs (malformed ones dropped)."""
-    out: list[tuple[int, float]] = []
-    for e in entry if isinstance(entry, list) else []:
-        if isinstance(e, list | tuple) and len(e) >= 2 and isinstance(e[1], int) and (v := _number(e[0])) is not None:
-            out.append((e[1], v))
     return out
 
 

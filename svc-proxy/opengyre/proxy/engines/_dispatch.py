@@ -14,8 +14,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .._assembly import Outcome
-from ..dialects._errors import ApiError
+from opengyre.wire import ApiError, Outcome
+
 from ._client import EngineBadReply, EngineFailed, EngineRejected, EngineReply
 from ._pool import EngineHandle, EnginePool, NoCapacity
 

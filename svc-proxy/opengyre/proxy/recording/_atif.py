@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opengyre.events import ModelCallRecorded
+from opengyre.tito import canon_message
 from opengyre.trajectory import TrajectoryTree
+from opengyre.wire import arguments_object
 
-from .._assembly import arguments_object
-from ..engines._tito import canon_message
 from ._trees import StoredCall
 
 __all__ = ["ATIF_VERSION", "context_of", "conversations", "export_execution", "export_path"]

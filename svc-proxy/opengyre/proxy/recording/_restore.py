@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opengyre.chat import ChatCodec
+from opengyre.tito import ExecutionTrajectory, Plan, tools_key
 
-from ..engines._tito import ExecutionTrajectory, Plan, _tools_key
 from ._atif import context_of, conversations
 from ._trees import StoredCall
 
@@ -42,7 +42,7 @@ def restore_trajectory(
             drift=e.drift,
             context=ctx,
             messages=convs[e.call_id] if chat else None,
-            tools_key=_tools_key(tools),
+            tools_key=tools_key(tools),
         )
         t.commit(plan, e.call_id, e.output_ids, ctx.get("response") if chat else None, e.role)
     return t

@@ -36,7 +36,15 @@ from sqlalchemy.orm import Mapped, mapped_column
 from opengyre.events import ExecutionFinished, ModelCallRecorded, PayloadsCompacted
 from opengyre.projection import Projection, Rejected, folds
 from opengyre.store import STREAM_SEQ, Base
-from opengyre.trajectory import ENGINE_ID_LEN, FINISH_REASON_LEN, CallRejected, call_row, check_call
+from opengyre.trajectory import (
+    CALLS_TABLE,
+    ENGINE_ID_LEN,
+    EXECUTIONS_TABLE,
+    FINISH_REASON_LEN,
+    CallRejected,
+    call_row,
+    check_call,
+)
 
 __all__ = [
     "CALLS",
@@ -51,7 +59,7 @@ __all__ = [
 
 
 class CallRow(Base):
-    __tablename__ = "proxy_calls"
+    __tablename__ = CALLS_TABLE  # execution_sizes (opengyre.trajectory) reads it by this name
 
     execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -93,7 +101,7 @@ class CallRow(Base):
 
 
 class ExecutionRow(Base):
-    __tablename__ = "proxy_executions"
+    __tablename__ = EXECUTIONS_TABLE
 
     execution_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     calls: Mapped[int] = mapped_column(Integer)

@@ -21,7 +21,7 @@ __all__ = ["DEFAULT_ENGINE_ARGV", "DEFAULT_TRAINER_ARGV", "LocalActuator"]
 
 # Placeholders: {cell}, {ready_file}, {scheduler}, {role}.
 DEFAULT_ENGINE_ARGV: tuple[str, ...] = (
-    sys.executable, "-m", "opengyre.proxy.engine", "--preset", "tiny", "--port", "0", "--port-file", "{ready_file}",
+    sys.executable, "-m", "opengyre.engine", "--preset", "tiny", "--port", "0", "--port-file", "{ready_file}",
     "--threads", "1",
 )  # fmt: skip
 DEFAULT_TRAINER_ARGV: tuple[str, ...] = (

@@ -11,6 +11,8 @@ from typing import Literal
 import numpy as np
 from sqlalchemy import Connection, inspect, select
 
+from opengyre.trajectory import execution_sizes
+
 from .._executions import EXECUTIONS
 from .._state import as_seconds
 from ._files import WorkloadFile
@@ -71,18 +73,11 @@ def read_store(conn: Connection, *, timeout_h: float | None = None) -> StoreSamp
 
 
 def _tokens(conn: Connection) -> tuple[float | None, float | None, int]:
-    from opengyre.proxy import list_executions, load_calls  # the trajectory store's public readers
-
-    if not inspect(conn).has_table("proxy_executions"):
+    sizes = execution_sizes(conn)  # the proxy's trajectory store, if this database has it
+    if not sizes:
         return None, None, 0
-    summaries = list_executions(conn)
-    if not summaries:
-        return None, None, 0
-    largest = []
-    for s in summaries:
-        calls = load_calls(conn, s.execution_id)
-        largest.append(max(c.event.prefix_len + len(c.event.prompt_delta_ids) + len(c.event.output_ids) for c in calls))
-    return float(np.mean(largest)), float(np.mean([s.stored_tokens for s in summaries])), len(summaries)
+    largest = [s.largest_call for s in sizes]
+    return float(np.mean(largest)), float(np.mean([s.stored_tokens for s in sizes])), len(sizes)
 
 
 def fit_workload(
