@@ -29,7 +29,11 @@ async def test_sft_then_rl_then_inspect(
     convo = [{"role": "user", "content": "say hi"}, {"role": "assistant", "content": "hi"}]
     call = {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
-    with_tools = [*convo[:1], {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "a"}]
+    with_tools = [
+        *convo[:1],
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "a"},
+    ]
     lines = [{"messages": convo}] * 2 + [{"messages": [*with_tools, convo[1]], "tools": tools}]
     data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     sft = og("train", "sft", str(data), "--out", str(tmp_path / "sft"), "--epochs", "2", "--lr", "1e-3")

@@ -235,7 +235,11 @@ def _message(i: int, m: object) -> dict[str, Any]:
             )
         out["tool_calls"] = norm
     if role == "tool":
-        out["tool_call_id"] = str(m.get("tool_call_id", ""))
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            # OpenAI requires it: without it the result cannot be tied to its call (never invent one)
+            raise ApiError.invalid(f"'{p}.tool_call_id' is required on a tool message", param=f"{p}.tool_call_id")
+        out["tool_call_id"] = call_id
     return out
 
 
@@ -330,6 +334,16 @@ def parse_completion(raw: object) -> GenRequest:
         req.logprobs = True
         req.top_logprobs = lp
     req.echo = bool(body.get("echo"))
+    # What this server cannot honour is refused, not ignored: best_of ranks extra samples server-side, suffix asks
+    # for insertion, and echo with logprobs asks for the prompt's logprobs too (only the completion's are known).
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != req.n:
+        raise ApiError.invalid("'best_of' other than 'n' is not supported", param="best_of")
+    suffix = body.get("suffix")
+    if suffix not in (None, ""):
+        raise ApiError.invalid("'suffix' (insertion) is not supported", param="suffix")
+    if req.echo and lp is not None:
+        raise ApiError.invalid("'echo' with 'logprobs' (the prompt's logprobs) is not supported", param="echo")
     return req
 
 
