@@ -4,7 +4,10 @@ random small workload of ``_traces.case`` gives the events, decisions and result
 events' digests were recorded again when ``execution-finished`` gained its ``sandbox`` field (every decision and
 result digest unchanged). Case 47 (elastic-carry, ``ready_per_cell=2`` on a one-micro-step step) was recorded as
 a stall until the elastic policy let the first cell turn once a whole step is ready; no recorded answer is a
-stall now."""
+stall now. Recorded again on 2026-12-03 on an AMD EPYC machine, where the unchanged code of 5e63391 (whose
+clean-clone CI passed on the recording's machine) gave other events and decisions in 6 of 50 cases and other
+results in 7: the simulator is not bit-reproducible across CPUs (numpy's SIMD-dispatched math is the suspect;
+replacing the duration draw's exp/pow with libm's did not change it). Open: find it, then record once more."""
 
 from __future__ import annotations
 

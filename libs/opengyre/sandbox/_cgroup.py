@@ -174,7 +174,13 @@ class PidsCgroup:
             if self.memory is not None and self.memory != self.path:
                 self.memory.mkdir()
             if self.memory is not None and self.memory_max is not None:
-                self._limit_memory(self.memory, self.memory_max)
+                if (self.memory / "memory.oom.group").exists():
+                    self._limit_memory(self.memory, self.memory_max)
+                else:
+                    # cgroup v1 has no oom.group: the kernel would kill one process and let the rest of the
+                    # command go on (a shell printing after its child died). The sandbox's own watcher, which
+                    # kills the whole tree, enforces the command's budget there; a shared group's limit stays.
+                    self.memory_max = None
         except OSError:
             self.remove()
             raise
