@@ -3,10 +3,11 @@ OUT/NNN.json and answers a minimal valid reply in the request's dialect (Anthrop
 Completions), so the harness goes on to its next call. The first call of a conversation that offers a known
 shell tool gets a call of it (``echo hi``); any other call gets text.
 
-    python scripts/capture_harness_requests.py OUT PORT [--agent]
+    python scripts/capture_harness_requests.py OUT PORT [--agent] [--usage N]
 
 Point the harness at http://127.0.0.1:PORT (tests/proxy/fixtures/harness_requests/README.md has the runs);
-``--agent`` makes Claude Code's first call start a sub-agent. Scrub keys before committing what it wrote.
+``--agent`` makes Claude Code's first call start a sub-agent; ``--usage N`` reports N input tokens per reply, so a
+harness that compacts near its context limit sends its compaction request next. Scrub keys before committing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ SHELL: dict[str, dict[str, Any]] = {
     "shell": {"command": ["bash", "-lc", "echo hi"]},
     "run_shell": {"command": "echo hi"},
 }
+# Input tokens each reply reports (``--usage``).
+USAGE = [10]
 AGENT = {"Agent": {"description": "say hi", "prompt": "Run echo hi with Bash.", "subagent_type": "general-purpose"}}
 
 
@@ -61,7 +64,12 @@ def _anthropic(body: dict[str, Any], tool: str | None, shells: dict[str, dict[st
         stop = "tool_use"
     else:
         block, stop = {"type": "text", "text": "Done." if body.get("tools") else "Hello title"}, "end_turn"
-    usage = {"input_tokens": 10, "output_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    usage = {
+        "input_tokens": USAGE[0],
+        "output_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
     msg = {
         "id": f"msg_{uuid.uuid4().hex[:12]}",
         "type": "message",
@@ -97,11 +105,11 @@ def _responses(body: dict[str, Any], tool: str | None, shells: dict[str, dict[st
         text = {"type": "output_text", "text": "Done.", "annotations": []}
         item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [text]}
     usage = {
-        "input_tokens": 10,
+        "input_tokens": USAGE[0],
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": 3,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 13,
+        "total_tokens": USAGE[0] + 3,
     }
     resp = {
         "id": f"resp_{uuid.uuid4().hex[:12]}",
@@ -130,7 +138,7 @@ def _responses(body: dict[str, Any], tool: str | None, shells: dict[str, dict[st
 
 def _chat(body: dict[str, Any], tool: str | None, shells: dict[str, dict[str, Any]]) -> tuple[Any, str | None]:
     base = {"id": "chatcmpl-1", "created": int(time.time()), "model": body.get("model")}
-    usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    usage = {"prompt_tokens": USAGE[0], "completion_tokens": 3, "total_tokens": USAGE[0] + 3}
     if tool:
         fn = {"name": tool, "arguments": json.dumps(shells[tool])}
         call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": fn}
@@ -204,4 +212,8 @@ def serve(out: Path, port: int, shells: dict[str, dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--agent"]
+    if "--usage" in args:
+        i = args.index("--usage")
+        USAGE[0] = int(args[i + 1])
+        del args[i : i + 2]
     serve(Path(args[0]), int(args[1]), {**AGENT, **SHELL} if "--agent" in sys.argv else SHELL)

@@ -239,6 +239,34 @@ async def test_claude_codes_sub_agent_is_a_sub_agent(replay: Replay) -> None:
     assert {e.role for e in events} == {"main", "sub-agent"}
 
 
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+async def test_a_harness_compaction_is_the_main_agents_summary(replay: Replay, harness: str) -> None:
+    # Captured with `--usage 195000`: the agent's call, its compaction request (Claude Code: a continuation;
+    # Codex: the conversation again without tools), the conversation continued from the summary.
+    for p in [p for p in _fixtures(harness) if p.name.startswith("compact-")]:
+        r = await replay.send(_load(p), f"ex-{harness}-compact")
+        assert r.status_code == 200, r.text
+    assert [e.role for e in await replay.stack.recorded()] == ["main", "main-summary", "main"]
+
+
+async def test_a_sub_agents_compaction_is_the_sub_agents_summary(replay: Replay) -> None:
+    # Claude Code's compaction turn (captured) as the next turn of its sub-agent's last request (captured).
+    files = [p for p in _fixtures("claude-code") if p.name.startswith("subagent-")]
+    recs = [_load(p) for p in files]
+    main_system = recs[0]["body"]["system"][2]["text"]
+    sub = next(i for i, rec in reversed(list(enumerate(recs))) if rec["body"]["system"][2]["text"] != main_system)
+    for rec in recs[: sub + 1]:
+        r = await replay.send(rec, "ex-cc-sub-compact")
+        assert r.status_code == 200, r.text
+    compaction = _load(FIXTURES / "claude-code" / "compact-002.json")["body"]["messages"][-1]["content"][-1]
+    summary = json.loads(json.dumps(recs[sub]))
+    summary["body"]["messages"].append({"role": "user", "content": [compaction]})
+    r = await replay.send(summary, "ex-cc-sub-compact")
+    assert r.status_code == 200, r.text
+    roles = [e.role for e in await replay.stack.recorded()]
+    assert roles[sub] == "sub-agent" and roles[-1] == "sub-agent-summary", (sub, roles)
+
+
 def _tool(name: str, **kw: Any) -> dict[str, Any]:
     return {"name": name, "description": f"the {name} tool", "input_schema": {"type": "object"}, **kw}
 

@@ -66,8 +66,17 @@ def infer_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
     conversation that has tools, else its first main one. Before any main exists, a tool-less one-shot
     helper call (a title generator: OpenCode sends it before the agent's first call) is not taken for the
     main agent; and a conversation with tools that arrives when every main so far had none is the main
-    agent (the earlier one was a helper that was not recognised).
+    agent (the earlier one was a helper that was not recognised). A call whose last turn is a harness's
+    compaction request (``_SUMMARY_PROMPT``) is the summary of the conversation it would otherwise belong to:
+    ``main-summary`` or ``sub-agent-summary``.
     """
+    role = _conversation_role(traj, plan)
+    if plan.messages and _asks_for_summary(plan.messages):
+        return "main-summary" if role == "main" else "sub-agent-summary"
+    return role
+
+
+def _conversation_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
     if plan.parent_call_id is not None:
         parent = traj.nodes.get(plan.parent_call_id)
         if parent is not None and parent.role in ("sub-agent", "sub-agent-summary"):
@@ -94,8 +103,36 @@ def infer_role(traj: ExecutionTrajectory, plan: Plan) -> TrajectoryRole:
 _HELPER_PROMPT = re.compile(r"\byou are a title generator\b|\bgenerate a (?:brief |short |concise )?title\b", re.I)
 
 
+# Compaction requests real harnesses append as the conversation's last user turn (captured in
+# tests/proxy/fixtures/harness_requests/*/compact-*.json): Claude Code 2.1.328 adds it to the turn that holds the
+# last tool result; Codex 0.169.0 sends it alone, with no tools. Ours (opengyre.harness) claims its roles instead.
+_SUMMARY_PROMPT = re.compile(
+    r"\byour task is to create a detailed summary of the conversation so far\b"  # Claude Code
+    r"|\byou are performing a context checkpoint compaction\b",  # Codex
+    re.I,
+)
+
+
+def _asks_for_summary(messages: list[dict[str, Any]]) -> bool:
+    last = messages[-1]
+    if last.get("role") != "user":
+        return False
+    content = last.get("content")
+    if isinstance(content, str):
+        return bool(_SUMMARY_PROMPT.search(content))
+    if isinstance(content, list):
+        texts = (p.get("text") for p in content if isinstance(p, dict))
+        return any(isinstance(t, str) and _SUMMARY_PROMPT.search(t) for t in texts)
+    return False
+
+
+# Claude Code's first system block is a billing line whose cc_version suffix changes with the conversation's
+# first turn (after a compaction too): what the agent is, for telling conversations apart, is the rest.
+_BILLING_LINE = re.compile(r"\Ax-anthropic-billing-header:[^\n]*\n?")
+
+
 def _system_of(messages: list[dict[str, Any]]) -> str | None:
     if messages and messages[0].get("role") == "system":
         content = messages[0].get("content")
-        return content if isinstance(content, str) else None
+        return _BILLING_LINE.sub("", content) if isinstance(content, str) else None
     return None
