@@ -14,12 +14,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from opengyre.asgi import HttpServer
 from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.harness import HarnessTarget, harness_preset, run_harness
+from opengyre.harness import HarnessSpec, HarnessTarget, harness_preset, run_harness
 from opengyre.models import ModelSource
 from opengyre.sandbox import SandboxLimits
 from tests.apps.cli._cli import og
@@ -91,6 +92,7 @@ async def test_the_real_harness_runs_its_shell_tool_through_the_proxy(
                 "anthropic_base_url": f"{st.gateway.url}/x/{eid}",
                 "api_key": st.gateway.issue_key(eid),
                 "model": MODEL,
+                "context_length": str(st.gateway.served_context().tokens),
                 "workdir": str(work),
                 "instruction": task.read_text(),
                 "instruction_file": str(task),
@@ -126,9 +128,11 @@ async def test_the_real_harness_runs_its_shell_tool_through_the_proxy(
 async def test_claude_code_behind_the_real_smollm2_is_told_its_prompt_is_too_long_and_status_says_why(
     smollm2: ModelSource, tmp_path: Path
 ) -> None:
-    """Claude Code's system prompt and tools alone are longer than SmolLM2's 8,192-token context: the proxy
-    answers Anthropic's own error, which Claude Code shows as it would the vendor's, and ``opengyre status`` says
-    what context the proxy serves and where that figure comes from, and that the call was refused for it."""
+    """Claude Code's system prompt and tools alone are longer than SmolLM2's 8,192-token context. Told the served
+    context (its preset sets its window from ``ExecutionAccess.context_length``) it says "Prompt is too long" and
+    sends nothing; with a window it does not know (a spec without it) it sends the call, the proxy answers
+    Anthropic's own error, which Claude Code shows as it would the vendor's, and ``opengyre status`` says what
+    context the proxy serves, where that figure comes from, and that the call was refused for it."""
     if not _installed("claude-code"):
         pytest.skip("claude-code is not installed here (make harnesses installs the pinned version)")
     assert smollm2.checkpoint is not None
@@ -148,10 +152,21 @@ async def test_claude_code_behind_the_real_smollm2_is_told_its_prompt_is_too_lon
             access = json.loads(got.stdout)
             work = tmp_path / "work"
             work.mkdir()
-            target = HarnessTarget(access["base_url"], access["api_key"], cfg.model_name, work, "Say hi.")
-            out = await asyncio.to_thread(
-                run_harness, harness_preset("claude-code"), target, SandboxLimits(timeout_s=600, memory_mb=8192)
+            limits = SandboxLimits(timeout_s=600, memory_mb=8192)
+            async with httpx.AsyncClient(timeout=30) as c:  # the engine serves from this event loop
+                served = int((await c.get(f"{srv.url}/model_info")).json()["context_length"])
+            target = HarnessTarget(access["base_url"], access["api_key"], cfg.model_name, work, "Say hi.", served)
+            told = await asyncio.to_thread(run_harness, harness_preset("claude-code"), target, limits)
+            shown = told.stdout + told.stderr
+            assert told.exit_code != 0 and "prompt is too long" in shown.lower(), shown[-3000:]
+            preset = harness_preset("claude-code")
+            unknown = HarnessSpec(
+                "claude-code-own-window",
+                preset.argv,
+                {k: v for k, v in preset.env.items() if k != "CLAUDE_CODE_MAX_CONTEXT_TOKENS"},
+                preset.mounts,
             )
+            out = await asyncio.to_thread(run_harness, unknown, target, limits)
             shown = out.stdout + out.stderr
             assert out.exit_code != 0 and "prompt is too long" in shown.lower(), shown[-3000:]
             status = await asyncio.to_thread(og, "status", "--data-dir", str(data), env={"COLUMNS": "4000"})

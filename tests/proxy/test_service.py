@@ -60,6 +60,8 @@ async def test_operators_drive_the_proxy_over_grpc(
         assert "tito" in status.capabilities
 
         access = await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(execution_id="ex-svc"))
+        # The context it serves (what it enforces), so a harness can compact before it is refused.
+        assert access.context_length == service.gateway.served_context().tokens > 0
         client = openai.AsyncOpenAI(base_url=access.base_url, api_key=access.api_key, max_retries=0)
         m1: list[Any] = [{"role": "user", "content": "hi"}]
         r1 = await client.chat.completions.create(model=M, messages=m1, max_tokens=4)

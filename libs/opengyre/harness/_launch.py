@@ -40,6 +40,9 @@ class HarnessTarget:
     model: str
     workdir: Path
     instruction: str
+    # The context the proxy serves, in tokens (``ExecutionAccess.context_length``); a template naming
+    # ``{context_length}`` is refused without it.
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,10 @@ def run_harness(
         instruction_file = sb.root / "instruction.md"
         instruction_file.write_text(target.instruction)
         summary_file = sb.root / "harness-summary.json"
+        known = {} if target.context_length is None else {"context_length": str(target.context_length)}
         argv, env = spec.render(
             {
+                **known,
                 "base_url": target.base_url,
                 "anthropic_base_url": _anthropic_base(target.base_url),
                 "api_key": target.api_key,

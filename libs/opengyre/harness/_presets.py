@@ -95,6 +95,9 @@ def _presets() -> dict[str, HarnessSpec]:
                 "ANTHROPIC_BASE_URL": "{anthropic_base_url}",
                 "ANTHROPIC_API_KEY": "{api_key}",
                 "IS_SANDBOX": "1",  # it refuses --dangerously-skip-permissions as root outside a sandbox it knows
+                # It takes a model it does not know for a 1M-token one and would never compact before the proxy
+                # refuses the prompt: the context served is its window.
+                "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "{context_length}",
                 **_QUIET_CLAUDE,
             },
         ),
@@ -120,6 +123,8 @@ def _presets() -> dict[str, HarnessSpec]:
                 'model_providers.opengyre.wire_api="responses"',  # its only wire since 0.1xx
                 "-c",
                 'web_search="disabled"',  # a hosted tool: the proxy refuses it (docs/proxy.md)
+                "-c",
+                "model_context_window={context_length}",  # an unknown model's window: compact before the proxy refuses
                 "-c",
                 "check_for_update_on_startup=false",
                 "-c",

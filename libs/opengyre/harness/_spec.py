@@ -23,6 +23,7 @@ PLACEHOLDERS: dict[str, str] = {
     "anthropic_base_url": "the Anthropic base URL of the execution: http://proxy/x/<execution>",
     "api_key": "the execution's key (og1.<execution>.<role>.<mac>)",
     "model": "the model name to ask for",
+    "context_length": "the context the proxy serves, in tokens (so the harness compacts before the proxy refuses)",
     "workdir": "the task's workspace (absolute); also the command's working directory",
     "instruction": "the task's instruction, as text",
     "instruction_file": "a file holding the instruction",

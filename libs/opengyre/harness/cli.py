@@ -89,6 +89,10 @@ def launch(
         str | None,
         typer.Option(help="the sandbox backend (namespace, none, ...); default: $OPENGYRE_SANDBOX or namespace"),
     ] = None,
+    context_length: Annotated[
+        int | None,
+        typer.Option(min=1, help="the context the proxy serves, in tokens ({context_length} in a spec needs it)"),
+    ] = None,
 ) -> None:
     """Run a harness in the task's sandbox against one execution; prints the outcome as JSON; exit 0 when it
     submitted (or, without a summary, exited 0)."""
@@ -103,7 +107,7 @@ def launch(
         limits.validate()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    target = HarnessTarget(base_url, api_key, model, workdir, task_file.read_text())
+    target = HarnessTarget(base_url, api_key, model, workdir, task_file.read_text(), context_length)
     try:
         out = run_harness(harness, target, limits, backend=sandbox)
     except SandboxError as exc:  # the sandbox could not run it: an infrastructure failure, not a bad option

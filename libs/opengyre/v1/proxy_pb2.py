@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from opengyre.v1 import common_pb2 as opengyre_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/proxy.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"{\n\x06\x45ngine\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12\x0e\n\x06served\x18\x06 \x01(\x04\x12\x10\n\x08rerouted\x18\x07 \x01(\x04\"\x14\n\x12ListEnginesRequest\"^\n\x13ListEnginesResponse\x12$\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x13.opengyre.v1.Engine\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x10\n\x08rejected\x18\x03 \x01(\x04\"2\n\x10\x41\x64\x64\x45ngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\"5\n\x12\x44rainEngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x08\"7\n\x13\x44rainEngineResponse\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\r\n\x05moved\x18\x02 \x01(\r\":\n\x14OpenExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"t\n\x0f\x45xecutionAccess\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\".\n\x15ListExecutionsRequest\x12\x15\n\rexecution_ids\x18\x01 \x03(\t\"\xa5\x01\n\x10\x45xecutionSummary\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\r\x12\r\n\x05roots\x18\x03 \x01(\r\x12\r\n\x05\x64rift\x18\x04 \x01(\r\x12\x10\n\x08rerouted\x18\x05 \x01(\r\x12\x15\n\rstored_tokens\x18\x06 \x01(\x04\x12\x13\n\x0b\x66lat_tokens\x18\x07 \x01(\x04\x12\x10\n\x08last_seq\x18\x08 \x01(\x04\"K\n\x16ListExecutionsResponse\x12\x31\n\nexecutions\x18\x01 \x03(\x0b\x32\x1d.opengyre.v1.ExecutionSummary\"&\n\x0eGetTreeRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"\x89\x02\n\x08TreeNode\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x16\n\x0eparent_call_id\x18\x02 \x01(\t\x12\x12\n\nprefix_len\x18\x03 \x01(\r\x12\x18\n\x10prompt_delta_len\x18\x04 \x01(\r\x12\x12\n\noutput_len\x18\x05 \x01(\r\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\x16\n\x0eweight_version\x18\x07 \x01(\t\x12\x11\n\tengine_id\x18\x08 \x01(\t\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x0e\n\x06\x62ranch\x18\n \x01(\t\x12\x12\n\ndrift_kind\x18\x0b \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0c \x01(\r\x12\x0c\n\x04leaf\x18\r \x01(\x08\"R\n\x04Tree\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.opengyre.v1.TreeNode\x12\x0e\n\x06leaves\x18\x03 \x03(\t\"<\n\x0eGetPathRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x14\n\x0cleaf_call_id\x18\x02 \x01(\t\"\x91\x01\n\x04Path\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x14\n\x0cleaf_call_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x11\n\tgenerated\x18\x06 \x03(\x08\x12\x1a\n\x12\x62\x65haviour_logprobs\x18\x07 \x03(\x01\")\n\x11\x45xportAtifRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"2\n\x0c\x41tifDocument\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\",\n\x14SealExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"[\n\x15SealExecutionResponse\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x16\n\x0erecorded_calls\x18\x02 \x01(\r\x12\x14\n\x0c\x66\x61iled_calls\x18\x03 \x01(\r2\xfc\x05\n\x0cProxyService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12P\n\x0bListEngines\x12\x1f.opengyre.v1.ListEnginesRequest\x1a .opengyre.v1.ListEnginesResponse\x12?\n\tAddEngine\x12\x1d.opengyre.v1.AddEngineRequest\x1a\x13.opengyre.v1.Engine\x12P\n\x0b\x44rainEngine\x12\x1f.opengyre.v1.DrainEngineRequest\x1a .opengyre.v1.DrainEngineResponse\x12P\n\rOpenExecution\x12!.opengyre.v1.OpenExecutionRequest\x1a\x1c.opengyre.v1.ExecutionAccess\x12Y\n\x0eListExecutions\x12\".opengyre.v1.ListExecutionsRequest\x1a#.opengyre.v1.ListExecutionsResponse\x12\x39\n\x07GetTree\x12\x1b.opengyre.v1.GetTreeRequest\x1a\x11.opengyre.v1.Tree\x12\x39\n\x07GetPath\x12\x1b.opengyre.v1.GetPathRequest\x1a\x11.opengyre.v1.Path\x12G\n\nExportAtif\x12\x1e.opengyre.v1.ExportAtifRequest\x1a\x19.opengyre.v1.AtifDocument\x12V\n\rSealExecution\x12!.opengyre.v1.SealExecutionRequest\x1a\".opengyre.v1.SealExecutionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17opengyre/v1/proxy.proto\x12\x0bopengyre.v1\x1a\x18opengyre/v1/common.proto\"{\n\x06\x45ngine\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12\x0e\n\x06served\x18\x06 \x01(\x04\x12\x10\n\x08rerouted\x18\x07 \x01(\x04\"\x14\n\x12ListEnginesRequest\"^\n\x13ListEnginesResponse\x12$\n\x07\x65ngines\x18\x01 \x03(\x0b\x32\x13.opengyre.v1.Engine\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x10\n\x08rejected\x18\x03 \x01(\x04\"2\n\x10\x41\x64\x64\x45ngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\"5\n\x12\x44rainEngineRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0c\n\x04keep\x18\x02 \x01(\x08\"7\n\x13\x44rainEngineResponse\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\r\n\x05moved\x18\x02 \x01(\r\":\n\x14OpenExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"\x8c\x01\n\x0f\x45xecutionAccess\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x1a\n\x12\x61nthropic_base_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\".\n\x15ListExecutionsRequest\x12\x15\n\rexecution_ids\x18\x01 \x03(\t\"\xa5\x01\n\x10\x45xecutionSummary\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\r\x12\r\n\x05roots\x18\x03 \x01(\r\x12\r\n\x05\x64rift\x18\x04 \x01(\r\x12\x10\n\x08rerouted\x18\x05 \x01(\r\x12\x15\n\rstored_tokens\x18\x06 \x01(\x04\x12\x13\n\x0b\x66lat_tokens\x18\x07 \x01(\x04\x12\x10\n\x08last_seq\x18\x08 \x01(\x04\"K\n\x16ListExecutionsResponse\x12\x31\n\nexecutions\x18\x01 \x03(\x0b\x32\x1d.opengyre.v1.ExecutionSummary\"&\n\x0eGetTreeRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"\x89\x02\n\x08TreeNode\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x16\n\x0eparent_call_id\x18\x02 \x01(\t\x12\x12\n\nprefix_len\x18\x03 \x01(\r\x12\x18\n\x10prompt_delta_len\x18\x04 \x01(\r\x12\x12\n\noutput_len\x18\x05 \x01(\r\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\x16\n\x0eweight_version\x18\x07 \x01(\t\x12\x11\n\tengine_id\x18\x08 \x01(\t\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x0e\n\x06\x62ranch\x18\n \x01(\t\x12\x12\n\ndrift_kind\x18\x0b \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0c \x01(\r\x12\x0c\n\x04leaf\x18\r \x01(\x08\"R\n\x04Tree\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.opengyre.v1.TreeNode\x12\x0e\n\x06leaves\x18\x03 \x03(\t\"<\n\x0eGetPathRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x14\n\x0cleaf_call_id\x18\x02 \x01(\t\"\x91\x01\n\x04Path\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x14\n\x0cleaf_call_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x11\n\tgenerated\x18\x06 \x03(\x08\x12\x1a\n\x12\x62\x65haviour_logprobs\x18\x07 \x03(\x01\")\n\x11\x45xportAtifRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"2\n\x0c\x41tifDocument\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\",\n\x14SealExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"[\n\x15SealExecutionResponse\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x16\n\x0erecorded_calls\x18\x02 \x01(\r\x12\x14\n\x0c\x66\x61iled_calls\x18\x03 \x01(\r2\xfc\x05\n\x0cProxyService\x12\x43\n\tGetStatus\x12\x1a.opengyre.v1.StatusRequest\x1a\x1a.opengyre.v1.ServiceStatus\x12P\n\x0bListEngines\x12\x1f.opengyre.v1.ListEnginesRequest\x1a .opengyre.v1.ListEnginesResponse\x12?\n\tAddEngine\x12\x1d.opengyre.v1.AddEngineRequest\x1a\x13.opengyre.v1.Engine\x12P\n\x0b\x44rainEngine\x12\x1f.opengyre.v1.DrainEngineRequest\x1a .opengyre.v1.DrainEngineResponse\x12P\n\rOpenExecution\x12!.opengyre.v1.OpenExecutionRequest\x1a\x1c.opengyre.v1.ExecutionAccess\x12Y\n\x0eListExecutions\x12\".opengyre.v1.ListExecutionsRequest\x1a#.opengyre.v1.ListExecutionsResponse\x12\x39\n\x07GetTree\x12\x1b.opengyre.v1.GetTreeRequest\x1a\x11.opengyre.v1.Tree\x12\x39\n\x07GetPath\x12\x1b.opengyre.v1.GetPathRequest\x1a\x11.opengyre.v1.Path\x12G\n\nExportAtif\x12\x1e.opengyre.v1.ExportAtifRequest\x1a\x19.opengyre.v1.AtifDocument\x12V\n\rSealExecution\x12!.opengyre.v1.SealExecutionRequest\x1a\".opengyre.v1.SealExecutionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,32 +46,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAINENGINERESPONSE']._serialized_end=471
   _globals['_OPENEXECUTIONREQUEST']._serialized_start=473
   _globals['_OPENEXECUTIONREQUEST']._serialized_end=531
-  _globals['_EXECUTIONACCESS']._serialized_start=533
-  _globals['_EXECUTIONACCESS']._serialized_end=649
-  _globals['_LISTEXECUTIONSREQUEST']._serialized_start=651
-  _globals['_LISTEXECUTIONSREQUEST']._serialized_end=697
-  _globals['_EXECUTIONSUMMARY']._serialized_start=700
-  _globals['_EXECUTIONSUMMARY']._serialized_end=865
-  _globals['_LISTEXECUTIONSRESPONSE']._serialized_start=867
-  _globals['_LISTEXECUTIONSRESPONSE']._serialized_end=942
-  _globals['_GETTREEREQUEST']._serialized_start=944
-  _globals['_GETTREEREQUEST']._serialized_end=982
-  _globals['_TREENODE']._serialized_start=985
-  _globals['_TREENODE']._serialized_end=1250
-  _globals['_TREE']._serialized_start=1252
-  _globals['_TREE']._serialized_end=1334
-  _globals['_GETPATHREQUEST']._serialized_start=1336
-  _globals['_GETPATHREQUEST']._serialized_end=1396
-  _globals['_PATH']._serialized_start=1399
-  _globals['_PATH']._serialized_end=1544
-  _globals['_EXPORTATIFREQUEST']._serialized_start=1546
-  _globals['_EXPORTATIFREQUEST']._serialized_end=1587
-  _globals['_ATIFDOCUMENT']._serialized_start=1589
-  _globals['_ATIFDOCUMENT']._serialized_end=1639
-  _globals['_SEALEXECUTIONREQUEST']._serialized_start=1641
-  _globals['_SEALEXECUTIONREQUEST']._serialized_end=1685
-  _globals['_SEALEXECUTIONRESPONSE']._serialized_start=1687
-  _globals['_SEALEXECUTIONRESPONSE']._serialized_end=1778
-  _globals['_PROXYSERVICE']._serialized_start=1781
-  _globals['_PROXYSERVICE']._serialized_end=2545
+  _globals['_EXECUTIONACCESS']._serialized_start=534
+  _globals['_EXECUTIONACCESS']._serialized_end=674
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_start=676
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_end=722
+  _globals['_EXECUTIONSUMMARY']._serialized_start=725
+  _globals['_EXECUTIONSUMMARY']._serialized_end=890
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_start=892
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_end=967
+  _globals['_GETTREEREQUEST']._serialized_start=969
+  _globals['_GETTREEREQUEST']._serialized_end=1007
+  _globals['_TREENODE']._serialized_start=1010
+  _globals['_TREENODE']._serialized_end=1275
+  _globals['_TREE']._serialized_start=1277
+  _globals['_TREE']._serialized_end=1359
+  _globals['_GETPATHREQUEST']._serialized_start=1361
+  _globals['_GETPATHREQUEST']._serialized_end=1421
+  _globals['_PATH']._serialized_start=1424
+  _globals['_PATH']._serialized_end=1569
+  _globals['_EXPORTATIFREQUEST']._serialized_start=1571
+  _globals['_EXPORTATIFREQUEST']._serialized_end=1612
+  _globals['_ATIFDOCUMENT']._serialized_start=1614
+  _globals['_ATIFDOCUMENT']._serialized_end=1664
+  _globals['_SEALEXECUTIONREQUEST']._serialized_start=1666
+  _globals['_SEALEXECUTIONREQUEST']._serialized_end=1710
+  _globals['_SEALEXECUTIONRESPONSE']._serialized_start=1712
+  _globals['_SEALEXECUTIONRESPONSE']._serialized_end=1803
+  _globals['_PROXYSERVICE']._serialized_start=1806
+  _globals['_PROXYSERVICE']._serialized_end=2570
 # @@protoc_insertion_point(module_scope)

@@ -200,6 +200,7 @@ class ExecutionAccess(_message.Message):
     BASE_URL_FIELD_NUMBER: _builtins.int
     ANTHROPIC_BASE_URL_FIELD_NUMBER: _builtins.int
     API_KEY_FIELD_NUMBER: _builtins.int
+    CONTEXT_LENGTH_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     role: _builtins.str
     base_url: _builtins.str
@@ -207,6 +208,10 @@ class ExecutionAccess(_message.Message):
     anthropic_base_url: _builtins.str
     """the Anthropic SDK appends /v1/messages itself"""
     api_key: _builtins.str
+    context_length: _builtins.int
+    """The context the gateway serves now, in tokens (what it enforces: the setting, the least active engine's
+    /model_info context_length, or the tokenizer's model_max_length), so a harness can compact before it.
+    """
     def __init__(
         self,
         *,
@@ -215,10 +220,11 @@ class ExecutionAccess(_message.Message):
         base_url: _builtins.str = ...,
         anthropic_base_url: _builtins.str = ...,
         api_key: _builtins.str = ...,
+        context_length: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_base_url", b"anthropic_base_url", "api_key", b"api_key", "base_url", b"base_url", "execution_id", b"execution_id", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_base_url", b"anthropic_base_url", "api_key", b"api_key", "base_url", b"base_url", "context_length", b"context_length", "execution_id", b"execution_id", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

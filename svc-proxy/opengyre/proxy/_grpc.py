@@ -113,6 +113,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             base_url=self._gw.base_url(request.execution_id),
             anthropic_base_url=f"{self._gw.url}/x/{request.execution_id}",
             api_key=key,
+            context_length=self._gw.served_context().tokens,
         )
 
     async def ListExecutions(  # noqa: N802

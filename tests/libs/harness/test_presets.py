@@ -12,11 +12,14 @@ from opengyre.harness import (
     HARNESS_VERSIONS,
     PLACEHOLDERS,
     HarnessNotInstalled,
+    HarnessTarget,
     check_installed,
     harness_preset,
     install_command,
     preset_names,
+    run_harness,
 )
+from opengyre.sandbox import SandboxLimits
 
 VALUES = {k: f"<{k}>" for k in PLACEHOLDERS}
 
@@ -35,8 +38,10 @@ def test_the_presets_say_what_each_harness_needs() -> None:
     argv, env = harness_preset("codex").render(VALUES)
     assert "--full-auto" not in argv and 'model_providers.opengyre.wire_api="responses"' in argv
     assert 'web_search="disabled"' in argv  # a hosted tool the proxy refuses
+    assert "model_context_window=<context_length>" in argv  # the window of a model it does not know
     _, env = harness_preset("claude-code").render(VALUES)
     assert env["ANTHROPIC_BASE_URL"] == "<anthropic_base_url>" and env["DISABLE_AUTOUPDATER"] == "1"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "<context_length>"
     _, env = harness_preset("opencode").render(VALUES)
     config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
     assert config["autoupdate"] is False
@@ -83,3 +88,9 @@ def test_a_python_harness_is_importable_at_its_pinned_version() -> None:
         check_installed(name)
     with pytest.raises(ValueError, match="no harness preset 'aider'"):
         check_installed("aider")
+
+
+def test_a_preset_that_needs_the_served_context_is_refused_without_it(tmp_path: Path) -> None:
+    target = HarnessTarget("http://127.0.0.1:59999/x/e/v1", "k", "m", tmp_path, "task")  # no context_length
+    with pytest.raises(ValueError, match="harness 'claude-code': no value for context_length"):
+        run_harness(harness_preset("claude-code"), target, SandboxLimits(timeout_s=10))
