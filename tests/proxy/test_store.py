@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+from harbor.models.trajectories import Trajectory
 from sqlalchemy import Engine, select
 
 from opengyre.engine import EngineServer
@@ -158,7 +159,13 @@ async def test_calls_that_do_not_fit_the_tree_are_dead_lettered(event_log: Event
 
 
 def _check_atif(doc: dict[str, Any]) -> None:
-    """The ATIF-v1.7 rules Harbor's validator applies (PROTOCOLS §5), on our export."""
+    """Harbor's own ATIF models accept our export, and the ATIF-v1.7 rules Harbor's validator applies (PROTOCOLS
+    §5) hold on it, nested trajectories included."""
+    Trajectory.model_validate(doc)
+    _check_atif_rules(doc)
+
+
+def _check_atif_rules(doc: dict[str, Any]) -> None:
     allowed_top = {
         "schema_version",
         "session_id",
@@ -207,7 +214,7 @@ def _check_atif(doc: dict[str, Any]) -> None:
     tids = [t.get("trajectory_id") for t in doc.get("subagent_trajectories", [])]
     assert len(tids) == len(set(tids)) and None not in tids
     for sub in doc.get("subagent_trajectories", []):
-        _check_atif(sub)
+        _check_atif_rules(sub)
 
 
 async def test_atif_export_follows_the_format_and_carries_exact_tokens(
