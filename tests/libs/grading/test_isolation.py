@@ -164,7 +164,7 @@ def test_setuid_and_setgid_bits_are_dropped(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("what", ["sparse", "entries", "depth"])
-def test_a_workspace_over_the_bounds_is_refused_without_filling_the_disk(tmp_path: Path, what: str) -> None:
+def test_a_workspace_over_the_bounds_scores_zero_without_filling_the_disk(tmp_path: Path, what: str) -> None:
     ws = make_ws(tmp_path)
     (ws / "out.txt").write_text("the-answer-7f3a\n")
     if what == "sparse":
@@ -180,8 +180,10 @@ def test_a_workspace_over_the_bounds_is_refused_without_filling_the_disk(tmp_pat
         d.mkdir(parents=True)
     bounds = CopyBounds(max_bytes=1 << 20, max_entries=50, max_depth=10)
     ev = HarborVerifier(bounds=bounds).evaluate(make_task(tmp_path), ws)
-    # Nothing graded, and not a zero the agent earned: an evaluator failure (excluded from training).
-    assert (ev.score, ev.failure_class) == (None, "evaluator") and "WorkspaceTooLarge" in ev.detail, ev
+    # Nothing graded, and the agent's doing: 0, trained. An evaluator failure would be excluded from training, a
+    # way out of every negative for a policy that plants a sparse file or 100k empty files (no block of its
+    # disk quota), even with the right answer in place.
+    assert (ev.score, ev.failure_class) == (0.0, "agent-disk") and "WorkspaceTooLarge" in ev.detail, ev
 
 
 def test_a_workspace_under_the_bounds_with_a_sparse_file_is_graded(tmp_path: Path) -> None:
