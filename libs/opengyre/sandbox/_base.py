@@ -187,8 +187,15 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+# What one inode costs the quota at least: an empty file or a short symlink allocates no block, yet takes an
+# inode of the host's file system (the data dir's) and a turn of every poll; uncounted, a command could make
+# millions of them within any quota.
+INODE_BYTES = 4096
+
+
 def allocated_bytes(paths: Sequence[Path]) -> int:
-    """Bytes allocated on disk under ``paths`` (st_blocks, each inode once; symlinks not followed)."""
+    """Bytes allocated on disk under ``paths`` (st_blocks, each inode once and at least ``INODE_BYTES``;
+    symlinks not followed)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     todo = [str(p) for p in paths]
@@ -207,7 +214,7 @@ def allocated_bytes(paths: Sequence[Path]) -> int:
             if key in seen:
                 continue
             seen.add(key)
-            total += st.st_blocks * 512
+            total += max(st.st_blocks * 512, INODE_BYTES)
             if stat.S_ISDIR(st.st_mode):
                 todo.append(entry.path)
     return total

@@ -187,6 +187,18 @@ def test_a_disk_filler_is_stopped_at_the_quota(workspace: Path) -> None:
     assert 64 << 20 < written < 1 << 30  # stopped past the quota, long before the disk
 
 
+def test_an_inode_filler_is_stopped_at_the_quota(workspace: Path) -> None:
+    # Empty files allocate no block: uncounted, a command could take the host's inodes (the data dir's file
+    # system) a million at a time within any quota. Each costs the quota at least a block.
+    fill = (
+        "import os\nfor i in range(1_000_000): os.close(os.open(f'/app/e{i}', os.O_CREAT | os.O_WRONLY))\nprint('made')"
+    )
+    with _sandbox(workspace, disk_mb=16) as sb:
+        r = sb.run(["python3", "-c", fill])
+    assert r.disk_exceeded and r.exit_code == 137 and "made" not in r.stdout, (r.exit_code, r.stderr)
+    assert 16 << 20 < 4096 * len(list(workspace.glob("e*"))) < 1 << 30  # stopped past the quota, long before
+
+
 def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_inside_it(
     workspace: Path, data_dir: Path
 ) -> None:
