@@ -5,9 +5,11 @@ machine's process table and disk — and every case is denied."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -197,6 +199,36 @@ def test_an_inode_filler_is_stopped_at_the_quota(workspace: Path) -> None:
         r = sb.run(["python3", "-c", fill])
     assert r.disk_exceeded and r.exit_code == 137 and "made" not in r.stdout, (r.exit_code, r.stderr)
     assert 16 << 20 < 4096 * len(list(workspace.glob("e*"))) < 1 << 30  # stopped past the quota, long before
+
+
+_HIDE = """
+import json, sys
+from pathlib import Path
+from opengyre.sandbox import LocalSandbox, Mount, SandboxLimits
+hide = (
+    "mkdir -p /app/a/b && chmod 300 /app/a/b && for i in $(seq 64); do head -c 1048576 /dev/zero > /app/a/b/f$i; "
+    "done; chmod 100 /app/a; echo hidden"
+)
+with LocalSandbox(SandboxLimits(timeout_s=60, disk_mb=16), mounts=[Mount(Path(sys.argv[1]), "/app", True)]) as sb:
+    r = sb.run(["bash", "-c", hide])
+print(json.dumps([r.exit_code, r.disk_exceeded, r.stdout]))
+"""
+
+
+def test_a_directory_the_command_makes_unreadable_to_its_owner_still_counts_towards_the_quota(
+    workspace: Path,
+) -> None:
+    # The sandbox's user is mapped onto the caller's, so the command owns its directories and may make them
+    # unreadable (``chmod 300``: it still writes there). A stack of an ordinary user has no DAC override, so its
+    # watcher could not list them: 64 MiB under a 16 MiB quota went uncounted. As root, drop the override.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    run = subprocess.run(
+        [*drop, sys.executable, "-c", _HIDE, str(workspace)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    exit_code, disk_exceeded, out = json.loads(run.stdout.splitlines()[-1])
+    assert disk_exceeded and exit_code == 137 and "hidden" not in out, (exit_code, out, run.stderr[-500:])
+    assert stat.S_IMODE((workspace / "a" / "b").stat().st_mode) == 0o300  # its mode given back after each walk
 
 
 def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_inside_it(
