@@ -272,6 +272,30 @@ def _open_up(top: str, opened: list[tuple[int, int]]) -> bool:
     return False
 
 
+def remove_tree(top: Path) -> None:
+    """Remove a sandbox's directory, whatever modes its command left there (best effort, never raising). The
+    command owns what it made (its user is mapped onto ours) and may ``chmod 000`` a directory of it: without
+    root's DAC override ``rmtree`` could not enter or empty it and left it behind, up to the disk quota's bytes
+    per sandbox, on the host's disk for good. Such a directory, or its parent, of ours is given its owner's
+    access back and removed. Called once the command's processes are gone: nothing swaps a path meanwhile."""
+
+    def opened_up(func: Callable[..., object], path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        if not isinstance(exc_info[1], PermissionError):
+            return  # gone already, or not ours to fix
+        with contextlib.suppress(OSError):
+            for d in (os.path.dirname(path), path):
+                st = os.lstat(d)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                    os.chmod(d, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path, onerror=opened_up)
+            else:
+                os.unlink(path)
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(top, onerror=opened_up)
+
+
 def _drain(stream: IO[bytes], keep: int, sink: bytearray) -> None:
     with stream:
         while chunk := os.read(stream.fileno(), 1 << 16):
@@ -369,7 +393,7 @@ class BaseSandbox:
         with contextlib.suppress(Exception):
             self._teardown()
         if self._base is not None:
-            shutil.rmtree(self._base, ignore_errors=True)
+            remove_tree(self._base)
         self._base = self._root = None
 
     def __enter__(self) -> BaseSandbox:

@@ -231,6 +231,31 @@ def test_a_directory_the_command_makes_unreadable_to_its_owner_still_counts_towa
     assert stat.S_IMODE((workspace / "a" / "b").stat().st_mode) == 0o300  # its mode given back after each walk
 
 
+_LEAVE = """
+import json
+from opengyre.sandbox import LocalSandbox, SandboxLimits
+with LocalSandbox(SandboxLimits(timeout_s=60)) as sb:
+    base = sb.root.parent
+    leave = "mkdir -p $SANDBOX_ROOT/tmp/h/d && head -c 8388608 /dev/zero > $SANDBOX_ROOT/tmp/h/d/f && chmod 000 $SANDBOX_ROOT/tmp/h"
+    r = sb.run(["bash", "-c", leave + " && mkdir $HOME/ro && touch $HOME/ro/f && chmod 500 $HOME/ro"])
+print(json.dumps([r.exit_code, base.exists(), str(base)]))
+"""
+
+
+def test_what_the_command_made_unreadable_is_removed_with_its_sandbox() -> None:
+    # Without root's DAC override (a stack of an ordinary user) `rmtree` could not enter a directory the command
+    # made `chmod 000`, nor empty one it made read-only, and left them behind: its quota's bytes on the host's disk
+    # for good, every sandbox. As root, drop the override.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    run = subprocess.run([*drop, sys.executable, "-c", _LEAVE], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    exit_code, left, base = json.loads(run.stdout.splitlines()[-1])
+    try:
+        assert exit_code == 0 and not left, (exit_code, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_inside_it(
     workspace: Path, data_dir: Path
 ) -> None:
