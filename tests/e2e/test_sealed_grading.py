@@ -20,6 +20,7 @@ from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
 from opengyre.loop._rollout import _fresh_workspace
 from opengyre.sandbox import SandboxLimits
 from opengyre.synth import GateLimits, Synthesizer, ingest
+from opengyre.trainer import score_execution
 
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 LIMITS = SandboxLimits(timeout_s=120)
@@ -181,3 +182,25 @@ def test_an_honest_harness_scores_one_through_the_same_path(task: Task) -> None:
     assert (ev.score, ev.failure_class) == (1.0, None), ev
     # The work happened in the preserved workspace (which files depends on the patterns the store's seed key drew).
     assert _digest(ws) != _digest(task.task_dir / "environment" / "workspace")
+
+
+@pytest.mark.parametrize(
+    ("eid", "bloat"),
+    [
+        ("sparse-file", "truncate -s 2G bloat.bin"),  # 2 GiB apparent, no block: within its quota and RLIMIT_FSIZE
+        ("empty-files", "mkdir bloat && cd bloat && python3 -c 'for i in range(100001): open(str(i), \"w\").close()'"),
+    ],
+)
+def test_a_harness_that_bloats_its_workspace_past_the_graders_bounds_scores_zero(
+    task: Task, eid: str, bloat: str
+) -> None:
+    # A policy whose attempt fails plants what the grader's copy refuses (its bounds: 1 GiB apparent, 100k
+    # entries). Were that an evaluator failure the execution would be excluded from training: a way out of every
+    # negative. Its own doing: 0, trained, even with the reference's work done before it.
+    reference = (task.task_dir / "solution" / "solve.py").read_text()
+    spec = HarnessSpec("bloat", ("bash", "-c", "cd {workdir} && python3 {instruction_file} && " + _literal(bloat)))
+    ws = _run(task, eid, spec, reference)
+    assert (ws / "bloat.bin").exists() or len(list((ws / "bloat").iterdir())) > 100_000  # the plant happened
+    fin = score_execution("ex-bloat", HarborVerifier(), task.task_dir, ws, exit_code=0, sandbox="namespace")
+    assert (fin.status, fin.score, fin.failure_class) == ("completed", 0.0, "agent-disk"), fin
+    assert "WorkspaceTooLarge" in fin.detail

@@ -20,13 +20,14 @@ whose processes together exceed the sandbox's memory, scores the workspace 0 (``
 ``agent-oom``): the solution under test hung or ran out of memory, and a policy must not learn that hanging
 escapes a negative. Tasks are validated with their reference solution through the same verifier, so the
 grader itself is known to finish on a good workspace. The grader's own failures stay failures without a score:
-no reward file, one that is not a regular file of bounded size, or a crash (``evaluator``, excluded); a
-workspace over the copy's bounds (``evaluator``, excluded: nothing was graded); the sandbox not starting
-(``sandbox``), the grader killed by a SIGKILL the sandbox did not send while the kernel counted an OOM kill
-(``oom``: the system's OOM killer), both masked as infrastructure. A grading that fills the grader's disk quota
-is the code under test's doing (``agent-disk``, 0), as is a grader killed by any other signal the sandbox did not
-send, or by a SIGKILL with no OOM kill on the machine (``agent-killed``, 0): the code under test runs as the
-grader's user and can kill it, after writing a reward file of its own, which is then not read.
+no reward file, one that is not a regular file of bounded size, or a crash (``evaluator``, excluded); the
+sandbox not starting (``sandbox``), the grader killed by a SIGKILL the sandbox did not send while the kernel
+counted an OOM kill (``oom``: the system's OOM killer), both masked as infrastructure. A grading that fills the
+grader's disk quota is the code under test's doing (``agent-disk``, 0), as is a workspace over the copy's bounds
+(apparent size, entries, depth: nothing is graded, and the agent made it so; ``agent-disk``, 0), or a grader
+killed by any other signal the sandbox did not send, or by a SIGKILL with no OOM kill on the machine
+(``agent-killed``, 0): the code under test runs as the grader's user and can kill it, after writing a reward
+file of its own, which is then not read.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class HarborVerifier(Evaluator):
     """Runs a Harbor task's ``tests/test.sh`` in a fresh sandbox of its own (see the module's docstring).
 
     ``bounds``: what of a workspace is graded at most (its files' apparent size, entries, depth); past them the
-    workspace is refused, as an evaluator failure. ``backend``: the sandbox backend (None: the selected one)."""
+    workspace is not graded and scores 0 (``agent-disk``: the agent's output made it so). ``backend``: the
+    sandbox backend (None: the selected one)."""
 
     def __init__(
         self, limits: SandboxLimits | None = None, *, bounds: CopyBounds | None = None, backend: str | None = None
@@ -203,7 +205,11 @@ class HarborVerifier(Evaluator):
         try:
             copied = copy_workspace(workspace, app, self.bounds, inside="/app")
         except WorkspaceTooLarge as exc:
-            return Evaluation(None, "evaluator", None, f"WorkspaceTooLarge: the workspace is not graded: {exc}")
+            # The workspace is the agent's output: one over the bounds (a sparse file of 2 GiB costs no block of
+            # its disk quota, 100k empty files none either) is its doing, scored 0; were it excluded, planting one
+            # would be a way out of every negative.
+            why = f"agent-disk: WorkspaceTooLarge: the workspace is over the grader's bounds, not graded: {exc}"
+            return Evaluation(0.0, "agent-disk", None, why)
         except OSError as exc:
             return Evaluation(None, "sandbox", None, f"sandbox failed to copy the workspace {workspace}: {exc}")
         try:

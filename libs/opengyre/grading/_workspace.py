@@ -12,7 +12,8 @@ makes a tree the grader's own sandbox may then do anything with:
   leads, as the grader would resolve it, into the grader's own directories (``/tests``, ``/logs``,
   ``/solution``) or into ``/proc``, ``/sys``, ``/dev/fd``: left out, so a planted ``out.txt -> /tests/expected``
   reads nothing of the answer key;
-- FIFOs, sockets and device nodes are left out;
+- FIFOs, sockets and device nodes are left out, as is a directory the agent made unreadable (the workspace
+  itself included: it is then graded empty, never a failure of the host's);
 - past ``max_bytes`` (apparent size), ``max_entries`` or ``max_depth`` the copy is refused
   (``WorkspaceTooLarge``) before it has written more than the bound.
 
@@ -140,6 +141,12 @@ def copy_workspace(src: Path, dst: Path, bounds: CopyBounds | None = None, *, in
         src_fd = os.open(src, _DIR)
     except FileNotFoundError:
         return report  # no workspace left: the grader sees an empty one
+    except PermissionError:
+        # The agent's ``chmod 000 /app`` (its user is mapped onto the service's, which without root's DAC override
+        # cannot read it then): left out like any directory it made unreadable. Raised, it would be the host's
+        # failure to copy, a ``sandbox`` failure that training masks: a way out of every negative.
+        report.skipped.append(". (the workspace itself cannot be read)")
+        return report
     try:
         _scan(src_fd, "", 1, scan)
         dst_fd = os.open(dst, _DIR)

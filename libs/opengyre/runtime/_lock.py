@@ -13,6 +13,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,13 @@ def check_data_dir(data_dir: Path, *, create: bool) -> None:
         raise DataDirUnusable(f"data dir {data_dir} is not a directory") from None
     except OSError as exc:
         raise DataDirUnusable(f"cannot create data dir {data_dir}: {exc.strerror or exc}") from None
+    # One that existed before (made by hand, or by an older build, with the umask's mode) is narrowed: mkdir's
+    # mode applies only to what it creates, and the stores, the logs and the tasks' solutions under it are made
+    # with the umask's mode, readable by every local user through a 0755 data dir.
+    st = data_dir.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        with contextlib.suppress(OSError):  # a read-only file system: the probe below says so
+            data_dir.chmod(stat.S_IMODE(st.st_mode) & 0o700)
     probe = data_dir / f".write-test-{os.getpid()}"
     try:
         probe.write_bytes(b"")

@@ -15,6 +15,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -187,30 +188,112 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+# What one inode costs the quota at least: an empty file or a short symlink allocates no block, yet takes an
+# inode of the host's file system (the data dir's) and a turn of every poll; uncounted, a command could make
+# millions of them within any quota.
+INODE_BYTES = 4096
+
+
 def allocated_bytes(paths: Sequence[Path]) -> int:
-    """Bytes allocated on disk under ``paths`` (st_blocks, each inode once; symlinks not followed)."""
+    """Bytes allocated on disk under ``paths`` (st_blocks, each inode once and at least ``INODE_BYTES``;
+    symlinks not followed).
+
+    A directory its owner cannot read or enter (the command's ``chmod 300`` or ``000`` after writing there)
+    hides its files from a caller without root's DAC override, which is how the stack of an ordinary user runs:
+    the sandbox's user is mapped onto the caller's, so the command owns it. Such a directory of ours is opened
+    up (owner read and search added) for the walk and given its mode back after it, its inode pinned
+    (``O_PATH | O_NOFOLLOW``: a symlink swapped in meanwhile changes nothing elsewhere). Past ``_MAX_OPENED``
+    of them in one walk the quota cannot be checked: the count is past any quota."""
     seen: set[tuple[int, int]] = set()
+    opened: list[tuple[int, int]] = []  # (pinned descriptor, mode to give back)
     total = 0
     todo = [str(p) for p in paths]
-    while todo:
-        top = todo.pop()
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key in seen:
-                continue
-            seen.add(key)
-            total += st.st_blocks * 512
-            if stat.S_ISDIR(st.st_mode):
-                todo.append(entry.path)
+    try:
+        while todo:
+            top = todo.pop()
+            listing = _listing(top, opened)
+            if listing is None:
+                return sys.maxsize
+            for path, st in listing:
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += max(st.st_blocks * 512, INODE_BYTES)
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(path)
+    finally:
+        for pinned, mode in reversed(opened):
+            with contextlib.suppress(OSError):
+                os.chmod(f"/proc/self/fd/{pinned}", mode)
+            os.close(pinned)
     return total
+
+
+_MAX_OPENED = 64  # directories opened up in one walk (each holds a descriptor until the walk ends)
+
+
+def _listing(top: str, opened: list[tuple[int, int]]) -> list[tuple[str, os.stat_result]] | None:
+    """``top``'s entries with their ``lstat`` (those gone meanwhile left out); a directory of ours that cannot be
+    read is opened up first (``opened`` says how to give it back); None past ``_MAX_OPENED`` of them."""
+    out: list[tuple[str, os.stat_result]] = []
+    for attempt in (0, 1):
+        try:
+            with os.scandir(top) as it:
+                for e in it:
+                    with contextlib.suppress(OSError):  # gone meanwhile: the others still count
+                        out.append((e.path, e.stat(follow_symlinks=False)))
+            return out
+        except PermissionError:
+            if attempt or not _open_up(top, opened):
+                return None if len(opened) >= _MAX_OPENED else out
+        except OSError:
+            return out
+    return out
+
+
+def _open_up(top: str, opened: list[tuple[int, int]]) -> bool:
+    if len(opened) >= _MAX_OPENED:
+        return False
+    try:
+        pinned = os.open(top, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False  # its parent cannot be entered either, or it is no directory of ours any more
+    try:
+        st = os.fstat(pinned)
+        if st.st_uid == os.geteuid():
+            mode = stat.S_IMODE(st.st_mode)
+            os.chmod(f"/proc/self/fd/{pinned}", mode | stat.S_IRUSR | stat.S_IXUSR)
+            opened.append((pinned, mode))
+            return True
+    except OSError:
+        pass
+    os.close(pinned)
+    return False
+
+
+def remove_tree(top: Path) -> None:
+    """Remove a sandbox's directory, whatever modes its command left there (best effort, never raising). The
+    command owns what it made (its user is mapped onto ours) and may ``chmod 000`` a directory of it: without
+    root's DAC override ``rmtree`` could not enter or empty it and left it behind, up to the disk quota's bytes
+    per sandbox, on the host's disk for good. Such a directory, or its parent, of ours is given its owner's
+    access back and removed. Called once the command's processes are gone: nothing swaps a path meanwhile."""
+
+    def opened_up(func: Callable[..., object], path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        if not isinstance(exc_info[1], PermissionError):
+            return  # gone already, or not ours to fix
+        with contextlib.suppress(OSError):
+            for d in (os.path.dirname(path), path):
+                st = os.lstat(d)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                    os.chmod(d, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path, onerror=opened_up)
+            else:
+                os.unlink(path)
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(top, onerror=opened_up)
 
 
 def _drain(stream: IO[bytes], keep: int, sink: bytearray) -> None:
@@ -310,7 +393,7 @@ class BaseSandbox:
         with contextlib.suppress(Exception):
             self._teardown()
         if self._base is not None:
-            shutil.rmtree(self._base, ignore_errors=True)
+            remove_tree(self._base)
         self._base = self._root = None
 
     def __enter__(self) -> BaseSandbox:

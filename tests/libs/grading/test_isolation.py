@@ -5,9 +5,12 @@ fill the disk; and what the grader writes is read back from the host only as a b
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,7 +167,7 @@ def test_setuid_and_setgid_bits_are_dropped(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("what", ["sparse", "entries", "depth"])
-def test_a_workspace_over_the_bounds_is_refused_without_filling_the_disk(tmp_path: Path, what: str) -> None:
+def test_a_workspace_over_the_bounds_scores_zero_without_filling_the_disk(tmp_path: Path, what: str) -> None:
     ws = make_ws(tmp_path)
     (ws / "out.txt").write_text("the-answer-7f3a\n")
     if what == "sparse":
@@ -180,8 +183,10 @@ def test_a_workspace_over_the_bounds_is_refused_without_filling_the_disk(tmp_pat
         d.mkdir(parents=True)
     bounds = CopyBounds(max_bytes=1 << 20, max_entries=50, max_depth=10)
     ev = HarborVerifier(bounds=bounds).evaluate(make_task(tmp_path), ws)
-    # Nothing graded, and not a zero the agent earned: an evaluator failure (excluded from training).
-    assert (ev.score, ev.failure_class) == (None, "evaluator") and "WorkspaceTooLarge" in ev.detail, ev
+    # Nothing graded, and the agent's doing: 0, trained. An evaluator failure would be excluded from training, a
+    # way out of every negative for a policy that plants a sparse file or 100k empty files (no block of its
+    # disk quota), even with the right answer in place.
+    assert (ev.score, ev.failure_class) == (0.0, "agent-disk") and "WorkspaceTooLarge" in ev.detail, ev
 
 
 def test_a_workspace_under_the_bounds_with_a_sparse_file_is_graded(tmp_path: Path) -> None:
@@ -395,3 +400,30 @@ def test_what_the_grader_runs_by_name_or_imports_is_never_the_workspaces(tmp_pat
     )
     ev = HarborVerifier(SandboxLimits(timeout_s=120)).evaluate(task, ws)
     assert (ev.score, ev.failure_class) == (0.5, None), ev
+
+
+_UNREADABLE = """
+import json, os, sys
+from pathlib import Path
+from opengyre.grading import HarborVerifier
+task, ws = Path(sys.argv[1]), Path(sys.argv[2])
+os.chmod(ws, 0)  # the agent's last command: chmod 000 /app (it owns /app: its user is mapped onto ours)
+try:
+    ev = HarborVerifier().evaluate(task, ws)
+finally:
+    os.chmod(ws, 0o700)
+print(json.dumps([ev.score, ev.failure_class, ev.detail]))
+"""
+
+
+def test_a_workspace_made_unreadable_to_its_owner_is_graded_not_masked(tmp_path: Path) -> None:
+    # A stack of an ordinary user has no DAC override: the copy could not open such a workspace, a `sandbox`
+    # failure (infrastructure, masked in training) for a wrong answer. As root, drop the override.
+    ws = make_ws(tmp_path)
+    (ws / "out.txt").write_text("a wrong answer\n")
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    argv = [*drop, sys.executable, "-c", _UNREADABLE, str(make_task(tmp_path)), str(ws)]
+    run = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    score, failure_class, detail = json.loads(run.stdout.splitlines()[-1])
+    assert (score, failure_class) == (0.0, None) and "cannot be read" in detail, (score, failure_class, detail)

@@ -5,9 +5,11 @@ machine's process table and disk — and every case is denied."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -185,6 +187,73 @@ def test_a_disk_filler_is_stopped_at_the_quota(workspace: Path) -> None:
     assert loop.disk_exceeded and loop.exit_code == 137 and not loop.timed_out and "disk quota" in loop.stderr
     written = sum(f.stat().st_blocks * 512 for f in workspace.glob("f*"))
     assert 64 << 20 < written < 1 << 30  # stopped past the quota, long before the disk
+
+
+def test_an_inode_filler_is_stopped_at_the_quota(workspace: Path) -> None:
+    # Empty files allocate no block: uncounted, a command could take the host's inodes (the data dir's file
+    # system) a million at a time within any quota. Each costs the quota at least a block.
+    fill = (
+        "import os\nfor i in range(1_000_000): os.close(os.open(f'/app/e{i}', os.O_CREAT | os.O_WRONLY))\nprint('made')"
+    )
+    with _sandbox(workspace, disk_mb=16) as sb:
+        r = sb.run(["python3", "-c", fill])
+    assert r.disk_exceeded and r.exit_code == 137 and "made" not in r.stdout, (r.exit_code, r.stderr)
+    assert 16 << 20 < 4096 * len(list(workspace.glob("e*"))) < 1 << 30  # stopped past the quota, long before
+
+
+_HIDE = """
+import json, sys
+from pathlib import Path
+from opengyre.sandbox import LocalSandbox, Mount, SandboxLimits
+hide = (
+    "mkdir -p /app/a/b && chmod 300 /app/a/b && for i in $(seq 64); do head -c 1048576 /dev/zero > /app/a/b/f$i; "
+    "done; chmod 100 /app/a; echo hidden"
+)
+with LocalSandbox(SandboxLimits(timeout_s=60, disk_mb=16), mounts=[Mount(Path(sys.argv[1]), "/app", True)]) as sb:
+    r = sb.run(["bash", "-c", hide])
+print(json.dumps([r.exit_code, r.disk_exceeded, r.stdout]))
+"""
+
+
+def test_a_directory_the_command_makes_unreadable_to_its_owner_still_counts_towards_the_quota(
+    workspace: Path,
+) -> None:
+    # The sandbox's user is mapped onto the caller's, so the command owns its directories and may make them
+    # unreadable (``chmod 300``: it still writes there). A stack of an ordinary user has no DAC override, so its
+    # watcher could not list them: 64 MiB under a 16 MiB quota went uncounted. As root, drop the override.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    run = subprocess.run(
+        [*drop, sys.executable, "-c", _HIDE, str(workspace)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    exit_code, disk_exceeded, out = json.loads(run.stdout.splitlines()[-1])
+    assert disk_exceeded and exit_code == 137 and "hidden" not in out, (exit_code, out, run.stderr[-500:])
+    assert stat.S_IMODE((workspace / "a" / "b").stat().st_mode) == 0o300  # its mode given back after each walk
+
+
+_LEAVE = """
+import json
+from opengyre.sandbox import LocalSandbox, SandboxLimits
+with LocalSandbox(SandboxLimits(timeout_s=60)) as sb:
+    base = sb.root.parent
+    leave = "mkdir -p $SANDBOX_ROOT/tmp/h/d && head -c 8388608 /dev/zero > $SANDBOX_ROOT/tmp/h/d/f && chmod 000 $SANDBOX_ROOT/tmp/h"
+    r = sb.run(["bash", "-c", leave + " && mkdir $HOME/ro && touch $HOME/ro/f && chmod 500 $HOME/ro"])
+print(json.dumps([r.exit_code, base.exists(), str(base)]))
+"""
+
+
+def test_what_the_command_made_unreadable_is_removed_with_its_sandbox() -> None:
+    # Without root's DAC override (a stack of an ordinary user) `rmtree` could not enter a directory the command
+    # made `chmod 000`, nor empty one it made read-only, and left them behind: its quota's bytes on the host's disk
+    # for good, every sandbox. As root, drop the override.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    run = subprocess.run([*drop, sys.executable, "-c", _LEAVE], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    exit_code, left, base = json.loads(run.stdout.splitlines()[-1])
+    try:
+        assert exit_code == 0 and not left, (exit_code, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_command_nested_in_a_namespace_sandbox_runs_in_the_process_backend_inside_it(
