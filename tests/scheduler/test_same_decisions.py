@@ -6,8 +6,11 @@ result digest unchanged). Case 47 (elastic-carry, ``ready_per_cell=2`` on a one-
 a stall until the elastic policy let the first cell turn once a whole step is ready; no recorded answer is a
 stall now. Recorded again on 2026-12-03 on an AMD EPYC machine, where the unchanged code of 5e63391 (whose
 clean-clone CI passed on the recording's machine) gave other events and decisions in 6 of 50 cases and other
-results in 7: the simulator is not bit-reproducible across CPUs (numpy's SIMD-dispatched math is the suspect;
-replacing the duration draw's exp/pow with libm's did not change it). Open: find it, then record once more."""
+results in 7: the simulator was not bit-reproducible across CPUs. The suspect: NumPy's float64 ``exp`` and
+``power``, which NumPy dispatches by CPU (its own vectorised versions on AVX-512 machines, a few ULP from libm's;
+on this machine's AVX2 they equal libm's bit for bit, 200,000 values each, which is why replacing them here changed
+nothing). The durations are now drawn through libm (``sim._workload._libm``): the same fingerprints here, and, if
+that was the cause, on every machine; not yet checked on an AVX-512 machine."""
 
 from __future__ import annotations
 
