@@ -136,8 +136,9 @@ def _draw(rng: np.random.Generator, groups: int, group_size: int) -> tuple[np.nd
 
 
 def _durations(m: DurationModel, z: np.ndarray, e: np.ndarray, *, portable: bool = True) -> np.ndarray:
-    """``portable``: the same bits on every machine (libm: 1.5 ms per 4,096 durations, ~36× NumPy's). The calibration's search evaluates
-    hundreds of candidate models on one large draw and compares only its statistics: it keeps NumPy's."""
+    """``portable``: the same bits on every machine (libm: 1.5 ms per 4,096 durations, ~36× NumPy's). The
+    calibration's search evaluates hundreds of candidate models on one large draw and compares only its
+    statistics: it keeps NumPy's."""
     power = 1.0 / m.shape
     arg = m.sigma_task * z - m.sigma_task**2 / 2
     if portable:
