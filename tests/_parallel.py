@@ -29,6 +29,7 @@ STACK_MODULES = frozenset(
         "tests/e2e/test_closed_loop.py",  # run_loop starts a stack, as `opengyre up` does
         "tests/e2e/test_driver_resume.py",  # `opengyre train loop` starts one
         "tests/e2e/test_real_harness_loop.py",  # run_loop, with a real harness
+        "tests/e2e/test_streaming_groups.py",  # run_loop starts a stack
         "tests/proxy/test_real_harnesses.py",  # Claude Code behind SmolLM2 on `opengyre up`
     }
 )

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import new_secret, write_secret
+from ..config import installed_services, new_secret, write_secret
 from ..eventlog import LogConfig, NatsCredentials
 from ..events import EventRegistry, ModelCallRecorded, PayloadsCompacted, default_registry
 
@@ -78,10 +78,8 @@ def nats_permissions(
 ) -> dict[str, dict[str, Any]]:
     """Each user's ``permissions`` block of the nats-server config: a user per service (default: every one the
     runtime knows), and ``admin``."""
-    from ._service import SERVICE_CLASSES  # here: _service imports this module
-
     types = (registry or default_registry()).types().values()
-    names = list(SERVICE_CLASSES if services is None else services)
+    names = list(installed_services() if services is None else services)
     unknown = sorted({cls.owner for cls in types} - set(names))
     if unknown:
         raise ValueError(f"events are owned by {', '.join(unknown)}, which is no service of {', '.join(names)}")

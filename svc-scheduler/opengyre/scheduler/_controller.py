@@ -16,7 +16,6 @@ from sqlalchemy import Engine, func, select
 
 from opengyre.eventlog import ConcurrencyError, EventLog
 from opengyre.events import CellEngineChanged, CellRegistered, CellRoleChanged, Event
-from opengyre.store import Tracking
 
 from ._actuation import Membership, RoleChanger
 from ._commands import CommandRefused, check_drain, check_engine_url, check_registration, check_role_request
@@ -138,28 +137,25 @@ class SchedulerController:
             await self._caught_up()
         return await self.state()
 
-    def _position(self) -> int:
-        with self.engine.connect() as conn:
-            q = select(func.max(Tracking.stream_seq)).where(Tracking.projection == self.projection)
-            return int(conn.execute(q).scalar() or 0)
+    def _applier(self) -> Callable[[int], Awaitable[None]]:
+        """The live runner's ``applied``, asked for before a command appends anything: a command waits for its
+        append through it, and a controller without one (no runner in this process) refuses the command with
+        nothing appended instead of polling the tracking rows for another process's fold."""
+        if self._applied is None:
+            raise CommandRefused(
+                "failed-precondition",
+                f"no live runner of projection {self.projection} in this process: commands need one",
+            )
+        return self._applied
 
     async def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
-        """Wait until the projection has folded stream sequence ``seq``."""
-        if self._applied is not None:
-            await asyncio.wait_for(self._applied(seq), timeout)
-            return
-        # No live runner in this process (a controller over a store another process folds): only the
-        # tracking rows can tell.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await asyncio.to_thread(self._position) < seq:
-            if loop.time() > deadline:
-                raise TimeoutError(f"projection {self.projection} has not folded seq {seq} after {timeout}s")
-            await asyncio.sleep(0.02)
+        """Wait until the projection has folded stream sequence ``seq`` (the live runner's ``applied``)."""
+        await asyncio.wait_for(self._applier()(seq), timeout)
 
     async def append(self, event: Event, *, expected: int | None = None) -> int:
+        applied = self._applier()
         ack = await self.log.append(event, expected_last_subject_seq=expected)
-        await self.wait_applied(ack.seq)
+        await asyncio.wait_for(applied(ack.seq), 30.0)
         return ack.seq
 
     async def _append_role(self, event: CellRoleChanged) -> int:
@@ -294,6 +290,7 @@ class SchedulerController:
                 running = await asyncio.to_thread(self._running_by_cell)
                 advice = self.policy.decide(View(st, time.time(), self.loop))
                 placed = plan_dispatch(st, advice, self.loop, new, running, timeout_s)
+                self._applier()  # refused here, before anything is appended
                 acks = await self.log.append_many(placed.events)
                 seq = acks[-1].seq
                 await self.wait_applied(seq)

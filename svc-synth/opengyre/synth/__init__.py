@@ -2,12 +2,13 @@
 
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, load_blueprint, materials
 from ._build import BuiltTask, build_task, write_task
+from ._catalogue import get_pattern, pattern_ids
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._grade import GRADER_SOURCE, TEST_SH
 from ._harbor import HarborTask, export_task, import_task
 from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
 from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
-from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem, get_pattern, pattern_ids
+from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem
 from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
 from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from ._pattern import DIMENSIONS, Material, RubricItem, get_pattern
+from ._catalogue import get_pattern
+from ._pattern import DIMENSIONS, Material, RubricItem
 
 __all__ = ["Blueprint", "Boundary", "Challenge", "load_blueprint", "materials", "seeded_rng"]
 

@@ -33,7 +33,7 @@ from opengyre.projection import Projection, folds
 from opengyre.store import STREAM_SEQ, Base
 
 from ._blueprint import Blueprint, Challenge, fill_contract, materials
-from ._pattern import get_pattern, pattern_ids
+from ._catalogue import get_pattern, pattern_ids
 
 __all__ = ["Diagnosis", "HardeningProjection", "diagnose", "propose"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._blueprint import Blueprint, Challenge, fill_contract
-from ._pattern import get_pattern, pattern_ids
+from ._catalogue import get_pattern, pattern_ids
 from ._synth import task_id_for
 
 __all__ = ["LlmConfig", "LlmDraftError", "draft_blueprint_llm"]

@@ -23,9 +23,8 @@ __all__ = [
     "Pattern",
     "Precondition",
     "RubricItem",
-    "get_pattern",
-    "pattern_ids",
     "register",
+    "registered",
 ]
 
 Dimension = Literal["environment-understanding", "planning", "skill-use", "long-horizon-consistency", "error-recovery"]
@@ -135,21 +134,9 @@ def register(cls: P) -> P:
     return cls
 
 
-def _load() -> None:
-    from . import _patterns  # noqa: F401  (registers every pattern module)
-
-
-def get_pattern(pattern_id: str) -> Pattern:
-    _load()
-    try:
-        return _REGISTRY[pattern_id]
-    except KeyError:
-        raise KeyError(f"unknown pattern {pattern_id!r}") from None
-
-
-def pattern_ids(dimension: Dimension | None = None) -> list[str]:
-    _load()
-    return sorted(k for k, p in _REGISTRY.items() if dimension is None or p.dimension == dimension)
+def registered() -> Mapping[str, Pattern]:
+    """The patterns registered so far, by id (``_catalogue`` imports every pattern module before it reads this)."""
+    return _REGISTRY
 
 
 def answer_path(cid: str) -> str:

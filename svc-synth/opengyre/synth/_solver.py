@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._blueprint import load_blueprint, materials
-from ._pattern import get_pattern
+from ._catalogue import get_pattern
 from ._run import Outcome, RunLimits, run_solution
 
 __all__ = ["ShortcutSolver", "SolverRun"]

@@ -8,7 +8,8 @@ import random
 from collections.abc import Mapping, Sequence
 
 from ._blueprint import Blueprint, Challenge, fill_contract
-from ._pattern import DIMENSIONS, get_pattern, pattern_ids
+from ._catalogue import get_pattern, pattern_ids
+from ._pattern import DIMENSIONS
 
 __all__ = ["check_choice", "draft_blueprint", "parse_knobs", "task_id_for"]
 

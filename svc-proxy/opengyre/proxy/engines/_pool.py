@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -307,7 +306,3 @@ class EnginePool:
                 await asyncio.sleep(self.probe_interval_s)
         finally:
             self._probes.pop(h.engine_id, None)
-
-    def forget(self, affinity: str) -> None:
-        with contextlib.suppress(KeyError):
-            del self._affinity[affinity]

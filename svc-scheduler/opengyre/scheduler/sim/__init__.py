@@ -3,7 +3,7 @@
 from ._compare import SPLIT_POLICIES, PolicyRun, best_split, comparable, parse_spec, run_spec, split_candidates
 from ._config import ClusterConfig, CostConfig, SimConfig
 from ._costs import MOVE_MODES, GpuFacts, ModelFacts, MoveCost, MoveMode
-from ._derive import DerivedKnobs, derive_knobs, feasible_lag
+from ._derive import DerivedKnobs, derive_knobs
 from ._engine import EPOCH, SimulationStalled, Simulator, at_seconds, simulate
 from ._facts import NL2REPO_122B, NL2REPO_122B_RUN, QWEN36_122B
 from ._files import (
@@ -19,7 +19,7 @@ from ._fit import StoreSample, fit_workload, read_store
 from ._measured import MeasuredMoves, load_measured
 from ._plot import plot_sensitivity, plot_utilisation
 from ._queue import EventQueue
-from ._result import IdealBound, SimResult, StepRecord, TrainedWork, Usage, ideal_bound
+from ._result import IdealBound, SimResult, StepRecord, TrainedWork, Usage, feasible_lag, ideal_bound
 from ._setup import Setup, setup
 from ._slots import Slots
 from ._workload import (

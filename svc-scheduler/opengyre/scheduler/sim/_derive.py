@@ -19,13 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._config import SimConfig
 from ._costs import GpuFacts, ModelFacts
 from ._files import PublishedRun
-from ._result import ideal_bound
-from ._workload import Durations, GroupDurations
+from ._workload import Durations
 
-__all__ = ["DerivedKnobs", "derive_knobs", "feasible_lag"]
+__all__ = ["DerivedKnobs", "derive_knobs"]
 
 HOUR = 3600.0
 
@@ -73,15 +71,3 @@ def derive_knobs(run: PublishedRun, model: ModelFacts, gpu: GpuFacts, durations:
         mean_execution_h=mean_s / HOUR,
         gpus_per_execution=per_exec,
     )
-
-
-def feasible_lag(config: SimConfig, hours: float, *, most: int = 64) -> int:
-    """The smallest staleness bound phi under which finishing the run in ``hours`` is physically possible:
-    the ideal bound's chain (any policy, any packing) fits in that time. Below it no schedule could have
-    matched the published time, whatever the paper's own phi was."""
-    loop = config.loop
-    work = GroupDurations(config.workload, config.seed).groups(list(range(loop.steps * loop.groups_per_step)))
-    for lag in range(most + 1):
-        if ideal_bound(config, work, max_staleness=lag).chain_h <= hours:
-            return lag
-    raise ValueError(f"no staleness bound up to {most} lets {loop.steps} steps fit in {hours:g} h")

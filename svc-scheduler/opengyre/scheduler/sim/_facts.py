@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 from ._costs import ModelFacts
+from ._derive import DerivedKnobs, derive_knobs
 from ._files import PublishedRun, shipped_workload
 from ._workload import DurationModel
-
-if TYPE_CHECKING:
-    from ._derive import DerivedKnobs
 
 __all__ = ["NL2REPO_122B", "NL2REPO_122B_RUN", "QWEN36_122B", "nl2repo_122b_knobs"]
 
@@ -27,7 +24,5 @@ NL2REPO_122B_RUN: PublishedRun = _NL2REPO.run
 @functools.cache
 def nl2repo_122b_knobs() -> DerivedKnobs:
     """The shipped 122B workload's unpublished knobs, derived from its published run (``SimConfig()``'s
-    defaults). Imported late: the derivation's module needs the config's."""
-    from ._derive import derive_knobs
-
+    defaults)."""
     return derive_knobs(NL2REPO_122B_RUN, QWEN36_122B, _NL2REPO.gpu, NL2REPO_122B)

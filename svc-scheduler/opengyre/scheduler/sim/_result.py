@@ -10,8 +10,9 @@ import numpy as np
 
 from .._state import SchedulerState
 from ._config import SimConfig
+from ._workload import GroupDurations
 
-__all__ = ["IdealBound", "SimResult", "StepRecord", "TrainedWork", "Usage", "ideal_bound"]
+__all__ = ["IdealBound", "SimResult", "StepRecord", "TrainedWork", "Usage", "feasible_lag", "ideal_bound"]
 
 HOUR = 3600.0
 # GPUs by activity: slots held, rollout idle, micro-steps running, training cells waiting, switching or idle.
@@ -282,3 +283,15 @@ class SimResult:
             "events": self.events,
             "trained": self.trained.summary(),
         }
+
+
+def feasible_lag(config: SimConfig, hours: float, *, most: int = 64) -> int:
+    """The smallest staleness bound phi under which finishing the run in ``hours`` is physically possible:
+    the ideal bound's chain (any policy, any packing) fits in that time. Below it no schedule could have
+    matched the published time, whatever the paper's own phi was."""
+    loop = config.loop
+    work = GroupDurations(config.workload, config.seed).groups(list(range(loop.steps * loop.groups_per_step)))
+    for lag in range(most + 1):
+        if ideal_bound(config, work, max_staleness=lag).chain_h <= hours:
+            return lag
+    raise ValueError(f"no staleness bound up to {most} lets {loop.steps} steps fit in {hours:g} h")
