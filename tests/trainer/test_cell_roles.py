@@ -37,7 +37,7 @@ from opengyre.trainer.backends import build_backend
 from .._polling import await_until
 from ._events import folding, group
 
-GROUPS = 6  # the step's groups: the first starts it, the others arrive while satellites come and go
+GROUPS = 8  # the step's groups: the first starts it, the others arrive while satellites come and go
 TO_TRAINING: tuple[CellRole, ...] = ("rollout", "draining", "switching")
 
 
@@ -72,13 +72,13 @@ class Running:
         cells = self.trainer.cells
         return cells.live.get(cell) if cells is not None else None
 
-    async def feed_until_claimed(self, first: int, cell: str) -> int:
+    async def feed_until_claimed(self, first: int, cell: str, more_than: int = 0) -> int:
         """Append groups one at a time from ``first``, each one's micro-batches all claimed before the next,
-        until ``cell`` has claimed one; returns the next group's number."""
+        until ``cell`` has claimed more than ``more_than``; returns the next group's number."""
         buf = self.trainer.streaming_buffer
         assert buf is not None
         i = first
-        while self.claims(cell) == 0 and i < GROUPS:
+        while self.claims(cell) <= more_than and i < GROUPS:
             before = buf.produced
 
             def claimed(before: int = before) -> bool:
@@ -87,7 +87,7 @@ class Running:
             await self.log.append_many(members(i))
             i += 1
             await await_until(claimed, f"group g{i - 1}'s micro-batches were claimed", polls=4000)
-        assert self.claims(cell) >= 1, f"{cell} claimed none of {buf.produced} micro-batches"
+        assert self.claims(cell) > more_than, f"{cell} claimed {more_than} or fewer of {buf.produced} micro-batches"
         return i
 
 
@@ -162,6 +162,40 @@ async def test_role_events_bring_a_satellite_into_the_running_step_and_take_it_o
     assert report.result.loss == pytest.approx(loss, rel=1e-4, abs=1e-7)
     got = r.trainer.backend.hf_state_dict()
     for k in want:  # after Adam's first update (see test_cell_process)
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+async def test_a_cell_that_leaves_and_comes_back_joins_the_same_step_again_with_a_new_process(
+    running: Running,
+) -> None:
+    r = running
+    cells = r.trainer.cells
+    assert cells is not None
+    await r.log.append_many(moves("c2", *TO_TRAINING, "training-satellite"))
+    await await_until(lambda: r.satellite("c2") is not None, "c2's satellite process is up", polls=6000, every=0.05)
+    first = r.satellite("c2")
+    nxt = await r.feed_until_claimed(1, "c2")
+    await r.log.append_many(moves("c2", "training-satellite", "switching", "rollout"))
+    await await_until(lambda: "c2" in cells.left, "c2's first satellite left", polls=2400)
+    did = r.claims("c2")
+    await r.log.append_many(moves("c2", *TO_TRAINING, "training-satellite"))
+    await await_until(
+        lambda: r.satellite("c2") not in (None, first), "c2's second satellite process is up", polls=6000, every=0.05
+    )
+    second = r.satellite("c2")
+    assert second is not None and first is not None
+    await await_until(lambda: bool(second.joined_digest), "c2 joined the same step again")
+    assert not r.step.done() and second.joined_digest == first.joined_digest  # the same step-start weights
+    nxt = await r.feed_until_claimed(nxt, "c2", more_than=did)
+    for i in range(nxt, GROUPS):
+        await r.log.append_many(members(i))
+    report = await r.step
+    assert report is not None and report.result is not None
+    assert len(first.results) + len(second.results) == r.claims("c2") and len(second.results) >= 1
+    loss, want = one_process(r, report)
+    assert report.result.loss == pytest.approx(loss, rel=1e-4, abs=1e-7)
+    got = r.trainer.backend.hf_state_dict()
+    for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
 
 
