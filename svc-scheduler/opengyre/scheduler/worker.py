@@ -3,8 +3,11 @@ them, reports them done; a faster cell simply comes back for more. The local act
 cell and stops it when the cell goes back to rollout (an unfinished claim is then released by the scheduler).
 
 What "train" does is pluggable (``--train module:function``, called with the step and the micro-step's
-execution ids in a thread): the trainer service's backend plugs in here. Without it the worker holds each
-micro-step for ``--micro-step-s`` seconds, which is what the scheduler's protocol tests need.
+execution ids in a thread). The real trainer does not plug in here: it follows the cells' roles in the log
+(the trainer's ``follow_cell_roles``: a cell in ``training-satellite`` gets a satellite process that joins the
+running step, the ``training-core`` cell is the trainer's own process), since the services meet only through
+events. ``--stand-in`` is the test and simulation mode, and says so: it trains nothing, it holds each micro-step
+for ``--micro-step-s`` seconds so the scheduler's protocol (claims, completion, release on leaving) runs for real.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ async def run_worker(
     ready_file: Path | None = None,
 ) -> int:
     """Claim and train until ``stop``; returns the number of micro-steps done. ``token``: the scheduler's gRPC
-    bearer token (None: every claim is refused, UNAUTHENTICATED)."""
+    bearer token (None: every claim is refused, UNAUTHENTICATED). ``train`` None is the stand-in (tests and
+    simulation): each micro-step is held ``micro_step_s`` seconds and nothing is trained."""
     done = 0
     async with grpc_channel(scheduler, token) as channel:
         await asyncio.wait_for(channel.channel_ready(), 60)
@@ -97,8 +101,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--role", default="satellite", help="core or satellite (informational)")
     p.add_argument("--ready-file", type=Path)
     p.add_argument("--train", help="module:function called with (step, execution_ids)")
-    p.add_argument("--micro-step-s", type=float, default=0.2)
+    p.add_argument(
+        "--stand-in", action="store_true",
+        help="tests and simulation only: train nothing, hold each micro-step for --micro-step-s seconds",
+    )  # fmt: skip
+    p.add_argument("--micro-step-s", type=float, help="with --stand-in: how long a micro-step is held (0.2)")
     args = p.parse_args(argv)
+    if (args.train is None) == (not args.stand_in):
+        p.error("give one of --train module:function or --stand-in (a stand-in that trains nothing)")
+    if args.micro_step_s is not None and not args.stand_in:
+        p.error("--micro-step-s is the stand-in's hold time: it needs --stand-in")
+    micro_step_s = 0.2 if args.micro_step_s is None else args.micro_step_s
+    if micro_step_s < 0:
+        p.error("--micro-step-s must be >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     train = _load(args.train) if args.train else None
 
@@ -110,9 +125,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # The actuator that started us hands us the token (OPENGYRE_GRPC_TOKEN), else the stack's data dir has it.
         n = await run_worker(
             args.cell, args.scheduler, token=token_from_env(), stop=stop, train=train,
-            micro_step_s=args.micro_step_s, ready_file=args.ready_file,
+            micro_step_s=micro_step_s, ready_file=args.ready_file,
         )  # fmt: skip
-        log.info("cell %s (%s) stopped after %d micro-step(s)", args.cell, args.role, n)
+        what = "stand-in: nothing trained" if train is None else args.train
+        log.info("cell %s (%s) stopped after %d micro-step(s) (%s)", args.cell, args.role, n, what)
 
     asyncio.run(go())
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
         CellHub,
         ProcessSatellite,
     )
+    from ._cell_roles import (
+        RoleCells,
+    )
     from ._config import (
         TrainerConfig,
     )
@@ -127,6 +130,7 @@ if TYPE_CHECKING:
         Cell,
         MicroStepBuffer,
         Satellite,
+        StepFinished,
         StreamingStep,
         snapshot_digest,
         streaming_step,
@@ -168,6 +172,8 @@ _WHERE: dict[str, str] = {
     "Cell": "._streaming",
     "CellHub": "._cell_process",
     "ProcessSatellite": "._cell_process",
+    "RoleCells": "._cell_roles",
+    "StepFinished": "._streaming",
     "OnlineTrainer": "._loop",
     "PAD_ID": "._packing",
     "PathSampler": "._sampling",
@@ -252,6 +258,7 @@ __all__ = [
     "PublishedCheckpoint",
     "ReadyGroup",
     "RetentionPolicy",
+    "RoleCells",
     "SampleCost",
     "SampleError",
     "SampledPath",
@@ -259,6 +266,7 @@ __all__ = [
     "SftRun",
     "Staleness",
     "StepAdmission",
+    "StepFinished",
     "StepReport",
     "StepResult",
     "StreamingStep",

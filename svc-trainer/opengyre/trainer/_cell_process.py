@@ -140,10 +140,12 @@ class ProcessSatellite:
         self.results: list[tuple[MicroBatch, Proximal, MicroResult]] = []
         self._grads: dict[str, torch.Tensor] = {}
         self._leave = threading.Event()
+        self._buffer: MicroStepBuffer | None = None
+        # Set once ``work`` has returned (gradients in hand, or failed): the process may then be closed.
+        self.worked = threading.Event()
 
     def join(self, snapshot: Mapping[str, torch.Tensor]) -> None:
         self.results, self._grads = [], {}
-        self._leave.clear()
         send_obj(self._pg, 1, "join")
         send_state(self._pg, 1, snapshot)
         self.joined_digest = str(recv_obj(self._pg, 1))
@@ -151,15 +153,22 @@ class ProcessSatellite:
     def leave(self) -> None:
         """Take no more micro-batches in this step (the one in hand is finished; its gradients still count)."""
         self._leave.set()
+        if self._buffer is not None:
+            self._buffer.wake()  # it may be waiting for a micro-batch: it leaves now, not with the next one
 
     def work(self, buffer: MicroStepBuffer) -> None:
-        while not self._leave.is_set() and (mb := buffer.claim(self.name)) is not None:
-            send_obj(self._pg, 1, micro_batch_to_wire(mb))
-            out = recv_obj(self._pg, 1)
-            prox = Proximal(out["logprobs"], dict(out["prox_metrics"]), int(out["n_targets"]))
-            self.results.append((mb, prox, MicroResult(**out["result"])))
-        send_obj(self._pg, 1, None)  # the step's end for this cell: send the gradients
-        self._grads = recv_state(self._pg, 1)
+        self._buffer = buffer
+        try:
+            while (mb := buffer.claim(self.name, self._leave)) is not None:
+                send_obj(self._pg, 1, micro_batch_to_wire(mb))
+                out = recv_obj(self._pg, 1)
+                prox = Proximal(out["logprobs"], dict(out["prox_metrics"]), int(out["n_targets"]))
+                self.results.append((mb, prox, MicroResult(**out["result"])))
+            send_obj(self._pg, 1, None)  # the step's end for this cell: send the gradients
+            self._grads = recv_state(self._pg, 1)
+            self._leave.clear()  # the next step it joins, it works in again
+        finally:
+            self.worked.set()
 
     def grads(self) -> Mapping[str, torch.Tensor]:
         return self._grads

@@ -75,6 +75,10 @@ class TrainerConfig:
     streaming: bool = False
     satellites: int = 0
     satellite_processes: bool = False
+    # The cells' roles in the log decide the satellites instead of ``satellites``: a cell that enters
+    # ``training-satellite`` gets a satellite process that joins the running step between micro-steps, one that
+    # leaves it leaves between micro-steps, and a step starts only while a cell is ``training-core`` (this process).
+    follow_cell_roles: bool = False
     # Model parallelism (megatron): the run is launched on tp * pp ranks (torchrun); rank 0 leads.
     tp: int = 1
     pp: int = 1
@@ -141,6 +145,10 @@ class TrainerConfig:
             raise ValueError("satellites must be >= 0 and need streaming = true")
         if self.satellite_processes and not self.satellites:
             raise ValueError("satellite_processes = true needs satellites >= 1")
+        if self.follow_cell_roles and (self.satellites or not self.streaming):
+            raise ValueError(
+                "follow_cell_roles = true needs streaming = true and satellites = 0 (the cells' roles decide them)"
+            )
         if not 0 < self.breaker_ratio <= 1:
             raise ValueError("breaker_ratio must be in (0, 1]")
         if not self.run_id or "/" in self.run_id or len(self.run_id) > 40:

@@ -25,7 +25,8 @@ from opengyre.events import TrainingStepCompleted, WeightsPublished
 from opengyre.models import checkpoint_info, load_checkpoint, model_config, model_state, resolve_model
 
 from ._admission import AdmissionPolicy
-from ._cell_process import CellHub
+from ._cell_process import CellHub, ProcessSatellite
+from ._cell_roles import RoleCells
 from ._config import TrainerConfig
 from ._fault import fault
 from ._lockstep import data_parallel_for, optimizer_file, rank_and_size, tell
@@ -47,7 +48,7 @@ from ._sampling import PathSampler
 from ._schedule import lr_at
 from ._step import Learner, MiniBatch, StepResult
 from ._store import ReadyGroup, TrainerStore
-from ._streaming import Cell, MicroStepBuffer, Satellite, streaming_step
+from ._streaming import Cell, MicroStepBuffer, Satellite, StreamingStep
 from .algorithms import Algorithm, get_algorithm
 from .backends import Backend, build_backend
 
@@ -203,7 +204,19 @@ class OnlineTrainer:
         )
         self.sampler = PathSampler(config.max_paths)
         self.satellites: list[Cell] = []
-        self._hub = CellHub() if config.satellite_processes else None
+        self._hub = CellHub() if config.satellite_processes or config.follow_cell_roles else None
+        self.cells: RoleCells | None = None  # satellites that follow the cells' roles in the log
+        if config.follow_cell_roles:
+            hub, frozen = self._hub, reference.hf_state_dict() if reference is not None else None
+            assert hub is not None
+
+            def start(cell: str) -> ProcessSatellite:
+                return hub.start(
+                    cell, config.backend, self.backend.config, config.algorithm, config.algorithm_params,
+                    reference=frozen,
+                )  # fmt: skip
+
+            self.cells = RoleCells(store.cell_roles, start)
         for i in range(config.satellites):
             name = f"satellite-{i}"
             if self._hub is None:
@@ -333,16 +346,24 @@ class OnlineTrainer:
         first = await asyncio.to_thread(self.ready)
         if not first:
             return None
+        cells = self.cells
+        if cells is not None:
+            await cells.sync(None)
+            if cells.core is None:
+                return None  # no cell is training-core: this process has no GPUs to train on now
         buffer = self.streaming_buffer = MicroStepBuffer()
         self.learner.set_lr(self.lr(self.step_no + 1))
-        worker = asyncio.create_task(
-            asyncio.to_thread(streaming_step, self.learner, buffer, self.satellites, epochs=self.config.ppo_epochs)
-        )
+        step = await asyncio.to_thread(StreamingStep, self.learner, buffer, epochs=self.config.ppo_epochs)
+        for sat in self.satellites:
+            step.join(sat)
+        worker = asyncio.create_task(asyncio.to_thread(step.finish))
         prepared: PreparedStep | None = None
         used: set[str] = set()
         normaliser = 1.0
         try:
             while len(used) < self.config.groups_per_step:
+                if cells is not None:
+                    await cells.sync(step)  # between micro-steps: satellites join and leave as the roles say
                 fresh = [g for g in await asyncio.to_thread(self.ready) if g.group_id not in used]
                 if not fresh:
                     if self.stop.is_set():
@@ -363,9 +384,28 @@ class OnlineTrainer:
                 normaliser = loss_normaliser(prepared.samples, self.aggregation, self.config.loss_norm_tokens)
         finally:
             buffer.close(normaliser)
-            result = await worker
+            result = await self._finish_step(step, worker, poll_s)
         assert prepared is not None
         return prepared, (result if result.micro_steps else None)
+
+    async def _finish_step(self, step: StreamingStep, worker: asyncio.Task[StepResult], poll_s: float) -> StepResult:
+        """Wait for the step's update; meanwhile (the buffer's backlog) satellites still leave as the roles say."""
+        cells = self.cells
+        failed: Exception | None = None
+        try:
+            while cells is not None and failed is None and not worker.done():
+                try:
+                    await cells.sync(step)
+                except Exception as exc:  # raised once the step has ended: its threads must not be left behind
+                    failed = exc
+                await asyncio.wait({worker}, timeout=poll_s)
+            result = await worker
+        finally:
+            if cells is not None:
+                await cells.after_step()
+        if failed is not None:
+            raise failed
+        return result
 
     async def recover(self) -> WeightsPublished | None:
         """Announce the weights of a step that completed before a crash but was never published."""
@@ -502,6 +542,8 @@ class OnlineTrainer:
         self.metrics.close()
         for sat in self.satellites:
             sat.close()
+        if self.cells is not None:
+            self.cells.close()
         if self.world > 1:
             tell("stop")
             self.world = 1

@@ -221,6 +221,12 @@ class TrainerStore:
             ).all()
         return sorted({str(r.engine_url) for r in rows})
 
+    def cell_roles(self) -> dict[str, str]:
+        """Cell id -> its role, as the log's cell events made it (the cell aggregate's rule)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(_N.c.cell_id, _N.c.role)).all()
+        return {str(r.cell_id): str(r.role) for r in rows}
+
     def latest_weights(self, run_id: str = "default") -> Row[Any] | None:
         with self.engine.connect() as c:
             return c.execute(

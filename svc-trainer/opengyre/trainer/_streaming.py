@@ -27,7 +27,19 @@ from ._step import Learner, MicroResult, Proximal, StepResult, accumulate, proxi
 from .algorithms import Algorithm
 from .backends import Backend
 
-__all__ = ["Cell", "MicroStepBuffer", "Satellite", "StreamingStep", "snapshot_digest", "streaming_step"]
+__all__ = [
+    "Cell",
+    "MicroStepBuffer",
+    "Satellite",
+    "StepFinished",
+    "StreamingStep",
+    "snapshot_digest",
+    "streaming_step",
+]
+
+
+class StepFinished(RuntimeError):
+    """A satellite came too late: the step no longer takes anyone (it joins the next one)."""
 
 
 class MicroStepBuffer:
@@ -58,15 +70,21 @@ class MicroStepBuffer:
             self._closed = True
             self._cv.notify_all()
 
-    def claim(self, worker: str) -> MicroBatch | None:
-        """The next micro-batch, waiting for one; None once the buffer is closed and drained."""
+    def claim(self, worker: str, stop: threading.Event | None = None) -> MicroBatch | None:
+        """The next micro-batch, waiting for one; None once the buffer is closed and drained, or once ``stop``
+        is set (a cell leaving between micro-steps: ``wake`` ends the wait of one already waiting)."""
         with self._cv:
-            while not self._items and not self._closed:
+            while not self._items and not self._closed and not (stop is not None and stop.is_set()):
                 self._cv.wait()
-            if not self._items:
+            if not self._items or (stop is not None and stop.is_set()):
                 return None
             self.claims[worker] = self.claims.get(worker, 0) + 1
             return self._items.popleft()
+
+    def wake(self) -> None:
+        """Have every waiting claimer look at its ``stop`` again."""
+        with self._cv:
+            self._cv.notify_all()
 
 
 def snapshot_digest(state: Mapping[str, torch.Tensor]) -> str:
@@ -103,9 +121,9 @@ class Satellite:
     results: list[tuple[MicroBatch, Proximal, MicroResult]] = field(default_factory=list)
 
     _leave: threading.Event = field(default_factory=threading.Event, repr=False)
+    _buffer: MicroStepBuffer | None = field(default=None, repr=False)
 
     def join(self, snapshot: Mapping[str, torch.Tensor]) -> None:
-        self._leave.clear()
         self.backend.load_hf_state_dict(snapshot)
         self.backend.zero_grad()
         self.joined_digest = snapshot_digest(self.backend.hf_state_dict())
@@ -113,13 +131,17 @@ class Satellite:
 
     def work(self, buffer: MicroStepBuffer) -> None:
         # No optimizer of its own: the core applies the update with everyone's gradients.
-        while not self._leave.is_set() and (mb := buffer.claim(self.name)) is not None:
+        self._buffer = buffer
+        while (mb := buffer.claim(self.name, self._leave)) is not None:
             prox = proximal(self.backend, mb)
             self.results.append((mb, prox, accumulate(self.backend, self.algorithm, mb, prox, self.reference)))
+        self._leave.clear()  # the next step it joins, it works in again
 
     def leave(self) -> None:
         """Take no more micro-batches in this step (the one in hand is finished; its gradients still count)."""
         self._leave.set()
+        if self._buffer is not None:
+            self._buffer.wake()
 
     def grads(self) -> Mapping[str, torch.Tensor]:
         return self.backend.hf_grads()
@@ -165,7 +187,7 @@ class StreamingStep:
 
         with self._lock:
             if self._finished:
-                raise RuntimeError("the step has finished: nothing left to join")
+                raise StepFinished("the step has finished: nothing left to join")
             t = threading.Thread(target=run, name=f"satellite-{sat.name}")
             self._satellites.append(sat)
             self._threads.append(t)

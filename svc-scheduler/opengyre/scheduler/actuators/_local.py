@@ -3,6 +3,10 @@
 Leaving rollout stops the cell's engine process (after the proxy moved its requests); arriving in training
 starts ``python -m opengyre.scheduler.worker`` for the cell, which claims micro-steps from the scheduler.
 Coming back stops the worker and starts a fresh engine, whose URL goes on the ``switching -> rollout`` event.
+
+The default worker is the ``--stand-in`` (it trains nothing): the real training follows the role events in the
+trainer service (``follow_cell_roles``), which starts and stops its satellite processes itself; a deployment
+with another trainer gives ``trainer_argv`` (``--train module:function``, or a launcher of its own).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ DEFAULT_ENGINE_ARGV: tuple[str, ...] = (
 )  # fmt: skip
 DEFAULT_TRAINER_ARGV: tuple[str, ...] = (
     sys.executable, "-m", "opengyre.scheduler.worker", "--cell", "{cell}", "--scheduler", "{scheduler}",
-    "--role", "{role}", "--ready-file", "{ready_file}",
+    "--role", "{role}", "--ready-file", "{ready_file}", "--stand-in",
 )  # fmt: skip
 
 
