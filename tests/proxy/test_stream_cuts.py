@@ -1,4 +1,5 @@
-"""Streams cut mid-way on the real gateway (issue 24): a client that stops reading (the write deadline).
+"""Streams cut mid-way on the real gateway (issue 24): a client that stops reading (the write deadline), ``n > 1``
+streams whose client leaves, and whose engine fails one of the ``n`` samples.
 Every dispatch ends (the engine sees each request end), every engine slot is freed, every call is recorded at most once (rows in the real log) and a
 failure is counted once. The engine is a gated SGLang-protocol app over real HTTP: it emits a few tokens per
 request and then does what the test says, when the test says (asyncio events, never the clock).
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 import httpx
 import msgspec
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -210,3 +212,83 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_and_its_dispatch_ende
         async with stack.openai(eid) as client:
             r = await client.chat.completions.create(model=M, messages=[{"role": "user", "content": "again"}])
         assert r.choices[0].finish_reason == "stop" and len(await rows(stack, eid)) == 1
+
+
+@pytest.mark.parametrize("finished_first", [0, 1])
+async def test_an_n3_stream_whose_client_leaves_ends_every_dispatch(event_log: EventLog, finished_first: int) -> None:
+    """n=3, the client leaves mid-stream: the samples still generating end on the engine, every slot is freed; a
+    sample that had finished before is recorded once, the others never, and no failure is counted."""
+    steps = [Step("finish")] * finished_first + [Step("hold")] * (3 - finished_first)
+    async with gated(event_log, steps) as (stack, engine):
+        eid = f"leaves-{finished_first}"
+        key = stack.gateway.issue_key(eid)
+        seen: set[int] = set()
+
+        async def read() -> None:
+            async with (
+                httpx.AsyncClient() as c,
+                c.stream(
+                    "POST",
+                    f"{stack.gateway.base_url(eid)}/chat/completions",
+                    json=chat(3),
+                    headers={"authorization": f"Bearer {key}"},
+                ) as r,
+            ):
+                assert r.status_code == 200
+                async for f in frames(r.aiter_lines()):
+                    seen.update(ch["index"] for ch in f["choices"] if ch["delta"].get("content"))
+
+        reading = asyncio.create_task(read())
+        await await_until(
+            lambda: seen == {0, 1, 2} and stack.gateway.stats.calls == finished_first,
+            "every sample streamed, the finished ones recorded",
+        )
+        reading.cancel()  # the client leaves: its connection is closed
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        await await_until(lambda: inflight(stack) == 0, "every engine slot freed")
+        await await_until(lambda: len(engine.ended) == 3, "every engine request ended")
+        assert sorted(engine.ended.values()) == sorted(["finished"] * finished_first + ["cut"] * (3 - finished_first))
+        assert len(engine.started) == 3  # none re-issued
+        assert len(await rows(stack, eid)) == finished_first
+        assert stack.gateway.failed_calls(eid) == 0
+
+
+async def test_an_n3_stream_whose_engine_fails_one_sample_ends_the_others(event_log: EventLog) -> None:
+    """n=3: one sample finishes (recorded), one gets an engine reply that cannot be recorded mid-stream, one is
+    still generating. The stream ends with the dialect's error event; the one still generating ends on the engine;
+    every slot is freed; one row in the log, one failure counted."""
+    fail = asyncio.Event()
+    steps = [Step("finish"), Step("bad", gate=fail), Step("hold")]
+    async with gated(event_log, steps) as (stack, engine):
+        eid = "fails-one"
+        key = stack.gateway.issue_key(eid)
+        got: list[dict[str, Any]] = []
+
+        async def fail_second() -> None:
+            await await_until(
+                lambda: stack.gateway.stats.calls == 1 and len(engine.started) == 3, "one recorded, three running"
+            )
+            fail.set()  # now the second one fails
+
+        failing = asyncio.create_task(fail_second())
+        async with (
+            httpx.AsyncClient() as c,
+            c.stream(
+                "POST",
+                f"{stack.gateway.base_url(eid)}/chat/completions",
+                json=chat(3),
+                headers={"authorization": f"Bearer {key}"},
+            ) as r,
+        ):
+            assert r.status_code == 200
+            async for f in frames(r.aiter_lines()):
+                got.append(f)
+        await failing
+        assert "error" in got[-1] and got[-1]["error"]["code"] == "engine_error", got[-1]
+        await await_until(lambda: inflight(stack) == 0, "every engine slot freed")
+        await await_until(lambda: len(engine.ended) == 3, "every engine request ended")
+        assert sorted(engine.ended.values()) == ["bad", "cut", "finished"]
+        assert len(engine.started) == 3  # the bad reply is not re-issued; the held one was not either
+        assert len(await rows(stack, eid)) == 1
+        assert stack.gateway.failed_calls(eid) == 1
