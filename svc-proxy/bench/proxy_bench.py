@@ -149,7 +149,7 @@ async def tree_vs_flat(nats: str, stream: str, proxy_url: str, calls: int = 100)
     reg = default_registry()
     try:
         while True:
-            events = [s async for s in log.read(subjects=[log.config.subject("execution", eid)])]
+            events = [s async for s in log.read(subjects=log.config.instance_filters("execution", eid))]
             if len(events) >= calls:
                 break
             await asyncio.sleep(0.05)

@@ -118,7 +118,7 @@ async def test_a_sealed_execution_takes_its_counted_calls_after_a_step_consumed_
     async with folding(ProjectionRunner(TrainerProjection(), event_log, engine)):
         with engine.connect() as c:
             dead = [
-                (s.rsplit(".", 1)[-1], r)
+                (s.split(".")[-2], r)  # <prefix>.execution.<id>.<type>
                 for s, r in c.execute(select(DeadLetter.subject, DeadLetter.reason).order_by(DeadLetter.stream_seq))
             ]
         assert dead == [("k-e1", "call-after-consumed"), ("k-e0", "call-after-seal")]

@@ -10,7 +10,11 @@ connection is held for ever), nor a body, nor connections per client. h11 bounds
 - a head deadline from the accept (or from the request's first byte on a kept-alive connection): 408;
 - the body's declared length (413 before reading it) or its running length (413 as soon as it passes);
 - the longest silence mid-body (408), not counted while the app has not read what came (flow control paused);
-- connections per client address and in all: over either, 503 with Retry-After at once.
+- connections per client address and in all: over either, 503 with Retry-After at once;
+- a write deadline: a response whose client stops reading it fills the socket's buffers, uvicorn then waits for
+  them to drain before each send (so what the server holds is bounded: the transport's 64 KiB high-water mark and
+  one send), but for ever. Once writes have been paused for ``write_timeout_s`` the connection is aborted, counted
+  (``write_timeout``) and logged; the app sees its client leave (a stream is cancelled, its engine slot freed).
 
 A refusal is written, the write side shut, what still comes discarded for at most ``LINGER_S`` and then the
 socket closed: closing with unread bytes would reset the connection and the client could lose the answer (a
@@ -159,6 +163,7 @@ class _GuardedHttp(HttpToolsProtocol):
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._pending: tuple[Refusal, bool] | None = None  # (refusal, whether the head was read)
+        self._write_timer: asyncio.TimerHandle | None = None  # armed while the transport's writes are paused
 
     # --- connections ---------------------------------------------------------------------------------
 
@@ -182,6 +187,7 @@ class _GuardedHttp(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._cancel_write_timer()
         if self._peer is None:  # refused at the accept: uvicorn never knew it
             return
         self.guard.release(self._peer)
@@ -226,6 +232,40 @@ class _GuardedHttp(HttpToolsProtocol):
         fits = self._head_bytes + end <= self._lim.max_header_bytes
         self._head_bytes, self._tail = 0, b""
         return fits
+
+    # --- a client that stops reading ------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is past its high-water mark: the client is not taking what was sent.
+        super().pause_writing()
+        if self._write_timer is None and self._peer is not None:
+            self._write_timer = self.loop.call_later(self._lim.write_timeout_s, self._on_write_timeout)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _on_write_timeout(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing() and self.transport.get_write_buffer_size() == 0:
+            return
+        self.guard.refused["write_timeout"] += 1
+        log.info(
+            "closed the connection of %s: it took nothing of the response for %g s (%d bytes unsent)",
+            self._peer,
+            self._lim.write_timeout_s,
+            self.transport.get_write_buffer_size(),
+        )
+        self._answered = True
+        self._cancel_timer()
+        # Aborted, not closed: close() would wait for the buffer to drain, which is what never happens. uvicorn's
+        # connection_lost marks the cycle disconnected and wakes a send waiting to drain.
+        self.transport.abort()
 
     # --- parser callbacks ----------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ class HttpLimits:
     # The longest silence while a body is being sent (not counted while the app has not read what came). 408.
     body_timeout_s: float = 30.0
     keep_alive_s: float = 75.0  # an idle kept-alive connection is closed after this (nginx's default)
+    # The longest a response may wait on a client that stops reading it (the socket's buffers full, nothing taken):
+    # past it the connection is closed and the app sees its client leave. nginx's send_timeout: 60 s.
+    write_timeout_s: float = 60.0
     # Open connections of one client address, and of everyone; over either: 503 with Retry-After, then closed.
     # Every harness in a sandbox reaches the gateway through the loopback relay, so they all count as one client
     # there: the per-client cap is for a stack exposed with `--host`, and stays above the engines' pools.
@@ -66,6 +69,7 @@ class HttpLimits:
         return (
             f"head {v['max_header_bytes']} in at most {v['max_headers']} lines within {v['header_timeout_s']}, "
             f"body {v['max_body_bytes']} (silent at most {v['body_timeout_s']}), keep-alive {v['keep_alive_s']}, "
+            f"a stalled reader {v['write_timeout_s']}, "
             f"connections {v['max_connections_per_client']} per client and {v['max_connections']} in all"
         )
 

@@ -25,6 +25,11 @@ from ._sampling import SamplingError, SamplingParams
 
 __all__ = ["openai_routes"]
 
+# vLLM's own top-level fields the proxy's vLLM client sends (engines/_vllm.py): ``request_id`` names the request
+# (read below); ``return_tokens_as_token_ids`` asks for alternatives keyed ``token_id:N``, which this face does not
+# do yet (it keys them by text, as OpenAI does): accepted as before, a known gap.
+_VLLM_EXTRAS = frozenset({"request_id", "return_tokens_as_token_ids"})
+
 
 def openai_routes(engine: CpuEngine) -> list[Route]:
     cfg = engine.config
@@ -67,7 +72,8 @@ def openai_routes(engine: CpuEngine) -> list[Route]:
         except ValueError as exc:
             return _openai_error(ApiError.invalid(str(exc)))
         try:
-            req = openai_api.parse_chat(body) if chat else openai_api.parse_completion(body)
+            parse = openai_api.parse_chat if chat else openai_api.parse_completion
+            req = parse(body, _VLLM_EXTRAS)
             ids, sp = _prepare(req)
             params = SamplingParams.parse(sp, engine.vocab_size)
         except ApiError as err:

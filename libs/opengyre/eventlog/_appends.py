@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # One attempt's wait for its acknowledgement: long enough for a busy server, short enough that a publish lost with
 # a dead leader is sent again soon after the election.
 _ATTEMPT_S = 2.0
+_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
 
 class Appender:
@@ -55,9 +56,11 @@ class Appender:
         self._registry = registry
         self._blobs = blobs
         self._unacknowledged = unacknowledged
+        self._shared = registry.shared_aggregates()
 
     def subject_for(self, event: Event) -> str:
-        return self._config.subject(event.aggregate, event.aggregate_id())
+        typed = event.type_name() if event.aggregate in self._shared else None
+        return self._config.subject(event.aggregate, event.aggregate_id(), typed)
 
     async def _prepare(
         self, event: Event, expected: int | None, body: bytes | None = None
@@ -74,6 +77,10 @@ class Appender:
             headers[VERSION_HEADER] = str(event.version)
         if expected is not None:
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected)
+            if event.aggregate in self._shared:
+                # The aggregate's last event whatever its type (nats-server 2.11+), not this subject's: optimistic
+                # concurrency stays per aggregate. Events under the older, untyped subject are not counted.
+                headers[_EXPECTED_SUBJECT] = self._config.subject(event.aggregate, event.aggregate_id()) + ".*"
         limit = min(self._config.inline_limit, self._nc.max_payload - 8 * 1024)
         if len(body) > limit:
             # JetStream caps a message at max_payload (1 MiB by default): the body goes out of band.

@@ -67,8 +67,18 @@ class LogConfig:
     def all_subjects(self) -> str:
         return f"{self.prefix}.>"
 
-    def subject(self, aggregate: str, aggregate_id: str) -> str:
-        return f"{self.prefix}.{aggregate}.{aggregate_id}"
+    def subject(self, aggregate: str, aggregate_id: str, type_name: str | None = None) -> str:
+        """``<prefix>.<aggregate>.<id>``, and ``.<type>`` after it for a shared aggregate's events (their owners'
+        publish permissions are per type: ``EventRegistry.shared_aggregates``). Logs written before hold the
+        shorter subject for those too; every filter here matches both."""
+        base = f"{self.prefix}.{aggregate}.{aggregate_id}"
+        return base if type_name is None else f"{base}.{type_name}"
 
     def aggregate_filter(self, aggregate: str) -> str:
-        return f"{self.prefix}.{aggregate}.*"
+        # ``>``, not ``*``: an aggregate's subjects have one token after it (its id) or two (id and event type).
+        return f"{self.prefix}.{aggregate}.>"
+
+    def instance_filters(self, aggregate: str, aggregate_id: str) -> list[str]:
+        """The subjects of one aggregate's events, whichever layout wrote them."""
+        base = self.subject(aggregate, aggregate_id)
+        return [base, f"{base}.*"]

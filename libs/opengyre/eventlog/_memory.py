@@ -43,6 +43,7 @@ class MemoryEventLog(TypedReads):
     def __init__(self, config: LogConfig | None = None, registry: EventRegistry | None = None) -> None:
         self.config = config or LogConfig()
         self.registry = registry or default_registry()
+        self._shared = self.registry.shared_aggregates()
         self._events: list[StoredEvent] = []
         self._by_id: dict[str, int] = {}
         self._last_of: dict[str, int] = {}
@@ -71,11 +72,13 @@ class MemoryEventLog(TypedReads):
             raise EventLogError("the in-memory event log is closed")
 
     def _store(self, event: Event, body: bytes, expected: int | None) -> Appended:
-        subject = self.config.subject(event.aggregate, event.aggregate_id())
+        aggregate = self.config.subject(event.aggregate, event.aggregate_id())  # the last sequence is per aggregate
+        typed = event.type_name() if event.aggregate in self._shared else None
+        subject = self.config.subject(event.aggregate, event.aggregate_id(), typed)
         if (seq := self._by_id.get(event.event_id)) is not None:
             return Appended(seq, True)
-        if expected is not None and self._last_of.get(subject, 0) != expected:
-            raise ConcurrencyError(subject, expected, f"wrong last sequence: {self._last_of.get(subject, 0)}")
+        if expected is not None and self._last_of.get(aggregate, 0) != expected:
+            raise ConcurrencyError(subject, expected, f"wrong last sequence: {self._last_of.get(aggregate, 0)}")
         seq = len(self._events) + 1
         self._events.append(
             StoredEvent(
@@ -89,7 +92,7 @@ class MemoryEventLog(TypedReads):
             )
         )
         self._by_id[event.event_id] = seq
-        self._last_of[subject] = seq
+        self._last_of[aggregate] = seq
         return Appended(seq, False)
 
     async def append(self, event: Event, *, expected_last_subject_seq: int | None = None) -> Appended:

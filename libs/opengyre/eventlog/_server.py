@@ -10,7 +10,9 @@ __all__ = ["MIN_SERVER_VERSION", "require_server_version"]
 
 # 2.10: consumers with several filter subjects (``filter_subjects``), which a projection over a few aggregates
 # uses; an older server ignores the field and delivers every subject, silently. Also the stream's ``created``.
-MIN_SERVER_VERSION = (2, 10, 0)
+# 2.11: ``Nats-Expected-Last-Subject-Sequence-Subject``, which keeps a shared aggregate's optimistic concurrency per
+# aggregate under per-type subjects; an older server ignores the header and checks the subject alone, silently.
+MIN_SERVER_VERSION = (2, 11, 0)
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 

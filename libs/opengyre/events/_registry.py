@@ -98,6 +98,14 @@ class EventRegistry:
     def knows(self, type_name: str) -> bool:
         return type_name in self._entries
 
+    def shared_aggregates(self) -> frozenset[str]:
+        """The aggregates whose event types have more than one owner (``execution``): their events' subjects carry
+        the type as a last token, so NATS can allow each owner its own types only (``runtime.nats_permissions``)."""
+        owners: dict[str, set[str]] = {}
+        for e in self._entries.values():
+            owners.setdefault(e.cls.aggregate, set()).add(e.cls.owner)
+        return frozenset(a for a, o in owners.items() if len(o) > 1)
+
     def encode(self, event: Event) -> bytes:
         """The event's JSON body; raises :class:`InvalidEvent` for one no store could keep (a NUL in a string)."""
         body = self._encoder.encode(event)

@@ -6,8 +6,9 @@ engine, say. Each service gets a user that may publish only the subjects of the 
 control, the blob bucket, the payload stream for those that use it) and may subscribe only to reply inboxes; the
 ``admin`` user (``opengyre up``, the CLI) may do anything. A connection without credentials is refused.
 
-NATS permissions are per subject, and a subject is per aggregate (``<prefix>.<aggregate>.<id>``): an aggregate
-whose events have several owners (``execution``: scheduler, proxy, trainer) is publishable by each of them.
+NATS permissions are per subject, and a subject is per aggregate (``<prefix>.<aggregate>.<id>``), except for an
+aggregate whose events have several owners (``execution``: scheduler, proxy, trainer): its subjects end with the
+event's type (``<prefix>.execution.<id>.model-call-recorded``), so each owner may publish only its own types.
 
 Passwords are random, written 0600 under ``<data dir>/auth/nats/`` once and reused; the server's config
 (``<data dir>/auth/nats-server.conf``, 0600 too) is written again from the catalogue at each start, so it
@@ -78,15 +79,24 @@ def nats_permissions(
 ) -> dict[str, dict[str, Any]]:
     """Each user's ``permissions`` block of the nats-server config: a user per service (default: every one the
     runtime knows), and ``admin``."""
-    types = (registry or default_registry()).types().values()
+    reg = registry or default_registry()
+    types = reg.types().values()
+    shared = reg.shared_aggregates()
     names = list(installed_services() if services is None else services)
     unknown = sorted({cls.owner for cls in types} - set(names))
     if unknown:
         raise ValueError(f"events are owned by {', '.join(unknown)}, which is no service of {', '.join(names)}")
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        aggregates = sorted({cls.aggregate for cls in types if cls.owner == name})
-        publish = [log.aggregate_filter(a) for a in aggregates] + _jetstream_client(log)
+        aggregates = sorted({cls.aggregate for cls in types if cls.owner == name and cls.aggregate not in shared})
+        publish = [log.aggregate_filter(a) for a in aggregates]
+        # A shared aggregate's subjects end with the event's type: each owner may publish its own types only.
+        publish += sorted(
+            log.subject(cls.aggregate, "*", cls.type_name())
+            for cls in types
+            if cls.owner == name and cls.aggregate in shared
+        )
+        publish += _jetstream_client(log)
         if ModelCallRecorded.owner == name:  # the recorder writes the token payloads its events refer to
             publish.append(f"{log.payloads}.>")
         if PayloadsCompacted.owner == name:  # retention deletes what it compacted

@@ -245,6 +245,34 @@ def _message(i: int, m: object) -> dict[str, Any]:
 
 _CHAT_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
 
+# The engine-side extras both APIs take (vLLM's and SGLang's names, what RL harnesses send), read in
+# ``_common_sampling``.
+_ENGINE_EXTRAS = {
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "skip_special_tokens", "min_tokens", "stop_token_ids",
+    "return_token_ids",
+}  # fmt: skip
+# Every top-level field of the SDK's ChatCompletionCreateParams and CompletionCreateParams (openai 2.x, deprecated
+# ones included) plus those extras: each is honoured, refused, or recorded as no-effect. Anything else is OpenAI's
+# 400 "Unrecognized request argument supplied", never ignored (a misspelt 'max_tokens' would change the answer).
+_CHAT_FIELDS = _ENGINE_EXTRAS | {
+    "model", "messages", "stream", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+    "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n",
+    "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options",
+    "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier",
+    "stop", "store", "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+    "verbosity", "web_search_options",
+}  # fmt: skip
+_COMPLETION_FIELDS = _ENGINE_EXTRAS | {
+    "model", "prompt", "stream", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream_options", "suffix", "temperature", "top_p", "user",
+}  # fmt: skip
+
+
+def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    extra = sorted(k for k in body if k not in allowed)
+    if extra:
+        raise ApiError.invalid(f"Unrecognized request argument supplied: {extra[0]}", param=extra[0])
+
 
 # Chat fields this server cannot honour; ignoring them would change what the model is shown or asked for.
 _CHAT_REFUSED = {
@@ -253,6 +281,7 @@ _CHAT_REFUSED = {
     "audio": "audio output is not supported: the served model writes text only",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is a hosted tool this server cannot run",
+    "moderation": "moderation is not run here: a 'block' policy could not be honoured",
 }
 
 
@@ -277,14 +306,18 @@ def _chat_no_effect(body: dict[str, Any], req: GenRequest) -> None:
         ("metadata", "the caller's labels"),
         ("store", "the call is recorded for training whatever store says"),
         ("prompt_cache_key", "the engine's prefix cache is automatic"),
+        ("prompt_cache_options", "the engine's prefix cache is automatic"),
+        ("prompt_cache_retention", "the engine's prefix cache is automatic"),
         ("service_tier", "one capacity pool"),
     ):
         if body.get(key) is not None:
             req.no_effect[key] = why
 
 
-def parse_chat(raw: object) -> GenRequest:
+def parse_chat(raw: object, extra: frozenset[str] = frozenset()) -> GenRequest:
+    """``extra``: further top-level fields the caller reads itself (an engine's ``request_id``)."""
     body, model, stream = _model_and_stream(raw)
+    _check_fields(body, _CHAT_FIELDS | extra)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ApiError.invalid("'messages' must be a non-empty list", param="messages")
@@ -308,8 +341,10 @@ def parse_chat(raw: object) -> GenRequest:
     return req
 
 
-def parse_completion(raw: object) -> GenRequest:
+def parse_completion(raw: object, extra: frozenset[str] = frozenset()) -> GenRequest:
+    """``extra``: further top-level fields the caller reads itself (an engine's ``request_id``)."""
     body, model, stream = _model_and_stream(raw)
+    _check_fields(body, _COMPLETION_FIELDS | extra)
     prompt = body.get("prompt")
     req = GenRequest(dialect="openai-completions", model=model, stream=stream)
     if isinstance(prompt, str):
@@ -334,6 +369,8 @@ def parse_completion(raw: object) -> GenRequest:
         req.logprobs = True
         req.top_logprobs = lp
     req.echo = bool(body.get("echo"))
+    if body.get("user") is not None:
+        req.no_effect["user"] = "the caller's label"
     # What this server cannot honour is refused, not ignored: best_of ranks extra samples server-side, suffix asks
     # for insertion, and echo with logprobs asks for the prompt's logprobs too (only the completion's are known).
     best_of = body.get("best_of")

@@ -169,7 +169,10 @@ class TrainerStore:
                 )
             ).all()
         for subject, reason in dead:
-            eid = subject.rsplit(".", 1)[-1]
+            # <prefix>.execution.<id>, with .<event type> after it since subjects are per type there
+            tokens = subject.split(".")
+            at = len(tokens) - 1 - tokens[::-1].index("execution")
+            eid = tokens[at + 1]
             if eid in wanted and eid not in out:
                 out[eid] = reason
         for r in over:

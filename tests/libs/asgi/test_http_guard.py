@@ -7,7 +7,9 @@ app saw; each waits on the socket (a response, its end), never on the clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import tracemalloc
 from collections.abc import AsyncIterator
 
@@ -15,7 +17,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from opengyre.asgi import HttpServer
@@ -279,5 +281,98 @@ async def test_a_large_legitimate_request_is_served_with_the_default_limits() ->
             chunked = await c.post(f"{srv.url}/echo", content=repeat(body[:MIB], 5))
             assert chunked.status_code == 200 and chunked.json() == {"bytes": 5 * MIB}
         assert app.bodies == [len(body)] * 3 + [5 * MIB] and srv.refused == {}
+    finally:
+        await srv.stop()
+
+
+class Streamer:
+    """/stream: 64 KiB chunks, up to 1 GiB, for as long as the client takes them; counts what it made and how it
+    ended (a client that left cancels it)."""
+
+    CHUNK = 64 * KIB
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.ended: list[str] = []
+        self.app = Starlette(routes=[Route("/stream", self.stream), Route("/health", self.health)])
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def stream(self, request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                for _ in range(16 * 1024):
+                    self.made += 1
+                    yield b"a" * self.CHUNK
+                    await asyncio.sleep(0)  # a producer that awaits between chunks, as one reading an engine does
+                self.ended.append("complete")
+            except BaseException:
+                self.ended.append("cancelled")
+                raise
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def stalled_reader(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection with a 4 KiB receive buffer (set before connecting: it bounds the window it offers)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * KIB)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock, limit=4 * KIB)
+
+
+async def test_a_client_that_stops_reading_a_stream_is_closed_at_the_write_timeout() -> None:
+    """Before: the response waited for the client's buffers to drain for ever, holding the connection and the
+    app's stream. Now it is cut at the write deadline; what the server holds meanwhile stays bounded."""
+    app = Streamer()
+    srv = HttpServer(app.app, limits=HttpLimits(write_timeout_s=0.5))
+    await srv.start()
+    writer: asyncio.StreamWriter | None = None
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        reader, writer = await stalled_reader(srv.port)
+        writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        first = await reader.readuntil(b"\r\n")  # the response started; then nothing more is read
+        assert first.startswith(b"HTTP/1.1 200")
+        await await_until(lambda: srv.refused["write_timeout"] == 1, "the stalled reader cut at the deadline")
+        await await_until(lambda: app.ended == ["cancelled"], "the app's stream cancelled: its client left")
+        peak = tracemalloc.get_traced_memory()[1] - base
+        made = app.made
+        await await_until(lambda: srv.connections == 0, "the connection released")
+        # What the client had not read ends with the close (a reset or an EOF), far short of the 1 GiB offered.
+        received = 0
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(1 << 20):
+                received += len(chunk)
+        assert received < made * Streamer.CHUNK < 1 << 30
+        # The chunks the kernel's buffers took, plus the transport's high-water mark: never the stream.
+        assert peak < 2 * MIB, (peak, made)
+        async with httpx.AsyncClient() as c:  # served meanwhile
+            assert (await c.get(f"{srv.url}/health")).status_code == 200
+        assert srv.refused == {"write_timeout": 1}
+    finally:
+        tracemalloc.stop()
+        if writer is not None:
+            writer.close()
+        await srv.stop()
+
+
+async def test_a_client_that_reads_a_large_stream_is_not_cut() -> None:
+    """The deadline is on a stall, not on the response: 64 MiB of it read at the client's pace, never cut."""
+    app = Streamer()
+    srv = HttpServer(app.app, limits=HttpLimits(write_timeout_s=0.5))
+    await srv.start()
+    try:
+        async with httpx.AsyncClient() as c, c.stream("GET", f"{srv.url}/stream") as r:
+            got = 0
+            async for chunk in r.aiter_bytes():
+                got += len(chunk)
+                if got >= 64 * MIB:
+                    break
+        assert got >= 64 * MIB and srv.refused == {}
     finally:
         await srv.stop()

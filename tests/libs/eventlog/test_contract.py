@@ -53,7 +53,8 @@ async def test_one_sequence_over_all_aggregates_in_append_order(any_log: EventLo
     assert [s.seq for s in stored] == [1, 2, 3, 4]
     assert [any_log.decode(s) for s in stored] == events
     assert [s.event_id for s in stored] == [e.event_id for e in events]
-    assert stored[0].subject == any_log.config.subject("execution", "e1")
+    # A shared aggregate's subject ends with the event's type (its owners' permissions are per type).
+    assert stored[0].subject == any_log.config.subject("execution", "e1", "execution-dispatched")
 
 
 async def test_a_retried_append_with_the_same_event_id_is_stored_once(any_log: EventLogProtocol) -> None:
@@ -70,7 +71,9 @@ async def test_a_stale_expected_sequence_raises_and_appends_nothing(any_log: Eve
     first = await any_log.append(_dispatched(1), expected_last_subject_seq=0)
     with pytest.raises(ConcurrencyError) as exc:
         await any_log.append(_finished(1), expected_last_subject_seq=0)
-    assert exc.value.subject == any_log.config.subject("execution", "e1") and exc.value.expected == 0
+    # Per aggregate, not per subject: the dispatched event counts against the finished one (another type).
+    assert exc.value.subject == any_log.config.subject("execution", "e1", "execution-finished")
+    assert exc.value.expected == 0
     assert await any_log.last_seq() == 1
     assert (await any_log.append(_finished(1), expected_last_subject_seq=first.seq)).seq == 2
     # Another aggregate's sequence does not count against this one.
@@ -102,9 +105,12 @@ async def test_reads_keep_a_range_and_subject_filters(any_log: EventLogProtocol)
     assert [s.seq async for s in any_log.read(2, 3)] == [2, 3]
     only_tasks = [s.seq async for s in any_log.read(subjects=[cfg.aggregate_filter("task")])]
     assert only_tasks == [2]
-    one = [s.seq async for s in any_log.read(subjects=[cfg.subject("execution", "e1")])]
+    one = [s.seq async for s in any_log.read(subjects=cfg.instance_filters("execution", "e1"))]
     assert one == [1, 3]
-    both = [s.seq async for s in any_log.read(subjects=[cfg.subject("execution", "e2"), cfg.aggregate_filter("task")])]
+    both = [
+        s.seq
+        async for s in any_log.read(subjects=[*cfg.instance_filters("execution", "e2"), cfg.aggregate_filter("task")])
+    ]
     assert both == [2, 4]
     assert [s.seq async for s in any_log.read(5)] == []
 
@@ -122,7 +128,8 @@ async def test_get_gives_one_event_by_its_sequence(any_log: EventLogProtocol) ->
     fin = _finished(1)
     await any_log.append_many([_dispatched(1), fin])
     got = await any_log.get(2)
-    assert (got.seq, got.type_name, got.subject) == (2, "execution-finished", any_log.config.subject("execution", "e1"))
+    subject = any_log.config.subject("execution", "e1", "execution-finished")
+    assert (got.seq, got.type_name, got.subject) == (2, "execution-finished", subject)
     assert any_log.decode(got) == fin
 
 

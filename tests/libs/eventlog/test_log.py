@@ -45,7 +45,7 @@ async def test_a_stale_expected_sequence_raises_concurrency_error(event_log: Eve
     fin = ExecutionFinished(execution_id="e1", status="completed", score=1.0)
     with pytest.raises(ConcurrencyError) as exc:
         await event_log.append(fin, expected_last_subject_seq=0)
-    assert exc.value.subject.endswith(".execution.e1") and exc.value.expected == 0
+    assert exc.value.subject.endswith(".execution.e1.execution-finished") and exc.value.expected == 0
     ok = await event_log.append(fin, expected_last_subject_seq=first.seq)
     assert ok.seq == 2
     # Another aggregate's sequence does not count against this one.
@@ -98,7 +98,7 @@ async def test_reads_cover_exact_ranges_and_aggregate_filters(event_log: EventLo
     assert last == len(events)
     seqs = [s.seq async for s in event_log.read(5, 17)]
     assert seqs == list(range(5, 18))
-    only = [s async for s in event_log.read(1, subjects=[event_log.config.subject("execution", "e3")])]
+    only = [s async for s in event_log.read(1, subjects=event_log.config.instance_filters("execution", "e3"))]
     assert [s.type_name for s in only] == ["execution-dispatched", "execution-finished"]
     assert [s.seq async for s in event_log.read(last + 1)] == []
     decoded = [event_log.decode(s) async for s in event_log.read(1)]
@@ -145,18 +145,27 @@ async def test_replicas_a_single_server_cannot_hold_are_refused_clearly(
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("2.10.0", True), ("2.15.1", True), ("3.0.0", True), ("2.9.10", False), ("1.4.1", False), ("unknown", False)],
+    [
+        ("2.11.0", True),
+        ("2.15.1", True),
+        ("3.0.0", True),
+        ("2.10.22", False),
+        ("2.9.10", False),
+        ("1.4.1", False),
+        ("unknown", False),
+    ],
 )
 def test_the_server_version_is_checked_against_what_the_log_needs(version: str, ok: bool) -> None:
     if ok:
         require_server_version(version, "nats://h:4222")
         return
-    with pytest.raises(LogUnavailable, match=rf"nats://h:4222 .*{version!s}.*needs nats-server >= 2\.10\.0"):
+    with pytest.raises(LogUnavailable, match=rf"nats://h:4222 .*{version!s}.*needs nats-server >= 2\.11\.0"):
         require_server_version(version, "nats://h:4222")
 
 
 def _old_nats_server() -> Path:
-    """A nats-server binary older than 2.10 (Debian ships 2.9 as /usr/sbin/nats-server); skip visibly without."""
+    """A nats-server binary older than the log needs (Debian ships 2.9 as /usr/sbin/nats-server); skip visibly
+    without."""
     for d in ("/usr/sbin", "/usr/bin", "/usr/local/bin"):
         path = Path(d) / "nats-server"
         if not path.is_file():
@@ -165,7 +174,7 @@ def _old_nats_server() -> Path:
         m = re.search(r"v(\d+)\.(\d+)\.(\d+)", out)
         if m and tuple(int(g) for g in m.groups()) < MIN_SERVER_VERSION:
             return path
-    pytest.skip("no nats-server older than 2.10 on this machine to check the refusal against a real one")
+    pytest.skip("no nats-server older than 2.11 on this machine to check the refusal against a real one")
 
 
 async def test_a_nats_server_older_than_2_10_is_refused_with_both_versions(tmp_path: Path) -> None:
@@ -173,7 +182,7 @@ async def test_a_nats_server_older_than_2_10_is_refused_with_both_versions(tmp_p
     binary = _old_nats_server()
     proc, ports = spawn_nats(binary, ["-js", "-sd", str(tmp_path / "js")], tmp_path / "ports")
     try:
-        with pytest.raises(LogUnavailable, match=r"is nats-server 2\.9\.\d+; OpenGyre needs nats-server >= 2\.10\.0"):
+        with pytest.raises(LogUnavailable, match=r"is nats-server 2\.9\.\d+; OpenGyre needs nats-server >= 2\.11\.0"):
             await EventLog.connect(f"nats://127.0.0.1:{ports.client}", LogConfig(stream="OLD"))
     finally:
         proc.terminate()
@@ -191,3 +200,22 @@ async def test_an_unreadable_version_header_is_reported_as_such(event_log: Event
     stored = [s async for s in event_log.read()][-1]
     with pytest.raises(MalformedEvent, match=r"cell-registered: bad Og-Version header 'abc'"):
         event_log.decode(stored)
+
+
+async def test_a_log_written_under_the_untyped_subjects_still_reads(event_log: EventLog) -> None:
+    """Before per-type subjects an execution's events were on ``<prefix>.execution.<id>``: such a log's events
+    are read, decoded and filtered along with the new ones."""
+    old = _dispatched(1)
+    ack = await event_log.js.publish(
+        event_log.config.subject("execution", "e1"),
+        event_log.registry.encode(old),
+        headers={"Og-Type": old.type_name(), "Nats-Msg-Id": old.event_id},
+    )
+    new = ExecutionFinished(execution_id="e1", status="completed", score=1.0)
+    appended = await event_log.append(new)
+    cfg = event_log.config
+    for filters in (cfg.instance_filters("execution", "e1"), [cfg.aggregate_filter("execution")], None):
+        got = [s async for s in event_log.read(1, subjects=filters)]
+        assert [s.seq for s in got] == [ack.seq, appended.seq], filters
+        assert [event_log.decode(s) for s in got] == [old, new]
+    assert [s.subject for s in got] == [cfg.subject("execution", "e1"), cfg.subject("execution", "e1", new.type_name())]

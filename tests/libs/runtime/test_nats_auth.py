@@ -14,8 +14,15 @@ import pytest
 from nats.aio.client import Client
 
 from opengyre.config import Settings
-from opengyre.eventlog import EventLog, LogConfig, LogUnavailable, NatsCredentials
-from opengyre.events import CellEngineChanged, SkillIngested, default_registry
+from opengyre.eventlog import ConcurrencyError, EventLog, EventLogError, LogConfig, LogUnavailable, NatsCredentials
+from opengyre.events import (
+    CellEngineChanged,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ModelCallRecorded,
+    SkillIngested,
+    default_registry,
+)
 from opengyre.runtime import (
     NATS_ADMIN,
     SERVICE_CLASSES,
@@ -70,41 +77,49 @@ async def test_each_service_appends_only_its_own_aggregates_and_the_rest_is_refu
     server, users = secured
     admin = await EventLog.connect(server.url, log_config, credentials=users[NATS_ADMIN])
     try:
-        types = default_registry().types()
-        owners: dict[str, set[str]] = {}
-        for cls in types.values():
-            owners.setdefault(cls.aggregate, set()).add(cls.owner)
+        registry = default_registry()
+        types = registry.types()
+        shared = registry.shared_aggregates()
+
+        def subject(tag: str, aggregate: str, user: str) -> str:
+            # What the appender writes: a shared aggregate's subject carries the event's type.
+            return log_config.subject(aggregate, f"{tag}-by-{user}", tag if aggregate in shared else None)
+
         expected_stored: set[str] = set()
         expected_refused = 0
         refusals: dict[str, _Refusals] = {}
         for user in SERVICE_CLASSES:
             refusals[user] = _Refusals()
             async with _raw(server.url, users[user], refusals[user]) as nc:
+                mine = 0
                 for tag, cls in types.items():
-                    subject = log_config.subject(cls.aggregate, f"{tag}-by-{user}")
-                    await nc.publish(subject, b"{}", headers={"Og-Type": tag})
-                    if user in owners[cls.aggregate]:
-                        expected_stored.add(subject)
+                    await nc.publish(subject(tag, cls.aggregate, user), b"{}", headers={"Og-Type": tag})
+                    if cls.owner == user:
+                        expected_stored.add(subject(tag, cls.aggregate, user))
                     else:
-                        expected_refused += 1
+                        mine += 1
+                # The older, untyped subject of a shared aggregate: nobody but admin publishes there any more.
+                for aggregate in shared:
+                    await nc.publish(log_config.subject(aggregate, f"untyped-by-{user}"), b"{}")
+                    mine += 1
+                expected_refused += mine
                 await nc.flush()
-                mine = sum(1 for cls in types.values() if user not in owners[cls.aggregate])
                 # Each refusal is an -ERR the server sends as it goes: wait for them on this connection.
                 await await_until(lambda r=refusals[user], n=mine: len(r.seen) >= n, f"{user}'s {mine} refusals")
         stored = {s.subject async for s in admin.read(1)}
         refused = sum(len(r.seen) for r in refusals.values())
-        # Every owner's append was stored, and nothing a non-owner of the aggregate sent.
+        # Every owner's append was stored, and nothing a non-owner of the event type sent.
         assert stored == expected_stored
         assert refused == expected_refused and refused > 0
         for tag, cls in types.items():
-            assert log_config.subject(cls.aggregate, f"{tag}-by-{cls.owner}") in stored, tag
+            assert subject(tag, cls.aggregate, cls.owner) in stored, tag
         # The finding: only the scheduler appends cell-engine-changed (no other service owns a cell event).
         cell = CellEngineChanged.aggregate
-        assert {u for u in SERVICE_CLASSES if log_config.subject(cell, f"cell-engine-changed-by-{u}") in stored} == {
-            "scheduler"
-        }
-        # Subjects are per aggregate: one several services own events of is open to each of them (documented).
-        assert owners["execution"] == {"scheduler", "proxy", "trainer"}
+        assert {u for u in SERVICE_CLASSES if subject("cell-engine-changed", cell, u) in stored} == {"scheduler"}
+        # The shared aggregate: each of its three owners publishes its own types on the same execution, no other's.
+        assert shared == {"execution"}
+        for tag in ("execution-dispatched", "model-call-recorded", "execution-finished", "payloads-compacted"):
+            assert {u for u in SERVICE_CLASSES if subject(tag, "execution", u) in stored} == {types[tag].owner}
     finally:
         await admin.close()
 
@@ -256,3 +271,30 @@ async def test_an_external_nats_that_requires_credentials_takes_the_ones_the_env
             await stack.stop()
     finally:
         server.stop()
+
+
+async def test_a_service_cannot_append_another_owners_event_type_on_the_same_execution(
+    secured: tuple[EmbeddedNats, dict[str, NatsCredentials]], log_config: LogConfig
+) -> None:
+    """Through ``EventLog``, on one execution: the proxy appends its ``model-call-recorded`` after the scheduler's
+    ``execution-dispatched`` (optimistic concurrency across the two owners' types holds), and cannot append the
+    trainer's ``execution-finished`` (before per-type subjects it could: the subject was the execution's)."""
+    server, users = secured
+    admin = await EventLog.connect(server.url, log_config, credentials=users[NATS_ADMIN])  # makes the stream (up's)
+    logs = {u: await EventLog.connect(server.url, log_config, credentials=users[u]) for u in ("scheduler", "proxy")}
+    logs["admin"] = admin
+    try:
+        dispatched = await logs["scheduler"].append(
+            ExecutionDispatched(execution_id="x1", task_id="t", group_id="g"), expected_last_subject_seq=0
+        )
+        call = ModelCallRecorded(execution_id="x1", call_id="c1", prompt_delta_ids=[1], output_ids=[2])
+        with pytest.raises(ConcurrencyError):  # the scheduler's event counts: the aggregate's last is not 0
+            await logs["proxy"].append(call, expected_last_subject_seq=0)
+        recorded = await logs["proxy"].append(call, expected_last_subject_seq=dispatched.seq)
+        with pytest.raises(EventLogError):
+            await logs["proxy"].append(ExecutionFinished(execution_id="x1", status="completed", score=1.0))
+        stored = [s.type_name async for s in logs["scheduler"].read(1)]
+        assert stored == ["execution-dispatched", "model-call-recorded"] and recorded.seq == dispatched.seq + 1
+    finally:
+        for log in logs.values():
+            await log.close()
