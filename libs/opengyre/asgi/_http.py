@@ -54,6 +54,11 @@ class HttpServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
+        # Listen now: with SO_REUSEADDR, Linux lets two sockets bind one port while neither listens, and the
+        # second's listen (in serve) then failed with EADDRINUSE past the caller's fallback to a free port (two
+        # stacks started at once: tests/libs/runtime/test_supervisor_ports.py). uvicorn's listen again only sets
+        # the backlog.
+        self._sock.listen(2048)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             app,

@@ -266,7 +266,8 @@ def test_what_the_agent_made_unreadable_is_left_out_not_a_failed_grading(tmp_pat
     import tempfile
 
     # An unreadable workspace must not make grading fail (a sandbox failure is masked: a way out of a negative).
-    base = Path(tempfile.mkdtemp(prefix="og-test-unreadable-"))
+    # Under /tmp (1777), not $TMPDIR: the agent's uid must get through its parents (a CI's TMPDIR may be 0700).
+    base = Path(tempfile.mkdtemp(prefix="og-test-unreadable-", dir="/tmp"))
     try:
         base.chmod(0o755)
         ws = base / "ws"
