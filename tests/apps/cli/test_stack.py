@@ -160,6 +160,8 @@ async def test_a_killed_nats_server_is_restarted_and_health_follows_the_log(tmp_
             await log.close()
         await await_until(lambda: _went_down_and_back(seen), "synth went NOT_SERVING, then SERVING again")
         watch.cancel()
+        # The supervisor records the log's health on its own probe, after the service saw it back: wait for it.
+        await await_until(lambda: stack_record(data)["log"]["ok"], "the stack record says the log is back")  # type: ignore[index]
         after = stack_record(data)
         assert after["log"] == {"ok": True, "reason": "", "restarts": 1}
         assert after["services"]["synth"]["restarts"] == 0  # type: ignore[index]  # it rode the restart out
