@@ -72,6 +72,15 @@ class Running:
         cells = self.trainer.cells
         return cells.live.get(cell) if cells is not None else None
 
+    async def join(self, cell: str) -> ProcessSatellite:
+        """The log turns ``cell`` to training-satellite; its process comes up and joins the running step."""
+        await self.log.append_many(moves(cell, *TO_TRAINING, "training-satellite"))
+        await await_until(lambda: self.satellite(cell) is not None, f"{cell}'s satellite process is up", polls=6000)
+        sat = self.satellite(cell)
+        assert sat is not None
+        await await_until(lambda: bool(sat.joined_digest), f"{cell} joined the running step with the core's weights")
+        return sat
+
     async def feed_until_claimed(self, first: int, cell: str, more_than: int = 0) -> int:
         """Append groups one at a time from ``first``, each one's micro-batches all claimed before the next,
         until ``cell`` has claimed more than ``more_than``; returns the next group's number."""
@@ -132,11 +141,7 @@ async def test_role_events_bring_a_satellite_into_the_running_step_and_take_it_o
 ) -> None:
     r = running
     # c2 turns to training: the log says so, and the trainer starts its satellite process mid-step.
-    await r.log.append_many(moves("c2", *TO_TRAINING, "training-satellite"))
-    await await_until(lambda: r.satellite("c2") is not None, "c2's satellite process is up", polls=6000, every=0.05)
-    sat = r.satellite("c2")
-    assert sat is not None
-    await await_until(lambda: bool(sat.joined_digest), "c2 joined the running step with the core's weights")
+    sat = await r.join("c2")
     assert not r.step.done()  # the step is still waiting for its groups: c2 joined it mid-batch
     nxt = await r.feed_until_claimed(1, "c2")
     assert nxt < GROUPS, "c2 claimed only with the last group: no group left to arrive after it leaves"
@@ -201,11 +206,7 @@ async def test_a_cell_that_leaves_and_comes_back_joins_the_same_step_again_with_
 
 async def test_a_satellite_sigkilled_mid_step_fails_the_step(running: Running) -> None:
     r = running
-    await r.log.append_many(moves("c2", *TO_TRAINING, "training-satellite"))
-    await await_until(lambda: r.satellite("c2") is not None, "c2's satellite process is up", polls=6000, every=0.05)
-    sat = r.satellite("c2")
-    assert sat is not None
-    await await_until(lambda: bool(sat.joined_digest), "c2 joined the running step")
+    sat = await r.join("c2")
     nxt = await r.feed_until_claimed(1, "c2")
     sat.proc.kill()
     sat.proc.wait()
