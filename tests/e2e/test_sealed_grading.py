@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import opengyre.synth
 from opengyre.grading import HarborVerifier
 from opengyre.harness import HarnessSpec, HarnessTarget, run_harness
 from opengyre.loop._rollout import _fresh_workspace
@@ -24,6 +25,7 @@ from opengyre.trainer import score_execution
 
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 LIMITS = SandboxLimits(timeout_s=120)
+_SYNTH_DIR = Path(opengyre.synth.__file__).parent  # the task generators
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,13 @@ def test_the_harness_sandbox_cannot_reach_the_tasks_solution_or_tests(task: Task
     script += "for d in /solution /tests /logs ../solution ../tests ../../runs ../../../runs; do\n"
     script += '  [ -e "$d" ] && echo "$d" >> seen.txt\ndone\n'
     script += 'echo "$PWD" > pwd.txt\n'
-    ws = _run(task, "probe", HarnessSpec("probe", ("bash", "-c", _literal(script))), "look around")
+    # The task generators (their reference solvers answer every task they build): neither importable nor listed.
+    script += (
+        '"$1" -c "from opengyre.synth import build_task" 2>/dev/null && echo "import opengyre.synth" >> seen.txt\n'
+    )
+    script += f'ls "{_SYNTH_DIR}" | grep -q . && echo "{_SYNTH_DIR}" >> seen.txt\n'
+    spec = HarnessSpec("probe", ("bash", "-c", _literal(script), "probe", "{python}"))
+    ws = _run(task, "probe", spec, "look around")
     assert (ws / "pwd.txt").read_text().strip() == "/app"
     seen = (ws / "seen.txt").read_text().splitlines() if (ws / "seen.txt").exists() else []
     assert seen == [], f"the harness's sandbox reached {seen}"

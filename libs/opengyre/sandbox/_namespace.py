@@ -3,7 +3,8 @@
 What the command sees: the system's directories read-only (``/usr``, and ``/bin``, ``/lib*``, ``/sbin`` as the
 host has them, symlinks where it has symlinks), a curated ``/etc`` (never all of it: the host's root-owned files
 would look like the sandbox user's own inside) with a generated ``passwd``/``group``/``hosts``, the Python
-install read-only at its own paths (so ``python -m opengyre...`` works), the sandbox's private directory at its
+install read-only at its own paths (so ``python -m opengyre...`` works) less the task generators (their reference
+solvers answer every task they build), the sandbox's private directory at its
 own path, its ``home/`` at ``/home/agent``, the caller's mounts, a private size-limited tmpfs ``/tmp``, its own
 ``/proc`` and a minimal ``/dev``. Nothing else of the host: not the data dir, not other workspaces, not
 ``/root``, not the host's ``/tmp``. It runs as ``agent`` (uid 1000) in its own user, mount, pid, ipc, uts,
@@ -130,6 +131,32 @@ def _python_roots() -> tuple[str, ...]:
             continue  # already visible
         out.append(r)
     return tuple(out)
+
+
+# Installed code the command must not see: the task generators. Their reference solvers answer every task they
+# build, and a task's instruction names its patterns: inside the sandbox a harness imported ``opengyre.synth``,
+# drafted small seeds' blueprints until one's instruction matched its own, and ran that blueprint's solver (1.0).
+_HIDDEN_MODULES = ("opengyre.synth",)
+
+
+@lru_cache(maxsize=1)
+def _hidden_code() -> tuple[str, ...]:
+    """The directories of ``_HIDDEN_MODULES`` as this install has them (an editable source root or
+    site-packages), found without importing them; each is covered by an empty directory inside."""
+    import importlib.util
+
+    found: set[str] = set()
+    for name in _HIDDEN_MODULES:
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(name)
+            for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+                if os.path.isdir(loc):
+                    found.add(os.path.abspath(loc))
+    return tuple(sorted(found))
+
+
+def _hidden(path: str) -> bool:
+    return any(path == h or path.startswith(h + "/") for h in _hidden_code())
 
 
 @lru_cache(maxsize=1)
@@ -278,7 +305,7 @@ class NamespaceSandbox(BaseSandbox):
             return self.root / "home" / os.path.relpath(p, HOME)
         root = str(self.root)
         visible = (root, *_SYSTEM_DIRS, *_python_roots())
-        if any(p == v or p.startswith(v.rstrip("/") + "/") for v in visible):
+        if any(p == v or p.startswith(v.rstrip("/") + "/") for v in visible) and not _hidden(p):
             return Path(p)
         return None
 
@@ -314,6 +341,8 @@ class NamespaceSandbox(BaseSandbox):
         # After the private /tmp: a checkout (its venv, its source roots) under the host's /tmp stays visible.
         for r in _python_roots():
             args += ["--ro-bind", r, r]
+        for h in _hidden_code():
+            args += ["--ro-bind", _empty_dir(), h]
         args += ["--bind", root, root, "--bind", str(self.root / "home"), HOME]
         for m in self.mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]

@@ -88,8 +88,8 @@ class Synthesizer:
 
     def task_seed(self, skill_id: str, seed: int) -> int:
         """The blueprint's seed for the caller's ``seed``: keyed with the store's secret (``<store>/seed.key``, made
-        once, never shown to a sandbox). The generators and the skills are no secret (an agent's sandbox shows the
-        installed code), and the caller's seeds are small numbers: from them alone an agent regenerated a task's
+        once, never shown to a sandbox). The generators are no secret (the namespace sandbox hides their code, but an
+        agent may know it), and the caller's seeds are small numbers: from them alone an agent regenerated a task's
         reference solution in seconds. Keyed, the same store still builds the same task for the same seed."""
         mac = hmac.new(self._key(), f"{skill_id}/{seed}".encode(), hashlib.sha256).digest()
         return int.from_bytes(mac[:8], "big") >> 1
