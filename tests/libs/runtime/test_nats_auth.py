@@ -106,6 +106,14 @@ async def test_each_service_appends_only_its_own_aggregates_and_the_rest_is_refu
                 await nc.flush()
                 # Each refusal is an -ERR the server sends as it goes: wait for them on this connection.
                 await await_until(lambda r=refusals[user], n=mine: len(r.seen) >= n, f"{user}'s {mine} refusals")
+
+        # A core publish is stored by JetStream after the flush returns: wait until the stream holds as many
+        # messages as were to be stored (read at once, the last user's were missing once under the suite's load).
+        async def held() -> bool:
+            info = await admin.js.stream_info(log_config.stream)
+            return info.state.messages >= len(expected_stored)
+
+        await await_until(held, "the owners' appends stored")
         stored = {s.subject async for s in admin.read(1)}
         refused = sum(len(r.seen) for r in refusals.values())
         # Every owner's append was stored, and nothing a non-owner of the event type sent.
