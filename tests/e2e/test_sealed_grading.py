@@ -67,7 +67,8 @@ def _literal(script: str) -> str:
 
 def _run(task: Task, eid: str, spec: HarnessSpec, instruction: str) -> Path:
     ws = _fresh_workspace(task.task_dir, task.data / "rollouts" / eid)
-    target = HarnessTarget(_free_url(), "og1.ex.main.k", "m", ws, instruction)
+    skills = task.task_dir / "environment" / "skills"  # shown read-only, as the driver shows them
+    target = HarnessTarget(_free_url(), "og1.ex.main.k", "m", ws, instruction, skills=skills)
     out = run_harness(spec, target, LIMITS)
     assert not out.timed_out, out.stderr
     return ws
@@ -159,9 +160,15 @@ def test_the_harness_sandbox_cannot_reach_the_tasks_solution_or_tests(task: Task
         '"$1" -c "from opengyre.synth import build_task" 2>/dev/null && echo "import opengyre.synth" >> seen.txt\n'
     )
     script += f'ls "{_SYNTH_DIR}" | grep -q . && echo "{_SYNTH_DIR}" >> seen.txt\n'
+    # The task's skill is there, read-only, and nothing else of the task beside it.
+    script += "cp /skills/log-triage/SKILL.md skill.md; ls -A /skills > skills.txt\n"
+    script += "touch /skills/x 2>/dev/null && echo /skills-writable >> seen.txt\n"
     spec = HarnessSpec("probe", ("bash", "-c", _literal(script), "probe", "{python}"))
     ws = _run(task, "probe", spec, "look around")
     assert (ws / "pwd.txt").read_text().strip() == "/app"
+    shipped = task.task_dir / "environment" / "skills" / "log-triage" / "SKILL.md"
+    assert (ws / "skill.md").read_bytes() == shipped.read_bytes() == (EXAMPLES / "log-triage" / "SKILL.md").read_bytes()
+    assert (ws / "skills.txt").read_text().split() == ["log-triage"]
     seen = (ws / "seen.txt").read_text().splitlines() if (ws / "seen.txt").exists() else []
     assert seen == [], f"the harness's sandbox reached {seen}"
 

@@ -114,6 +114,9 @@ async def test_a_too_easy_task_is_hardened_and_rebuild_equals_live(
         assert [e.type_name() for e in events] == ["task-too-easy", "task-hardened", "task-validated"]
         hardened = events[1]
         assert isinstance(hardened, TaskHardened) and hardened.to_version == 2
+        # v2 ships the skill v1 shipped
+        shipped = Path(hardened.task_dir) / "environment" / "skills" / skill.name / "SKILL.md"
+        assert shipped.read_bytes() == (skill.path / "SKILL.md").read_bytes()
         await event_log.append_many(events)
         await event_log.append_many(events)  # a repeated step appends nothing twice (ids derive from the version)
         for r in runners:

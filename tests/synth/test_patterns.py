@@ -189,3 +189,24 @@ def test_a_blueprint_written_before_layout_existed_still_rebuilds_to_its_bytes(t
     bp = load_blueprint(json.dumps(raw).encode())
     assert bp.layout == "cid-pattern" and build_task(bp).files == build_task(old).files
     assert load_blueprint(msgspec.json.encode(_one("sparse-signal", {"distractors": 4}))).layout == "cid"
+
+
+def test_git_value_origin_is_not_beaten_by_the_log_searches_that_name_the_setting(tmp_path: Path) -> None:
+    # A git repository built from bytes: the reference finds the commit; at levels >= 1 the two cheap searches a
+    # solver reaches for do not — the newest commit whose message names the setting (a decoy's), and the oldest
+    # commit whose diff adds its current line (``log -S``: it left that value and came back).
+    p = get_pattern("git-value-origin")
+    bp = _one(p.id, {"commits": 16, "decoys": 3, "returns": 1})
+    instruction = materials(bp)[0][1].instruction
+    key = instruction.split("`")[3]
+    task = write_task(build_task(bp), tmp_path / "task")
+    final = next(
+        ln for ln in (task / "environment" / "workspace" / "c0" / "repo" / "settings.ini").read_text().splitlines()
+        if ln.startswith(f"{key} = ")
+    )  # fmt: skip
+    git = "git -c safe.directory=* -C c0/repo log --format=%H"
+    for search in (f"{git} --grep={key} -1", f"{git} --reverse -S'{final}' | head -1"):
+        shortcut = f'mkdir -p answers; h=$({search}); [ -n "$h" ] || exit 9\necho "{{\\"commit\\": \\"$h\\"}}" > answers/c0.json\n'
+        out = run_solution(task, shortcut)
+        assert (out.score, out.failure_class, out.solve_exit) == (0.0, None, 0), (search, out)
+    assert run_solution(task, 'bash "$SOLUTION_DIR/solve.sh"\n').score == 1.0

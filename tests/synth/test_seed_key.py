@@ -1,5 +1,6 @@
-"""A task's seed is keyed with its store's secret: the generators and skills are installed code any sandbox shows,
-so from a run's small seeds alone an agent could rebuild a task and its reference solution (it did, in seconds)."""
+"""A task's seed is keyed with its store's secret: the generators and skills are no secret (the namespace sandbox
+hides the generators' code, but a policy may know it), so from a run's small seeds alone an agent could rebuild a
+task and its reference solution (it did, in seconds)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import stat
 import threading
 from pathlib import Path
 
-from opengyre.synth import Synthesizer, build_task, draft_blueprint, ingest
+from opengyre.synth import Synthesizer, build_task, draft_blueprint, ingest, read_skill_files
 
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 
@@ -40,7 +41,8 @@ def test_a_synthesized_task_is_not_the_one_its_public_seed_builds(tmp_path: Path
     bp = synth.synthesize(skill, 3).blueprint
     public = draft_blueprint(
         skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
-        capabilities=skill.capabilities, seed=3, n_challenges=2, level=0,
+        capabilities=skill.capabilities, seed=3, n_challenges=2, level=0, domain=skill.domain,
     )  # fmt: skip
     assert bp.seed == synth.task_seed(skill.skill_id, 3) != 3
-    assert build_task(bp).files["solution/solve.py"] != build_task(public).files["solution/solve.py"]
+    ours = build_task(bp, read_skill_files(skill)).files["solution/solve.py"]
+    assert ours != build_task(public).files["solution/solve.py"]

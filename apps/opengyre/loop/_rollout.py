@@ -196,7 +196,11 @@ async def roll_out(
     async for attempt in backoff(f"opening {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
         with attempt:
             access = await proxy.OpenExecution(req, timeout=30)
-    target = HarnessTarget(access.base_url, access.api_key, model, ws, a.instruction, access.context_length or None)
+    skills = a.task_dir / "environment" / "skills"  # the task's skill, shown read-only (Harbor's skills_dir)
+    target = HarnessTarget(
+        access.base_url, access.api_key, model, ws, a.instruction, access.context_length or None,
+        skills if skills.is_dir() else None,
+    )  # fmt: skip
     # The proxy is its way out: the sandbox's egress. Its group's rollouts share one memory budget.
     limits = SandboxLimits(
         timeout_s=timeout_s,

@@ -20,7 +20,7 @@ from opengyre._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._agent import MAIN_SYSTEM, AgentConfig, AgentSummary, FinishReason, agent_tools, run_agent
-    from ._launch import HarnessOutcome, HarnessTarget, run_harness
+    from ._launch import SKILLS_DIR, HarnessOutcome, HarnessTarget, run_harness
     from ._presets import (
         HARNESS_VERSIONS,
         HarnessNotInstalled,
@@ -39,6 +39,7 @@ _WHERE = {
     "FinishReason": "_agent",
     "run_agent": "_agent",
     "agent_tools": "_agent",
+    "SKILLS_DIR": "_launch",
     "HarnessOutcome": "_launch",
     "HarnessTarget": "_launch",
     "run_harness": "_launch",
@@ -61,6 +62,7 @@ __all__ = [
     "HARNESS_VERSIONS",
     "MAIN_SYSTEM",
     "PLACEHOLDERS",
+    "SKILLS_DIR",
     "AgentConfig",
     "AgentSummary",
     "FinishReason",

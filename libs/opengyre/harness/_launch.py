@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import stat
 import sys
@@ -25,10 +26,12 @@ from opengyre.sandbox import LocalSandbox, Mount, SandboxLimits, selected_backen
 
 from ._spec import HarnessSpec
 
-__all__ = ["HarnessOutcome", "HarnessTarget", "egress_of", "run_harness"]
+__all__ = ["SKILLS_DIR", "HarnessOutcome", "HarnessTarget", "egress_of", "run_harness"]
 
+log = logging.getLogger(__name__)
 DEFAULT_LIMITS = SandboxLimits(timeout_s=1800.0, memory_mb=8192)
 WORKSPACE = "/app"  # where the harness sees the task's workspace (Harbor's convention)
+SKILLS_DIR = "/skills"  # where it sees the task's skills, read-only (a Harbor task's ``skills_dir``)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class HarnessTarget:
     # The context the proxy serves, in tokens (``ExecutionAccess.context_length``); a template naming
     # ``{context_length}`` is refused without it.
     context_length: int | None = None
+    # The task's skills (``environment/skills/``: a folder per skill, each with its SKILL.md), shown read-only
+    # at ``SKILLS_DIR``; None: the task ships none.
+    skills: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,15 @@ def run_harness(
                 f"{inside}: mount it at its own path"
             )
         mounts.append(Mount(Path(host), inside, writable=False))
+    if target.skills is not None:
+        skills = Path(target.skills).resolve()
+        if not skills.is_dir():
+            raise ValueError(f"the task's skills {skills} are not a directory")
+        if name == "none":
+            # No mount namespace to show them at SKILLS_DIR: the instruction's path is then missing, said here.
+            log.warning("the process backend (none) cannot show the task's skills at %s", SKILLS_DIR)
+        else:
+            mounts.append(Mount(skills, SKILLS_DIR, writable=False))
     with LocalSandbox(lim, prefix="og-harness-run-", mounts=mounts, egress=egress, backend=name) as sb:
         instruction_file = sb.root / "instruction.md"
         instruction_file.write_text(target.instruction)

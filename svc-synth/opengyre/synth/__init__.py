@@ -1,7 +1,7 @@
 """Skill2Env: agent skills into executable tasks with tunable difficulty, and the hardening loop."""
 
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, load_blueprint, materials
-from ._build import BuiltTask, build_task, write_task
+from ._build import BuiltTask, build_task, skill_digests, task_skill_files, write_task
 from ._catalogue import get_pattern, pattern_ids
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._grade import GRADER_SOURCE, TEST_SH
@@ -11,9 +11,18 @@ from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
 from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem
 from ._pipeline import Synthesizer, TaskBuild
 from ._run import Outcome, RunLimits, run_solution
-from ._skills import SUBSTRATE_BINS, IngestReport, Rejection, Skill, SkillLimits, derive_capabilities, ingest
+from ._skills import (
+    SUBSTRATE_BINS,
+    IngestReport,
+    Rejection,
+    Skill,
+    SkillLimits,
+    derive_capabilities,
+    ingest,
+    read_skill_files,
+)
 from ._solver import ShortcutSolver, SolverRun
-from ._synth import check_choice, draft_blueprint, parse_knobs, task_id_for
+from ._synth import check_choice, draft_blueprint, draw_patterns, parse_knobs, task_id_for
 from ._tasks import TasksProjection, task_lineage
 
 __all__ = [
@@ -55,6 +64,7 @@ __all__ = [
     "diagnose",
     "draft_blueprint",
     "draft_blueprint_llm",
+    "draw_patterns",
     "export_task",
     "fill_contract",
     "get_pattern",
@@ -65,9 +75,12 @@ __all__ = [
     "parse_knobs",
     "pattern_ids",
     "propose",
+    "read_skill_files",
     "run_solution",
+    "skill_digests",
     "task_id_for",
     "task_lineage",
+    "task_skill_files",
     "validate_task",
     "write_task",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -13,6 +14,8 @@ from ._catalogue import get_pattern
 from ._pattern import DIMENSIONS, Material, RubricItem
 
 __all__ = ["Blueprint", "Boundary", "Challenge", "load_blueprint", "materials", "seeded_rng"]
+
+_SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")  # agentskills.io's name: also a folder name of the task
 
 
 class Challenge(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +49,11 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
     # Each challenge's workspace folder: "cid" is ``c0/``; "cid-pattern" (``c0-coupled-constraints/``, what tasks
     # were built with before) names the pattern, which tells a solver what kind of trap the folder holds.
     layout: Literal["cid", "cid-pattern"] = "cid"
+    # The skill travels with the task (``environment/skills/<skill_name>/``, Harbor's ``skills_dir``): each of its
+    # files by skill-relative path and sha256, so a rebuild from this blueprint refuses other files. Empty: a task
+    # built before skills travelled (or one whose skill is not on disk), which ships none.
+    skill_files: dict[str, str] = msgspec.field(default_factory=dict)
+    domain: str = ""  # the skill's domain: what its patterns were drawn for, and hardening adds for
 
     def folder(self, c: Challenge) -> str:
         return c.cid if self.layout == "cid" else f"{c.cid}-{c.pattern_id}"
@@ -61,6 +69,12 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
             get_pattern(c.pattern_id).make_config(c.knobs)
         if not 0.0 < self.pass_threshold <= 1.0:
             raise ValueError("pass_threshold must be in (0, 1]")
+        if self.skill_files and not _SKILL_NAME.match(self.skill_name):
+            raise ValueError(f"skill name {self.skill_name!r} is not a skill's name (lowercase letters, digits, -)")
+        for rel in self.skill_files:
+            parts = rel.split("/")
+            if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+                raise ValueError(f"skill file {rel!r} is not a relative path inside the skill")
 
     def digest(self) -> str:
         return hashlib.sha256(msgspec.json.encode(self)).hexdigest()

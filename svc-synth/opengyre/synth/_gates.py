@@ -17,7 +17,7 @@ import msgspec
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
 from ._blueprint import Blueprint, fill_contract, load_blueprint, materials
-from ._build import build_task
+from ._build import build_task, task_skill_files
 from ._run import Outcome, RunLimits, run_solution
 
 __all__ = ["GATES", "GateLimits", "Verdict", "validate_task"]
@@ -70,7 +70,10 @@ def _consistency(task_dir: Path, bp: Blueprint) -> Verdict:
             problems.append(f"rubric item {item.id} has weight {item.weight}")
     covered = {i.challenge for i in bp.acceptance}
     problems += [f"challenge {c} has no rubric item" for c in sorted(cids - covered)]
-    built = build_task(bp)
+    try:
+        built = build_task(bp, task_skill_files(task_dir, bp) if bp.skill_files else None)
+    except ValueError as exc:  # the skill's files there are not the blueprint's
+        return Verdict("consistency", False, "; ".join([*problems, str(exc)]))
     on_disk = {str(p.relative_to(task_dir)): p.read_bytes() for p in task_dir.rglob("*") if p.is_file()}
     if on_disk != built.files:
         problems.append("the task directory is not what the blueprint builds")

@@ -22,6 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from opengyre.harness import SKILLS_DIR
+
 __all__ = ["NETWORK_MODES", "container_needs", "task_problems"]
 
 NETWORK_MODES = ("public", "no-network", "allowlist")
@@ -155,8 +157,10 @@ def _dockerfile_needs(path: Path) -> list[str]:
         if op == "WORKDIR" and rest in ("/app", "/app/"):
             continue
         words = rest.split()
-        # What the host does: the workspace copied to /app.
+        # What the host does: the workspace copied to /app, the task's skills shown at /skills.
         if op in ("COPY", "ADD") and [w.rstrip("/") for w in words] in (["workspace", "/app"], ["workspace", "."]):
+            continue
+        if op in ("COPY", "ADD") and [w.rstrip("/") for w in words] == ["skills", SKILLS_DIR]:
             continue
         if op == "RUN":
             m = _APT_INSTALL.match(rest)

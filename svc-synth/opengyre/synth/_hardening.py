@@ -226,7 +226,9 @@ def propose(bp: Blueprint, d: Diagnosis) -> tuple[Blueprint, str]:
             break
     else:
         used = {x.pattern_id for x in challenges}
-        pool = [q for q in pattern_ids(p.dimension) if q not in used] or [q for q in pattern_ids() if q not in used]
+        same = [q for q in pattern_ids(p.dimension) if q not in used]
+        fits = [q for q in same if bp.domain and bp.domain in get_pattern(q).domains]  # the skill's domain first
+        pool = fits or same or [q for q in pattern_ids() if q not in used]
         if not pool:
             raise ValueError(f"task {bp.task_id}: every pattern is in use at its top level; nothing left to raise")
         new = get_pattern(pool[bp.version % len(pool)])

@@ -26,11 +26,11 @@ from sqlalchemy import Engine, select
 from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, TaskSynthesized, TaskTooEasy, TaskValidated
 
 from ._blueprint import Blueprint, load_blueprint
-from ._build import build_task, write_task
+from ._build import build_task, skill_digests, task_skill_files, write_task
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
 from ._llm import LlmConfig, draft_blueprint_llm
-from ._skills import IngestReport, Skill, ingest
+from ._skills import IngestReport, Skill, ingest, read_skill_files
 from ._synth import draft_blueprint
 
 __all__ = ["Synthesizer", "TaskBuild"]
@@ -164,8 +164,8 @@ class Synthesizer:
             )
         return report, events
 
-    def _materialize(self, bp: Blueprint) -> Path:
-        built = build_task(bp)
+    def _materialize(self, bp: Blueprint, skill: Mapping[str, bytes] | None) -> Path:
+        built = build_task(bp, skill)
         out = self.task_dir(bp.task_id, bp.version)
         if out.exists():  # a step repeated: the same blueprint builds the same bytes, anything else is refused
             have = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -191,6 +191,7 @@ class Synthesizer:
         """One task built and validated. ``patterns`` and ``knobs`` fix the choice (see ``draft_blueprint``; the
         procedural mode then, even with a synthesis model configured)."""
         seed = self.task_seed(skill.skill_id, seed)
+        files = read_skill_files(skill)  # the skill travels with the task
         if self.llm is not None and not patterns and not knobs:
             bp = draft_blueprint_llm(
                 self.llm,
@@ -213,16 +214,18 @@ class Synthesizer:
                 level=level,
                 patterns=patterns,
                 knobs=knobs,
+                domain=skill.domain,
             )
-        return self.build_and_validate(bp)
+        return self.build_and_validate(msgspec.structs.replace(bp, skill_files=skill_digests(files)), files)
 
     def revalidate(self, task_id: str, version: int, task_dir: Path) -> tuple[list[Verdict], TaskValidated]:
         """Every gate on the directory as it is now (not rebuilt: a blueprint tampered with there fails them)."""
         verdicts = validate_task(task_dir, self.gates)
         return verdicts, _validated(task_id, version, verdicts)
 
-    def build_and_validate(self, bp: Blueprint) -> TaskBuild:
-        out = self._materialize(bp)
+    def build_and_validate(self, bp: Blueprint, skill: Mapping[str, bytes] | None = None) -> TaskBuild:
+        """``skill``: the skill's files, where the blueprint ships them (``Blueprint.skill_files``)."""
+        out = self._materialize(bp, skill)
         verdicts = validate_task(out, self.gates)
         synthesized = TaskSynthesized(
             task_id=bp.task_id,
@@ -303,10 +306,13 @@ class Synthesizer:
             )
         src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
         bp = load_blueprint(src.read_bytes())
+        # The next version ships the same skill: taken from the flagged version's directory (checked against the
+        # digests its blueprint names when it is built).
+        skill = task_skill_files(self.task_dir(task_id, version), bp) if bp.skill_files else None
         d = diagnose(bp, trajs)
         for _ in range(3):  # a proposal that fails the gates is raised once more
             nxt, reason = propose(bp, d)
-            build = self.build_and_validate(nxt)
+            build = self.build_and_validate(nxt, skill)
             if build.ok:
                 events.append(
                     TaskHardened(

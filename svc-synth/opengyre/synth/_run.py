@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opengyre.grading import HarborVerifier
+from opengyre.harness import SKILLS_DIR
 from opengyre.sandbox import LocalSandbox, Mount, SandboxError, SandboxLimits
 
 from ._harbor_rules import container_needs
@@ -99,6 +100,8 @@ def run_solution(
         mounts = [Mount(app, "/app", writable=True)]
         if (task_dir / "solution").is_dir():
             mounts.append(Mount(task_dir / "solution", "/solution"))
+        if (task_dir / "environment" / "skills").is_dir():  # the task's skills, where its Dockerfile copies them
+            mounts.append(Mount(task_dir / "environment" / "skills", SKILLS_DIR))
         with LocalSandbox(limits.solve, prefix="og-synth-", mounts=mounts) as sb:
             env = {"APP_DIR": "/app", "SOLUTION_DIR": "/solution"}
             r = sb.run(["bash", "-c", solve_sh], cwd="/app", env=env)

@@ -102,6 +102,11 @@ class Skill:
     files: tuple[str, ...]
 
 
+def read_skill_files(skill: Skill) -> dict[str, bytes]:
+    """The skill's files (``Skill.files``, as ingested), by skill-relative path: what travels with its tasks."""
+    return {rel: (skill.path / rel).read_bytes() for rel in skill.files}
+
+
 @dataclass(frozen=True)
 class Rejection:
     source: str  # the skill folder or archive entry it came from

@@ -11,7 +11,7 @@ from ._blueprint import Blueprint, Challenge, fill_contract
 from ._catalogue import get_pattern, pattern_ids
 from ._pattern import DIMENSIONS
 
-__all__ = ["check_choice", "draft_blueprint", "parse_knobs", "task_id_for"]
+__all__ = ["check_choice", "draft_blueprint", "draw_patterns", "parse_knobs", "task_id_for"]
 
 
 def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "") -> str:
@@ -59,6 +59,28 @@ def check_choice(patterns: Sequence[str], knobs: Mapping[str, int]) -> None:
                 raise ValueError(f"knob {name}={value}: {p.id}'s {knob} levels are {list(p.knobs[knob])}")
 
 
+def draw_patterns(rng: random.Random, capabilities: Mapping[str, float], domain: str, n: int) -> list[str]:
+    """``n`` distinct patterns for a skill: those that declare its ``domain`` first, then the domain-free ones, then
+    any (a skill of a domain no pattern declares, or more challenges than fit it); within each pool a dimension is
+    drawn by the skill's demand on it (its capability profile) among the pool's dimensions, then a pattern of it.
+    A skill without a domain draws from every pattern."""
+    fits = [pid for pid in pattern_ids() if domain in get_pattern(pid).domains] if domain else []
+    free = [pid for pid in pattern_ids() if not get_pattern(pid).domains] if domain else []
+    weight = {d: max(capabilities.get(d, 0.1), 0.01) for d in DIMENSIONS}
+    chosen: list[str] = []
+    for pool in (fits, free, pattern_ids()):
+        while len(chosen) < n:
+            left = [pid for pid in pool if pid not in chosen]
+            if not left:
+                break
+            dims = [d for d in DIMENSIONS if any(get_pattern(pid).dimension == d for pid in left)]
+            dim = rng.choices(dims, [weight[d] for d in dims])[0]
+            chosen.append(rng.choice([pid for pid in left if get_pattern(pid).dimension == dim]))
+    if len(chosen) < n:
+        raise ValueError(f"{n} challenges asked for; there are {len(chosen)} patterns")
+    return chosen
+
+
 def _knobs_for(
     pid: str, levels: Mapping[str, tuple[int, ...]], level: int, overrides: Mapping[str, int]
 ) -> dict[str, int]:
@@ -81,8 +103,9 @@ def draft_blueprint(
     level: int = 0,
     patterns: Sequence[str] | None = None,
     knobs: Mapping[str, int] | None = None,
+    domain: str = "",
 ) -> Blueprint:
-    """Challenges drawn by the skill's demand per dimension (one pattern at most once), knobs at ``level``
+    """Challenges drawn for the skill's ``domain`` by its demand per dimension (``draw_patterns``), knobs at ``level``
     (clamped to each knob's levels); ``patterns`` fixes the choice instead, ``knobs`` sets single knobs
     (``KNOB`` or ``PATTERN.KNOB`` to a level of that knob). A pattern, knob or level that does not exist, or a knob
     no chosen pattern has, is a ``ValueError`` naming it."""
@@ -91,12 +114,7 @@ def draft_blueprint(
     overrides = dict(knobs or {})
     check_choice(chosen, overrides)
     if not chosen:
-        weights = [max(capabilities.get(d, 0.1), 0.01) for d in DIMENSIONS]
-        while len(chosen) < n_challenges:
-            dim = rng.choices(DIMENSIONS, weights)[0]
-            pool = [p for p in pattern_ids(dim) if p not in chosen]
-            if pool:
-                chosen.append(rng.choice(pool))
+        chosen = draw_patterns(rng, capabilities, domain, n_challenges)
     challenges = []
     for i, pid in enumerate(chosen):
         p = get_pattern(pid)
@@ -114,6 +132,7 @@ def draft_blueprint(
         seed=seed,
         capabilities=dict(capabilities),
         challenges=challenges,
+        domain=domain,
     )
     bp.validate()
     return fill_contract(bp)

@@ -22,6 +22,7 @@ class Config(msgspec.Struct, frozen=True):
 class ArchiveManifest(Pattern):
     id = "archive-manifest"
     dimension = "skill-use"
+    domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "count and total size of the .log members of a tarball"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"members": (3, 6, 12, 24)}

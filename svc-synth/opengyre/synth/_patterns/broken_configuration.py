@@ -44,6 +44,7 @@ print("OK " + ",".join(f"{k}={conf[k]}" for k in sorted(spec)))
 class BrokenConfiguration(Pattern):
     id = "broken-configuration"
     dimension = "error-recovery"
+    domains = frozenset({"configuration", "local-service"})
     summary = "a service refuses its configuration: missing keys, wrong types, malformed lines against a spec"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"faults": (1, 2, 4)}

@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class ChecksumVerify(Pattern):
     id = "checksum-verify"
     dimension = "skill-use"
+    domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "files checked against a sha256 manifest to find the corrupted ones"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (3, 6, 12, 24)}

@@ -22,6 +22,7 @@ class Config(msgspec.Struct, frozen=True):
 class ConfigLayers(Pattern):
     id = "config-layers"
     dimension = "environment-understanding"
+    domains = frozenset({"configuration"})
     summary = "effective settings after layered config overrides, with a precedence file to honour"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}

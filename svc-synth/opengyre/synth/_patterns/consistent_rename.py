@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class ConsistentRename(Pattern):
     id = "consistent-rename"
     dimension = "long-horizon-consistency"
+    domains = frozenset({"text-processing", "shell-scripting", "git"})
     summary = "a function renamed consistently in every module that defines or calls it"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (2, 4, 8, 16)}

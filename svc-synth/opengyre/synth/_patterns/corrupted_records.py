@@ -26,6 +26,7 @@ class Config(msgspec.Struct, frozen=True):
 class CorruptedRecords(Pattern):
     id = "corrupted-records"
     dimension = "error-recovery"
+    domains = frozenset({"csv-json-data"})
     summary = "a loader that crashes on malformed rows; the valid total and the rejects are wanted"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"bad": (1, 5, 15, 40)}

@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class CrossReference(Pattern):
     id = "cross-reference"
     dimension = "long-horizon-consistency"
+    domains = frozenset({"csv-json-data"})
     summary = "every order checked against the inventory for dangling SKU references"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"orders": (5, 15, 40, 100)}

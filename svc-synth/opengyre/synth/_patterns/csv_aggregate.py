@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class CsvAggregate(Pattern):
     id = "csv-aggregate"
     dimension = "skill-use"
+    domains = frozenset({"csv-json-data"})
     summary = "group-by totals over a CSV table"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"rows": (10, 40, 160, 640)}

@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class DeepTreeSearch(Pattern):
     id = "deep-tree-search"
     dimension = "environment-understanding"
+    domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "the one file carrying a marker, deep in a tree of look-alike folders"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 3, 5, 8)}

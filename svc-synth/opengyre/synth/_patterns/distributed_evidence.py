@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class DistributedEvidence(Pattern):
     id = "distributed-evidence"
     dimension = "environment-understanding"
+    domains = frozenset({"logs", "csv-json-data"})
     summary = "complementary facts of one record split across several source files"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"sources": (1, 2, 4, 6)}

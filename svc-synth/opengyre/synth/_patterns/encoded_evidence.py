@@ -35,6 +35,7 @@ def _peel(data: bytes) -> tuple[bytes, int]:
 class EncodedEvidence(Pattern):
     id = "encoded-evidence"
     dimension = "skill-use"
+    domains = frozenset({"text-processing", "files-and-archives"})
     summary = "a value under several layers of tagged encodings"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}

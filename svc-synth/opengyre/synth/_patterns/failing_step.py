@@ -19,6 +19,7 @@ class Config(msgspec.Struct, frozen=True):
 class FailingStep(Pattern):
     id = "failing-step"
     dimension = "error-recovery"
+    domains = frozenset({"shell-scripting", "local-service"})
     summary = "a multi-step shell pipeline with one failing step to diagnose and repair"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"steps": (2, 4, 6, 9)}

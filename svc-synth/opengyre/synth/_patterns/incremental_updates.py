@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class IncrementalUpdates(Pattern):
     id = "incremental-updates"
     dimension = "long-horizon-consistency"
+    domains = frozenset({"configuration", "csv-json-data", "git"})
     summary = "final state from a base and an ordered series of patches (null deletes)"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"patches": (1, 3, 6, 10)}

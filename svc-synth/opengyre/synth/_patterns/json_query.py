@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class JsonQuery(Pattern):
     id = "json-query"
     dimension = "skill-use"
+    domains = frozenset({"csv-json-data", "configuration"})
     summary = "a setting of one named service nested deep in a JSON inventory among siblings"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 5)}

@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class LinkedRecords(Pattern):
     id = "linked-records"
     dimension = "environment-understanding"
+    domains = frozenset({"csv-json-data"})
     summary = "the owner's contact reached through a chain of related records"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"hops": (1, 2, 4, 6)}

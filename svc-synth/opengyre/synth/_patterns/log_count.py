@@ -22,6 +22,7 @@ class Config(msgspec.Struct, frozen=True):
 class LogCount(Pattern):
     id = "log-count"
     dimension = "skill-use"
+    domains = frozenset({"logs"})
     summary = "error codes counted across every service log"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (1, 3, 6, 10)}

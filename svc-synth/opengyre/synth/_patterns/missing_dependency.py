@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
 class MissingDependency(Pattern):
     id = "missing-dependency"
     dimension = "error-recovery"
+    domains = frozenset({"shell-scripting", "local-service"})
     summary = "a report script fails on missing modules that exist under other names in vendor/"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"missing": (1, 2, 3)}

@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class MultiSectionReport(Pattern):
     id = "multi-section-report"
     dimension = "long-horizon-consistency"
+    domains = frozenset({"csv-json-data", "text-processing", "logs"})
     summary = "a report whose sections each follow their own rule over their own file"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"sections": (2, 3, 5, 7)}

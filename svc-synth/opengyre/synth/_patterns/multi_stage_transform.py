@@ -31,6 +31,7 @@ class Config(msgspec.Struct, frozen=True):
 class MultiStageTransform(Pattern):
     id = "multi-stage-transform"
     dimension = "planning"
+    domains = frozenset({"text-processing", "shell-scripting"})
     summary = "a text transformed by an ordered plan of stages whose order matters"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"stages": (1, 3, 5, 8)}

@@ -23,6 +23,7 @@ class Config(msgspec.Struct, frozen=True):
 class NestedDiscovery(Pattern):
     id = "nested-discovery"
     dimension = "environment-understanding"
+    domains = frozenset({"files-and-archives"})
     summary = "evidence hidden in nested archives (tar.gz and zip alternating), decoys at every layer"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 4)}

@@ -36,6 +36,7 @@ def _order(deps: Mapping[str, list[str]]) -> list[str]:
 class OrderingDependencies(Pattern):
     id = "ordering-dependencies"
     dimension = "planning"
+    domains = frozenset({"shell-scripting", "local-service", "git"})
     summary = "jobs and prerequisites scheduled in the one canonical topological order"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"jobs": (3, 6, 10, 15)}

@@ -19,6 +19,7 @@ class Config(msgspec.Struct, frozen=True):
 class PermissionDenied(Pattern):
     id = "permission-denied"
     dimension = "error-recovery"
+    domains = frozenset({"shell-scripting", "local-service", "files-and-archives"})
     summary = "a runner fails with 'Permission denied' on helpers that lost their executable bit"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"broken": (1, 2, 4, 6)}

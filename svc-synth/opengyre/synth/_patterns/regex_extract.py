@@ -24,6 +24,7 @@ class Config(msgspec.Struct, frozen=True):
 class RegexExtract(Pattern):
     id = "regex-extract"
     dimension = "skill-use"
+    domains = frozenset({"text-processing", "logs"})
     summary = "identifiers in mixed notations extracted and normalised"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"formats": (1, 2, 3, 4)}

@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
 class RunningLedger(Pattern):
     id = "running-ledger"
     dimension = "long-horizon-consistency"
+    domains = frozenset({"csv-json-data"})
     summary = "balances carried through many transactions spread over monthly files, overdrafts refused"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"transactions": (5, 20, 60, 150)}

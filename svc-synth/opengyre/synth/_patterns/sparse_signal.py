@@ -29,6 +29,7 @@ def _line(rng: random.Random, fields: dict[str, object]) -> str:
 class SparseSignal(Pattern):
     id = "sparse-signal"
     dimension = "environment-understanding"
+    domains = frozenset({"logs"})
     summary = "the one standing refund among near-topic distractors and refunds of it reversed later"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"distractors": (4, 20, 80, 240)}

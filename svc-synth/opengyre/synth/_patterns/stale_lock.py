@@ -35,6 +35,7 @@ class Config(msgspec.Struct, frozen=True):
 class StaleLock(Pattern):
     id = "stale-lock"
     dimension = "error-recovery"
+    domains = frozenset({"local-service", "shell-scripting"})
     summary = "a job blocked by stale lock files among live ones that must be kept"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"stale": (1, 2, 4, 6)}
