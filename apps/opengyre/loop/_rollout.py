@@ -166,6 +166,18 @@ async def _score(
     raise AssertionError("unreachable: backoff re-raises its last error")
 
 
+def task_skills(task_dir: Path) -> Path | None:
+    """The task's skills folder (``environment/skills``, Harbor's ``skills_dir``), shown read-only to its harness;
+    None where it has none, or where it or ``environment`` is a link (it could point at the task's tests/ or
+    solution/: not shown, and said)."""
+    env = task_dir / "environment"
+    skills = env / "skills"
+    if env.is_symlink() or skills.is_symlink():
+        log.warning("task %s: its environment/skills is a link; not shown to the harness", task_dir)
+        return None
+    return skills if skills.is_dir() else None
+
+
 def _fresh_workspace(task_dir: Path, root: Path) -> Path:
     ws = root / "app"
     if root.exists():
@@ -196,10 +208,9 @@ async def roll_out(
     async for attempt in backoff(f"opening {a.execution_id}", first_s=0.1, max_s=2.0, retry_if=_retryable, attempts=60):
         with attempt:
             access = await proxy.OpenExecution(req, timeout=30)
-    skills = a.task_dir / "environment" / "skills"  # the task's skill, shown read-only (Harbor's skills_dir)
     target = HarnessTarget(
         access.base_url, access.api_key, model, ws, a.instruction, access.context_length or None,
-        skills if skills.is_dir() else None,
+        task_skills(a.task_dir),
     )  # fmt: skip
     # The proxy is its way out: the sandbox's egress. Its group's rollouts share one memory budget.
     limits = SandboxLimits(

@@ -135,9 +135,10 @@ def run_harness(
             )
         mounts.append(Mount(Path(host), inside, writable=False))
     if target.skills is not None:
+        if Path(target.skills).is_symlink() or not Path(target.skills).is_dir():
+            # A link could name anything the caller can read (a task's tests/ or solution/): never followed.
+            raise ValueError(f"the task's skills {target.skills} are not a directory (a link is not followed)")
         skills = Path(target.skills).resolve()
-        if not skills.is_dir():
-            raise ValueError(f"the task's skills {skills} are not a directory")
         if name == "none":
             # No mount namespace to show them at SKILLS_DIR: the instruction's path is then missing, said here.
             log.warning("the process backend (none) cannot show the task's skills at %s", SKILLS_DIR)

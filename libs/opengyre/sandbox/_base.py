@@ -696,6 +696,10 @@ class BaseSandbox:
                     if exceeded:
                         reason = why
                         break
+        if not reason and quota is not None and allocated_bytes(writable) > quota:
+            # Written past the quota between two polls and ended before the next (a loaded machine's poller is
+            # late): what it left counts all the same (a CI run saw 64 MiB under a 16 MiB quota pass).
+            reason = "disk"
         if reason:
             self._end(proc, cgroup)
         # Every process of the command is dead, so the pipes are at their end; a reader that is not (a descriptor

@@ -15,7 +15,9 @@ from ._pattern import DIMENSIONS, Material, RubricItem
 
 __all__ = ["Blueprint", "Boundary", "Challenge", "load_blueprint", "materials", "seeded_rng"]
 
-_SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")  # agentskills.io's name: also a folder name of the task
+_CID = re.compile(r"c[0-9]{1,4}")
+_OMITTED_EMPTY = ("skill_files", "domain")
+_SKILL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # agentskills.io's name: also a folder name of the task
 
 
 class Challenge(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,11 +67,14 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"unknown capability dimension(s) {sorted(set(self.capabilities) - set(DIMENSIONS))}")
         if len({c.cid for c in self.challenges}) != len(self.challenges):
             raise ValueError("challenge ids repeat")
+        for c in self.challenges:  # a folder name and part of solve.py's code: c0, c1, ...
+            if not _CID.fullmatch(c.cid):
+                raise ValueError(f"challenge id {c.cid!r} is not c<number>")
         for c in self.challenges:
             get_pattern(c.pattern_id).make_config(c.knobs)
         if not 0.0 < self.pass_threshold <= 1.0:
             raise ValueError("pass_threshold must be in (0, 1]")
-        if self.skill_files and not _SKILL_NAME.match(self.skill_name):
+        if self.skill_files and not _SKILL_NAME.fullmatch(self.skill_name):
             raise ValueError(f"skill name {self.skill_name!r} is not a skill's name (lowercase letters, digits, -)")
         for rel in self.skill_files:
             parts = rel.split("/")
@@ -77,7 +82,17 @@ class Blueprint(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"skill file {rel!r} is not a relative path inside the skill")
 
     def digest(self) -> str:
-        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()
+        return hashlib.sha256(self.encode()).hexdigest()
+
+    def encode(self) -> bytes:
+        """The blueprint as ``tests/blueprint.json`` holds it (compact). The fields added since tasks shipped their
+        skill are left out while empty, so a blueprint without them encodes, digests and rebuilds to the bytes it
+        had before they existed."""
+        raw = msgspec.to_builtins(self)
+        for key in _OMITTED_EMPTY:
+            if not raw.get(key):
+                raw.pop(key, None)
+        return msgspec.json.encode(raw)
 
 
 def load_blueprint(data: bytes) -> Blueprint:

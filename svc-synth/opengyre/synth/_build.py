@@ -80,9 +80,10 @@ def build_task(bp: Blueprint, skill: Mapping[str, bytes] | None = None) -> Built
     bins: set[str] = set()
     parts = [f"# {bp.goal}\n", "Work in `/app` (the current directory). Paths below are relative to it.\n"]
     if files:
+        md = next((n for n in ("SKILL.md", "skill.md", "skills.md") if n in bp.skill_files), "SKILL.md")
         parts.append(
             f"The `{bp.skill_name}` skill this task exercises is in `{SKILLS_DIR}/{bp.skill_name}/` (read-only): "
-            "read its `SKILL.md` first.\n"
+            f"read its `{md}` first.\n"
         )
     solve = ["import json, os\n"]
     for i, (c, m) in enumerate(mats):
@@ -106,7 +107,7 @@ def build_task(bp: Blueprint, skill: Mapping[str, bytes] | None = None) -> Built
         )
         + b"\n"
     )
-    files["tests/blueprint.json"] = msgspec.json.format(msgspec.json.encode(bp), indent=2) + b"\n"
+    files["tests/blueprint.json"] = msgspec.json.format(bp.encode(), indent=2) + b"\n"
     extra = sorted(_APT[b] for b in bins - _BASE_BINS if b in _APT)
     docker = ["FROM python:3.12-slim\n"]
     if extra:

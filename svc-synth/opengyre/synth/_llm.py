@@ -44,12 +44,14 @@ def _catalogue() -> str:
     for pid in pattern_ids():
         p = get_pattern(pid)
         knobs = "; ".join(f"{k} in {list(v)}" for k, v in p.knobs.items())
-        lines.append(f"- {pid} [{p.dimension}] {p.summary}. knobs: {knobs}")
+        domains = ", ".join(sorted(p.domains)) or "any"
+        lines.append(f"- {pid} [{p.dimension}; domains: {domains}] {p.summary}. knobs: {knobs}")
     return "\n".join(lines)
 
 
 _SYSTEM = """You design agent tasks from a skill. Pick {n} difficulty patterns from the catalogue that suit the skill
-(different patterns, favouring the capability dimensions the skill demands), choose a level for each knob, and
+(different patterns, favouring those whose domains include the skill's and the capability dimensions the skill
+demands), choose a level for each knob, and
 state the task's goal in one sentence. Answer with JSON only:
 {{"goal": "...", "challenges": [{{"pattern_id": "...", "knobs": {{"<knob>": <level>}}}}]}}
 
@@ -67,6 +69,7 @@ def draft_blueprint_llm(
     capabilities: dict[str, float],
     seed: int,
     n_challenges: int = 2,
+    domain: str = "",
 ) -> Blueprint:
     from openai import OpenAI
 
@@ -75,7 +78,11 @@ def draft_blueprint_llm(
         model=cfg.model,
         messages=[
             {"role": "system", "content": _SYSTEM.format(n=n_challenges, catalogue=_catalogue())},
-            {"role": "user", "content": f"Skill {skill_name}: {description}\n\n{body}\n\nDemand: {capabilities}"},
+            {
+                "role": "user",
+                "content": f"Skill {skill_name} (domain: {domain or 'none'}): {description}\n\n{body}\n\n"
+                f"Demand: {capabilities}",
+            },
         ],
         response_format={"type": "json_object"},
         temperature=0.0,
@@ -97,7 +104,7 @@ def draft_blueprint_llm(
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LlmDraftError(f"the synthesis model's draft is not a blueprint ({exc}): {text[:300]!r}") from None
     bp = Blueprint(
-        task_id=task_id_for(skill_name, seed),
+        task_id=task_id_for(skill_name, seed, domain=domain),
         version=1,
         skill_id=skill_id,
         skill_name=skill_name,
@@ -106,6 +113,7 @@ def draft_blueprint_llm(
         capabilities=dict(capabilities),
         challenges=challenges,
         origin="llm",
+        domain=domain,
     )
     try:
         bp.validate()

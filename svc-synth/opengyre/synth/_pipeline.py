@@ -30,7 +30,7 @@ from ._build import build_task, skill_digests, task_skill_files, write_task
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
 from ._llm import LlmConfig, draft_blueprint_llm
-from ._skills import IngestReport, Skill, ingest, read_skill_files
+from ._skills import IngestReport, Skill, ingest, keep_skill, kept_skill, read_skill_files
 from ._synth import draft_blueprint
 
 __all__ = ["Synthesizer", "TaskBuild"]
@@ -118,6 +118,10 @@ class Synthesizer:
         self._seed_key = key
         return key
 
+    def kept(self, digest: str, name: str) -> Skill | None:
+        """The skill this store kept when it ingested ``digest`` (None: it ingested no such skill)."""
+        return kept_skill(self.store / "skill-files", digest, name)
+
     def task_dir(self, task_id: str, version: int) -> Path:
         return self.store / "tasks" / task_id / f"v{version}"
 
@@ -135,7 +139,11 @@ class Synthesizer:
         return sorted(found, key=lambda bp: bp.version)
 
     def ingest(self, source: Path) -> tuple[IngestReport, list[SkillIngested]]:
+        """Skills from ``source``; each accepted one is also kept in the store by its digest (``kept``), so a
+        service that knows a skill from the catalogue alone builds its tasks with its files."""
         report = ingest(source, self.store / "skills")
+        for s in report.accepted:
+            keep_skill(s, self.store / "skill-files")
         events = [
             SkillIngested(
                 skill_id=s.skill_id,
@@ -202,6 +210,7 @@ class Synthesizer:
                 capabilities=skill.capabilities,
                 seed=seed,
                 n_challenges=n_challenges,
+                domain=skill.domain,
             )
         else:
             bp = draft_blueprint(
@@ -306,6 +315,7 @@ class Synthesizer:
             )
         src = self.task_dir(task_id, version) / "tests" / "blueprint.json"
         bp = load_blueprint(src.read_bytes())
+        bp.validate()  # before its names choose what is read from the store (a tampered one is refused here)
         # The next version ships the same skill: taken from the flagged version's directory (checked against the
         # digests its blueprint names when it is built).
         skill = task_skill_files(self.task_dir(task_id, version), bp) if bp.skill_files else None

@@ -100,8 +100,9 @@ def run_solution(
         mounts = [Mount(app, "/app", writable=True)]
         if (task_dir / "solution").is_dir():
             mounts.append(Mount(task_dir / "solution", "/solution"))
-        if (task_dir / "environment" / "skills").is_dir():  # the task's skills, where its Dockerfile copies them
-            mounts.append(Mount(task_dir / "environment" / "skills", SKILLS_DIR))
+        skills = task_dir / "environment" / "skills"  # the task's skills, where its Dockerfile copies them
+        if skills.is_dir() and not skills.is_symlink() and not skills.parent.is_symlink():  # a link: not followed
+            mounts.append(Mount(skills, SKILLS_DIR))
         with LocalSandbox(limits.solve, prefix="og-synth-", mounts=mounts) as sb:
             env = {"APP_DIR": "/app", "SOLUTION_DIR": "/solution"}
             r = sb.run(["bash", "-c", solve_sh], cwd="/app", env=env)

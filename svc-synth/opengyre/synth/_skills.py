@@ -8,6 +8,7 @@ under the output folder only (never ``extractall``). Every rejection carries its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -24,7 +25,18 @@ import yaml
 
 from ._pattern import DIMENSIONS
 
-__all__ = ["SUBSTRATE_BINS", "IngestReport", "Rejection", "Skill", "SkillLimits", "derive_capabilities", "ingest"]
+__all__ = [
+    "SUBSTRATE_BINS",
+    "IngestReport",
+    "Rejection",
+    "Skill",
+    "SkillLimits",
+    "derive_capabilities",
+    "ingest",
+    "keep_skill",
+    "kept_skill",
+    "read_skill_files",
+]
 
 # What the execution substrate (python:3.12-slim plus the apt packages the Dockerfile may add) provides.
 SUBSTRATE_BINS = frozenset(
@@ -73,6 +85,7 @@ SUBSTRATE_BINS = frozenset(
     ]
 )
 _SKILL_FILES = ("SKILL.md", "skill.md", "skills.md")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ALLOWED_KEYS = {"name", "description", "license", "allowed-tools", "metadata", "compatibility"}
 _NAME = re.compile(r"^[a-z0-9-]+$")
 _FRONT = re.compile(r"^---\n(.*?)\n---", re.DOTALL)
@@ -103,8 +116,47 @@ class Skill:
 
 
 def read_skill_files(skill: Skill) -> dict[str, bytes]:
-    """The skill's files (``Skill.files``, as ingested), by skill-relative path: what travels with its tasks."""
-    return {rel: (skill.path / rel).read_bytes() for rel in skill.files}
+    """The skill's files (``Skill.files``, as ingested), by skill-relative path: what travels with its tasks.
+    They must still be what was ingested (``Skill.digest``): a folder edited since is refused, not shipped under
+    the old skill id."""
+    files = {rel: (skill.path / rel).read_bytes() for rel in skill.files}
+    if _digest(files) != skill.digest:
+        raise ValueError(
+            f"skill {skill.name}: its files at {skill.path} changed since it was ingested; ingest it again"
+        )
+    return files
+
+
+def keep_skill(skill: Skill, root: Path) -> Path:
+    """A copy of an accepted skill's files at ``root/<digest>/<name>/``, made once (written beside, then renamed
+    into place): the store's own copy, from which a service builds tasks by the digest its catalogue holds."""
+    dest = Path(root) / skill.digest / skill.name
+    if dest.is_dir():
+        return dest
+    Path(root).mkdir(parents=True, exist_ok=True)
+    stage = Path(root) / f".{skill.digest}.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        for rel, data in read_skill_files(skill).items():
+            (stage / skill.name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stage / skill.name / rel).write_bytes(data)
+        with contextlib.suppress(OSError):  # another process kept the same digest first
+            stage.rename(dest.parent)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return dest
+
+
+def kept_skill(root: Path, digest: str, name: str, limits: SkillLimits | None = None) -> Skill | None:
+    """The skill ``keep_skill`` kept for ``digest``, read again and checked to have that digest; None if none."""
+    d = Path(root) / digest / name
+    if not _DIGEST.fullmatch(digest) or not _NAME.fullmatch(name) or not d.is_dir():
+        return None
+    found = _load_skill(d, limits or SkillLimits())
+    return found if isinstance(found, Skill) and found.digest == digest else None
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    return hashlib.sha256(b"".join(k.encode() + b"\0" + v for k, v in sorted(files.items()))).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -250,7 +302,7 @@ def _load_skill(d: Path, limits: SkillLimits) -> Skill | Rejection:
         files = _bundle(d, limits)
     except _Unsafe as exc:
         return Rejection(src, d.name, str(exc))
-    digest = hashlib.sha256(b"".join(k.encode() + b"\0" + v for k, v in sorted(files.items()))).hexdigest()
+    digest = _digest(files)
     md_name = next(n for n in _SKILL_FILES if n in files)
     try:
         text = files[md_name].decode("utf-8")

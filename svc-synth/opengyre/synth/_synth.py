@@ -14,10 +14,13 @@ from ._pattern import DIMENSIONS
 __all__ = ["check_choice", "draft_blueprint", "draw_patterns", "parse_knobs", "task_id_for"]
 
 
-def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "") -> str:
+def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "", domain: str = "") -> str:
     """``<skill>-l<level>-<hash>``: the level is part of the id (and ``choice``, the fixed patterns and knobs, of
-    the hash), so one store holds a task per seed, level and choice instead of refusing the second build."""
+    the hash), so one store holds a task per seed, level and choice instead of refusing the second build. A
+    ``domain`` (a task drawn for its skill's domain, shipping the skill) is in the hash too: a store holding tasks
+    built before grounding builds the grounded ones beside them, under other ids."""
     key = f"{skill_name}/{seed}" + (f"/l{level}" if level else "") + (f"/{choice}" if choice else "")
+    key += f"/d:{domain}" if domain else ""
     return f"{skill_name}-l{level}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
@@ -124,7 +127,7 @@ def draft_blueprint(
         choice = ",".join(chosen) + "|" + ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     first = description.split(". ")[0].rstrip(".")
     bp = Blueprint(
-        task_id=task_id_for(skill_name, seed, level, choice),
+        task_id=task_id_for(skill_name, seed, level, choice, domain),
         version=1,
         skill_id=skill_id,
         skill_name=skill_name,

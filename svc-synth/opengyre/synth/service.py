@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -26,7 +25,6 @@ from opengyre.v1 import common_pb2, synth_pb2, synth_pb2_grpc
 from ._hardening import HardeningProjection
 from ._llm import LlmConfig
 from ._pipeline import Synthesizer, TaskBuild
-from ._skills import Skill
 from ._synth import check_choice
 from ._tasks import SkillRow, TaskRow, TasksProjection, current_tasks, task_lineage
 
@@ -104,22 +102,17 @@ class _Servicer(synth_pb2_grpc.SynthServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no accepted skill(s) {sorted(missing)}")
         if not rows:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no accepted skills: ingest some first")
-        skills = [
-            Skill(
-                skill_id=r.skill_id,
-                name=r.name,
-                description=r.description,
-                body="",
-                path=Path(),
-                digest=r.digest,
-                license="",
-                domain="",
-                requires_bins=(),
-                capabilities=json.loads(r.capabilities),
-                files=(),
+        # Each skill as this store kept it at ingest (its files travel with its tasks), found by the catalogue's
+        # digest; one the store did not ingest (another store's events, or ingested before skills were kept) is
+        # refused rather than built without its skill.
+        kept = await asyncio.to_thread(lambda: [(r, self._synth.kept(r.digest, r.name)) for r in rows])
+        lost = sorted(r.skill_id for r, s in kept if s is None or s.skill_id != r.skill_id)
+        if lost:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"skill(s) {lost}: this store kept no files for them (ingest them again through this service)",
             )
-            for r in rows
-        ]
+        skills = [s for _, s in kept if s is not None]
         n = request.tasks_per_skill or 1
         jobs = [(s, int(request.seed) + i) for s in skills for i in range(n)]
         builds = await asyncio.to_thread(

@@ -46,12 +46,15 @@ async def _move(c: httpx.AsyncClient, src: str, dst: str, body: dict[str, Any]) 
     return kv, reply
 
 
-def _pause_after(srv: EngineServer, steps: int) -> None:
-    """Pause the engine from its own thread once it has run ``steps`` steps (a control runs between two steps)."""
+def _pause_after_admitted(srv: EngineServer, steps: int) -> None:
+    """Pause the engine from its own thread ``steps`` steps after it first holds a request."""
     sched = srv.engine.scheduler
+    start: list[int] = []
 
     def check() -> None:
-        if sched.steps >= steps:
+        if not start and sched.load >= 1:
+            start.append(sched.steps)
+        if start and sched.steps >= start[0] + steps:
             sched.set_paused(True)
         else:
             sched.call(check)
@@ -94,10 +97,11 @@ async def test_a_running_sequence_moves_with_its_pending_token() -> None:
     ):
         whole = await _generate(c, a.url, PROMPT, 64)
         await c.post(a.url + "/flush_cache")
-        running = asyncio.create_task(_generate(c, a.url, PROMPT, 4000, rid="moving"))
         sched = a.engine.scheduler
-        await await_until(lambda: sched.load >= 1, "A received the request")
-        _pause_after(a, sched.steps + 6)
+        # Counted from the engine's own thread once it holds the request: polled from here, a loaded machine let A
+        # run 53 steps before the pause was even set (a CI failure).
+        _pause_after_admitted(a, 6)
+        running = asyncio.create_task(_generate(c, a.url, PROMPT, 4000, rid="moving"))
         await await_until(lambda: sched.paused, "A paused after six more steps", polls=12000, every=0.01)
         kv, reply = await _move(c, a.url, b.url, {"rid": "moving"})
         await c.post(a.url + "/abort_request", json={"rid": "moving"})
