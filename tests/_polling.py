@@ -23,9 +23,14 @@ def wait_until(pred: Callable[[], object], what: str, *, polls: int = 600, every
 
 
 async def await_until(
-    pred: Callable[[], object | Awaitable[object]], what: str, *, polls: int = 600, every: float = 0.05
+    pred: Callable[[], object | Awaitable[object]],
+    what: str | Callable[[], str],
+    *,
+    polls: int = 600,
+    every: float = 0.05,
 ) -> None:
-    """``wait_until`` inside an event loop; ``pred`` may be a coroutine function."""
+    """``wait_until`` inside an event loop; ``pred`` may be a coroutine function, ``what`` a function saying the
+    state at the failure."""
     for _ in range(polls):
         ok = pred()
         if inspect.isawaitable(ok):
@@ -33,4 +38,4 @@ async def await_until(
         if ok:
             return
         await asyncio.sleep(every)
-    raise AssertionError(f"{what}: not reached after {polls} polls")
+    raise AssertionError(f"{what() if callable(what) else what}: not reached after {polls} polls")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opengyre.harness import HarnessSpec
-from opengyre.synth import Synthesizer, build_task, draft_blueprint, ingest
+from opengyre.synth import Synthesizer, build_task, ingest
 
 HERE = Path(__file__).resolve().parent
 INSIDE = "/opt/oracle"
@@ -63,12 +63,9 @@ def oracle_kit(
     solutions: dict[str, dict[str, str]] = {}
     for skill in chosen:
         for i in range(tasks_per_skill):
-            bp = draft_blueprint(
-                skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
-                capabilities=skill.capabilities, seed=store.task_seed(skill.skill_id, seed + i),
-                n_challenges=challenges, level=level,
-            )  # fmt: skip
-            built = build_task(bp)
+            # The very blueprint and skill files the run's synth service will build (its draft, no gates).
+            bp, files = store.draft(skill, seed + i, n_challenges=challenges, level=level)
+            built = build_task(bp, files)
             answer = root / "answers" / hashlib.sha256(built.files["instruction.md"]).hexdigest()
             for rel, body in built.files.items():
                 if rel.startswith("solution/"):

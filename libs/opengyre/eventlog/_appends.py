@@ -117,19 +117,20 @@ class Appender:
                     return await asyncio.wait_for(fut, timeout=max(0.1, min(_ATTEMPT_S, end - loop.time())))
         except AckError as exc:
             if append_retryable(exc):
-                raise await self._gave_up(subject, wait) from exc
+                raise await self._gave_up(subject, wait, exc) from exc
             self._raise(subject, expected, exc)
         except (TimeoutError, nats.errors.Error) as exc:
             if append_retryable(exc):
-                raise await self._gave_up(subject, wait) from exc
+                raise await self._gave_up(subject, wait, exc) from exc
             raise
         raise AssertionError("unreachable: the backoff re-raises its last error")
 
-    async def _gave_up(self, subject: str, waited: float) -> LogUnavailable:
+    async def _gave_up(self, subject: str, waited: float, last: BaseException) -> LogUnavailable:
         if self._config.replicas > 1:
             return NoQuorum(
                 f"append to {subject}: no quorum: the stream's {self._config.replicas} replicas had no leader for "
-                f"{waited:.0f} s (a majority of the NATS cluster is down?); the append was not stored"
+                f"{waited:.0f} s (a majority of the NATS cluster is down?); the append was not stored "
+                f"(last: {last!r})"
             )
         return await self._unacknowledged(subject, waited)
 

@@ -21,6 +21,9 @@ log = logging.getLogger("opengyre.eventlog")
 class LogHealth(NamedTuple):
     ok: bool
     reason: str  # why not, in words a user can act on ("" when ok)
+    # The store failed a write (a full disk): it stays failed until nats-server restarts, unlike a stream that is
+    # catching up or electing a leader, which heals by itself.
+    store_failed: bool = False
 
 
 # A stream with less room than this left refuses the next append of any event we write (each stored message
@@ -104,7 +107,7 @@ async def server_health(
         body = {}
     detail = str(body.get("error") or body.get("errors") or resp.text[:300])
     if "no space left" in detail or "write error" in detail:
-        return LogHealth(False, f"the log's storage failed a write (disk full?): {detail}")
+        return LogHealth(False, f"the log's storage failed a write (disk full?): {detail}", store_failed=True)
     return LogHealth(False, f"nats-server reports JetStream unhealthy: {detail}")
 
 

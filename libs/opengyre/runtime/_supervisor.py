@@ -663,6 +663,11 @@ class Stack:
         w.failed_checks = 0 if health.ok else w.failed_checks + 1
         if health.ok:
             w.waiting_for_space = False
+        elif self.cluster is not None and not health.store_failed:
+            # A member catching up or in an election (after another member's restart) reports unhealthy until it
+            # is current; restarting it then cost the cluster its majority under load (no stream leader for
+            # minutes). The cluster heals that by itself; a member that exited is restarted by _keep_nats.
+            pass
         elif w.failed_checks >= 3:  # not a blip during start-up
             free = shutil.disk_usage(server.store_dir).free
             need = self.settings.log_min_free_mb * 2**20

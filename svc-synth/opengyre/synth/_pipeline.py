@@ -186,7 +186,7 @@ class Synthesizer:
         tmp.rename(out)
         return out
 
-    def synthesize(
+    def draft(
         self,
         skill: Skill,
         seed: int,
@@ -195,9 +195,10 @@ class Synthesizer:
         level: int = 0,
         patterns: Sequence[str] | None = None,
         knobs: Mapping[str, int] | None = None,
-    ) -> TaskBuild:
-        """One task built and validated. ``patterns`` and ``knobs`` fix the choice (see ``draft_blueprint``; the
-        procedural mode then, even with a synthesis model configured)."""
+    ) -> tuple[Blueprint, dict[str, bytes]]:
+        """The blueprint ``synthesize`` builds for ``skill`` at ``seed`` and the skill's files it ships, neither built
+        nor validated (an operator's or a test's copy of the very task a run builds). ``patterns`` and ``knobs`` fix
+        the choice (see ``draft_blueprint``; the procedural mode then, even with a synthesis model configured)."""
         seed = self.task_seed(skill.skill_id, seed)
         files = read_skill_files(skill)  # the skill travels with the task
         if self.llm is not None and not patterns and not knobs:
@@ -225,7 +226,21 @@ class Synthesizer:
                 knobs=knobs,
                 domain=skill.domain,
             )
-        return self.build_and_validate(msgspec.structs.replace(bp, skill_files=skill_digests(files)), files)
+        return msgspec.structs.replace(bp, skill_files=skill_digests(files)), files
+
+    def synthesize(
+        self,
+        skill: Skill,
+        seed: int,
+        *,
+        n_challenges: int = 2,
+        level: int = 0,
+        patterns: Sequence[str] | None = None,
+        knobs: Mapping[str, int] | None = None,
+    ) -> TaskBuild:
+        """One task built and validated: ``draft``'s blueprint, with the skill's files."""
+        bp, files = self.draft(skill, seed, n_challenges=n_challenges, level=level, patterns=patterns, knobs=knobs)
+        return self.build_and_validate(bp, files)
 
     def revalidate(self, task_id: str, version: int, task_dir: Path) -> tuple[list[Verdict], TaskValidated]:
         """Every gate on the directory as it is now (not rebuilt: a blueprint tampered with there fails them)."""

@@ -107,3 +107,28 @@ async def test_a_sigkilled_member_comes_back_and_a_service_keeps_appending(clust
         writing = False
         with contextlib.suppress(Exception):
             await log.close()
+
+
+async def test_a_member_that_does_not_answer_is_left_to_the_cluster_not_restarted(cluster_stack: Stack) -> None:
+    """A member that answers no health check (here SIGSTOPped; under load, one catching up after another's
+    restart) is not restarted: doing so while the others caught up cost the cluster its majority, with no stream
+    leader for minutes (a CI failure). The two others keep the quorum; the member is current again once it runs."""
+    stack = cluster_stack
+    assert stack.cluster is not None
+    victim = stack.cluster.nodes[1]
+    assert victim.proc is not None
+    pid = victim.proc.pid
+    watch = stack._watch_of(victim)  # how many of its checks failed: the supervisor's own count
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await await_until(lambda: watch.failed_checks >= 6, "six failed checks of the stopped member", polls=2400)
+        record = read_stack_file(stack.settings)
+        assert record is not None
+        nodes = {n["name"]: n for n in record["nats_nodes"]}
+        assert nodes[victim.store_dir.name]["restarts"] == 0 and not nodes[victim.store_dir.name]["ok"]
+        assert record["log"]["ok"], record["log"]  # two of three: a quorum
+        assert victim.proc.pid == pid and victim.proc.poll() is None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await await_until(lambda: watch.health.ok, "the member healthy again", polls=2400)
+    assert watch.restarts == 0
