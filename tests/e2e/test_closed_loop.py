@@ -119,7 +119,13 @@ async def test_the_event_log_tells_the_whole_story_in_order(
     step1 = first(TrainingStepCompleted, lambda e: e.step == 1)
     published = first(WeightsPublished, lambda e: e.step == 1)
     last_of_step1 = max(first(ExecutionFinished, lambda e, x=x: e.execution_id == x) for x in scores if "-s1-" in x)
-    assert last_of_step1 < to_training < step1 < published < back, said
+    story = "\n".join(
+        f"{i} {type(e).__name__} {getattr(e, 'execution_id', '')}{getattr(e, 'cell_id', '')} "
+        f"{getattr(e, 'from_role', '')}->{getattr(e, 'to_role', '')} {getattr(e, 'reason', '')}"
+        for i, (_, e) in enumerate(events)
+        if isinstance(e, (ExecutionDispatched, ExecutionFinished, CellRoleChanged, TrainingStepCompleted))
+    )  # what the scheduler saw, in order: a failure here says which decision came early
+    assert last_of_step1 < to_training < step1 < published < back, f"{said}\n{story}"
     step_event = events[step1][1]
     assert isinstance(step_event, TrainingStepCompleted) and step_event.n_samples > 0
     assert sorted(step_event.execution_ids) == sorted(x for x in scores if "-s1-" in x)

@@ -85,7 +85,7 @@ for sk in s.ingest(skills, Path(tempfile.mkdtemp()) / "sk").accepted:
     for seed in range(21):
         for n in (1, 2, 3):
             try:
-                bp = s.draft_blueprint(skill_id=sk.skill_id, skill_name=sk.name, description=sk.description,
+                bp = s.draft_blueprint(skill_id=sk.skill_id, skill_name=sk.name,
                                        capabilities=sk.capabilities, seed=seed, n_challenges=n, level=0)
             except ValueError:
                 continue

@@ -18,9 +18,7 @@ EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 def task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("gates")
     sk = next(s for s in ingest(EXAMPLES, tmp / "skills").accepted if s.name == "csv-report")
-    bp = draft_blueprint(
-        skill_id=sk.skill_id, skill_name=sk.name, description=sk.description, capabilities=sk.capabilities, seed=1
-    )
+    bp = draft_blueprint(skill_id=sk.skill_id, skill_name=sk.name, capabilities=sk.capabilities, seed=1)
     return write_task(build_task(bp), tmp / "task")
 
 

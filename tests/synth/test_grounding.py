@@ -93,7 +93,7 @@ def test_a_task_whose_shipped_skill_was_changed_fails_the_consistency_gate(tmp_p
 def test_a_blueprint_naming_skill_files_builds_only_with_those_files(tmp_path: Path) -> None:
     skill = next(s for s in ingest(EXAMPLES, tmp_path / "sk").accepted if s.name == "log-triage")
     bp = draft_blueprint(
-        skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
+        skill_id=skill.skill_id, skill_name=skill.name,
         capabilities=skill.capabilities, seed=5, domain=skill.domain,
     )  # fmt: skip
     files = read_skill_files(skill)
@@ -110,3 +110,24 @@ def test_a_blueprint_naming_skill_files_builds_only_with_those_files(tmp_path: P
             msgspec.structs.replace(bp, skill_files=bad).validate()
     with pytest.raises(ValueError, match="not a skill's name"):
         msgspec.structs.replace(grounded, skill_name="../up").validate()
+
+
+def test_the_goal_line_is_written_from_the_drawn_patterns_without_their_tricks(tmp_path: Path) -> None:
+    skill = next(s for s in ingest(EXAMPLES, tmp_path / "sk").accepted if s.name == "git-history")
+    goals = set()
+    for seed in range(8):
+        bp = draft_blueprint(
+            skill_id=skill.skill_id, skill_name=skill.name, capabilities=skill.capabilities, seed=seed,
+            n_challenges=2, domain=skill.domain,
+        )  # fmt: skip
+        said = bp.goal.lower()
+        assert all(get_pattern(c.pattern_id).goal in said for c in bp.challenges), bp.goal
+        assert skill.name in bp.goal and not any(c.pattern_id in bp.goal for c in bp.challenges), bp.goal
+        assert f"# {bp.goal}\n" in build_task(bp).files["instruction.md"].decode()
+        goals.add(bp.goal)
+    assert len(goals) > 2, goals  # not one template
+    # Each pattern's phrasing says what to do, not how it is made hard (its summary may: decoys, distractors).
+    tricks = ("decoy", "distractor", "greedy", "look-alike", "reversed", "trap", "precedence", "topological")
+    for pid in pattern_ids():
+        p = get_pattern(pid)
+        assert p.goal != p.summary and not any(t in p.goal for t in tricks), (pid, p.goal)

@@ -21,7 +21,6 @@ def test_an_exported_task_round_trips_through_import(tmp_path: Path) -> None:
     bp = draft_blueprint(
         skill_id=skill.skill_id,
         skill_name=skill.name,
-        description=skill.description,
         capabilities=skill.capabilities,
         seed=5,
         level=1,

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 from sqlalchemy import Engine
 
 from opengyre.eventlog import EventLog
@@ -32,8 +33,10 @@ from opengyre.synth import (
     TasksProjection,
     diagnose,
     fill_contract,
+    get_pattern,
     ingest,
     materials,
+    procedural_goal,
     propose,
     run_solution,
     task_lineage,
@@ -215,3 +218,18 @@ async def test_the_solver_that_scored_on_v1_scores_less_on_v2(
     assert hardened.to_version == 2 and Path(hardened.task_dir) != build.task_dir
     v2, _ = await asyncio.to_thread(_first_look, Path(hardened.task_dir))
     assert v2 < v1[0], (v2, hardened.reason)
+
+
+def test_a_version_that_adds_a_challenge_says_it_in_a_procedural_goal_and_keeps_a_written_one() -> None:
+    written = _bp(6)
+    (_, m0), (_, m1) = materials(written)
+    trajs = [
+        [f"cat {m0.evidence[0]}", f"cat {m1.evidence[0]}"]
+    ] * 3  # c1, at its top level, bypassed  # its goal, "g", was written (the LLM mode's): kept as it is
+    top, _ = propose(written, diagnose(written, trajs))
+    assert len(top.challenges) == 3 and top.goal == "g"
+    ids = [c.pattern_id for c in written.challenges]
+    procedural = msgspec.structs.replace(written, goal=procedural_goal("s", ids))
+    top, _ = propose(procedural, diagnose(procedural, trajs))
+    assert top.goal == procedural_goal("s", [c.pattern_id for c in top.challenges])
+    assert get_pattern(top.challenges[2].pattern_id).goal in top.goal

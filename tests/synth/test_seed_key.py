@@ -40,7 +40,7 @@ def test_a_synthesized_task_is_not_the_one_its_public_seed_builds(tmp_path: Path
     synth = Synthesizer(tmp_path / "store")
     bp = synth.synthesize(skill, 3).blueprint
     public = draft_blueprint(
-        skill_id=skill.skill_id, skill_name=skill.name, description=skill.description,
+        skill_id=skill.skill_id, skill_name=skill.name,
         capabilities=skill.capabilities, seed=3, n_challenges=2, level=0, domain=skill.domain,
     )  # fmt: skip
     assert bp.seed == synth.task_seed(skill.skill_id, 3) != 3

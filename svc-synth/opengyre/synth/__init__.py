@@ -22,7 +22,7 @@ from ._skills import (
     read_skill_files,
 )
 from ._solver import ShortcutSolver, SolverRun
-from ._synth import check_choice, draft_blueprint, draw_patterns, parse_knobs, task_id_for
+from ._synth import check_choice, draft_blueprint, draw_patterns, parse_knobs, procedural_goal, task_id_for
 from ._tasks import TasksProjection, task_lineage
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "materials",
     "parse_knobs",
     "pattern_ids",
+    "procedural_goal",
     "propose",
     "read_skill_files",
     "run_solution",

@@ -34,6 +34,7 @@ from opengyre.store import STREAM_SEQ, Base
 
 from ._blueprint import Blueprint, Challenge, fill_contract, materials
 from ._catalogue import get_pattern, pattern_ids
+from ._synth import procedural_goal
 
 __all__ = ["Diagnosis", "HardeningProjection", "diagnose", "propose"]
 
@@ -235,8 +236,11 @@ def propose(bp: Blueprint, d: Diagnosis) -> tuple[Blueprint, str]:
         cid = f"c{len(challenges)}"
         challenges.append(Challenge(cid=cid, pattern_id=new.id, knobs={k: v[0] for k, v in new.knobs.items()}))
         reason = f"add {cid} ({new.id}, {new.dimension}): {c.cid} ({c.pattern_id}) is at its top level; {d.reason}"
+    goal = bp.goal
+    if goal == procedural_goal(bp.skill_name, [x.pattern_id for x in bp.challenges]):
+        goal = procedural_goal(bp.skill_name, [x.pattern_id for x in challenges])  # says the added challenge too
     # A version built before in the layout that names patterns in folder names is rebuilt without it.
     nxt = msgspec.structs.replace(
-        bp, version=bp.version + 1, parent_version=bp.version, challenges=challenges, layout="cid"
+        bp, version=bp.version + 1, parent_version=bp.version, challenges=challenges, layout="cid", goal=goal
     )
     return fill_contract(nxt), reason

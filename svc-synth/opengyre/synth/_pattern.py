@@ -92,7 +92,10 @@ class Pattern(ABC):
 
     id: ClassVar[str]
     dimension: ClassVar[Dimension]
-    summary: ClassVar[str]
+    summary: ClassVar[str]  # for authors (the catalogue, the synthesis model); may name the trick
+    # What the solver is asked to do, as a task's goal line puts it ("total a table by group"): lower case, no
+    # hint at the difficulty (the summary's decoys and traps stay out of the instruction).
+    goal: ClassVar[str]
     config: ClassVar[type[msgspec.Struct]]
     knobs: ClassVar[dict[str, tuple[int, ...]]]  # knob -> its levels, easiest first
     primary: ClassVar[str]  # the knob ``measure`` observes and hardening raises first
@@ -130,6 +133,9 @@ def register(cls: P) -> P:
         raise ValueError(f"pattern {cls.id} registered twice")
     if cls.primary not in cls.knobs or any(list(v) != sorted(set(v)) for v in cls.knobs.values()):
         raise ValueError(f"pattern {cls.id}: knob levels must ascend and include the primary knob")
+    goal = getattr(cls, "goal", "")
+    if not goal or goal != goal.strip() or not goal[0].islower() or goal.endswith("."):
+        raise ValueError(f"pattern {cls.id}: its goal must be a lower-case phrase without a final stop: {goal!r}")
     _REGISTRY[cls.id] = cls()
     return cls
 

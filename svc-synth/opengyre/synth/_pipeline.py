@@ -217,7 +217,6 @@ class Synthesizer:
             bp = draft_blueprint(
                 skill_id=skill.skill_id,
                 skill_name=skill.name,
-                description=skill.description,
                 capabilities=skill.capabilities,
                 seed=seed,
                 n_challenges=n_challenges,

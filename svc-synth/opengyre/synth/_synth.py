@@ -11,7 +11,7 @@ from ._blueprint import Blueprint, Challenge, fill_contract
 from ._catalogue import get_pattern, pattern_ids
 from ._pattern import DIMENSIONS
 
-__all__ = ["check_choice", "draft_blueprint", "draw_patterns", "parse_knobs", "task_id_for"]
+__all__ = ["check_choice", "draft_blueprint", "draw_patterns", "parse_knobs", "procedural_goal", "task_id_for"]
 
 
 def task_id_for(skill_name: str, seed: int, level: int = 0, choice: str = "", domain: str = "") -> str:
@@ -62,6 +62,15 @@ def check_choice(patterns: Sequence[str], knobs: Mapping[str, int]) -> None:
                 raise ValueError(f"knob {name}={value}: {p.id}'s {knob} levels are {list(p.knobs[knob])}")
 
 
+def procedural_goal(skill_name: str, patterns: Sequence[str]) -> str:
+    """A task's goal line in the procedural mode, from its patterns' own phrasing in order ("Total a table by group
+    and count error codes in service logs, with the csv-report skill"): written per task, no hint at the
+    difficulty (each pattern's ``goal``)."""
+    goals = [get_pattern(pid).goal for pid in patterns]
+    said = goals[0] if len(goals) == 1 else ", ".join(goals[:-1]) + " and " + goals[-1]
+    return f"{said[0].upper()}{said[1:]}, with the {skill_name} skill"
+
+
 def draw_patterns(rng: random.Random, capabilities: Mapping[str, float], domain: str, n: int) -> list[str]:
     """``n`` distinct patterns for a skill: those that declare its ``domain`` first, then the domain-free ones, then
     any (a skill of a domain no pattern declares, or more challenges than fit it); within each pool a dimension is
@@ -99,7 +108,6 @@ def draft_blueprint(
     *,
     skill_id: str,
     skill_name: str,
-    description: str,
     capabilities: Mapping[str, float],
     seed: int,
     n_challenges: int = 2,
@@ -125,13 +133,12 @@ def draft_blueprint(
     choice = ""
     if patterns or overrides:
         choice = ",".join(chosen) + "|" + ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
-    first = description.split(". ")[0].rstrip(".")
     bp = Blueprint(
         task_id=task_id_for(skill_name, seed, level, choice, domain),
         version=1,
         skill_id=skill_id,
         skill_name=skill_name,
-        goal=f"Use the {skill_name} skill ({first}) on the workspace below",
+        goal=procedural_goal(skill_name, chosen),
         seed=seed,
         capabilities=dict(capabilities),
         challenges=challenges,

@@ -24,6 +24,7 @@ class ArchiveManifest(Pattern):
     dimension = "skill-use"
     domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "count and total size of the .log members of a tarball"
+    goal = "count and size the log files inside an archive"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"members": (3, 6, 12, 24)}
     primary = "members"

@@ -46,6 +46,7 @@ class BrokenConfiguration(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"configuration", "local-service"})
     summary = "a service refuses its configuration: missing keys, wrong types, malformed lines against a spec"
+    goal = "get a service to accept its configuration"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"faults": (1, 2, 4)}
     primary = "faults"

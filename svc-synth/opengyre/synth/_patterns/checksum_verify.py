@@ -23,6 +23,7 @@ class ChecksumVerify(Pattern):
     dimension = "skill-use"
     domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "files checked against a sha256 manifest to find the corrupted ones"
+    goal = "find the files that fail their checksums"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (3, 6, 12, 24)}
     primary = "files"

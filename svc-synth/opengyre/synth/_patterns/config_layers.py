@@ -24,6 +24,7 @@ class ConfigLayers(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"configuration"})
     summary = "effective settings after layered config overrides, with a precedence file to honour"
+    goal = "work out the settings in effect"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}
     primary = "layers"

@@ -22,6 +22,7 @@ class ConsistentRename(Pattern):
     dimension = "long-horizon-consistency"
     domains = frozenset({"text-processing", "shell-scripting", "git"})
     summary = "a function renamed consistently in every module that defines or calls it"
+    goal = "rename a function throughout a codebase"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (2, 4, 8, 16)}
     primary = "files"

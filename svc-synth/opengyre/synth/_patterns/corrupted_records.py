@@ -28,6 +28,7 @@ class CorruptedRecords(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"csv-json-data"})
     summary = "a loader that crashes on malformed rows; the valid total and the rejects are wanted"
+    goal = "load a data file that holds bad rows"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"bad": (1, 5, 15, 40)}
     primary = "bad"

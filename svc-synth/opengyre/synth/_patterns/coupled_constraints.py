@@ -25,6 +25,7 @@ class CoupledConstraints(Pattern):
     id = "coupled-constraints"
     dimension = "planning"
     summary = "per-team requirements that share decision variables and must be solved jointly"
+    goal = "settle values every team's requirements accept"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"coupled": (0, 2, 4, 6)}
     primary = "coupled"

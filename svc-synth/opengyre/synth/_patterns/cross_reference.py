@@ -22,6 +22,7 @@ class CrossReference(Pattern):
     dimension = "long-horizon-consistency"
     domains = frozenset({"csv-json-data"})
     summary = "every order checked against the inventory for dangling SKU references"
+    goal = "check orders against the inventory"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"orders": (5, 15, 40, 100)}
     primary = "orders"

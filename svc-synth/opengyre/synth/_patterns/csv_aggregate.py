@@ -23,6 +23,7 @@ class CsvAggregate(Pattern):
     dimension = "skill-use"
     domains = frozenset({"csv-json-data"})
     summary = "group-by totals over a CSV table"
+    goal = "total a table by group"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"rows": (10, 40, 160, 640)}
     primary = "rows"

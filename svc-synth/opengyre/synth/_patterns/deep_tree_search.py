@@ -22,6 +22,7 @@ class DeepTreeSearch(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"files-and-archives", "shell-scripting"})
     summary = "the one file carrying a marker, deep in a tree of look-alike folders"
+    goal = "locate one file in a directory tree"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 3, 5, 8)}
     primary = "depth"

@@ -22,6 +22,7 @@ class DistributedEvidence(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"logs", "csv-json-data"})
     summary = "complementary facts of one record split across several source files"
+    goal = "assemble one record from several sources"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"sources": (1, 2, 4, 6)}
     primary = "sources"

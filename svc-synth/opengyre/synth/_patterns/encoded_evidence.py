@@ -37,6 +37,7 @@ class EncodedEvidence(Pattern):
     dimension = "skill-use"
     domains = frozenset({"text-processing", "files-and-archives"})
     summary = "a value under several layers of tagged encodings"
+    goal = "recover an encoded value"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"layers": (1, 2, 3, 5)}
     primary = "layers"

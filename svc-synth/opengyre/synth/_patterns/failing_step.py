@@ -21,6 +21,7 @@ class FailingStep(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"shell-scripting", "local-service"})
     summary = "a multi-step shell pipeline with one failing step to diagnose and repair"
+    goal = "repair a shell pipeline"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"steps": (2, 4, 6, 9)}
     primary = "steps"

@@ -36,6 +36,7 @@ class GitValueOrigin(Pattern):
     dimension = "skill-use"
     domains = frozenset({"git"})
     summary = "the commit that last gave a setting its current value, in a repository's history"
+    goal = "trace where a setting's value came from in a repository's history"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {
         "commits": (6, 10, 16, 24),

@@ -22,6 +22,7 @@ class IncrementalUpdates(Pattern):
     dimension = "long-horizon-consistency"
     domains = frozenset({"configuration", "csv-json-data", "git"})
     summary = "final state from a base and an ordered series of patches (null deletes)"
+    goal = "apply a series of updates to a base state"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"patches": (1, 3, 6, 10)}
     primary = "patches"

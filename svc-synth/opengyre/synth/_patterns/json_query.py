@@ -23,6 +23,7 @@ class JsonQuery(Pattern):
     dimension = "skill-use"
     domains = frozenset({"csv-json-data", "configuration"})
     summary = "a setting of one named service nested deep in a JSON inventory among siblings"
+    goal = "read one service's setting out of an inventory"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 5)}
     primary = "depth"

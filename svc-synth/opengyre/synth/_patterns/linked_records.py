@@ -23,6 +23,7 @@ class LinkedRecords(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"csv-json-data"})
     summary = "the owner's contact reached through a chain of related records"
+    goal = "follow related records to a contact"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"hops": (1, 2, 4, 6)}
     primary = "hops"

@@ -24,6 +24,7 @@ class LogCount(Pattern):
     dimension = "skill-use"
     domains = frozenset({"logs"})
     summary = "error codes counted across every service log"
+    goal = "count error codes in service logs"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"files": (1, 3, 6, 10)}
     primary = "files"

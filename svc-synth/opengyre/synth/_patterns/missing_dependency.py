@@ -22,6 +22,7 @@ class MissingDependency(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"shell-scripting", "local-service"})
     summary = "a report script fails on missing modules that exist under other names in vendor/"
+    goal = "get a report script running"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"missing": (1, 2, 3)}
     primary = "missing"

@@ -23,6 +23,7 @@ class MultiSectionReport(Pattern):
     dimension = "long-horizon-consistency"
     domains = frozenset({"csv-json-data", "text-processing", "logs"})
     summary = "a report whose sections each follow their own rule over their own file"
+    goal = "write a report of several sections"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"sections": (2, 3, 5, 7)}
     primary = "sections"

@@ -33,6 +33,7 @@ class MultiStageTransform(Pattern):
     dimension = "planning"
     domains = frozenset({"text-processing", "shell-scripting"})
     summary = "a text transformed by an ordered plan of stages whose order matters"
+    goal = "carry a text through a plan of stages"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"stages": (1, 3, 5, 8)}
     primary = "stages"

@@ -25,6 +25,7 @@ class NestedDiscovery(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"files-and-archives"})
     summary = "evidence hidden in nested archives (tar.gz and zip alternating), decoys at every layer"
+    goal = "find evidence inside archives"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 2, 3, 4)}
     primary = "depth"

@@ -38,6 +38,7 @@ class OrderingDependencies(Pattern):
     dimension = "planning"
     domains = frozenset({"shell-scripting", "local-service", "git"})
     summary = "jobs and prerequisites scheduled in the one canonical topological order"
+    goal = "order jobs by their prerequisites"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"jobs": (3, 6, 10, 15)}
     primary = "jobs"

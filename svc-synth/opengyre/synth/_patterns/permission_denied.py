@@ -21,6 +21,7 @@ class PermissionDenied(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"shell-scripting", "local-service", "files-and-archives"})
     summary = "a runner fails with 'Permission denied' on helpers that lost their executable bit"
+    goal = "get a runner's helpers to run"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"broken": (1, 2, 4, 6)}
     primary = "broken"

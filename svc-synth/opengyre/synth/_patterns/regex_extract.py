@@ -26,6 +26,7 @@ class RegexExtract(Pattern):
     dimension = "skill-use"
     domains = frozenset({"text-processing", "logs"})
     summary = "identifiers in mixed notations extracted and normalised"
+    goal = "extract and normalise identifiers from text"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"formats": (1, 2, 3, 4)}
     primary = "formats"

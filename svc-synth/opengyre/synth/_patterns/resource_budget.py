@@ -21,6 +21,7 @@ class ResourceBudget(Pattern):
     id = "resource-budget"
     dimension = "planning"
     summary = "the most valuable set of upgrades that fits a budget (greedy is not enough)"
+    goal = "choose upgrades within a budget"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"items": (4, 8, 12, 16)}
     primary = "items"

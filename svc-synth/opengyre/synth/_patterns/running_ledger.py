@@ -23,6 +23,7 @@ class RunningLedger(Pattern):
     dimension = "long-horizon-consistency"
     domains = frozenset({"csv-json-data"})
     summary = "balances carried through many transactions spread over monthly files, overdrafts refused"
+    goal = "carry balances through a series of transfers"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"transactions": (5, 20, 60, 150)}
     primary = "transactions"

@@ -21,6 +21,7 @@ class ScheduleWindow(Pattern):
     id = "schedule-window"
     dimension = "planning"
     summary = "the earliest 60-minute slot free in every calendar (half-hour grid, 09:00-17:00)"
+    goal = "find a meeting slot free for everyone"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"calendars": (2, 3, 5, 8)}
     primary = "calendars"

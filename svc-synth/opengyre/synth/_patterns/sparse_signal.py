@@ -31,6 +31,7 @@ class SparseSignal(Pattern):
     dimension = "environment-understanding"
     domains = frozenset({"logs"})
     summary = "the one standing refund among near-topic distractors and refunds of it reversed later"
+    goal = "find the amount of a refund in a payments log"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"distractors": (4, 20, 80, 240)}
     primary = "distractors"

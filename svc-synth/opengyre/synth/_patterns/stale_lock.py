@@ -37,6 +37,7 @@ class StaleLock(Pattern):
     dimension = "error-recovery"
     domains = frozenset({"local-service", "shell-scripting"})
     summary = "a job blocked by stale lock files among live ones that must be kept"
+    goal = "unblock a job held by lock files"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"stale": (1, 2, 4, 6)}
     primary = "stale"

@@ -21,6 +21,7 @@ class StateDependency(Pattern):
     id = "state-dependency"
     dimension = "planning"
     summary = "later operations depend on earlier outputs: a chain of steps, each naming the next"
+    goal = "run a chain of dependent steps"
     config = Config
     knobs: ClassVar[dict[str, tuple[int, ...]]] = {"depth": (1, 3, 5, 8)}
     primary = "depth"
