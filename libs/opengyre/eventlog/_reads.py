@@ -6,7 +6,6 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -93,26 +92,13 @@ class Reader:
             f"a reader of {stream}", self._config, lambda: self._js.add_consumer(stream, cfg, timeout=5.0)
         )
         puller = self.puller(info.name, batch=batch)
-
-        async def pull() -> list[Msg]:
-            msgs = await puller.next_batch(timeout=0.5)
-            if not msgs and puller.errors:
-                err = puller.errors.pop()
-                if err.startswith("503"):
-                    # No responder for the consumer's pull: its leader is being elected (a CI run's read right
-                    # after the stream leader was killed). Waited out like any read, up to the deadline.
-                    raise nats.errors.NoRespondersError
-                raise EventLogError(f"reading {stream}: {err}")
-            return msgs
-
         await puller.start()
         try:
             while True:
-                try:
-                    msgs = await waiting_out_election(f"a reader of {stream}", self._config, pull)
-                except nats.errors.NoRespondersError as exc:
-                    raise EventLogError(f"reading {stream}: 503 no responders past the deadline") from exc
+                msgs = await puller.next_batch(timeout=0.5)
                 if not msgs:
+                    if puller.errors:
+                        raise EventLogError(f"reading {self._config.stream}: {puller.errors[-1]}")
                     # A filtered range may end in a gap: stop once the consumer has nothing pending.
                     ci = await waiting_out_election(
                         f"the position of a reader of {stream}",
