@@ -344,12 +344,6 @@ class ProjectionRunner:
         )
         if outcome is None:
             return None
-        self.applied_total += outcome.applied
-        # Committed (dead letters too: the tracking rows count them): a writer may read it now. Published before
-        # the ack: ``wait_caught_up`` returns once the consumer has nothing pending, i.e. after the ack, and a
-        # reader then keyed on the position (the scheduler's cached state) must not find the one before it (it
-        # could, with the position moved after the ack: the runner's wake-up may trail the reader's).
-        await self._publish(max(s.seq for s in stored))
         # Ack only after the commit. Poison messages were dead-lettered in that same commit: term them.
         try:
             for m, s in zip(msgs, stored, strict=True):
@@ -369,4 +363,7 @@ class ProjectionRunner:
                 self.projection.name,
                 exc,
             )
+        self.applied_total += outcome.applied
+        # Committed (dead letters too: the tracking rows count them), acked or not: a writer may read it now.
+        await self._publish(max(s.seq for s in stored))
         return outcome

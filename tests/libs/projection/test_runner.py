@@ -214,15 +214,11 @@ async def test_a_log_gone_between_the_commit_and_the_ack_ends_nothing(tmp_path, 
         await log.append_many(sample_events(10))
         await runner.wait_caught_up(60)
         projection.hold.set()
-        held = await log.append(ExecutionDispatched(execution_id="held", task_id="t", group_id="g"))
+        await log.append(ExecutionDispatched(execution_id="held", task_id="t", group_id="g"))
         assert await asyncio.to_thread(projection.entered.wait, 60)
         os.kill(server.proc.pid, signal.SIGSTOP)  # the server stops answering: the flush after the ack times out
         try:
             projection.release.set()
-            # The commit's position is published before the ack is asked for: a reader that waited for the
-            # consumer to have nothing pending (after the ack) never finds the position before it.
-            await runner.applied(held.seq)
-            assert runner.unacked == 0 and not task.done()
             # Once a CI run (of ~40) got here with neither (cause not found): the state says which step stalled.
             await await_until(
                 lambda: runner.unacked == 1 or task.done(),
