@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy, Header
 
 from ._blobs import BlobStore
 from ._config import BLOB_HEADER, TYPE_HEADER, LogConfig
@@ -20,6 +24,8 @@ from ._stored import StoredEvent, ack_position, bad_version, version_of
 from ._stream import StreamAdmin
 
 __all__ = ["Reader"]
+
+log = logging.getLogger(__name__)
 
 
 class Reader:
@@ -76,7 +82,6 @@ class Reader:
             return
         cfg = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(1, start_seq),
             ack_policy=AckPolicy.NONE,
             inactive_threshold=30.0,
             # Nothing to persist for a read that acknowledges nothing, and it still works on a full disk.
@@ -88,35 +93,63 @@ class Reader:
         else:
             cfg.filter_subjects = filters
         stream = self._config.stream
-        info = await waiting_out_election(
-            f"a reader of {stream}", self._config, lambda: self._js.add_consumer(stream, cfg, timeout=5.0)
-        )
+        next_seq = max(1, start_seq)
+        while True:
+            # A new consumer's own leader may not be elected yet right after a stream leader election: its pulls
+            # are answered 503. Waited out like any read (``_open`` raises it as no responders).
+            info, puller, msgs = await waiting_out_election(
+                f"a reader of {stream}", self._config, functools.partial(self._open, cfg, next_seq, batch)
+            )
+            try:
+                while True:
+                    if not msgs:
+                        if puller.errors:  # the consumer failed mid-read: read on from the next sequence
+                            log.warning("reading %s: %s; reading on at seq %d", stream, puller.errors[-1], next_seq)
+                            break
+                        # A filtered range may end in a gap: stop once the consumer has nothing pending.
+                        ci = await waiting_out_election(
+                            f"the position of a reader of {stream}",
+                            self._config,
+                            functools.partial(self._js.consumer_info, stream, info.name, timeout=5.0),
+                        )
+                        if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
+                            return
+                    else:
+                        keep = [m for m in msgs if m.metadata.sequence.stream <= last]
+                        if keep:
+                            next_seq = keep[-1].metadata.sequence.stream + 1
+                            yield keep
+                        if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
+                            return
+                    msgs = await puller.next_batch(timeout=0.5)
+            finally:
+                await self._close(info.name, puller)
+
+    async def _open(self, cfg: ConsumerConfig, seq: int, batch: int) -> tuple[ConsumerInfo, PullBatcher, list[Msg]]:
+        """An ephemeral consumer from ``seq``, its puller and its first batch. A first pull answered 503 (the
+        consumer's leader not yet elected) raises no responders, for the caller to wait out."""
+        cfg.opt_start_seq = seq
+        info = await self._js.add_consumer(self._config.stream, cfg, timeout=5.0)
         puller = self.puller(info.name, batch=batch)
         await puller.start()
         try:
-            while True:
-                msgs = await puller.next_batch(timeout=0.5)
-                if not msgs:
-                    if puller.errors:
-                        raise EventLogError(f"reading {self._config.stream}: {puller.errors[-1]}")
-                    # A filtered range may end in a gap: stop once the consumer has nothing pending.
-                    ci = await waiting_out_election(
-                        f"the position of a reader of {stream}",
-                        self._config,
-                        lambda: self._js.consumer_info(stream, info.name, timeout=5.0),
-                    )
-                    if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
-                        return
-                    continue
-                keep = [m for m in msgs if m.metadata.sequence.stream <= last]
-                if keep:
-                    yield keep
-                if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
-                    return
-        finally:
-            await puller.stop()
-            with contextlib.suppress(Exception):
-                await self._js.delete_consumer(self._config.stream, info.name)
+            msgs = await puller.next_batch(timeout=0.5)
+        except BaseException:
+            await self._close(info.name, puller)
+            raise
+        if not msgs and puller.errors:
+            await self._close(info.name, puller)
+            if puller.errors[-1].startswith("503"):
+                raise nats.errors.NoRespondersError()
+            raise EventLogError(f"reading {self._config.stream}: {puller.errors[-1]}")
+        return info, puller, msgs
+
+    async def _close(self, consumer: str, puller: PullBatcher) -> None:
+        await puller.stop()
+        # Bounded: while the server is away a delete would wait out nats-py's 10 s; the consumer's inactivity
+        # limit removes it anyway.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._js.delete_consumer(self._config.stream, consumer), 2.0)
 
     def puller(self, consumer: str, *, batch: int = 1024, expires: float = 2.0) -> PullBatcher:
         return PullBatcher(self._nc, self._config.stream, consumer, batch=batch, expires=expires)

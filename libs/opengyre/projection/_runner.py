@@ -180,6 +180,10 @@ class ProjectionRunner:
             if why is not None:
                 raise StreamMismatch(why)
             if pending == 0:
+                # The consumer has nothing pending once the batch is acked, and the runner publishes the
+                # position just after that ack: a reader keyed on ``position`` (the scheduler's state cache)
+                # must not find the one before. Woken by that publish, not a period.
+                await self._published(position, deadline - loop.time())
                 return
             left = deadline - loop.time()
             if left <= 0:
@@ -187,6 +191,20 @@ class ProjectionRunner:
             # The next commit; or, as the runner may not be folding yet (or its consumer is being re-created),
             # another look after a short while.
             await self._moved_past(position, min(left, 0.5))
+
+    async def _published(self, position: int, timeout: float) -> None:
+        """Return once this runner has published ``position`` (committed: read from the store), or at once when it
+        is not running (another process folds, or it ended: there is nothing to wait for)."""
+        async with self._moved:
+            try:
+                await asyncio.wait_for(
+                    self._moved.wait_for(lambda: self._position >= position or self._ended is not None),
+                    max(timeout, 0.0),
+                )
+            except TimeoutError:
+                raise TimeoutError(
+                    f"projection {self.projection.name} committed {position} but published only {self._position}"
+                ) from None
 
     async def _moved_past(self, position: int, timeout: float) -> None:
         """Return once a commit passes ``position``, or after ``timeout``."""

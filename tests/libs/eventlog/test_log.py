@@ -105,6 +105,26 @@ async def test_reads_cover_exact_ranges_and_aggregate_filters(event_log: EventLo
     assert decoded == events
 
 
+async def test_a_read_whose_consumer_fails_mid_way_reads_on_from_the_next_sequence(event_log: EventLog) -> None:
+    """A range read's ephemeral consumer can fail between two batches (deleted, or its leader not yet elected
+    after a stream leader election answers pulls 503): the read goes on from the sequence after the last one it
+    yielded, on a new consumer, instead of failing the reader. Every event once, in order."""
+    await event_log.append_many([_dispatched(i) for i in range(200)])
+    stream = event_log.config.stream
+    seen: list[int] = []
+    deleted: list[str] = []
+    async for msgs in event_log.read_batches(1, batch=8):
+        seen.extend(m.metadata.sequence.stream for m in msgs)
+        # Twice (the read recovers more than once); the batches it already pulled are read out first.
+        live = [c.name for c in await event_log.js.consumers_info(stream)]
+        if len(deleted) < 2 and live:
+            await event_log.js.delete_consumer(stream, live[0])
+            deleted.append(live[0])
+    assert seen == list(range(1, 201))
+    assert len(set(deleted)) == 2
+    assert await event_log.js.consumers_info(stream) == []  # the read's consumers removed
+
+
 @pytest.mark.timeout(30)  # fails fast: no reconnect loop
 async def test_no_server_fails_fast_with_a_clear_message() -> None:
     port = free_port()  # nothing is started on it: only "nobody listens here" is needed

@@ -66,3 +66,50 @@ async def _until_end(runner: ProjectionRunner, stop: asyncio.Event) -> list[int]
         seen.append(p)
         stop.set()  # the first position is the current one; stopping then must end the iteration
     return seen
+
+
+class _HeldPublish(ProjectionRunner):
+    """A runner whose publish after an ack waits for ``release``, and that says when a caught-up look found
+    nothing pending: the window between the ack and the publish, held open."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.release = asyncio.Event()
+        self.looked_empty = asyncio.Event()
+        self.hold_at = 0  # publishes of this position or beyond wait (earlier batches pass)
+
+    async def _publish(self, position: int) -> None:
+        if position >= self.hold_at:
+            await self.release.wait()
+        await super()._publish(position)
+
+    async def _progress(self):  # type: ignore[no-untyped-def]
+        got = await super()._progress()
+        if got[3] == 0:
+            self.looked_empty.set()
+        return got
+
+
+async def test_caught_up_means_the_position_is_published_too(event_log: EventLog, any_engine: Engine) -> None:
+    """``wait_caught_up`` returns once the consumer has nothing pending; the runner publishes its position
+    just after the ack, so a reader keyed on the position (the scheduler's state cache) could find the one
+    before and serve a state older than what was folded. It must return only once the position is out."""
+    metadata.create_all(any_engine)
+    runner = _HeldPublish(CountingProjection(), event_log, any_engine)
+    acks = await event_log.append_many(sample_events(3))
+    runner.hold_at = acks[-1].seq
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        waiter = asyncio.create_task(runner.wait_caught_up())
+        await runner.looked_empty.wait()
+        # The look that found nothing pending has returned into ``wait_caught_up``: on the old code the waiter
+        # finished in that same step, with the position not yet published.
+        assert not waiter.done() or runner.position >= acks[-1].seq, "caught up before the position was published"
+        runner.release.set()
+        await waiter
+        assert runner.position >= acks[-1].seq
+    finally:
+        runner.release.set()
+        stop.set()
+        await task
