@@ -143,6 +143,7 @@ class Settings:
                 max_bytes=_env_number(env, "OPENGYRE_LOG_MAX_BYTES", int, -1),
                 payload_max_bytes=_env_number(env, "OPENGYRE_PAYLOAD_MAX_BYTES", int, -1),
                 payload_max_age_s=_env_number(env, "OPENGYRE_PAYLOAD_MAX_AGE_S", float, 0.0),
+                compression=env.get("OPENGYRE_LOG_COMPRESSION", "").strip() or "s2",
                 # On a cluster the log is replicated 3 times (NATS's recommendation; 5 with OPENGYRE_LOG_REPLICAS)
                 replicas=_env_number(env, "OPENGYRE_LOG_REPLICAS", int, 3 if nats_cluster else 1),
             )

@@ -14,6 +14,7 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 TYPE_HEADER = "Og-Type"
 VERSION_HEADER = "Og-Version"
 BLOB_HEADER = "Og-Blob"
+COMPRESSIONS = ("s2", "none")  # JetStream's StoreCompression values
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class LogConfig:
     # How long appends and reads wait out a server or stream leader that is away (0: 10 s on one replica, 30 s on
     # several: a leader election); then an append fails (NoQuorum on a replicated stream).
     retry_deadline_s: float = 0.0
+    # How the event and payload streams' file blocks are stored: "s2" (JetStream's Snappy-family block
+    # compression, nats-server >= 2.10; applied to a block once it is sealed) or "none". S2 stores a model call's
+    # two messages in ~0.46x the bytes (bench/stream_compression_bench.py); what clients see is unchanged.
+    compression: str = "s2"
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.stream):
@@ -53,6 +58,8 @@ class LogConfig:
             raise ValueError(f"payload_max_age_s must be >= 0 seconds (0: no limit), not {self.payload_max_age_s}")
         if not self.retry_deadline_s >= 0:
             raise ValueError(f"retry_deadline_s must be >= 0 seconds (0: the default), not {self.retry_deadline_s}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {self.compression!r}")
         if not _NAME.match(self.blob_bucket):
             raise ValueError(f"blob bucket {self.blob_bucket!r} must match {_NAME.pattern}")
         if not _PREFIX.match(self.prefix):

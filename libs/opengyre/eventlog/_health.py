@@ -38,6 +38,7 @@ class StreamUsage(NamedTuple):
     bytes: int
     messages: int
     max_bytes: int
+    compression: str = "none"  # how its blocks are stored on disk (the bytes counted here are uncompressed)
 
     @property
     def full(self) -> bool:
@@ -45,10 +46,11 @@ class StreamUsage(NamedTuple):
         return self.max_bytes > 0 and self.max_bytes - self.bytes < FULL_MARGIN_BYTES
 
     def describe(self) -> str:
+        stored = f", blocks stored {self.compression}-compressed" if self.compression != "none" else ""
         if self.max_bytes <= 0:
-            return f"{_mib(self.bytes)} in {self.messages} events, no byte limit"
+            return f"{_mib(self.bytes)} in {self.messages} events, no byte limit{stored}"
         pct = 100.0 * self.bytes / self.max_bytes
-        return f"{_mib(self.bytes)} of {_mib(self.max_bytes)} ({pct:.0f}%) in {self.messages} events"
+        return f"{_mib(self.bytes)} of {_mib(self.max_bytes)} ({pct:.0f}%) in {self.messages} events{stored}"
 
 
 def _mib(n: int) -> str:

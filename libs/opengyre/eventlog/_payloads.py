@@ -24,12 +24,13 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, Header, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, Header, StorageType, StoreCompression, StreamConfig
 from nats.js.errors import NotFoundError
 
 from ._acks import AckError, AckPipeline, PubAck
 from ._config import LogConfig
 from ._errors import WRONG_LAST_SEQUENCE_CODES, EventLogError
+from ._stream import compression_of
 
 __all__ = ["PARTS_HEADER", "PayloadFetch", "PayloadStore", "PayloadStoreError"]
 
@@ -83,6 +84,7 @@ class PayloadStore:
             max_bytes=cfg.payload_max_bytes,
             max_age=cfg.payload_max_age_s,
             max_msg_size=-1,
+            compression=StoreCompression(cfg.compression),
         )
 
     async def ensure(self, *, configure: bool = False) -> None:
@@ -97,18 +99,11 @@ class PayloadStore:
             await self._js.add_stream(want)
         else:
             have = info.config
-            if configure and (have.max_bytes, have.max_age or 0.0, have.discard, have.allow_direct) != (
-                want.max_bytes,
-                want.max_age,
-                want.discard,
-                want.allow_direct,
-            ):
-                have.max_bytes, have.max_age, have.discard, have.allow_direct = (
-                    want.max_bytes,
-                    want.max_age,
-                    want.discard,
-                    want.allow_direct,
-                )
+            fields = ("max_bytes", "max_age", "discard", "allow_direct", "compression")
+            now = (have.max_bytes, have.max_age or 0.0, have.discard, have.allow_direct, compression_of(have))
+            if configure and now != tuple(getattr(want, f) for f in fields):
+                for f in fields:
+                    setattr(have, f, getattr(want, f))
                 await self._js.update_stream(have)
         self._ready = True
 

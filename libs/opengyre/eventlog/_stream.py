@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
+from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig, StreamInfo
 from nats.js.errors import NotFoundError
 
 from ._config import LogConfig
 from ._health import StreamUsage
 from ._retrying import waiting_out_election
 
-__all__ = ["StreamAdmin"]
+__all__ = ["StreamAdmin", "compression_of"]
+
+
+def compression_of(config: StreamConfig) -> StoreCompression:
+    """A stream's compression as the server reports it (absent: none, as a stream made before 2.10 has)."""
+    return StoreCompression(config.compression or StoreCompression.NONE)
 
 
 class StreamAdmin:
@@ -38,14 +43,16 @@ class StreamAdmin:
                     max_msg_size=-1,
                     max_bytes=cfg.max_bytes,
                     discard=DiscardPolicy.NEW,
+                    compression=StoreCompression(cfg.compression),
                 )
             )
             return
         have = info.config
-        want = (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas)
-        if configure and (have.max_bytes, have.discard, have.num_replicas) != want:
-            # A clustered server moves the stream to the new replica count in place.
-            have.max_bytes, have.discard, have.num_replicas = cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas
+        want = (cfg.max_bytes, DiscardPolicy.NEW, cfg.replicas, StoreCompression(cfg.compression))
+        if configure and (have.max_bytes, have.discard, have.num_replicas, compression_of(have)) != want:
+            # A clustered server moves the stream to the new replica count in place; a new compression applies
+            # to blocks sealed from then on.
+            have.max_bytes, have.discard, have.num_replicas, have.compression = want
             await self._js.update_stream(have)
 
     async def _info(self) -> StreamInfo:
@@ -62,7 +69,11 @@ class StreamAdmin:
         """The event stream's bytes and messages against its byte limit (``StreamUsage.full``: appends refused)."""
         info = await self._info()
         return StreamUsage(
-            self._config.stream, int(info.state.bytes), int(info.state.messages), int(info.config.max_bytes or -1)
+            self._config.stream,
+            int(info.state.bytes),
+            int(info.state.messages),
+            int(info.config.max_bytes or -1),
+            compression_of(info.config).value,
         )
 
     async def first_seq(self) -> int:

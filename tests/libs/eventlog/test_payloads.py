@@ -157,3 +157,37 @@ async def test_a_client_that_may_not_create_the_stream_says_it_is_missing(
 ) -> None:
     with pytest.raises(LogUnavailable, match=f"no event stream '{log_config.stream}'.*opengyre up"):
         await EventLog.connect(nats_server.url, log_config, create=False)
+
+
+async def test_the_streams_are_stored_compressed_as_their_owner_configures_them(
+    nats_server: EmbeddedNats, log_config: LogConfig
+) -> None:
+    """S2 block compression by default on both streams; the owner (`up`) brings an existing stream to its
+    setting, and a client with another one changes nothing (one owner of the stream's configuration)."""
+    names = {"stream": log_config.stream, "prefix": log_config.prefix, "blob_bucket": log_config.blob_bucket}
+    plain = LogConfig(**names, compression="none")
+    first = await EventLog.connect(nats_server.url, plain, configure=True)
+    await first.payloads.ensure()
+
+    async def compressions() -> tuple[str | None, str | None]:
+        ev = await first.js.stream_info(plain.stream)
+        pl = await first.js.stream_info(plain.payloads)
+        return ev.config.compression, pl.config.compression
+
+    try:
+        assert await compressions() == ("none", "none")
+        client = await EventLog.connect(nats_server.url, LogConfig(**names))  # the default, s2: not the owner
+        await client.payloads.ensure()
+        await client.close()
+        assert await compressions() == ("none", "none")
+        owner = await EventLog.connect(nats_server.url, LogConfig(**names), configure=True)
+        await owner.close()
+        assert await compressions() == ("s2", "s2")
+    finally:
+        await first.js.delete_stream(plain.payloads)
+        await first.close()
+
+
+def test_an_unknown_compression_is_refused() -> None:
+    with pytest.raises(ValueError, match="compression must be one of s2, none, not 'zstd'"):
+        LogConfig(compression="zstd")
