@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from opengyre.events import ExecutionFinished
-from opengyre.grading import HarborVerifier
+from opengyre.grading import evaluator_from_env
 from opengyre.runtime import Service, ServiceContext
 from opengyre.trajectory import TrajectoryError
 from opengyre.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
@@ -39,6 +39,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self._ctx = ctx
         self._online = online  # the process's online trainer, when it trains
         self._store = TrainerStore(ctx.engine)
+        # The sandboxed grader, and the LLM judge after it when the environment names one (a half-set judge
+        # fails the start: OPENGYRE_JUDGE_URL and OPENGYRE_JUDGE_MODEL go together).
+        self._evaluator = evaluator_from_env()
 
     async def GetStatus(self, request: common_pb2.StatusRequest, context: Ctx) -> common_pb2.ServiceStatus:  # noqa: N802
         return await self._ctx.status(self._service)
@@ -232,7 +235,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         fin: ExecutionFinished = await asyncio.to_thread(
             score_execution,
             request.execution_id,
-            HarborVerifier(),
+            self._evaluator,
             task_dir,
             workspace,
             timed_out=request.timed_out,

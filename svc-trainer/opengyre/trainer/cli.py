@@ -228,7 +228,7 @@ def score_command(
     dry_run: Annotated[bool, typer.Option(help="Print the outcome without recording it")] = False,
 ) -> None:
     """Grade a finished execution on its preserved workspace and record ExecutionFinished."""
-    from opengyre.grading import HarborVerifier
+    from opengyre.grading import evaluator_from_env
 
     from ._failures import REPORTABLE_CLASSES
     from ._scoring import score_execution
@@ -237,7 +237,7 @@ def score_command(
         raise typer.BadParameter(f"--failure must be one of {', '.join(sorted(REPORTABLE_CLASSES))}")
     fin = score_execution(
         execution_id,
-        HarborVerifier(),
+        evaluator_from_env(),
         task,
         workspace,
         timed_out=timed_out,
