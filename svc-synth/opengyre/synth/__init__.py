@@ -3,10 +3,11 @@
 from ._blueprint import Blueprint, Boundary, Challenge, fill_contract, load_blueprint, materials
 from ._build import BuiltTask, build_task, skill_digests, task_skill_files, write_task
 from ._catalogue import get_pattern, pattern_ids
+from ._diagnose_llm import diagnose_llm, diagnosis_request
 from ._gates import GATES, GateLimits, Verdict, validate_task
 from ._grade import GRADER_SOURCE, TEST_SH
 from ._harbor import HarborTask, export_task, import_task
-from ._hardening import Diagnosis, HardeningProjection, diagnose, propose
+from ._hardening import Diagnosis, HardeningProjection, coverage, diagnose, propose
 from ._llm import LlmConfig, LlmDraftError, draft_blueprint_llm
 from ._pattern import DIMENSIONS, Dimension, Material, Pattern, Precondition, RubricItem
 from ._pipeline import Synthesizer, TaskBuild
@@ -60,8 +61,11 @@ __all__ = [
     "Verdict",
     "build_task",
     "check_choice",
+    "coverage",
     "derive_capabilities",
     "diagnose",
+    "diagnose_llm",
+    "diagnosis_request",
     "draft_blueprint",
     "draft_blueprint_llm",
     "draw_patterns",

@@ -8,7 +8,8 @@ The fold is pure (values only from events and rows), so a rebuild gives the same
 
 ``diagnose`` compares the trajectories with the blueprint: a challenge whose evidence the solvers read only in part
 while scoring high was bypassed (evidence read from one file where the pattern split it across N); ``propose``
-raises that pattern instance's knob or, at its top level, adds a compatible pattern of the same dimension.
+raises that pattern instance's knob or, at its top level, adds a compatible pattern of the same dimension. With a
+synthesis model configured, the model diagnoses instead (``_diagnose_llm``), this heuristic its fallback.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ._blueprint import Blueprint, Challenge, fill_contract, materials
 from ._catalogue import get_pattern, pattern_ids
 from ._synth import procedural_goal
 
-__all__ = ["Diagnosis", "HardeningProjection", "diagnose", "propose"]
+__all__ = ["Diagnosis", "HardeningProjection", "coverage", "diagnose", "propose"]
 
 
 class ExecutionRow(Base):
@@ -187,11 +188,16 @@ def _touched(actions: Iterable[str], evidence: Sequence[str]) -> float:
     return hits / len(evidence)
 
 
+def coverage(evidence: Sequence[str], trajectories: Sequence[Sequence[str]]) -> float:
+    """The mean share of ``evidence`` files the trajectories' actions named."""
+    return sum(_touched(t, evidence) for t in trajectories) / max(len(trajectories), 1)
+
+
 def diagnose(bp: Blueprint, trajectories: Sequence[Sequence[str]]) -> Diagnosis:
     """The pattern instance the solvers bypassed: the one whose evidence they read least."""
     best: Diagnosis | None = None
     for c, m in materials(bp):
-        cov = sum(_touched(t, m.evidence) for t in trajectories) / max(len(trajectories), 1)
+        cov = coverage(m.evidence, trajectories)
         if best is None or cov < best.coverage:
             why = (
                 f"{c.cid} ({c.pattern_id}) scored while the solvers read {cov:.0%} of its {len(m.evidence)} "

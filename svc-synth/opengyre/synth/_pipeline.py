@@ -27,6 +27,7 @@ from opengyre.events import Event, PatternUse, SkillIngested, TaskHardened, Task
 
 from ._blueprint import Blueprint, load_blueprint
 from ._build import build_task, skill_digests, task_skill_files, write_task
+from ._diagnose_llm import diagnose_llm
 from ._gates import GateLimits, Verdict, validate_task
 from ._hardening import ExecutionRow, HardeningProjection, WindowRow, diagnose, propose
 from ._llm import LlmConfig, draft_blueprint_llm
@@ -334,6 +335,8 @@ class Synthesizer:
         # digests its blueprint names when it is built).
         skill = task_skill_files(self.task_dir(task_id, version), bp) if bp.skill_files else None
         d = diagnose(bp, trajs)
+        if self.llm is not None:  # the diagnosis agent; the heuristic's answer stands where the model gives none
+            d = diagnose_llm(self.llm, bp, trajs, d)
         for _ in range(3):  # a proposal that fails the gates is raised once more
             nxt, reason = propose(bp, d)
             build = self.build_and_validate(nxt, skill)
