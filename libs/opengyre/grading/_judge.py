@@ -100,7 +100,7 @@ class JudgeConfig:
     timeout_s: float = 120.0
     attempts: int = 2  # replies asked for before a reply that does not parse fails the judging
     max_file_bytes: int = 16 * 1024  # of the judged file shown
-    max_tokens: int = 256
+    max_tokens: int = 512  # a verdict with the longest rationale, at a byte a token
     temperature: float = 0.0
 
     def __post_init__(self) -> None:

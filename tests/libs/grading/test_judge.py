@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opengyre.asgi import HttpServer
+from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
 from opengyre.events import ModelCallRecorded
 from opengyre.grading import (
@@ -204,3 +205,24 @@ def test_the_judge_is_configured_by_both_of_its_variables_or_none() -> None:
         evaluator_from_env({"OPENGYRE_JUDGE_URL": "http://127.0.0.1:1/v1"})
     with pytest.raises(ValueError, match="http"):
         JudgeConfig(base_url="127.0.0.1:1", model="m")
+
+
+async def test_a_real_engine_behind_the_gateway_always_answers_a_verdict(event_log: EventLog, tmp_path: Path) -> None:
+    """The built-in engine enforces the verdict's schema while decoding: even the untrained tiny model answers
+    one of the five scores with a rationale, so a judge's answer fails only if its endpoint does."""
+    async with EngineServer(EngineConfig(port=0)) as srv:
+        gw = Gateway(GatewayConfig(), event_log=event_log)
+        await gw.start()
+        try:
+            await gw.pool.add("cpu", srv.url)
+            real = Judge(ScriptedEngine([]), gw, event_log, "judge-of-e2")
+            for i in range(3):
+                ev = await _evaluate(
+                    real.verifier(attempts=1, temperature=1.0), make_task(tmp_path / f"{i}"), make_ws(tmp_path / f"{i}")
+                )
+                assert ev.failure_class is None and ev.diagnostics is not None, ev.detail
+                assert ev.diagnostics["item.why"] in (0, 0.25, 0.5, 0.75, 1)
+                assert ev.score == (1.0 + ev.diagnostics["item.why"]) / 2
+            assert len(await real.recorded()) == 3
+        finally:
+            await gw.stop()
