@@ -13,6 +13,12 @@ the LM head, the shapes of one decode step) with transformers' kernel (``nn.Line
 step, beside each side's whole decode step: how much of a step is those GEMMs.
 
     .venv/bin/python svc-proxy/bench/engine_vs_hf.py [--model smollm2-135m] [--batches 1,8,32] [--new 32]
+        [--projections onednn|onednn-bf16] [--mismatch 16]
+
+``--mismatch N`` then samples N requests at temperature 1 from the engine and scores the sampled tokens with the
+trainer's own code (``opengyre.models.token_logprobs``, float32, the same weights): per token the log ratio
+``r = logp_trainer - logp_engine``, reported as verl and slime do — the KL estimate ``k3 = E[exp(r) - 1 - r]``,
+mean and max ``|r|``, and the spread of the importance ratio ``exp(r)`` (std, and its 1st/99th percentiles).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from opengyre.chat import ChatCodec
 from opengyre.engine import CpuEngine, EngineConfig, Projections, SamplingParams
-from opengyre.models import resolve_model
+from opengyre.models import resolve_model, token_logprobs
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -147,6 +153,34 @@ def floor_line(name: str, step_cpu: float, gemm: Callable[[], float]) -> str:
     return f"  {name:<14} decode step {step_cpu * 1e3:7.1f} ms CPU, projections alone {g * 1e3:7.1f} ms ({g / step_cpu:.0%})"
 
 
+async def mismatch(engine: CpuEngine, trainer_model: torch.nn.Module, batch: list[list[int]], new: int) -> str:
+    """The engine's behaviour logprobs of its own samples against the trainer's for the same tokens."""
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
+
+    async def one(ids: list[int]) -> tuple[list[int], list[float]]:
+        last_ids: list[int] = []
+        last_lps: list[float] = []
+        async for g in engine.generate(ids, params):
+            last_ids, last_lps = list(g.output_ids), list(g.output_logprobs)
+        return last_ids, last_lps
+
+    rs: list[torch.Tensor] = []
+    for prompt, (out, lps) in zip(batch, await asyncio.gather(*(one(p) for p in batch)), strict=True):
+        seq = torch.tensor([prompt + out])
+        with torch.inference_mode():
+            lp = token_logprobs(trainer_model, seq)[0, len(prompt) - 1 :]  # type: ignore[arg-type]
+        rs.append(lp - torch.tensor(lps, dtype=torch.float32))
+    r = torch.cat(rs).double()
+    ratio = r.exp()
+    k3 = (ratio - 1 - r).mean().item()
+    q = torch.quantile(ratio, torch.tensor([0.01, 0.99], dtype=torch.float64))
+    return (
+        f"train/rollout mismatch ({type(engine.runner.fast).__name__}, {len(r)} sampled tokens, temperature 1): "
+        f"KL k3 {k3:.3e}, mean |r| {r.abs().mean().item():.3e}, max |r| {r.abs().max().item():.3e}, "
+        f"IS ratio std {ratio.std().item():.3e}, p1-p99 {q[0].item():.4f}-{q[1].item():.4f}"
+    )
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -154,10 +188,13 @@ async def main() -> None:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--projections", default="onednn", help="the engine's GEMM kernel (EngineConfig.projections)")
+    ap.add_argument("--mismatch", type=int, default=0, help="requests sampled to measure the train/rollout gap")
+    ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     source = resolve_model(args.model)
-    engine = CpuEngine(EngineConfig(preset=args.model, prefix_cache_tokens=0))
+    engine = CpuEngine(EngineConfig(preset=args.model, prefix_cache_tokens=0, projections=args.projections))
     engine.start()
     hf, _ = source.load()  # the same weights, a model of its own
     hf.eval()  # type: ignore[no-untyped-call]
@@ -174,7 +211,7 @@ async def main() -> None:
     )
     floors: list[str] = []
     try:
-        for b in (int(x) for x in args.batches.split(",")):
+        for b in [] if args.skip_throughput else (int(x) for x in args.batches.split(",")):
             batch = prompts(codec, b)
             await run_engine(engine, batch, 2)  # warm-up (allocations, first calls)
             run_hf(hf, batch, 2, pad)
@@ -200,6 +237,8 @@ async def main() -> None:
             floors.append(
                 floor_line("transformers", b / hdc, partial(projections_cpu_s, Projections(hf), layers, hidden, b))
             )
+        if args.mismatch:
+            print(await mismatch(engine, hf, prompts(codec, args.mismatch), args.new))
     finally:
         engine.stop()
     print("where a decode step's CPU time goes (projections: every linear layer + the LM head at that batch):")

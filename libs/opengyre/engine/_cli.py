@@ -33,6 +33,13 @@ def engine_command(
     prefill_chunk: Annotated[int, typer.Option(help="prompt tokens prefilled per step")] = 1024,
     context_length: Annotated[int | None, typer.Option()] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    projections: Annotated[
+        str,
+        typer.Option(
+            help="generation's GEMM kernel: onednn (float32), onednn-bf16 (the layers in bfloat16, as GPU RL "
+            "engines serve; its mismatch with the trainer in docs/benchmarks.md) or exact (the trainer's)"
+        ),
+    ] = "onednn",
     incremental_streaming_output: Annotated[bool, typer.Option(help="stream deltas, not cumulative chunks")] = False,
     keep_alive: Annotated[
         float | None,
@@ -63,6 +70,7 @@ def engine_command(
         prefill_chunk=prefill_chunk,
         context_length=context_length,
         threads=threads,
+        projections=projections,
         incremental_streaming_output=incremental_streaming_output,
         # The other HTTP limits: OPENGYRE_HTTP_* (docs/security.md).
         http=None if keep_alive is None else replace(HttpLimits.from_env(os.environ), keep_alive_s=keep_alive),

@@ -45,6 +45,9 @@ class EngineConfig:
     context_length: int | None = None  # default: the model's max positions
     prefix_cache_tokens: int = 262144
     threads: int | None = None  # torch intra-op threads (process-wide)
+    # Generation's GEMM kernel (``_runner.PROJECTIONS``): onednn (float32), onednn-bf16 (the decoder layers in
+    # bfloat16, as GPU RL engines serve), exact (the trainer's own). Prompt logprobs always take exact.
+    projections: str = "onednn"
     incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
     request_log_size: int = 100_000
     # What one HTTP client can make the server hold (keep-alive included; SGLang's uvicorn keeps 5 s). None: the
@@ -105,7 +108,7 @@ class CpuEngine:
         self.model_path = str(config.checkpoint or source.checkpoint or f"preset:{config.preset}")
         self.tokenizer_path = str(source.tokenizer_dir)
         self.codec = ChatCodec(load_tokenizer(self.tokenizer_path))
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, projections=config.projections)
         cfg: LlamaConfig = model.config
         eos = {self.codec.eos_id}
         if isinstance(cfg.eos_token_id, int):

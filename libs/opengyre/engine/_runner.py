@@ -11,7 +11,9 @@ Two kernels for the projections (registry ``PROJECTIONS``):
 - ``onednn``: the same float32 weights laid out once for oneDNN's GEMM (QKV and gate/up fused). On CPUs where
   MKL's sgemm runs a generic path (AMD: half oneDNN's speed on the development machine's EPYC) generation is
   bound by these GEMMs, so this is where its time goes. Results differ from ``exact`` by float summation
-  order only (~1e-6 per projection), like the KV-cached path already does.
+  order only (~1e-6 per projection), like the KV-cached path already does;
+- ``onednn-bf16``: the decoder layers' projections in bfloat16 (``Bf16Projections``), the rollout precision of
+  GPU RL engines; opt-in (``EngineConfig.projections``), its mismatch with the trainer measured.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F  # noqa: N812 (the conventional name)
 from transformers import LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-__all__ = ["PROJECTIONS", "KVCache", "ModelRunner", "OneDnnProjections", "Projections"]
+__all__ = ["PROJECTIONS", "Bf16Projections", "KVCache", "ModelRunner", "OneDnnProjections", "Projections"]
 
 
 @dataclass
@@ -200,22 +202,54 @@ class OneDnnProjections(Projections):
         return self._down[i](self.layers[i].mlp.act_fn(gate.contiguous()) * up)
 
 
-def _packed(*mods: torch.nn.Linear) -> Linear:
-    """One oneDNN GEMM computing ``mods`` side by side (their outputs concatenated)."""
+class Bf16Projections(OneDnnProjections):
+    """The decoder layers' projections in bfloat16 on oneDNN (AVX-512 BF16 / AMX where the CPU has them), the
+    precision RL rollout engines serve in (SGLang and vLLM serve bf16 while trainers compute in their own): the
+    float32 activations are rounded to bf16 for each GEMM, which accumulates in float32, and its output comes back
+    as float32 into the float32 residual stream, norms and attention. The LM head stays float32: a bf16 logit of
+    ~20 is off by up to 0.06, a logprob error nothing downstream should absorb. What this changes against the
+    trainer is measured, not assumed (``svc-proxy/bench/engine_vs_hf.py --projections onednn-bf16``: per-token KL
+    and the importance ratio's spread), and the behaviour logprobs recorded are this engine's, as with any
+    engine, for the trainer's importance sampling to correct."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        Projections.__init__(self, model)
+        bf = torch.bfloat16
+        self._qkv = [
+            _packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj, dtype=bf) for ly in self.layers
+        ]
+        self._o = [_packed(ly.self_attn.o_proj, dtype=bf) for ly in self.layers]
+        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj, dtype=bf) for ly in self.layers]
+        self._down = [_packed(ly.mlp.down_proj, dtype=bf) for ly in self.layers]
+        self.head = _packed(model.lm_head)
+        attn = self.layers[0].self_attn
+        self._splits = (int(attn.q_proj.out_features), int(attn.k_proj.out_features))
+
+
+def _packed(*mods: torch.nn.Linear, dtype: torch.dtype = torch.float32) -> Linear:
+    """One oneDNN GEMM computing ``mods`` side by side (their outputs concatenated); with ``dtype`` bfloat16 on
+    weights and inputs rounded to it, the output back in float32."""
     biases = [m.bias for m in mods if m.bias is not None]
     if biases and len(biases) < len(mods):  # some with a bias, some without: no fused form
         return lambda x: torch.cat([m(x) for m in mods], dim=-1)
     with torch.inference_mode():
-        w = torch.cat([m.weight.detach() for m in mods]).contiguous()
-        b = torch.cat([x.detach() for x in biases]) if biases else None
+        w = torch.cat([m.weight.detach() for m in mods]).to(dtype).contiguous()
+        b = torch.cat([x.detach() for x in biases]).to(dtype) if biases else None
         pw = torch.ops.mkldnn._reorder_linear_weight(w)
     pointwise = torch.ops.mkldnn._linear_pointwise.default
+    if dtype == torch.float32:
 
-    def f(x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = pointwise(x, pw, b, "none", [], "")
+        def f(x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = pointwise(x, pw, b, "none", [], "")
+            return out
+
+        return f
+
+    def low(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = pointwise(x.to(dtype), pw, b, "none", [], "").float()
         return out
 
-    return f
+    return low
 
 
 def _onednn(model: LlamaForCausalLM) -> Projections:
@@ -224,8 +258,20 @@ def _onednn(model: LlamaForCausalLM) -> Projections:
     return OneDnnProjections(model)
 
 
+def _onednn_bf16(model: LlamaForCausalLM) -> Projections:
+    if not torch._C._has_mkldnn or next(model.parameters()).dtype != torch.float32:
+        raise ValueError("the onednn-bf16 projections need oneDNN and a float32 model")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("this CPU has no bfloat16 GEMM in oneDNN (AVX-512 BF16 or AMX): use onednn")
+    return Bf16Projections(model)
+
+
 # How the projections of generation (prefill without prompt logprobs, decode) are computed, by name.
-PROJECTIONS: dict[str, Callable[[LlamaForCausalLM], Projections]] = {"exact": Projections, "onednn": _onednn}
+PROJECTIONS: dict[str, Callable[[LlamaForCausalLM], Projections]] = {
+    "exact": Projections,
+    "onednn": _onednn,
+    "onednn-bf16": _onednn_bf16,
+}
 
 
 class ModelRunner:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from opengyre.engine._prefix_cache import PrefixCache
@@ -115,3 +116,28 @@ def test_prompts_prefilled_together_equal_prompts_prefilled_alone() -> None:
     for j, (first, nxt) in enumerate(alone):
         assert torch.allclose(together[j], first, atol=1e-5), j
         assert torch.allclose(after[j], nxt, atol=1e-5), j
+
+
+def test_the_bf16_projections_run_in_bfloat16_and_stay_close_to_the_trainers_logprobs() -> None:
+    """``onednn-bf16`` really computes the layers' GEMMs in bfloat16 (its logprobs differ from the float32 path by
+    more than summation order does), and stays near the trainer's: what the benchmark's KL measures on SmolLM2."""
+    model = build_model(model_config("tiny"), seed=6)
+    ids = _ids(80, 6)
+    ref = token_logprobs(model, torch.tensor([ids]))[0]
+    gaps = {}
+    for kernel in ("onednn", "onednn-bf16"):
+        runner = ModelRunner(model, projections=kernel)
+        cache = runner.new_cache()
+        logits = [
+            runner.prefill(cache, ids[:40]).unsqueeze(0)
+        ]  # the fast kernel: prefill without prompt logprobs, then decode
+        logits += [runner.decode([cache], [t]) for t in ids[40:]]
+        lp = torch.log_softmax(torch.cat(logits)[:-1], -1).gather(-1, torch.tensor(ids[40:]).unsqueeze(-1)).squeeze(-1)
+        gaps[kernel] = (lp - ref[39:]).abs().max().item()
+    assert gaps["onednn"] < 1e-4, gaps
+    assert 100 * gaps["onednn"] < gaps["onednn-bf16"] < 0.5, gaps  # bf16 rounding, far past summation order
+
+
+def test_an_unknown_projection_kernel_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown projection kernel 'fp8'"):
+        ModelRunner(build_model(model_config("tiny"), seed=1), projections="fp8")
