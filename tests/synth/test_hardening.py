@@ -24,15 +24,12 @@ from opengyre.events import (
 from opengyre.projection import ProjectionRunner, dump_rows, replay_into
 from opengyre.store import create_db_engine, migrate
 from opengyre.synth import (
-    Blueprint,
-    Challenge,
     GateLimits,
     HardeningProjection,
     ShortcutSolver,
     Synthesizer,
     TasksProjection,
     diagnose,
-    fill_contract,
     get_pattern,
     ingest,
     materials,
@@ -43,29 +40,13 @@ from opengyre.synth import (
 )
 from tests._polling import await_until
 
+from ._blueprints import sparse_and_distributed
+
 EXAMPLES = Path(__file__).parents[2] / "svc-synth" / "skills"
 
 
-def _bp(sources: int) -> Blueprint:
-    return fill_contract(
-        Blueprint(
-            task_id="t",
-            version=1,
-            skill_id="s",
-            skill_name="s",
-            goal="g",
-            seed=1,
-            capabilities={},
-            challenges=[
-                Challenge(cid="c0", pattern_id="sparse-signal", knobs={"distractors": 4}),
-                Challenge(cid="c1", pattern_id="distributed-evidence", knobs={"sources": sources}),
-            ],
-        )
-    )
-
-
 def test_the_diagnosis_finds_the_bypassed_instance_and_the_proposal_raises_it() -> None:
-    bp = _bp(4)
+    bp = sparse_and_distributed(4)
     (_, m0), (_, m1) = materials(bp)
     # Every trajectory read the log, but only one of the four sources.
     trajs = [[f"cat {m0.evidence[0]}", f"cat {m1.evidence[0]}"]] * 3
@@ -74,7 +55,9 @@ def test_the_diagnosis_finds_the_bypassed_instance_and_the_proposal_raises_it() 
     nxt, why = propose(bp, d)
     assert nxt.version == 2 and nxt.parent_version == 1 and nxt.challenges[1].knobs == {"sources": 6}
     assert "sources 4 -> 6" in why
-    top, why = propose(_bp(6), diagnose(_bp(6), trajs))  # at its top level: a compatible pattern joins
+    top, why = propose(
+        sparse_and_distributed(6), diagnose(sparse_and_distributed(6), trajs)
+    )  # at its top level: a compatible pattern joins
     assert len(top.challenges) == 3 and why.startswith("add c2")
 
 
@@ -221,7 +204,7 @@ async def test_the_solver_that_scored_on_v1_scores_less_on_v2(
 
 
 def test_a_version_that_adds_a_challenge_says_it_in_a_procedural_goal_and_keeps_a_written_one() -> None:
-    written = _bp(6)
+    written = sparse_and_distributed(6)
     (_, m0), (_, m1) = materials(written)
     trajs = [
         [f"cat {m0.evidence[0]}", f"cat {m1.evidence[0]}"]
