@@ -8,26 +8,24 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from opengyre.asgi import HttpServer
 from opengyre.engine import EngineConfig, EngineServer
 from opengyre.eventlog import EventLog
-from opengyre.events import ModelCallRecorded
 from opengyre.grading import (
     Evaluation,
     HarborVerifier,
     JudgeConfig,
     JudgedVerifier,
-    LLMJudge,
     evaluator_from_env,
     judge_items,
 )
 from opengyre.proxy import Gateway, GatewayConfig
 from tests.libs.harness._scripted_engine import ScriptedEngine
+
+from ._judging import Judge, judging
 
 # The programmatic half: the agent's answer.txt must say 42 (the grader writes reward 1 or 0).
 TEST_SH = """#!/bin/bash
@@ -58,40 +56,10 @@ def make_ws(root: Path, report: str | None = "First I summed the inputs...\n") -
     return ws
 
 
-@dataclass
-class Judge:
-    engine: ScriptedEngine
-    gateway: Gateway
-    log: EventLog
-    execution_id: str
-
-    def verifier(self, **config: object) -> JudgedVerifier:
-        cfg = JudgeConfig(
-            base_url=self.gateway.base_url(self.execution_id),
-            model="opengyre-tiny",
-            api_key=self.gateway.issue_key(self.execution_id),
-            **config,  # type: ignore[arg-type]
-        )
-        return JudgedVerifier(HarborVerifier(), LLMJudge(cfg))
-
-    async def recorded(self) -> list[ModelCallRecorded]:
-        await self.gateway.recorder.flush()
-        return [e async for _, e in self.log.events(ModelCallRecorded) if e.execution_id == self.execution_id]
-
-
 @pytest.fixture
 async def judge(event_log: EventLog) -> AsyncIterator[Judge]:
-    engine = ScriptedEngine([])
-    srv = HttpServer(engine.app)
-    await srv.start()
-    gw = Gateway(GatewayConfig(), event_log=event_log)
-    await gw.start()
-    await gw.pool.add("scripted", srv.url)
-    try:
-        yield Judge(engine, gw, event_log, "judge-of-e1")
-    finally:
-        await gw.stop()
-        await srv.stop()
+    async with judging(event_log) as j:
+        yield j
 
 
 async def _evaluate(verifier: JudgedVerifier, task: Path, ws: Path) -> Evaluation:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from .._kit import WORDS, Commit, git_repo
-from .._pattern import Material, Pattern, Precondition, answer_items, register, write_answer_py
+from .._pattern import Material, Pattern, Precondition, RubricItem, answer_items, register, write_answer_py
 
 _FILE = "settings.ini"
 _SUFFIXES = ("timeout", "limit", "retries", "port", "workers", "ttl", "depth")
@@ -82,29 +82,57 @@ class GitValueOrigin(Pattern):
         files = {f"{ns}/repo/{p}": data for p, data in repo.items()}
         facts = {"commit": shas[last]}
         git = f"['git', '-c', 'safe.directory=*', '-C', {ns + '/repo'!r}]"
+        why = f"why_{cid}.md"  # judged (a top-level file of the workspace: the judge reads nothing deeper)
         sol = (
-            "import subprocess\n"
-            "def _git(*a):\n"
-            f"    return subprocess.run([*{git}, *a], capture_output=True, text=True, check=True).stdout\n"
-            "def _value(sha):\n"
-            f"    for line in _git('show', sha + ':{_FILE}').splitlines():\n"
-            "        k, _, v = line.partition(' = ')\n"
-            f"        if k == {target!r}:\n            return v\n"
-            "found, before = None, None\n"
-            "for sha in _git('log', '--format=%H', '--reverse').split():\n"
-            "    v = _value(sha)\n"
-            "    if v != before:\n        found = sha\n"
-            "    before = v\n"
-        ) + write_answer_py(cid, "{'commit': found}")
+            (
+                "import subprocess\n"
+                "def _git(*a):\n"
+                f"    return subprocess.run([*{git}, *a], capture_output=True, text=True, check=True).stdout\n"
+                "def _value(sha):\n"
+                f"    for line in _git('show', sha + ':{_FILE}').splitlines():\n"
+                "        k, _, v = line.partition(' = ')\n"
+                f"        if k == {target!r}:\n            return v\n"
+                "found, before = None, None\n"
+                "for sha in _git('log', '--format=%H', '--reverse').split():\n"
+                "    v = _value(sha)\n"
+                "    if v != before:\n        found = sha\n"
+                "    before = v\n"
+            )
+            + write_answer_py(cid, "{'commit': found}")
+            + (
+                f"open({why!r}, 'w').write('Reading `{_FILE}` at every commit, oldest first (`git log --reverse`, "
+                f"`git show <commit>:{_FILE}`), `{target}` last changed to the value it holds now in ' + found + "
+                "'; every later commit leaves it as it is, so earlier commits that set the same value, and later "
+                "commit messages that name it, are not the answer.\\n')\n"
+            )
+        )
         log = ["git", "-c", "safe.directory=*", "-C", f"{ns}/repo", "log", "--oneline"]
         return Material(
             files=files,
             instruction=(
                 f"`{ns}/repo/` is a git repository. Which commit last changed `{target}` in `{_FILE}` to the value "
-                f'it holds now? Write `{{"commit": "<its full 40-character hash>"}}` to `answers/{cid}.json`.'
+                f'it holds now? Write `{{"commit": "<its full 40-character hash>"}}` to `answers/{cid}.json`, '
+                f"and explain in `{why}` how the history shows it."
             ),
             facts=facts,
-            rubric=answer_items(cid, facts),
+            rubric=[
+                *answer_items(cid, facts),
+                # The reasoning, for an LLM judge (left out of the reward where none is configured): a guessed or
+                # searched-for hash with no account of the history earns the answer's credit only.
+                RubricItem(
+                    id=f"{cid}.why",
+                    challenge=cid,
+                    weight=0.5,
+                    kind="judge",
+                    file=why,
+                    criterion=(
+                        f"names commit {facts['commit']} and explains from the repository's history why it is the "
+                        f"last commit that gave `{target}` in `{_FILE}` its current value: the setting's changes "
+                        "read in order, later commits leaving it unchanged; an account that rests on a commit "
+                        "message naming the setting, or on the first commit that set the same value, is wrong"
+                    ),
+                ),
+            ],
             solution=sol,
             given=[f"the setting {target}", f"the file {_FILE}"],
             discover=["the repository's history of the setting"],
