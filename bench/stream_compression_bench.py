@@ -1,6 +1,6 @@
 """Bytes on disk per recorded model call with the streams' S2 block compression against none (issue 24 item 9).
 
-    .venv/bin/python bench/stream_compression_bench.py                 # 28 / 200 / 750 tokens per call (~2 min)
+    .venv/bin/python bench/stream_compression_bench.py                 # 28 / 200 / 750 tokens per call (~1 min)
     .venv/bin/python bench/stream_compression_bench.py --calls 4000   # a quick look (blocks barely sealed)
 
 Each model call is what the proxy appends, built by the same code: a ``ModelCallRecorded`` split by
@@ -8,8 +8,8 @@ Each model call is what the proxy appends, built by the same code: a ``ModelCall
 ``PayloadRef`` with its SHA-256), the event appended through ``EventLog.append_many`` (its JSON body and
 headers) and the payload through ``EventLog.payloads.put_many`` (one message under the execution and digest).
 The calls are drawn, not recorded from a model: executions of 16 calls, ids fresh per execution and call (uuid4
-hex, as the gateway's), token ids Zipf over SmolLM2's 49,152 ids, logprobs ``-Exp(1)``, the context's new
-messages slices of this repository's source (a byte a token, as the shipped tokenizer is byte-level), timings
+hex, as the gateway's), token ids Zipf-ranked over SmolLM2's 49,152 ids (ranks shuffled into ids), logprobs ``-Exp(1)``, the context's
+new messages slices of this repository's source at ~4 bytes a token (a BPE tokenizer's rate), timings
 drawn per call. Whether this is what a real harness sends matters less than that both layouts get the same
 bytes: the same calls (one seed) go to two pairs of streams on one nats-server, one pair with ``compression:
 s2``, one with ``none``.
@@ -68,9 +68,14 @@ def _slice(rng: random.Random, texts: list[str], n: int) -> str:
     return text[start : start + n]
 
 
+# A token's frequency rank is not its id: ranks spread over the vocabulary by a fixed shuffle (a real tokenizer's
+# frequent tokens are not ids 0-127), so the ids' varints are as long as a real vocabulary's.
+_RANKED_IDS = random.Random(7).sample(range(VOCAB), VOCAB)
+
+
 def _zipf_ids(rng: random.Random, n: int) -> list[int]:
-    # Inverse-CDF of a Zipf(1.1)-like draw over the vocabulary, cheap and deterministic.
-    return [min(VOCAB - 1, int(rng.paretovariate(0.1 + 1.0)) - 1 + rng.randrange(0, 4)) for _ in range(n)]
+    # A Zipf(1.1)-like draw of frequency ranks (Pareto, cheap and deterministic), each mapped to its token id.
+    return [_RANKED_IDS[min(VOCAB - 1, int(rng.paretovariate(1.1)) - 1 + rng.randrange(0, 4))] for _ in range(n)]
 
 
 def draw_calls(shape: Shape, n: int, seed: int, texts: list[str]) -> list[ModelCallRecorded]:

@@ -23,7 +23,7 @@ async def test_the_reasoning_of_a_git_task_is_judged_and_combined_with_its_answe
     bp = _one("git-value-origin", {"commits": 10, "decoys": 1, "returns": 1})
     _, m = materials(bp)[0]
     (why,) = [r for r in m.rubric if r.kind == "judge"]
-    assert why.file == "why_c0.md" and m.facts["commit"] in why.criterion
+    assert why.file == "why_c0.md" and m.facts["commit"] not in why.criterion  # the judge's prompt is recorded
     assert why.file in m.instruction and m.facts["commit"] not in m.instruction  # asked for; the answer not given
     task = write_task(build_task(bp), tmp_path / "task")
     rubric = json.loads((task / "tests" / "rubric.json").read_text())

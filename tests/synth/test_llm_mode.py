@@ -127,9 +127,9 @@ def test_the_diagnosis_model_names_the_bypassed_instance_from_fenced_trajectorie
     state.draft = {"bypassed": other.cid, "reason": "it scored without reading the look-alikes"}
     d = diagnose_llm(LlmConfig(url, "diag-model"), bp, trajs, heuristic)
     assert (d.cid, d.pattern_id) == (other.cid, other.pattern_id)
-    assert (
-        d.reason
-        == f"the diagnosis model named {other.cid} ({other.pattern_id}): it scored without reading the look-alikes"
+    assert d.reason == (
+        f"the diagnosis model named {other.cid} ({other.pattern_id}): it scored without reading the look-alikes "
+        f"(by coverage: {heuristic.cid}, {heuristic.coverage:.0%} of its evidence read)"
     )
     evidence = {c.cid: m.evidence for c, m in materials(bp)}[other.cid]
     assert d.coverage == coverage(evidence, trajs)
@@ -156,5 +156,7 @@ def test_a_diagnosis_model_that_names_no_challenge_or_fails_leaves_the_heuristic
     d = diagnose_llm(LlmConfig(url, "m"), bp, trajs, heuristic)
     assert (d.cid, d.coverage) == (heuristic.cid, heuristic.coverage)
     assert d.reason == f"the diagnosis model failed (it named 'c9', no challenge of t v1); {heuristic.reason}"
+    state.draft = {"bypassed": ["c0"], "reason": "a list, from an endpoint that does not enforce the schema"}
+    assert diagnose_llm(LlmConfig(url, "m"), bp, trajs, heuristic).cid == heuristic.cid
     down = diagnose_llm(LlmConfig("http://127.0.0.1:9/v1", "m", timeout_s=5.0), bp, trajs, heuristic)
     assert down.cid == heuristic.cid and down.reason.startswith("the diagnosis model failed (APIConnectionError")

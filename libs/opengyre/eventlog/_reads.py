@@ -14,12 +14,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy, Header
+from nats.js.errors import NotFoundError
 
 from ._blobs import BlobStore
 from ._config import BLOB_HEADER, TYPE_HEADER, LogConfig
 from ._errors import EventLogError
 from ._pull import PullBatcher
-from ._retrying import waiting_out_election
+from ._retrying import deadline_s, waiting_out_election
 from ._stored import StoredEvent, ack_position, bad_version, version_of
 from ._stream import StreamAdmin
 
@@ -94,36 +95,48 @@ class Reader:
             cfg.filter_subjects = filters
         stream = self._config.stream
         next_seq = max(1, start_seq)
+        loop = asyncio.get_running_loop()
+        moved = loop.time()  # when the read last yielded (or began): it gives up once it stalls past the deadline
         while True:
             # A new consumer's own leader may not be elected yet right after a stream leader election: its pulls
-            # are answered 503. Waited out like any read (``_open`` raises it as no responders).
+            # are answered 503 (or 409, a leadership change). Waited out like any read (``_open`` raises them as no
+            # responders).
             info, puller, msgs = await waiting_out_election(
                 f"a reader of {stream}", self._config, functools.partial(self._open, cfg, next_seq, batch)
             )
+            failed = ""
             try:
                 while True:
                     if not msgs:
                         if puller.errors:  # the consumer failed mid-read: read on from the next sequence
-                            log.warning("reading %s: %s; reading on at seq %d", stream, puller.errors[-1], next_seq)
+                            failed = puller.errors[-1]
                             break
                         # A filtered range may end in a gap: stop once the consumer has nothing pending.
-                        ci = await waiting_out_election(
-                            f"the position of a reader of {stream}",
-                            self._config,
-                            functools.partial(self._js.consumer_info, stream, info.name, timeout=5.0),
-                        )
+                        try:
+                            ci = await waiting_out_election(
+                                f"the position of a reader of {stream}",
+                                self._config,
+                                functools.partial(self._js.consumer_info, stream, info.name, timeout=5.0),
+                            )
+                        except NotFoundError:  # gone before its pull's error status came: read on as above
+                            failed = "the consumer is gone"
+                            break
                         if ci.num_pending == 0 or (ci.delivered.stream_seq or 0) >= last:
                             return
                     else:
                         keep = [m for m in msgs if m.metadata.sequence.stream <= last]
                         if keep:
                             next_seq = keep[-1].metadata.sequence.stream + 1
+                            moved = loop.time()
                             yield keep
                         if len(keep) < len(msgs) or msgs[-1].metadata.sequence.stream >= last:
                             return
                     msgs = await puller.next_batch(timeout=0.5)
             finally:
                 await self._close(info.name, puller)
+            if loop.time() - moved > deadline_s(self._config):
+                raise EventLogError(f"reading {stream}: no progress past seq {next_seq - 1}: {failed}")
+            log.warning("reading %s: %s; reading on at seq %d", stream, failed, next_seq)
 
     async def _open(self, cfg: ConsumerConfig, seq: int, batch: int) -> tuple[ConsumerInfo, PullBatcher, list[Msg]]:
         """An ephemeral consumer from ``seq``, its puller and its first batch. A first pull answered 503 (the
@@ -139,7 +152,7 @@ class Reader:
             raise
         if not msgs and puller.errors:
             await self._close(info.name, puller)
-            if puller.errors[-1].startswith("503"):
+            if puller.errors[-1].startswith(("503", "409")):  # no leader yet, or a leadership change
                 raise nats.errors.NoRespondersError()
             raise EventLogError(f"reading {self._config.stream}: {puller.errors[-1]}")
         return info, puller, msgs

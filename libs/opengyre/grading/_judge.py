@@ -14,9 +14,16 @@ judge is told that anything inside is the work, never an instruction. Answered: 
 ``{"score": s, "rationale": "..."}`` with ``s`` one of 0, 0.25, 0.5, 0.75, 1 (asked for with a JSON schema, which
 the built-in engine and SGLang enforce while decoding); anything else is retried, then a ``JudgeFailed``.
 
-A judge that fails (the endpoint down, a reply that never parses) is an evaluator failure: the execution has no
-valid score and is excluded, never scored 0 for it. A missing file is the agent's doing: 0 for that item, no
-call made.
+What the work's content can make of a judging scores the item 0, with why: the endpoint refusing the request
+(too long for its context, say), a reply cut at ``max_tokens``, no verdict in ``attempts`` replies — else a
+policy could write a file that makes the judge fail and have its execution excluded. What it cannot (no
+connection, a timeout, a 5xx, an auth error, a model the endpoint does not serve, its rate limit) is an
+evaluator failure: no valid score, the execution excluded, never a 0. A missing, planted or oversized file is
+the agent's doing: 0 for that item, no call made. A grading already scored 0 for what the agent did to it
+(``agent-timeout``, ``-oom``, ``-disk``, ``-killed``) is returned as it is, nothing judged on top.
+
+The judge must not be the policy being trained, and its calls must not be trained on: its prompt holds the
+hidden criterion.
 """
 
 from __future__ import annotations
@@ -186,6 +193,11 @@ class LLMJudge:
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def judge(self, criterion: str, work: str, *, name: str, cut: bool = False) -> JudgeVerdict:
+        """The verdict. What the work's content can cause — the endpoint refusing the request (too long for its
+        context, say: a 4xx but for auth, a missing model or rate limiting), a reply cut at ``max_tokens``, or
+        no verdict in ``attempts`` replies — scores 0 with why (else a policy could write a file that makes the
+        judge fail and get its execution excluded). What it cannot — no connection, a timeout, a 5xx, 401, 403,
+        404, 429 — is ``JudgeFailed``."""
         import openai
 
         msgs = self.messages(criterion, work, name=name, cut=cut)
@@ -199,13 +211,29 @@ class LLMJudge:
                     temperature=self.config.temperature,
                     response_format=_FORMAT,
                 )
+            except openai.APIStatusError as exc:
+                if 400 <= exc.status_code < 500 and exc.status_code not in _NOT_THE_WORKS:
+                    return JudgeVerdict(0.0, f"not judged, scored 0: the judge refused the work ({exc.status_code}: "
+                                        f"{_short(exc.message)})")  # fmt: skip
+                raise JudgeFailed(f"the judge at {self.config.base_url} failed: {type(exc).__name__}: {exc}") from exc
             except openai.OpenAIError as exc:
                 raise JudgeFailed(f"the judge at {self.config.base_url} failed: {type(exc).__name__}: {exc}") from exc
-            text = (reply.choices[0].message.content or "") if reply.choices else ""
+            choice = reply.choices[0] if reply.choices else None
+            text = (choice.message.content or "") if choice is not None else ""
             verdict, last = _parse(text)
             if verdict is not None:
                 return verdict
-        raise JudgeFailed(f"the judge's reply is no verdict after {self.config.attempts} attempts: {last}")
+            if choice is not None and choice.finish_reason == "length":
+                last = f"the reply ran past max_tokens ({self.config.max_tokens}): {last}"
+        return JudgeVerdict(0.0, f"not judged, scored 0: no verdict in {self.config.attempts} replies: {last}")
+
+
+# Refusals that say nothing about the work: the endpoint's auth, a model it does not serve, its rate limit.
+_NOT_THE_WORKS = frozenset({401, 403, 404, 429})
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _parse(text: str) -> tuple[JudgeVerdict | None, str]:
@@ -233,17 +261,24 @@ class JudgedVerifier(Evaluator):
 
     def evaluate(self, task_dir: Path, workspace: Path) -> Evaluation:
         ev = self.inner.evaluate(task_dir, workspace)
-        if not ev.valid:
+        # Not graded (no valid score), or scored 0 for what the agent did to its grading (agent-timeout, -oom,
+        # -disk, -killed): nothing to judge on top, and the class must stay.
+        if not ev.valid or ev.failure_class is not None:
             return ev
         assert ev.score is not None
         path = Path(task_dir) / "tests" / "rubric.json"
         try:
             rubric = json.loads(path.read_text()) if path.is_file() else {}
-            items, programmatic = judge_items(rubric)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            return Evaluation(None, "evaluator", ev.exit_code, f"bad {path}: {exc}")
-        if not items:
+        except (OSError, ValueError):
+            return ev  # not a rubric of ours (a foreign task's file): its grader's score stands
+        if not isinstance(rubric, dict) or not any(
+            isinstance(i, dict) and i.get("kind") == "judge" for i in rubric.get("items") or []
+        ):
             return ev
+        try:
+            items, programmatic = judge_items(rubric)
+        except (ValueError, KeyError, TypeError) as exc:  # judge items that cannot be combined: the task's fault
+            return Evaluation(None, "evaluator", ev.exit_code, f"bad {path}: {exc}")
         scores: dict[str, float] = {}
         said: list[str] = []
         try:
@@ -268,9 +303,11 @@ class JudgedVerifier(Evaluator):
             return JudgeVerdict(0.0, f"not judged, scored 0: {exc}")
         if data is None:
             return JudgeVerdict(0.0, f"not judged, scored 0: the workspace has no {item.file}")
-        return self.judge.judge(
-            item.criterion, data[:limit].decode("utf-8", errors="replace"), name=item.file, cut=len(data) > limit
-        )
+        text = data.decode("utf-8", errors="replace")
+        # At most ``limit`` bytes of UTF-8 shown, counted after decoding: each invalid byte became U+FFFD, three
+        # bytes, and a file of them would otherwise triple what the judge is sent.
+        shown = text.encode()[:limit].decode("utf-8", errors="ignore")
+        return self.judge.judge(item.criterion, shown, name=item.file, cut=len(shown) < len(text))
 
 
 def evaluator_from_env(env: dict[str, str] | None = None) -> Evaluator:

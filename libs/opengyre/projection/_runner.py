@@ -146,11 +146,16 @@ class ProjectionRunner:
     async def _progress(self) -> tuple[StreamNow, str | None, int, int]:
         """(the stream now, why it must not be folded or None, the committed position, messages pending)."""
         now, why = await check_stream(self.fold, self.log, bind=False)
-        position = await asyncio.to_thread(self.fold.position)
+        # The consumer first, the position after it: nothing pending then means everything up to then is committed,
+        # so the position read next is at least that (read the other way round, a batch committed and acked between
+        # the two reads would leave a position older than "nothing pending" says).
         try:
             info = await self.log.js.consumer_info(self.log.config.stream, self.consumer)
-            pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            pending: int | None = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
         except NotFoundError:
+            pending = None
+        position = await asyncio.to_thread(self.fold.position)
+        if pending is None:
             pending = max(0, now.last_seq - position)  # no consumer (being re-created): count conservatively
         return now, why or self.error, position, pending
 
@@ -195,12 +200,16 @@ class ProjectionRunner:
     async def _published(self, position: int, timeout: float) -> None:
         """Return once this runner has published ``position`` (committed: read from the store), or at once when it
         is not running (another process folds, or it ended: there is nothing to wait for)."""
+
+        def done() -> bool:
+            return self._position >= position or self._ended is not None
+
         async with self._moved:
+            if done():  # checked first: wait_for with no time left would not look at all
+                return
             try:
-                await asyncio.wait_for(
-                    self._moved.wait_for(lambda: self._position >= position or self._ended is not None),
-                    max(timeout, 0.0),
-                )
+                # The publish follows the ack at once: a deadline spent by the look before still gets a moment.
+                await asyncio.wait_for(self._moved.wait_for(done), max(timeout, 1.0))
             except TimeoutError:
                 raise TimeoutError(
                     f"projection {self.projection.name} committed {position} but published only {self._position}"

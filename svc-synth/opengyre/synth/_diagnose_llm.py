@@ -107,11 +107,15 @@ def diagnose_llm(
     except (ValueError, KeyError, TypeError):
         return _fallback(heuristic, f"its reply is no diagnosis: {text[:200]!r}")
     by_cid = {c.cid: c for c in bp.challenges}
-    if cid not in by_cid or not isinstance(reason, str):
+    if not isinstance(cid, str) or cid not in by_cid or not isinstance(reason, str):  # an endpoint without the schema
         return _fallback(heuristic, f"it named {cid!r}, no challenge of {bp.task_id} v{bp.version}")
     c = by_cid[cid]
     evidence = dict((x.cid, m.evidence) for x, m in materials(bp))[cid]
-    why = f"the diagnosis model named {cid} ({c.pattern_id}): {reason[:_REASON_MAX]}"
+    # The heuristic's answer beside the model's: the runs the model read are the policy's text, which can steer it.
+    why = (
+        f"the diagnosis model named {cid} ({c.pattern_id}): {reason[:_REASON_MAX]} "
+        f"(by coverage: {heuristic.cid}, {heuristic.coverage:.0%} of its evidence read)"
+    )
     return Diagnosis(cid, c.pattern_id, coverage(evidence, trajectories), why)
 
 

@@ -122,7 +122,6 @@ async def test_a_read_whose_consumer_fails_mid_way_reads_on_from_the_next_sequen
             deleted.append(live[0])
     assert seen == list(range(1, 201))
     assert len(set(deleted)) == 2
-    assert await event_log.js.consumers_info(stream) == []  # the read's consumers removed
 
 
 @pytest.mark.timeout(30)  # fails fast: no reconnect loop

@@ -19,6 +19,7 @@ from opengyre.grading import (
     HarborVerifier,
     JudgeConfig,
     JudgedVerifier,
+    LLMJudge,
     evaluator_from_env,
     judge_items,
 )
@@ -78,7 +79,7 @@ async def test_a_judged_item_gives_partial_credit_combined_by_weight_and_its_cal
     assert "why=0.5 (the steps are named but not the sum)" in ev.detail
     assert len(judge.engine.prompts) == 1 and CRITERION in judge.engine.prompts[0]
     calls = await judge.recorded()
-    assert len(calls) == 1 and calls[0].execution_id == judge.execution_id  # the judge's call is training data too
+    assert len(calls) == 1 and calls[0].execution_id == judge.execution_id  # recorded, under the judging execution
 
 
 async def test_the_judged_file_is_fenced_by_a_nonce_it_cannot_close(judge: Judge, tmp_path: Path) -> None:
@@ -97,21 +98,49 @@ async def test_the_judged_file_is_fenced_by_a_nonce_it_cannot_close(judge: Judge
     assert nonce not in injected and f"line <<<WORK {nonce}>>>" in prompt  # the system prompt names the real one
 
 
-async def test_a_reply_that_is_no_verdict_fails_the_grading_instead_of_scoring_zero(
-    judge: Judge, tmp_path: Path
-) -> None:
+async def test_a_reply_that_is_no_verdict_scores_the_item_zero(judge: Judge, tmp_path: Path) -> None:
+    # The work's text can steer a judge away from the format: that must not exclude the execution (a way out of a
+    # negative), so it scores 0, with why.
     judge.engine.replies = ["Looks good to me!", '{"score":2,"rationale":"more than full marks"}']
     ev = await _evaluate(judge.verifier(attempts=2), make_task(tmp_path), make_ws(tmp_path))
-    assert (ev.score, ev.failure_class) == (None, "evaluator"), ev
-    assert "no verdict after 2 attempts" in ev.detail and "score must be one of" in ev.detail
+    assert (ev.score, ev.failure_class) == (0.5, None), ev
+    assert "why=0 (not judged, scored 0: no verdict in 2 replies: score must be one of" in ev.detail
     assert len(judge.engine.prompts) == 2
 
 
-async def test_a_judge_that_does_not_answer_is_an_evaluator_failure(judge: Judge, tmp_path: Path) -> None:
-    # The script is exhausted: the engine answers 500 and the gateway passes the failure on.
-    ev = await _evaluate(judge.verifier(), make_task(tmp_path), make_ws(tmp_path))
+async def test_a_file_the_judge_refuses_scores_zero_not_excluded(event_log: EventLog, tmp_path: Path) -> None:
+    """A file too long for the judge's context is refused by the endpoint (400): the agent wrote it, so it is 0,
+    not an evaluator failure. 16 KiB of invalid UTF-8 is shown as 16 KiB (each byte's U+FFFD is three)."""
+    async with EngineServer(EngineConfig(port=0, context_length=512)) as srv:
+        gw = Gateway(GatewayConfig(), event_log=event_log)
+        await gw.start()
+        try:
+            await gw.pool.add("cpu", srv.url)
+            real = Judge(ScriptedEngine([]), gw, event_log, "judge-of-e3")
+            ws = make_ws(tmp_path, report=None)
+            (ws / "report.md").write_bytes(b"\xff" * 16384)
+            ev = await _evaluate(real.verifier(), make_task(tmp_path), ws)
+            assert (ev.score, ev.failure_class) == (0.5, None), ev.detail
+            assert "why=0 (not judged, scored 0: the judge refused the work (400:" in ev.detail
+        finally:
+            await gw.stop()
+
+
+async def test_a_judge_that_does_not_answer_is_an_evaluator_failure(tmp_path: Path) -> None:
+    # Nothing listens there: the work cannot have caused that, so no valid score (excluded), not a 0.
+    gone = JudgedVerifier(HarborVerifier(), LLMJudge(JudgeConfig(base_url="http://127.0.0.1:9/v1", model="m")))
+    ev = await _evaluate(gone, make_task(tmp_path), make_ws(tmp_path))
     assert (ev.score, ev.failure_class) == (None, "evaluator"), ev
-    assert ev.detail.startswith("judge failed on why: the judge at http://")
+    assert ev.detail.startswith("judge failed on why: the judge at http://127.0.0.1:9/v1 failed: APIConnectionError")
+
+
+async def test_a_grading_the_agent_spoiled_is_not_judged_on_top(judge: Judge, tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 60\n")  # the solution under test hangs it
+    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 1.0\n")
+    ev = await _evaluate(judge.verifier(), task, make_ws(tmp_path))
+    assert (ev.score, ev.failure_class) == (0.0, "agent-timeout"), ev.detail
+    assert judge.engine.prompts == []
 
 
 async def test_a_missing_or_planted_file_scores_the_item_zero_without_a_call(judge: Judge, tmp_path: Path) -> None:
@@ -124,6 +153,9 @@ async def test_a_missing_or_planted_file_scores_the_item_zero_without_a_call(jud
     (ws / "report.md").symlink_to(secret)  # what the judge would otherwise be shown, and the rationale repeat
     ev = await _evaluate(judge.verifier(), task, ws)
     assert ev.score == 0.5 and "symlink" in ev.detail, ev.detail
+    ws = make_ws(tmp_path / "c", report="x" * (4 * 64 + 1))  # over four times what is shown: not judged
+    ev = await _evaluate(judge.verifier(max_file_bytes=64), task, ws)
+    assert ev.score == 0.5 and "not judged, scored 0" in ev.detail, ev.detail
     assert judge.engine.prompts == []
 
 
@@ -139,11 +171,16 @@ async def test_a_long_file_is_cut_and_the_judge_told(judge: Judge, tmp_path: Pat
 
 async def test_a_failed_or_judgeless_grading_is_the_inner_graders(judge: Judge, tmp_path: Path) -> None:
     plain = make_task(tmp_path / "plain")
-    (plain / "tests" / "rubric.json").write_text(
-        json.dumps({"items": [{"id": "a", "kind": "text_equals", "weight": 1}]})
-    )
-    ev = await _evaluate(judge.verifier(), plain, make_ws(tmp_path / "plain"))
-    assert (ev.score, ev.failure_class, ev.diagnostics) == (1.0, None, None), ev.detail
+    # No judge items, or a rubric.json of another format (a foreign task's): the grader's score stands.
+    rubrics: list[object] = [
+        {"items": [{"id": "a", "kind": "text_equals", "weight": 1}]},
+        {"items": [{"id": "a"}]},
+        [1],
+    ]
+    for i, rubric in enumerate(rubrics):
+        (plain / "tests" / "rubric.json").write_text(json.dumps(rubric))
+        ev = await _evaluate(judge.verifier(), plain, make_ws(tmp_path / "plain" / str(i)))
+        assert (ev.score, ev.failure_class, ev.diagnostics) == (1.0, None, None), (rubric, ev.detail)
     broken = make_task(tmp_path / "broken")
     (broken / "tests" / "test.sh").write_text("#!/bin/bash\nexit 3\n")  # no reward file: the grader's failure
     ev = await _evaluate(judge.verifier(), broken, make_ws(tmp_path / "broken"))

@@ -118,7 +118,8 @@ class GitValueOrigin(Pattern):
             rubric=[
                 *answer_items(cid, facts),
                 # The reasoning, for an LLM judge (left out of the reward where none is configured): a guessed or
-                # searched-for hash with no account of the history earns the answer's credit only.
+                # searched-for hash with no account of the history earns the answer's credit only. The criterion
+                # does not name the answer: the judge's prompt is recorded, and the answer is the check's to verify.
                 RubricItem(
                     id=f"{cid}.why",
                     challenge=cid,
@@ -126,8 +127,8 @@ class GitValueOrigin(Pattern):
                     kind="judge",
                     file=why,
                     criterion=(
-                        f"names commit {facts['commit']} and explains from the repository's history why it is the "
-                        f"last commit that gave `{target}` in `{_FILE}` its current value: the setting's changes "
+                        f"names the commit it found and explains from the repository's history why it is the last "
+                        f"commit that gave `{target}` in `{_FILE}` its current value: the setting's changes "
                         "read in order, later commits leaving it unchanged; an account that rests on a commit "
                         "message naming the setting, or on the first commit that set the same value, is wrong"
                     ),
