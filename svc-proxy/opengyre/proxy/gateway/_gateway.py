@@ -563,7 +563,10 @@ class Gateway:
                 pass
 
         try:
-            await asyncio.gather(*(drain(d) for d in dispatches))
+            if len(dispatches) == 1:  # the usual call: no task of its own to drain in (~2 % of its CPU)
+                await drain(dispatches[0])
+            else:
+                await asyncio.gather(*(drain(d) for d in dispatches))
         except ApiError as err:
             return self._error(err, dialect, eid)
         for d in dispatches:
