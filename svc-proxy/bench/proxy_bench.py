@@ -327,7 +327,7 @@ async def _lean_run(pool: Http1Pool, path: str, body: bytes, n: int, conc: int, 
     return lat
 
 
-async def cpu_cost(n: int, profile: Path | None) -> None:
+async def cpu_cost(n: int, profile: Path | None, concurrencies: tuple[int, ...] = (1, 16, 64)) -> None:
     """CPU per recorded call, each process's own (the gateway, the engine stand-in, nats-server), at concurrency 1,
     16 and 64: chat calls through the gateway (in-memory outbox, as the main table) until all are in the log; the
     same calls sent straight to the stand-in's ``/generate`` in the same run are the baseline the gateway's CPU is
@@ -371,12 +371,12 @@ async def cpu_cost(n: int, profile: Path | None) -> None:
             print(
                 "| concurrency | calls | gateway CPU ms/call | engine CPU ms/call (via gateway) | nats CPU ms/call"
                 " | direct /generate: engine CPU ms/call | gateway / engine-direct CPU | recorded calls/s"
-                " | median ms (proxy) | median ms (direct) | load avg |"
+                " | median ms (proxy) | median ms (direct) | added ms | load avg |"
             )
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             await _lean_run(gpool, "/x/{i}/v1/chat/completions", chat, 64, 8, "warm")
             await _lean_run(dpool, "/generate", gen, 64, 8, "warm")
-            for conc in (1, 16, 64):
+            for conc in concurrencies:
                 calls = n if conc == 1 else n * 4
                 before = (await log.js.stream_info("CPU")).state.messages
                 g0, e0, n0, t0 = _cpu_s(gw_pid), _cpu_s(fast.pid), _cpu_s(nats_pid), time.perf_counter()
@@ -389,10 +389,10 @@ async def cpu_cost(n: int, profile: Path | None) -> None:
                 dlat = await _lean_run(dpool, "/generate", gen, calls, conc, f"d{conc}")
                 d1 = _cpu_s(fast.pid)
                 g, e, nn, d = ((b - a) * 1e3 / calls for a, b in ((g0, g1), (e0, e1), (n0, n1), (d0, d1)))
+                pm, dm = statistics.median(lat) * 1e3, statistics.median(dlat) * 1e3
                 print(
                     f"| {conc} | {calls} | {g:.3f} | {e:.3f} | {nn:.3f} | {d:.3f} | {g / d:.2f} | {calls / dt:.0f}"
-                    f" | {statistics.median(lat) * 1e3:.2f} | {statistics.median(dlat) * 1e3:.2f}"
-                    f" | {os.getloadavg()[0]:.2f} |",
+                    f" | {pm:.2f} | {dm:.2f} | {pm - dm:+.2f} | {os.getloadavg()[0]:.2f} |",
                     flush=True,
                 )
             await gpool.close()
@@ -415,10 +415,11 @@ async def main() -> None:
     ap.add_argument("--clients", action="store_true", help="only compare the gateway's HTTP/1 engine client with httpx")
     ap.add_argument("--cpu", action="store_true", help="only: CPU per recorded call of each process")
     ap.add_argument("--profile", type=Path, help="with --cpu: run the gateway under py-spy, collapsed stacks here")
+    ap.add_argument("--concurrency", default="1,16,64", help="with --cpu: the concurrencies to measure")
     args = ap.parse_args()
     n = 60 if args.quick else 300
     if args.cpu:
-        await cpu_cost(n, args.profile)
+        await cpu_cost(n, args.profile, tuple(int(c) for c in args.concurrency.split(",")))
         return
     if args.outbox:
         await outbox_cost(n)
