@@ -17,6 +17,7 @@ def test_a_started_gateway_leaves_its_startup_heap_frozen_once() -> None:
         "    gw = await Gateway(GatewayConfig(require_key=False)).start()\n"
         "    frozen = gc.get_freeze_count()\n"
         "    assert frozen > 100_000, frozen  # the imports' and the tokenizer's objects\n"
+        "    assert gc.get_threshold()[0] == 10_000, gc.get_threshold()\n"
         "    assert not freeze_startup_heap()  # once: a second gateway freezes nothing more\n"
         "    assert gc.get_freeze_count() == frozen\n"
         "    await gw.stop()\n"
