@@ -4,6 +4,7 @@
     .venv/bin/python svc-proxy/bench/proxy_bench.py --quick    # fewer calls
     .venv/bin/python svc-proxy/bench/proxy_bench.py --outbox   # only: what the durable outbox costs a call
     .venv/bin/python svc-proxy/bench/proxy_bench.py --clients  # only: our HTTP/1 engine client vs httpx, per route
+    .venv/bin/python svc-proxy/bench/proxy_bench.py --cpu      # only: CPU per recorded call, each process's own
 
 Each engine, the gateway and this client run as separate processes (the client's own cost is the same on
 both paths, so it cancels out of the ratio but not out of the absolute figures); the gateway records every
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +34,7 @@ import msgspec
 from opengyre.engine import EngineConfig, EngineProcess
 from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import ModelCallRecorded, default_registry
+from opengyre.http1 import Http1Pool
 from opengyre.runtime import EmbeddedNats
 from opengyre.trajectory import resolve_calls
 
@@ -298,13 +302,125 @@ async def client_cost(n: int) -> None:
             nats.stop()
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system, every thread), from /proc: what its work cost, whatever the
+    machine's load (a wall-clock rate on 2 shared cores is mostly the load)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _lean_run(pool: Http1Pool, path: str, body: bytes, n: int, conc: int, base: str) -> list[float]:
+    """``n`` calls at ``conc``, each to its own execution, with the lean HTTP/1 client (httpx would cost the
+    client more CPU than the gateway, on the same 2 cores)."""
+    lat: list[float] = []
+    it = iter(range(n))
+
+    async def worker() -> None:
+        for i in it:
+            t0 = time.perf_counter()
+            r = await pool.request("POST", path.format(i=f"{base}-{i}"), body, {"content-type": "application/json"})
+            data = await r.read()
+            lat.append(time.perf_counter() - t0)
+            assert r.status == 200, data[:300]
+
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return lat
+
+
+async def cpu_cost(n: int, profile: Path | None, concurrencies: tuple[int, ...] = (1, 16, 64)) -> None:
+    """CPU per recorded call, each process's own (the gateway, the engine stand-in, nats-server), at concurrency 1,
+    16 and 64: chat calls through the gateway (in-memory outbox, as the main table) until all are in the log; the
+    same calls sent straight to the stand-in's ``/generate`` in the same run are the baseline the gateway's CPU is
+    put over. ``profile``: the gateway runs under py-spy, its samples written there (collapsed stacks: speedscope and flamegraph.pl read them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        nats = EmbeddedNats(t / "nats")
+        url = nats.start()
+        procs: list[subprocess.Popen[bytes]] = []
+        log: EventLog | None = None
+        try:
+            fast = await _spawn([str(HERE / "fast_engine.py"), "--tokens", "16"], t / "fast.url")
+            procs.append(fast)
+            engine = (t / "fast.url").read_text().strip()
+            cmd = [str(HERE / "proxy_server.py"), "--nats", url, "--engine", engine, "--stream", "CPU"]
+            if profile is not None:
+                spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "-f", "raw"]
+                cmd = [*spy, "-o", str(profile), "--", sys.executable, *cmd]
+                proc = subprocess.Popen([*cmd, "--port-file", str(t / "proxy.url")], stdin=subprocess.DEVNULL)
+                while not (t / "proxy.url").exists() or not (t / "proxy.url").read_text().strip():
+                    await asyncio.sleep(0.05)
+                gw = proc
+            else:
+                gw = await _spawn(cmd, t / "proxy.url")
+            procs.append(gw)
+            gw_pid = gw.pid
+            if profile is not None:  # py-spy's child is the gateway
+                kids = Path(f"/proc/{gw.pid}/task/{gw.pid}/children").read_text().split()
+                gw_pid = int(kids[0])
+            proxy = (t / "proxy.url").read_text().strip()
+            log = await EventLog.connect(url, LogConfig(stream="CPU", prefix="cpu.ev", blob_bucket="CPU_B"))
+            assert nats.proc is not None
+            nats_pid = nats.proc.pid
+            gen = msgspec.json.encode(
+                {"input_ids": list(range(40)), "sampling_params": {"max_new_tokens": 16, "temperature": 0},
+                 "return_logprob": True}
+            )  # fmt: skip
+            chat = msgspec.json.encode(CHAT)
+            gpool, dpool = Http1Pool(proxy, max_idle=256), Http1Pool(engine, max_idle=256)
+            print(f"load average before: {os.getloadavg()[0]:.2f}")
+            print(
+                "| concurrency | calls | gateway CPU ms/call | engine CPU ms/call (via gateway) | nats CPU ms/call"
+                " | direct /generate: engine CPU ms/call | gateway / engine-direct CPU | recorded calls/s"
+                " | median ms (proxy) | median ms (direct) | added ms | load avg |"
+            )
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            await _lean_run(gpool, "/x/{i}/v1/chat/completions", chat, 64, 8, "warm")
+            await _lean_run(dpool, "/generate", gen, 64, 8, "warm")
+            for conc in concurrencies:
+                calls = n if conc == 1 else n * 4
+                before = (await log.js.stream_info("CPU")).state.messages
+                g0, e0, n0, t0 = _cpu_s(gw_pid), _cpu_s(fast.pid), _cpu_s(nats_pid), time.perf_counter()
+                lat = await _lean_run(gpool, "/x/{i}/v1/chat/completions", chat, calls, conc, f"c{conc}")
+                while (await log.js.stream_info("CPU")).state.messages - before < calls:
+                    await asyncio.sleep(0.005)
+                dt = time.perf_counter() - t0
+                g1, e1, n1 = _cpu_s(gw_pid), _cpu_s(fast.pid), _cpu_s(nats_pid)
+                d0 = _cpu_s(fast.pid)
+                dlat = await _lean_run(dpool, "/generate", gen, calls, conc, f"d{conc}")
+                d1 = _cpu_s(fast.pid)
+                g, e, nn, d = ((b - a) * 1e3 / calls for a, b in ((g0, g1), (e0, e1), (n0, n1), (d0, d1)))
+                pm, dm = statistics.median(lat) * 1e3, statistics.median(dlat) * 1e3
+                print(
+                    f"| {conc} | {calls} | {g:.3f} | {e:.3f} | {nn:.3f} | {d:.3f} | {g / d:.2f} | {calls / dt:.0f}"
+                    f" | {pm:.2f} | {dm:.2f} | {pm - dm:+.2f} | {os.getloadavg()[0]:.2f} |",
+                    flush=True,
+                )
+            await gpool.close()
+            await dpool.close()
+        finally:
+            if log is not None:
+                await log.close()
+            if profile is not None and len(procs) == 2:  # py-spy writes its profile when interrupted
+                procs.pop().send_signal(signal.SIGINT)
+                await asyncio.to_thread(gw.wait, 120)
+            for p in procs:
+                _stop(p)
+            nats.stop()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--outbox", action="store_true", help="only compare a durable outbox with one in memory")
     ap.add_argument("--clients", action="store_true", help="only compare the gateway's HTTP/1 engine client with httpx")
+    ap.add_argument("--cpu", action="store_true", help="only: CPU per recorded call of each process")
+    ap.add_argument("--profile", type=Path, help="with --cpu: run the gateway under py-spy, collapsed stacks here")
+    ap.add_argument("--concurrency", default="1,16,64", help="with --cpu: the concurrencies to measure")
     args = ap.parse_args()
     n = 60 if args.quick else 300
+    if args.cpu:
+        await cpu_cost(n, args.profile, tuple(int(c) for c in args.concurrency.split(",")))
+        return
     if args.outbox:
         await outbox_cost(n)
         return

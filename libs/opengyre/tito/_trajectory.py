@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -57,9 +57,14 @@ def _chain(tools_key: str, messages: Sequence[Message]) -> list[bytes]:
     h = hashlib.sha256(tools_key.encode()).digest()
     out = [h]
     for m in messages:
-        h = hashlib.sha256(h + canon_message(m).encode()).digest()
+        h = _link(h, m)
         out.append(h)
     return out
+
+
+def _link(h: bytes, m: Message) -> bytes:
+    """The chain hash of a prefix whose hash is ``h``, one message longer."""
+    return hashlib.sha256(h + canon_message(m).encode()).digest()
 
 
 def _lcp(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
@@ -81,6 +86,9 @@ class Plan:
     context: dict[str, Any]  # the conditioning context, as a delta against the parent's conversation
     messages: list[Message] | None
     tools_key: str
+    # The chain hash of ``messages`` (tools included) as planned: commit extends it by the reply instead of hashing
+    # the whole conversation again. None (a plan made elsewhere, e.g. a restore): commit hashes it.
+    request_hash: bytes | None = None
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -163,7 +171,7 @@ class ExecutionTrajectory:
         hashes = _chain(tk, messages)
         same = self._by_req.get(hashes[-1])
         if same is not None:  # a retry reuses that request's tokens: nothing to render
-            return self._retry(self.nodes[same], messages, tools, tk)
+            return replace(self._retry(self.nodes[same], messages, tools, tk), request_hash=hashes[-1])
         full_text = self.codec.render(messages, tools, gen=True)
         fresh = self.codec.encode(full_text)
         # The longest history that ends with one of our replies verbatim (extend that call's tokens), and the
@@ -178,19 +186,16 @@ class ExecutionTrajectory:
             if (cid := self._by_req.get(hashes[j])) is not None:
                 req_j, req_node = j, self.nodes[cid]
                 break
+        plan: Plan | None = None
         if conv_node is not None and conv_i >= req_j:
-            ext = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
-            if ext is not None:
-                return ext
-        if req_node is not None:
-            forked = self._fork_request(req_node, messages, tools, tk, req_j, full_text, fresh)
-            if forked is not None:
-                return forked
-        if conv_node is not None and conv_i < req_j:  # the request match did not render as a prefix
-            ext = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
-            if ext is not None:
-                return ext
-        return self._branch(fresh, messages, tools, tk)
+            plan = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
+        if plan is None and req_node is not None:
+            plan = self._fork_request(req_node, messages, tools, tk, req_j, full_text, fresh)
+        if plan is None and conv_node is not None and conv_i < req_j:  # the request match did not render as a prefix
+            plan = self._extend(conv_node, messages, tools, tk, conv_i, full_text, fresh)
+        if plan is None:
+            plan = self._branch(fresh, messages, tools, tk)
+        return replace(plan, request_hash=hashes[-1])
 
     @staticmethod
     def _drift(prompt: list[int], fresh: list[int]) -> DriftReport | None:
@@ -238,10 +243,20 @@ class ExecutionTrajectory:
         return self._branch(prompt_ids, None, None, "")
 
     def _context(
-        self, parent: TitoNode | None, messages: list[Message], tools: Sequence[dict[str, Any]] | None, tk: str
+        self,
+        parent: TitoNode | None,
+        messages: list[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        tk: str,
+        *,
+        shared: int | None = None,
     ) -> dict[str, Any]:
+        """``shared``: how many leading messages are known to be the parent's conversation (an extension: its chain
+        hash matched), so they are not compared again one by one."""
         base = 0
-        if parent is not None:
+        if shared is not None:
+            base = shared
+        elif parent is not None:
             for a, b in zip(parent.conv_after, messages, strict=False):
                 if a is not b and canon_message(a) != canon_message(b):
                     break
@@ -278,7 +293,8 @@ class ExecutionTrajectory:
             delta_ids=delta,
             branch="extension",
             drift=drift,
-            context=self._context(p, messages, tools, tk),
+            # messages[:i] hash to p's whole conversation (how p was found): all i are p's, in order.
+            context=self._context(p, messages, tools, tk, shared=i),
             messages=messages,
             tools_key=tk,
         )
@@ -386,9 +402,9 @@ class ExecutionTrajectory:
         )
         self.nodes[call_id] = node
         if plan.messages is not None and response is not None:
-            chain = _chain(plan.tools_key, node.conv_after)
-            self._by_req.setdefault(chain[-2], call_id)
-            self._by_conv[chain[-1]] = call_id
+            request = plan.request_hash or _chain(plan.tools_key, conv)[-1]
+            self._by_req.setdefault(request, call_id)
+            self._by_conv[_link(request, response)] = call_id
         self.branches[plan.branch] = self.branches.get(plan.branch, 0) + 1
         if plan.drift is not None:
             self.drift_count += 1

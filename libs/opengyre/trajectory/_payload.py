@@ -81,7 +81,14 @@ def _varint_lengths(a: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     return n
 
 
+# Up to this many ids a Python loop beats the vectorised encoder (whose ~40 numpy calls cost ~50 µs however few the
+# ids: most of a recorded call's payload encoding); past it the vectorised one is faster (1,000 ids: ~95 µs vs ~110).
+_SHORT = 512
+
+
 def _encode_varints(values: Sequence[int]) -> bytes:
+    if len(values) <= _SHORT:
+        return _encode_short(values)
     a = np.asarray(values, dtype=np.int64)
     if len(a) and (int(a.min()) < 0 or int(a.max()) > _MAX_ID):
         raise PayloadError("token ids must be in [0, 2**32)")
@@ -97,6 +104,21 @@ def _encode_varints(values: Sequence[int]) -> bytes:
         byte |= (n[m] > k + 1).astype(np.uint8) << np.uint8(7)
         out[start[m] + k] = byte
     return out.tobytes()
+
+
+def _encode_short(values: Sequence[int]) -> bytes:
+    """``_encode_varints``'s bytes, one id at a time."""
+    if values and (min(values) < 0 or max(values) > _MAX_ID):
+        raise PayloadError("token ids must be in [0, 2**32)")
+    out = bytearray()
+    put = out.append
+    for v in values:
+        v = int(v)
+        while v >= 0x80:
+            put((v & 0x7F) | 0x80)
+            v >>= 7
+        put(v)
+    return bytes(out)
 
 
 def _decode_varints(raw: bytes, count: int) -> npt.NDArray[np.int64]:

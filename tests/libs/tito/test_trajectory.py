@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -182,3 +183,30 @@ def _common(a: list[int], b: list[int]) -> Any:
         if x != y:
             return
         yield x
+
+
+def test_the_hashes_a_commit_extends_from_its_plan_are_those_of_hashing_the_conversation_again(
+    codec: ChatCodec,
+) -> None:
+    # commit extends the planned request's hash by the reply; a plan without one (as a restore makes) is hashed
+    # whole: both must index the same requests and conversations, or a restored execution would not extend.
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    live, again = ExecutionTrajectory("x", codec), ExecutionTrajectory("x", codec)
+    m1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    calls = [(m1, "a")]
+    m2 = [*m1, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]  # an extension
+    calls += [(m2, "b"), (m2, "c")]  # and its retry
+    calls += [([*m1, {"role": "assistant", "content": "edited"}, {"role": "user", "content": "more"}], "d")]  # rewrite
+    branches = []
+    for i, (msgs, text) in enumerate(calls):
+        plan = live.plan(msgs, tools)
+        assert plan.request_hash is not None
+        branches.append(plan.branch)
+        reply = {"role": "assistant", "content": text}
+        live.commit(plan, f"c{i}", _turn(codec, text), reply, "main")
+        again.commit(replace(plan, request_hash=None), f"c{i}", _turn(codec, text), reply, "main")
+    assert branches == ["root", "extension", "retry", "rewrite"]
+    assert live._by_req == again._by_req and live._by_conv == again._by_conv
+    assert len(live._by_conv) == 4 and len(live._by_req) == 3  # the retry repeats a request
+    m3 = [*m2, {"role": "assistant", "content": "c"}, {"role": "user", "content": "on"}]
+    assert live.plan(m3, tools).parent_call_id == again.plan(m3, tools).parent_call_id == "c2"

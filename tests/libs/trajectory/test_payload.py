@@ -19,6 +19,7 @@ from opengyre.trajectory import (
     payload_digest,
     split_payload,
 )
+from opengyre.trajectory._payload import _decode_varints, _encode_varints
 
 f32 = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False, width=32)
 ids = st.lists(st.integers(0, 2**32 - 1), max_size=300)
@@ -118,3 +119,24 @@ def test_split_and_join_give_back_the_call_and_refuse_another_payload() -> None:
     _, other = split_payload(ModelCallRecorded(execution_id="e1", call_id="c2", output_ids=[9], output_logprobs=[0.0]))
     with pytest.raises(PayloadError, match="digest"):
         join_payload(slim, other)
+
+
+@pytest.mark.parametrize("n", [0, 1, 511, 512, 513, 3000])
+def test_short_and_long_id_lists_are_encoded_alike(n: int) -> None:
+    # Two encoders (a loop up to _SHORT ids, vectorised past it) write the same varints: one content, one digest.
+    rng = np.random.default_rng(n)
+    edges = [0, 127, 128, 16_383, 16_384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**32 - 1]
+    for high in (128, 300, 151_643, 2**32):
+        ids = [*edges, *rng.integers(0, high, n).tolist()][:n]
+        want = b"".join(_varint(i) for i in ids)
+        assert _encode_varints(ids) == want
+        assert _decode_varints(want, len(ids)).tolist() == ids
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, v = v & 0x7F, v >> 7
+        out.append(byte | (0x80 if v else 0))
+        if not v:
+            return bytes(out)

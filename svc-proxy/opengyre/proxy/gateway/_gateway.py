@@ -41,6 +41,7 @@ from opengyre.trajectory import PayloadUnavailable
 from opengyre.wire import ApiError, GenRequest, Turn, assemble, structured_sampling
 from opengyre.wire import anthropic as anthropic_api
 
+from .._heap import freeze_startup_heap
 from .._keys import ExecutionKeys
 from .._metrics import counter, gauge, render_metrics
 from .._temperature import DEFAULT_TEMPERATURE, logprob_temperature
@@ -192,6 +193,7 @@ class Gateway:
         return f"{self.url}/x/{execution_id}/v1"
 
     async def start(self) -> Gateway:
+        freeze_startup_heap()  # the imports' and the tokenizer's objects: no full collection walks them again
         await self.recorder.start()  # drains what a previous run left in the outbox
         try:
             self._http = self._server(self.config.port)
@@ -561,7 +563,10 @@ class Gateway:
                 pass
 
         try:
-            await asyncio.gather(*(drain(d) for d in dispatches))
+            if len(dispatches) == 1:  # the usual call: no task of its own to drain in (~2 % of its CPU)
+                await drain(dispatches[0])
+            else:
+                await asyncio.gather(*(drain(d) for d in dispatches))
         except ApiError as err:
             return self._error(err, dialect, eid)
         for d in dispatches:

@@ -1,0 +1,29 @@
+"""The gateway's startup heap is frozen once per process (svc-proxy/opengyre/proxy/_heap.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_a_started_gateway_leaves_its_startup_heap_frozen_once() -> None:
+    # In a process of its own: the freeze is once per process, and this one may have frozen already.
+    code = (
+        "import asyncio, gc\n"
+        "from opengyre.proxy import Gateway, GatewayConfig\n"
+        "from opengyre.proxy._heap import freeze_startup_heap\n"
+        "async def main():\n"
+        "    assert gc.get_freeze_count() == 0\n"
+        "    gw = await Gateway(GatewayConfig(require_key=False)).start()\n"
+        "    frozen = gc.get_freeze_count()\n"
+        "    assert frozen > 100_000, frozen  # the imports' and the tokenizer's objects\n"
+        "    assert gc.get_threshold()[0] == 10_000, gc.get_threshold()\n"
+        "    assert not freeze_startup_heap()  # once: a second gateway freezes nothing more\n"
+        "    assert gc.get_freeze_count() == frozen\n"
+        "    await gw.stop()\n"
+        "asyncio.run(main())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
