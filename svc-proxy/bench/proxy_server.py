@@ -35,6 +35,7 @@ async def main() -> None:
             outbox_path=args.outbox,
             outbox_fsync=not args.no_fsync,
             engine_transport=args.engine_transport,
+            freeze_startup_heap=True,  # the gateway's own process, as the service's
         ),
         event_log=log,
     )

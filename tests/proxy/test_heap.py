@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-def test_a_started_gateway_leaves_its_startup_heap_frozen_once() -> None:
+def test_the_proxys_process_freezes_its_startup_heap_once_and_a_gateway_elsewhere_does_not() -> None:
     # In a process of its own: the freeze is once per process, and this one may have frozen already.
     code = (
         "import asyncio, gc\n"
@@ -14,7 +14,10 @@ def test_a_started_gateway_leaves_its_startup_heap_frozen_once() -> None:
         "from opengyre.proxy._heap import freeze_startup_heap\n"
         "async def main():\n"
         "    assert gc.get_freeze_count() == 0\n"
-        "    gw = await Gateway(GatewayConfig(require_key=False)).start()\n"
+        "    plain = await Gateway(GatewayConfig(require_key=False)).start()\n"
+        "    assert gc.get_freeze_count() == 0  # a gateway inside another process leaves its collector alone\n"
+        "    await plain.stop()\n"
+        "    gw = await Gateway(GatewayConfig(require_key=False, freeze_startup_heap=True)).start()\n"
         "    frozen = gc.get_freeze_count()\n"
         "    assert frozen > 100_000, frozen  # the imports' and the tokenizer's objects\n"
         "    assert gc.get_threshold()[0] == 10_000, gc.get_threshold()\n"

@@ -138,9 +138,8 @@ class ProxyService(Service):
             contexts = await resolve_contexts(ctx.log, calls)
             return restore_trajectory(execution_id, self.gateway.codec, calls, contexts)
 
-        self.gateway = Gateway(
-            self._gateway_config(ctx), event_log=ctx.log, restore=restore, sealed=SealedFinishes(ctx.engine)
-        )
+        config = replace(self._gateway_config(ctx), freeze_startup_heap=True)  # this is its process
+        self.gateway = Gateway(config, event_log=ctx.log, restore=restore, sealed=SealedFinishes(ctx.engine))
         for i, url in enumerate(self._static or ctx.settings.proxy_engines):
             await self.gateway.pool.add(f"static-{i}", url)
         await self.gateway.start()

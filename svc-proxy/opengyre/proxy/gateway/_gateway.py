@@ -72,6 +72,9 @@ class GatewayConfig:
     port: int = 0
     secret: bytes | None = None  # HMAC secret of execution keys (None: a random one per process)
     require_key: bool = True
+    # Freeze the process's startup heap out of the cyclic collector (``_heap``): a process-wide setting, so the
+    # proxy's own process asks for it (the service, the bench's server); a gateway inside another process does not.
+    freeze_startup_heap: bool = False
     models: tuple[str, ...] = ("opengyre-tiny", "opengyre-small")
     model_patterns: tuple[str, ...] = ()  # fnmatch patterns also accepted, e.g. "claude-*" for Claude Code
     tokenizer_path: str | None = None  # the served model's tokenizer (default: the shipped byte-level one)
@@ -193,7 +196,8 @@ class Gateway:
         return f"{self.url}/x/{execution_id}/v1"
 
     async def start(self) -> Gateway:
-        freeze_startup_heap()  # the imports' and the tokenizer's objects: no full collection walks them again
+        if self.config.freeze_startup_heap:  # the imports' and the tokenizer's: no full collection walks them again
+            freeze_startup_heap()
         await self.recorder.start()  # drains what a previous run left in the outbox
         try:
             self._http = self._server(self.config.port)
