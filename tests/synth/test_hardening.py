@@ -24,6 +24,7 @@ from opengyre.events import (
 from opengyre.projection import ProjectionRunner, dump_rows, replay_into
 from opengyre.store import create_db_engine, migrate
 from opengyre.synth import (
+    Diagnosis,
     GateLimits,
     HardeningProjection,
     ShortcutSolver,
@@ -37,6 +38,7 @@ from opengyre.synth import (
     propose,
     run_solution,
     task_lineage,
+    task_skill_files,
 )
 from tests._polling import await_until
 
@@ -90,16 +92,29 @@ async def test_a_too_easy_task_is_hardened_and_rebuild_equals_live(
     tasks = await _fold(runners, stop)
     try:
         solver = ShortcutSolver()
+        trajectories = []
         for i in range(2):
             run = await asyncio.to_thread(solver.solve, build.task_dir, f"run{i}")
             assert run.outcome.score == 1.0  # level 0: the shortcut works
+            trajectories.append(run.actions)
             await event_log.append_many(_recorded(f"ex{i}", build.blueprint.task_id, 1, run.actions, run.outcome.score))
         await await_until(lambda: synth.pending(engine), "the version is flagged too easy")
         ((task_id, version),) = synth.pending(engine)
+        # An earlier attempt of this step built v2 from another diagnosis (a model's, or before more runs came in)
+        # and stopped before its events were in the log: the retry takes that v2, where proposing its own would
+        # be refused by the directory the first build holds.
+        v1 = build.blueprint
+        d = diagnose(v1, trajectories)
+        other = next(c for c in v1.challenges if c.cid != d.cid)
+        earlier, _ = propose(v1, Diagnosis(other.cid, other.pattern_id, 0.0, "an earlier attempt's diagnosis"))
+        skill_files = task_skill_files(build.task_dir, v1)
+        assert (await asyncio.to_thread(synth.build_and_validate, earlier, skill_files)).ok
         events = await asyncio.to_thread(synth.harden, engine, task_id, version, hardening)
         assert [e.type_name() for e in events] == ["task-too-easy", "task-hardened", "task-validated"]
         hardened = events[1]
         assert isinstance(hardened, TaskHardened) and hardened.to_version == 2
+        assert hardened.blueprint == msgspec.to_builtins(earlier) and hardened.bypassed == other.cid
+        assert hardened.reason.startswith("the version an earlier attempt of this step built")
         # v2 ships the skill v1 shipped
         shipped = Path(hardened.task_dir) / "environment" / "skills" / skill.name / "SKILL.md"
         assert shipped.read_bytes() == (skill.path / "SKILL.md").read_bytes()

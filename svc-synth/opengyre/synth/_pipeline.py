@@ -335,28 +335,59 @@ class Synthesizer:
         # digests its blueprint names when it is built).
         skill = task_skill_files(self.task_dir(task_id, version), bp) if bp.skill_files else None
         d = diagnose(bp, trajs)
+        earlier = self._built_next(task_id, version)
+        if earlier is not None:
+            # An earlier attempt of this step built the next version and stopped before its events were in the log:
+            # that version again. Another diagnosis (new trajectories, a model) could propose another, which the
+            # directory it would go to refuses; the events' ids derive from the version, so either way one lands.
+            build = self.build_and_validate(earlier, skill)
+            if build.ok:
+                why = "the version an earlier attempt of this step built (it stopped before its events were logged)"
+                return [*events, *self._hardened(task_id, version, earlier, build, why, _changed(bp, earlier) or d.cid)]
+            shutil.rmtree(build.task_dir, ignore_errors=True)  # not a build of ours any more: made again below
         if self.llm is not None:  # the diagnosis agent; the heuristic's answer stands where the model gives none
             d = diagnose_llm(self.llm, bp, trajs, d)
         for _ in range(3):  # a proposal that fails the gates is raised once more
             nxt, reason = propose(bp, d)
             build = self.build_and_validate(nxt, skill)
             if build.ok:
-                events.append(
-                    TaskHardened(
-                        event_id=_eid("hardened", task_id, version),
-                        task_id=task_id,
-                        from_version=version,
-                        to_version=nxt.version,
-                        patterns=_uses(nxt),
-                        reason=reason,
-                        bypassed=d.cid,
-                        blueprint=msgspec.to_builtins(nxt),
-                        task_dir=str(build.task_dir),
-                    )
-                )
-                v = build.events[1]
-                events.append(msgspec.structs.replace(v, event_id=_eid("validated", task_id, nxt.version)))
-                return events
+                return [*events, *self._hardened(task_id, version, nxt, build, reason, d.cid)]
             bp = msgspec.structs.replace(nxt, version=version)  # raise further from the failed proposal
             shutil.rmtree(build.task_dir, ignore_errors=True)
         return events
+
+    def _built_next(self, task_id: str, version: int) -> Blueprint | None:
+        """The next version's blueprint where this store already built it, else None."""
+        path = self.task_dir(task_id, version + 1) / "tests" / "blueprint.json"
+        if not path.is_file():
+            return None
+        nxt = load_blueprint(path.read_bytes())
+        nxt.validate()
+        return nxt if (nxt.task_id, nxt.version, nxt.parent_version) == (task_id, version + 1, version) else None
+
+    @staticmethod
+    def _hardened(
+        task_id: str, version: int, nxt: Blueprint, build: TaskBuild, reason: str, bypassed: str
+    ) -> list[Event]:
+        hardened = TaskHardened(
+            event_id=_eid("hardened", task_id, version),
+            task_id=task_id,
+            from_version=version,
+            to_version=nxt.version,
+            patterns=_uses(nxt),
+            reason=reason,
+            bypassed=bypassed,
+            blueprint=msgspec.to_builtins(nxt),
+            task_dir=str(build.task_dir),
+        )
+        validated = msgspec.structs.replace(build.events[1], event_id=_eid("validated", task_id, nxt.version))
+        return [hardened, validated]
+
+
+def _changed(old: Blueprint, new: Blueprint) -> str:
+    """The challenge a proposal changed (its knobs raised, or added), "" when none can be told."""
+    before = {c.cid: c.knobs for c in old.challenges}
+    for c in new.challenges:
+        if before.get(c.cid) != c.knobs:
+            return c.cid
+    return ""
