@@ -26,9 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = ("apps", "libs", "svc-bench", "svc-proxy", "svc-scheduler", "svc-synth", "svc-trainer")
 
 
+# What a service's start imports beyond its class (its function-level imports in start/add_to_server).
+_STARTS = {
+    "proxy": "opengyre.proxy._grpc, opengyre.proxy.gateway, opengyre.proxy.engines._cells, "
+    "opengyre.proxy.recording._restore, opengyre.proxy.recording._trees, opengyre.tito",
+}
+
+
 def _service(name: str) -> str:
-    # what `python -m opengyre.cli service run NAME` imports before it connects: the CLI, then its service
-    return f"import opengyre.cli; from opengyre.runtime import load_service; load_service({name!r})"
+    # what `python -m opengyre.cli service run NAME` imports until it serves: the CLI, its service, what it starts
+    code = f"import opengyre.cli; from opengyre.runtime import load_service; load_service({name!r})"
+    return code + (f"; import {_STARTS[name]}" if name in _STARTS else "")
 
 
 # Each process the stack or the suite starts, as the imports it makes before doing its work.
