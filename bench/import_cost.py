@@ -1,19 +1,23 @@
 """CPU seconds a process start pays for its imports, per entry point the stack and the suite start.
 
-    .venv/bin/python bench/import_cost.py [--base REV] [-n 5]
+    .venv/bin/python bench/import_cost.py [--base REV] [--compiled] [-n 5]
 
 Each entry point's import runs in a fresh interpreter, ``-n`` times; the figure is the child's user+sys CPU
-(``resource.getrusage(RUSAGE_CHILDREN)`` around the wait), median over the runs. With ``--base REV`` the same
-imports also run against that revision's sources (``git archive`` into a temporary folder, put on the child's
-``sys.path`` in place of this worktree's source roots), alternating base and this tree run by run, so load drifts
-on a shared machine hit both alike. Reports the load average before and after (CPU figures are what to read).
+(``resource.getrusage(RUSAGE_CHILDREN)`` around the wait), median over the runs. Every variant runs from its own
+copy of the source roots (put on the child's ``sys.path`` in place of this worktree's), with
+PYTHONDONTWRITEBYTECODE=1 as on the machines the suite runs on: ``new`` is this tree as it is (uncommitted
+changes too), ``--base REV`` adds that revision's (``git archive``), ``--compiled`` adds this tree with its
+bytecode compiled beforehand (``make test`` does that: ``compileall``). Runs alternate between the variants, so
+load drifts on a shared machine hit them alike. Reports the load average before and after (CPU is what to read).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,17 +62,31 @@ def _base_tree(rev: str, into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
-def _prelude(base: Path | None) -> str:
-    if base is None:
-        return ""
-    swap = {str(ROOT / r): str(base / r) for r in SOURCE_ROOTS}
+def _this_tree(into: Path, *, compiled: bool) -> None:
+    for r in SOURCE_ROOTS:
+        shutil.copytree(ROOT / r, into / r, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if compiled:
+            compileall.compile_dir(into / r / "opengyre", quiet=1, workers=0)
+
+
+def _prelude(tree: Path) -> str:
+    swap = {str(ROOT / r): str(tree / r) for r in SOURCE_ROOTS}
     return f"import sys; sys.path[:] = [{swap!r}.get(p, p) for p in sys.path]; "
+
+
+def _postlude(tree: Path) -> str:
+    # every opengyre module the child imported came from the variant's copy
+    return (
+        "; bad = [m for m, v in sys.modules.items() if m.startswith('opengyre') and getattr(v, '__file__', None)"
+        f" and not v.__file__.startswith({str(tree)!r})]; assert not bad, bad"
+    )
 
 
 def cpu_of(code: str, cwd: Path) -> float:
     """User+sys CPU seconds of one fresh interpreter running ``code``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -76,40 +94,45 @@ def cpu_of(code: str, cwd: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", help="a git revision to compare against (its sources, this venv)")
+    ap.add_argument("--compiled", action="store_true", help="also this tree with its bytecode compiled beforehand")
     ap.add_argument("-n", type=int, default=5, help="runs per entry point and variant")
     ap.add_argument("--only", help="entry points whose name contains this")
     args = ap.parse_args()
     names = [n for n in ENTRY_POINTS if args.only is None or args.only in n]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        variants: dict[str, Path | None] = {"new": None}
+        variants: dict[str, Path] = {}
         if args.base:
-            _base_tree(args.base, Path(tmp))
-            variants = {"base": Path(tmp), "new": None}
+            variants["base"] = Path(tmp, "base")
+            _base_tree(args.base, variants["base"])
+        variants["new"] = Path(tmp, "new")
+        _this_tree(variants["new"], compiled=False)
+        if args.compiled:
+            variants["new+pyc"] = Path(tmp, "compiled")
+            _this_tree(variants["new+pyc"], compiled=True)
         cpu: dict[tuple[str, str], list[float]] = {}
         for i in range(args.n):
             order = list(variants) if i % 2 == 0 else list(reversed(variants))
             for name in names:
                 for v in order:
-                    code = _prelude(variants[v]) + ENTRY_POINTS[name]
-                    cpu.setdefault((name, v), []).append(cpu_of(code, Path(tmp)))
+                    cpu.setdefault((name, v), []).append(
+                        cpu_of(_prelude(variants[v]) + ENTRY_POINTS[name] + _postlude(variants[v]), Path(tmp))
+                    )
     print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     width = max(map(len, names))
-    if args.base:
-        print(f"{'entry point':{width}}  base CPU-s  new CPU-s  new/base   (median of {args.n})")
-    else:
-        print(f"{'entry point':{width}}  CPU-s   (median of {args.n})")
+    first = next(iter(variants))
+    cols = "".join(f"  {v + ' CPU-s':>13}" for v in variants)
+    ratios = "".join(f"  {v + '/' + first:>12}" for v in variants if v != first)
+    print(f"{'entry point':{width}}{cols}{ratios}   (median of {args.n})")
     tot = dict.fromkeys(variants, 0.0)
-    for name in names:
-        med = {v: statistics.median(cpu[name, v]) for v in variants}
+    rows = [(name, {v: statistics.median(cpu[name, v]) for v in variants}) for name in names]
+    for _name, med in rows:
         for v in variants:
             tot[v] += med[v]
-        if args.base:
-            print(f"{name:{width}}  {med['base']:10.2f}  {med['new']:9.2f}  {med['new'] / med['base']:8.2f}")
-        else:
-            print(f"{name:{width}}  {med['new']:5.2f}")
-    if args.base:
-        print(f"{'sum':{width}}  {tot['base']:10.2f}  {tot['new']:9.2f}  {tot['new'] / tot['base']:8.2f}")
+    for name, med in [*rows, ("sum", tot)]:
+        vals = "".join(f"  {med[v]:13.2f}" for v in variants)
+        rat = "".join(f"  {med[v] / med[first]:12.2f}" for v in variants if v != first)
+        print(f"{name:{width}}{vals}{rat}")
 
 
 if __name__ == "__main__":
