@@ -37,15 +37,20 @@ _STARTS = {
 }
 
 
+# What migrating a store imports (opengyre.store.migrate, at every service's start and in `up`).
+_MIGRATE = "import alembic.command, alembic.config"
+
+
 def _service(name: str) -> str:
     # what `python -m opengyre.cli service run NAME` imports until it serves: the CLI, its service, what it starts
-    code = f"import opengyre.cli; from opengyre.runtime import load_service; load_service({name!r})"
+    code = f"import opengyre.cli; from opengyre.runtime import load_service; load_service({name!r}); {_MIGRATE}"
     return code + (f"; import {_STARTS[name]}" if name in _STARTS else "")
 
 
 # Each process the stack or the suite starts, as the imports it makes before doing its work.
 ENTRY_POINTS: dict[str, str] = {
-    "opengyre (CLI, `up`)": "import opengyre.cli",
+    "opengyre (a command)": "import opengyre.cli",
+    "opengyre up (supervisor)": f"import opengyre.cli; {_MIGRATE}",
     **{f"service run {s}": _service(s) for s in ("synth", "scheduler", "proxy", "trainer", "bench")},
     # engine_command's own imports (torch and transformers among them: the engine needs them to serve)
     "python -m opengyre.engine": "import opengyre.engine.__main__, opengyre.engine._launch",
