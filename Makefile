@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/opengyre demo
 
 # Where PYTHONDONTWRITEBYTECODE is set (the machines the suite runs on here set it, as the Dockerfile does), no
-# process caches our modules' bytecode, and each one the suite starts compiled the ~160 it imports again: ~0.15
+# process caches our modules' bytecode, and each one the suite starts compiled the ~160 it imports again: 0.1-0.2
 # CPU-s a process (bench/import_cost.py --compiled, docs/benchmarks.md). Compiled here, they are read; a file
 # changed since is compiled again (in memory) until the next run.
 SOURCES := libs/opengyre apps/opengyre svc-synth/opengyre svc-scheduler/opengyre svc-proxy/opengyre \
