@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast proto proto-check lint typecheck bench clean harnesses harness-check sandbox-image docker-check \
+.PHONY: setup bytecode demo test test-fast proto proto-check lint typecheck bench clean harnesses harness-check sandbox-image docker-check \
 	images compose-up compose-down compose-check
 
 setup: $(STAMP)
@@ -26,15 +26,25 @@ $(STAMP): pyproject.toml constraints.txt requirements-models.txt requirements-ha
 demo: $(STAMP)
 	$(VENV)/bin/opengyre demo
 
+# Where PYTHONDONTWRITEBYTECODE is set (the machines the suite runs on here set it, as the Dockerfile does), no
+# process caches our modules' bytecode, and each one the suite starts compiled the ~160 it imports again: 0.1-0.2
+# CPU-s a process (bench/import_cost.py --compiled, docs/benchmarks.md). Compiled here, they are read; a file
+# changed since is compiled again (in memory) until the next run.
+SOURCES := libs/opengyre apps/opengyre svc-synth/opengyre svc-scheduler/opengyre svc-proxy/opengyre \
+	svc-trainer/opengyre svc-bench/opengyre
+
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 $(SOURCES)
+
 # The suite runs on one pytest-xdist worker per core (`--dist loadgroup` is in pyproject's addopts; tests/_parallel.py
 # keeps the tests that start stacks on one worker). PYTEST_WORKERS=0 runs it in this process, serially.
 PYTEST_WORKERS ?= auto
 
-test: $(STAMP) proto-check lint typecheck
+test: $(STAMP) proto-check lint typecheck bytecode
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 # Everything but the tests marked slow (each of those takes tens of seconds), stopping at the first failure.
-test-fast: $(STAMP)
+test-fast: $(STAMP) bytecode
 	$(PY) -m pytest -q -x -n $(PYTEST_WORKERS) -m "not slow"
 
 # The Docker sandbox backend's base image, opengyre-base:bookworm: debootstrap (minbase + python3) and docker import,

@@ -1,5 +1,6 @@
-"""Lazy public names for service packages: the CLI imports every ``opengyre.<svc>`` on each command and must
-not pay for torch or transformers until a command actually uses them."""
+"""Lazy public names for packages: the CLI imports every ``opengyre.<svc>`` on each command and must not pay for
+torch or transformers until a command actually uses them; a process that needs one piece of a kernel package
+(the engine: ``opengyre.runtime.spawn``) must not pay for the rest (bench/import_cost.py measures it)."""
 
 from __future__ import annotations
 

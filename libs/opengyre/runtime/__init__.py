@@ -1,48 +1,120 @@
 """Process-level plumbing: the embedded nats-server, ports, gRPC servers, services and their supervisor."""
 
-from ._auth import OPEN_METHOD_PREFIXES, TokenAuth, auth_metadata, grpc_channel, token_from_env
-from ._cluster import CLUSTER_SIZES, NatsCluster
-from ._grpc import GrpcServer, abort_invalid, abort_status
-from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
-from ._nats import ClusterMember, EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
-from ._natsauth import (
-    NATS_ADMIN,
-    NATS_CREDS_ENV,
-    NATS_PASSWORD_ENV,
-    NATS_USER_ENV,
-    client_credentials,
-    ensure_nats_users,
-    env_credentials,
-    nats_config_file,
-    nats_permissions,
-    read_nats_credentials,
-    write_nats_config,
-)
-from ._ports import free_port, port_is_free, wait_for_port
-from ._procs import alive, cmdline, spawn, stop_group
-from ._ready import ExitedBeforeReady, wait_ready
-from ._service import (
-    SERVICE_CLASSES,
-    Service,
-    ServiceContext,
-    all_projections,
-    load_service,
-    projection_owners,
-    run_service,
-)
-from ._stopping import EXIT_STOP_HUNG, STOP_GRACE_ENV, exit_after, exit_if_stop_hangs, stop_grace_s
-from ._supervisor import (
-    Leftover,
-    PortTaken,
-    ServiceFailed,
-    Stack,
-    find_leftovers,
-    is_service_of,
-    lock_holder,
-    read_stack_file,
-    reap_leftovers,
-    stack_alive,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._auth import OPEN_METHOD_PREFIXES, TokenAuth, auth_metadata, grpc_channel, token_from_env
+    from ._cluster import CLUSTER_SIZES, NatsCluster
+    from ._grpc import GrpcServer, abort_invalid, abort_status
+    from ._lock import DataDirBusy, DataDirLock, DataDirUnusable, check_data_dir, describe_holder
+    from ._nats import ClusterMember, EmbeddedNats, NatsServerMissing, is_nats_server_of, nats_server_binary
+    from ._natsauth import (
+        NATS_ADMIN,
+        NATS_CREDS_ENV,
+        NATS_PASSWORD_ENV,
+        NATS_USER_ENV,
+        client_credentials,
+        ensure_nats_users,
+        env_credentials,
+        nats_config_file,
+        nats_permissions,
+        read_nats_credentials,
+        write_nats_config,
+    )
+    from ._ports import free_port, port_is_free, wait_for_port
+    from ._procs import alive, cmdline, spawn, stop_group
+    from ._ready import ExitedBeforeReady, wait_ready
+    from ._service import (
+        SERVICE_CLASSES,
+        Service,
+        ServiceContext,
+        all_projections,
+        load_service,
+        projection_owners,
+        run_service,
+    )
+    from ._stopping import EXIT_STOP_HUNG, STOP_GRACE_ENV, exit_after, exit_if_stop_hangs, stop_grace_s
+    from ._supervisor import (
+        Leftover,
+        PortTaken,
+        ServiceFailed,
+        Stack,
+        find_leftovers,
+        is_service_of,
+        lock_holder,
+        read_stack_file,
+        reap_leftovers,
+        stack_alive,
+    )
+
+_WHERE: dict[str, str] = {
+    "OPEN_METHOD_PREFIXES": "_auth",
+    "TokenAuth": "_auth",
+    "auth_metadata": "_auth",
+    "grpc_channel": "_auth",
+    "token_from_env": "_auth",
+    "CLUSTER_SIZES": "_cluster",
+    "NatsCluster": "_cluster",
+    "GrpcServer": "_grpc",
+    "abort_invalid": "_grpc",
+    "abort_status": "_grpc",
+    "DataDirBusy": "_lock",
+    "DataDirLock": "_lock",
+    "DataDirUnusable": "_lock",
+    "check_data_dir": "_lock",
+    "describe_holder": "_lock",
+    "ClusterMember": "_nats",
+    "EmbeddedNats": "_nats",
+    "NatsServerMissing": "_nats",
+    "is_nats_server_of": "_nats",
+    "nats_server_binary": "_nats",
+    "NATS_ADMIN": "_natsauth",
+    "NATS_CREDS_ENV": "_natsauth",
+    "NATS_PASSWORD_ENV": "_natsauth",
+    "NATS_USER_ENV": "_natsauth",
+    "client_credentials": "_natsauth",
+    "ensure_nats_users": "_natsauth",
+    "env_credentials": "_natsauth",
+    "nats_config_file": "_natsauth",
+    "nats_permissions": "_natsauth",
+    "read_nats_credentials": "_natsauth",
+    "write_nats_config": "_natsauth",
+    "free_port": "_ports",
+    "port_is_free": "_ports",
+    "wait_for_port": "_ports",
+    "alive": "_procs",
+    "cmdline": "_procs",
+    "spawn": "_procs",
+    "stop_group": "_procs",
+    "ExitedBeforeReady": "_ready",
+    "wait_ready": "_ready",
+    "SERVICE_CLASSES": "_service",
+    "Service": "_service",
+    "ServiceContext": "_service",
+    "all_projections": "_service",
+    "load_service": "_service",
+    "projection_owners": "_service",
+    "run_service": "_service",
+    "EXIT_STOP_HUNG": "_stopping",
+    "STOP_GRACE_ENV": "_stopping",
+    "exit_after": "_stopping",
+    "exit_if_stop_hangs": "_stopping",
+    "stop_grace_s": "_stopping",
+    "Leftover": "_supervisor",
+    "PortTaken": "_supervisor",
+    "ServiceFailed": "_supervisor",
+    "Stack": "_supervisor",
+    "find_leftovers": "_supervisor",
+    "is_service_of": "_supervisor",
+    "lock_holder": "_supervisor",
+    "read_stack_file": "_supervisor",
+    "reap_leftovers": "_supervisor",
+    "stack_alive": "_supervisor",
+}
 
 __all__ = [
     "CLUSTER_SIZES",
@@ -108,3 +180,8 @@ __all__ = [
     "wait_ready",
     "write_nats_config",
 ]
+
+
+# Names load on first use (PEP 562): the engine and the cells' workers need only spawn/wait_ready/grpc_channel;
+# eager, every importer paid for the services' store and migrations (sqlalchemy, alembic: bench/import_cost.py).
+__getattr__ = lazy_exports(__name__, _WHERE)

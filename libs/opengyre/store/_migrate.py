@@ -15,12 +15,14 @@ import sqlite3
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine
 
 from ..config import installed_services
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["MIGRATION_PACKAGES", "alembic_config", "migrate", "set_aside_if_corrupt"]
 
@@ -54,6 +56,9 @@ def _version_dirs() -> list[str]:
 
 
 def alembic_config(url: str) -> Config:
+    # alembic (~0.2 CPU-s over sqlalchemy, bench/import_cost.py) only once a command migrates, not in every CLI process
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(_HERE / "migrations"))
     cfg.set_main_option("version_locations", " ".join(_version_dirs()))
@@ -114,6 +119,8 @@ def set_aside_if_corrupt(engine: Engine) -> Path | None:
 def migrate(engine: Engine) -> None:
     """Bring the schema to every branch's head (idempotent). A damaged SQLite store is set aside first
     (``set_aside_if_corrupt``) and a fresh one made in its place."""
+    from alembic import command  # as in alembic_config: paid only where something migrates
+
     set_aside_if_corrupt(engine)
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with _ONE_AT_A_TIME, engine.begin() as conn:

@@ -12,14 +12,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..eventlog import PayloadFetch
 from ..events import ModelCallRecorded
 from ._payload import PayloadError, PayloadUnavailable, TokenPayload, decode_payload
 from ._tree import Node, TrajectoryError
+
+if (
+    TYPE_CHECKING
+):  # an annotation only: the event log's module imports nats-py (~0.3 CPU-s), a trainer's cell needs none
+    from ..eventlog import PayloadFetch
 
 __all__ = [
     "ENGINE_ID_LEN",

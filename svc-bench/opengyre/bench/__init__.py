@@ -1,46 +1,122 @@
 """AgentPerfBench: agentic workload profiles, saturation sweeps, roofline."""
 
-from ._compare import FORMS, CompareError, check_comparable, e2el_mape, mape_spread, workload_record
-from ._hardware import HARDWARE, Hardware, hardware
-from ._load import LoadConfig, RequestResult, RunResult, run_load
-from ._metrics import Slo, cross_check_tokens, percentiles, summarise
-from ._profiles import (
-    PAPER_PROFILES,
-    DelayDist,
-    LengthDist,
-    Profile,
-    ProfileError,
-    TraceSession,
-    TraceTurn,
-    fit_profile,
-    fit_replies,
-    paper_profile,
-)
-from ._report import (
-    completed_event,
-    plot_per_turn_ttft,
-    plot_roofline,
-    plot_sweep,
-    read_requests_csv,
-    write_json,
-    write_requests_csv,
-)
-from ._roofline import (
-    COMPONENTS,
-    Capacity,
-    ComponentCost,
-    ConfigError,
-    ModelShape,
-    PhaseRoofline,
-    capacity,
-    phase_roofline,
-    roofline_report,
-)
-from ._runs import RunSpec, execute_run, plan_run, profile_from, sweep_profile
-from ._sweep import SweepPoint, SweepResult, SweepStep, find_saturation, steady_throughput, step_gain, sweep
-from ._timed import TimedServer, timed_server_thread
-from ._traces import calls_sessions, read_trace, trace_formats
-from ._workload import SessionPlan, TokenFill, TurnPlan, replay_sessions, shadow_sessions, synthesise_sessions
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opengyre._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._compare import FORMS, CompareError, check_comparable, e2el_mape, mape_spread, workload_record
+    from ._hardware import HARDWARE, Hardware, hardware
+    from ._load import LoadConfig, RequestResult, RunResult, run_load
+    from ._metrics import Slo, cross_check_tokens, percentiles, summarise
+    from ._profiles import (
+        PAPER_PROFILES,
+        DelayDist,
+        LengthDist,
+        Profile,
+        ProfileError,
+        TraceSession,
+        TraceTurn,
+        fit_profile,
+        fit_replies,
+        paper_profile,
+    )
+    from ._report import (
+        completed_event,
+        plot_per_turn_ttft,
+        plot_roofline,
+        plot_sweep,
+        read_requests_csv,
+        write_json,
+        write_requests_csv,
+    )
+    from ._roofline import (
+        COMPONENTS,
+        Capacity,
+        ComponentCost,
+        ConfigError,
+        ModelShape,
+        PhaseRoofline,
+        capacity,
+        phase_roofline,
+        roofline_report,
+    )
+    from ._runs import RunSpec, execute_run, plan_run, profile_from, sweep_profile
+    from ._sweep import SweepPoint, SweepResult, SweepStep, find_saturation, steady_throughput, step_gain, sweep
+    from ._timed import TimedServer, timed_server_thread
+    from ._traces import calls_sessions, read_trace, trace_formats
+    from ._workload import SessionPlan, TokenFill, TurnPlan, replay_sessions, shadow_sessions, synthesise_sessions
+
+_WHERE: dict[str, str] = {
+    "FORMS": "_compare",
+    "CompareError": "_compare",
+    "check_comparable": "_compare",
+    "e2el_mape": "_compare",
+    "mape_spread": "_compare",
+    "workload_record": "_compare",
+    "HARDWARE": "_hardware",
+    "Hardware": "_hardware",
+    "hardware": "_hardware",
+    "LoadConfig": "_load",
+    "RequestResult": "_load",
+    "RunResult": "_load",
+    "run_load": "_load",
+    "Slo": "_metrics",
+    "cross_check_tokens": "_metrics",
+    "percentiles": "_metrics",
+    "summarise": "_metrics",
+    "PAPER_PROFILES": "_profiles",
+    "DelayDist": "_profiles",
+    "LengthDist": "_profiles",
+    "Profile": "_profiles",
+    "ProfileError": "_profiles",
+    "TraceSession": "_profiles",
+    "TraceTurn": "_profiles",
+    "fit_profile": "_profiles",
+    "fit_replies": "_profiles",
+    "paper_profile": "_profiles",
+    "completed_event": "_report",
+    "plot_per_turn_ttft": "_report",
+    "plot_roofline": "_report",
+    "plot_sweep": "_report",
+    "read_requests_csv": "_report",
+    "write_json": "_report",
+    "write_requests_csv": "_report",
+    "COMPONENTS": "_roofline",
+    "Capacity": "_roofline",
+    "ComponentCost": "_roofline",
+    "ConfigError": "_roofline",
+    "ModelShape": "_roofline",
+    "PhaseRoofline": "_roofline",
+    "capacity": "_roofline",
+    "phase_roofline": "_roofline",
+    "roofline_report": "_roofline",
+    "RunSpec": "_runs",
+    "execute_run": "_runs",
+    "plan_run": "_runs",
+    "profile_from": "_runs",
+    "sweep_profile": "_runs",
+    "SweepPoint": "_sweep",
+    "SweepResult": "_sweep",
+    "SweepStep": "_sweep",
+    "find_saturation": "_sweep",
+    "steady_throughput": "_sweep",
+    "step_gain": "_sweep",
+    "sweep": "_sweep",
+    "TimedServer": "_timed",
+    "timed_server_thread": "_timed",
+    "calls_sessions": "_traces",
+    "read_trace": "_traces",
+    "trace_formats": "_traces",
+    "SessionPlan": "_workload",
+    "TokenFill": "_workload",
+    "TurnPlan": "_workload",
+    "replay_sessions": "_workload",
+    "shadow_sessions": "_workload",
+    "synthesise_sessions": "_workload",
+}
 
 __all__ = [
     "COMPONENTS",
@@ -110,3 +186,8 @@ __all__ = [
     "write_json",
     "write_requests_csv",
 ]
+
+
+# Names load on first use (PEP 562): `opengyre.cli` imports this package on every process start to register
+# its commands, and _compare's numpy alone was ~0.1 CPU-s of it (bench/import_cost.py, docs/benchmarks.md).
+__getattr__ = lazy_exports(__name__, _WHERE)
