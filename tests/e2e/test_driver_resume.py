@@ -34,6 +34,7 @@ from opengyre.events import (
 )
 from opengyre.runtime import EmbeddedNats
 
+from ._hangs import DRIVER_TIMEOUT_S, report, run_driver
 from ._oracle import OracleKit, oracle_kit
 
 HERE = Path(__file__).resolve().parent
@@ -112,7 +113,12 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
             return sum(isinstance(e, ExecutionFinished) for e in events) >= 2
 
         try:
-            before = await wait_for(log, two_finished)
+            before = await asyncio.wait_for(wait_for(log, two_finished), DRIVER_TIMEOUT_S)
+        except TimeoutError:
+            pytest.fail(
+                f"two executions did not finish within {DRIVER_TIMEOUT_S:g} s\n"
+                + report(data, out1_path.read_text(errors="replace"))
+            )
         finally:
             first.send_signal(signal.SIGKILL)
             await asyncio.to_thread(first.wait)
@@ -122,11 +128,10 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
         assert not any(isinstance(e, TrainingStepCompleted) for e in before), out1
 
         harness_toml(harness, kit, solved=3, hang=[])
-        with out2_path.open("wb") as out:
-            second = await asyncio.to_thread(
-                subprocess.run, argv, env=driver_env(nats_server, log_cfg), stdout=out, stderr=subprocess.STDOUT
-            )
-        out2 = out2_path.read_text(errors="replace")
+        second = await asyncio.to_thread(
+            run_driver, argv, env=driver_env(nats_server, log_cfg), data_dir=data, out=out2_path
+        )
+        out2 = second.stdout
         assert second.returncode == 0, out1 + "\n---- resumed ----\n" + out2
         events = [e async for _, e in log.events()]
     finally:
