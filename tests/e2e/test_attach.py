@@ -20,7 +20,7 @@ from opengyre.eventlog import EventLog, LogConfig
 from opengyre.events import CellRegistered, ExecutionDispatched, ExecutionFinished, TrainingStepCompleted
 from opengyre.runtime import EmbeddedNats, stack_alive
 
-from ._hangs import run_driver
+from ._hangs import reporting, run_driver
 from ._oracle import oracle_kit
 from .test_driver_resume import harness_toml
 
@@ -74,7 +74,9 @@ async def test_a_run_is_driven_on_a_running_deployment(
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         argv = [OPENGYRE, "train", "loop", str(run), "--data-dir", str(data), "--attach"]
-        done = run_driver(argv, env={**env, "COLUMNS": "300"}, data_dir=data)
+        driver_out = tmp_path / "driver.out"
+        with reporting(data, driver_out):
+            done = run_driver(argv, env={**env, "COLUMNS": "300"}, out=driver_out)
         said = done.stdout + done.stderr
         assert done.returncode == 0, said
         assert "attached:" in said and "stack:" not in said  # no stack of its own

@@ -34,7 +34,7 @@ from opengyre.events import (
 )
 from opengyre.runtime import EmbeddedNats
 
-from ._hangs import DRIVER_TIMEOUT_S, report, run_driver
+from ._hangs import reporting, run_driver
 from ._oracle import OracleKit, oracle_kit
 
 HERE = Path(__file__).resolve().parent
@@ -113,12 +113,8 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
             return sum(isinstance(e, ExecutionFinished) for e in events) >= 2
 
         try:
-            before = await asyncio.wait_for(wait_for(log, two_finished), DRIVER_TIMEOUT_S)
-        except TimeoutError:
-            pytest.fail(
-                f"two executions did not finish within {DRIVER_TIMEOUT_S:g} s\n"
-                + report(data, out1_path.read_text(errors="replace"))
-            )
+            with reporting(data, out1_path):
+                before = await wait_for(log, two_finished)
         finally:
             first.send_signal(signal.SIGKILL)
             await asyncio.to_thread(first.wait)
@@ -128,9 +124,8 @@ async def test_a_driver_killed_mid_run_resumes_from_the_log_and_completes_the_ru
         assert not any(isinstance(e, TrainingStepCompleted) for e in before), out1
 
         harness_toml(harness, kit, solved=3, hang=[])
-        second = await asyncio.to_thread(
-            run_driver, argv, env=driver_env(nats_server, log_cfg), data_dir=data, out=out2_path
-        )
+        with reporting(data, out1_path, out2_path):
+            second = await asyncio.to_thread(run_driver, argv, env=driver_env(nats_server, log_cfg), out=out2_path)
         out2 = second.stdout
         assert second.returncode == 0, out1 + "\n---- resumed ----\n" + out2
         events = [e async for _, e in log.events()]
