@@ -179,12 +179,17 @@ class OneDnnProjections(Projections):
 
     A copy of the weights: rebuild it after loading new weights into the model."""
 
+    layer_dtype = torch.float32  # the decoder layers' GEMMs; the LM head is always float32
+
     def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__(model)
-        self._qkv = [_packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj) for ly in self.layers]
-        self._o = [_packed(ly.self_attn.o_proj) for ly in self.layers]
-        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj) for ly in self.layers]
-        self._down = [_packed(ly.mlp.down_proj) for ly in self.layers]
+        dt = self.layer_dtype
+        self._qkv = [
+            _packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj, dtype=dt) for ly in self.layers
+        ]
+        self._o = [_packed(ly.self_attn.o_proj, dtype=dt) for ly in self.layers]
+        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj, dtype=dt) for ly in self.layers]
+        self._down = [_packed(ly.mlp.down_proj, dtype=dt) for ly in self.layers]
         self.head = _packed(model.lm_head)
         attn = self.layers[0].self_attn
         self._splits = (int(attn.q_proj.out_features), int(attn.k_proj.out_features))
@@ -212,18 +217,7 @@ class Bf16Projections(OneDnnProjections):
     and the importance ratio's spread), and the behaviour logprobs recorded are this engine's, as with any
     engine, for the trainer's importance sampling to correct."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
-        Projections.__init__(self, model)
-        bf = torch.bfloat16
-        self._qkv = [
-            _packed(ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj, dtype=bf) for ly in self.layers
-        ]
-        self._o = [_packed(ly.self_attn.o_proj, dtype=bf) for ly in self.layers]
-        self._gate_up = [_packed(ly.mlp.gate_proj, ly.mlp.up_proj, dtype=bf) for ly in self.layers]
-        self._down = [_packed(ly.mlp.down_proj, dtype=bf) for ly in self.layers]
-        self.head = _packed(model.lm_head)
-        attn = self.layers[0].self_attn
-        self._splits = (int(attn.q_proj.out_features), int(attn.k_proj.out_features))
+    layer_dtype = torch.bfloat16
 
 
 def _packed(*mods: torch.nn.Linear, dtype: torch.dtype = torch.float32) -> Linear:

@@ -211,12 +211,11 @@ class LLMJudge:
                     temperature=self.config.temperature,
                     response_format=_FORMAT,
                 )
-            except openai.APIStatusError as exc:
-                if 400 <= exc.status_code < 500 and exc.status_code not in _NOT_THE_WORKS:
-                    return JudgeVerdict(0.0, f"not judged, scored 0: the judge refused the work ({exc.status_code}: "
-                                        f"{_short(exc.message)})")  # fmt: skip
-                raise JudgeFailed(f"the judge at {self.config.base_url} failed: {type(exc).__name__}: {exc}") from exc
             except openai.OpenAIError as exc:
+                status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
+                if status is not None and 400 <= status < 500 and status not in _NOT_THE_WORKS:
+                    return JudgeVerdict(0.0, f"not judged, scored 0: the judge refused the work ({status}: "
+                                        f"{_short(str(exc))})")  # fmt: skip
                 raise JudgeFailed(f"the judge at {self.config.base_url} failed: {type(exc).__name__}: {exc}") from exc
             choice = reply.choices[0] if reply.choices else None
             text = (choice.message.content or "") if choice is not None else ""

@@ -200,20 +200,15 @@ class ProjectionRunner:
     async def _published(self, position: int, timeout: float) -> None:
         """Return once this runner has published ``position`` (committed: read from the store), or at once when it
         is not running (another process folds, or it ended: there is nothing to wait for)."""
-
-        def done() -> bool:
-            return self._position >= position or self._ended is not None
-
-        async with self._moved:
-            if done():  # checked first: wait_for with no time left would not look at all
-                return
-            try:
-                # The publish follows the ack at once: a deadline spent by the look before still gets a moment.
-                await asyncio.wait_for(self._moved.wait_for(done), max(timeout, 1.0))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"projection {self.projection.name} committed {position} but published only {self._position}"
-                ) from None
+        try:
+            # The publish follows the ack at once: a deadline spent by the look before still gets a moment.
+            await asyncio.wait_for(self.applied(position), max(timeout, 1.0))
+        except RunnerStopped:
+            return
+        except TimeoutError:
+            raise TimeoutError(
+                f"projection {self.projection.name} committed {position} but published only {self._position}"
+            ) from None
 
     async def _moved_past(self, position: int, timeout: float) -> None:
         """Return once a commit passes ``position``, or after ``timeout``."""

@@ -86,12 +86,11 @@ def diagnose_llm(
     cfg: LlmConfig, bp: Blueprint, trajectories: Sequence[Sequence[str]], heuristic: Diagnosis
 ) -> Diagnosis:
     """The model's diagnosis, or ``heuristic`` (saying why) when the model gives none (see the module)."""
-    from openai import OpenAI, OpenAIError
+    from openai import OpenAIError
 
     messages, fmt = diagnosis_request(bp, trajectories)
     try:
-        client = OpenAI(base_url=cfg.base_url, api_key=cfg.api_key, timeout=cfg.timeout_s, max_retries=1)
-        resp = client.chat.completions.create(
+        resp = cfg.client(max_retries=1).chat.completions.create(
             model=cfg.model,
             messages=messages,  # type: ignore[arg-type]
             response_format=fmt,
